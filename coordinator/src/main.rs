@@ -1,0 +1,3 @@
+fn main() {
+    println!("ringllm {}", env!("CARGO_PKG_VERSION"));
+}

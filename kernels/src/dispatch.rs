@@ -1,0 +1,117 @@
+//! The per-type kernel table, built once at start-up from CPU feature detection (as ggml's
+//! `type_traits_cpu[]`). Never detect inside a hot loop: callers fetch `kernels(ty)` once.
+
+use crate::quants;
+use crate::types::{GgmlType, ALL_TYPES};
+use std::sync::OnceLock;
+
+/// Dequantize whole blocks: `src` holds `dst.len() / block_size` blocks.
+pub type DequantizeFn = fn(src: &[u8], dst: &mut [f32]);
+/// Reference quantize whole blocks: `src.len()` is a multiple of the block size and `dst`
+/// holds exactly `row_bytes(src.len())` bytes.
+pub type QuantizeFn = fn(src: &[f32], dst: &mut [u8]);
+/// Dot product of `n` elements: a weight row `w` in this type and an activation row `a` in
+/// the type's `vec_dot_type`.
+pub type VecDotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
+/// One weight row against `out.len()` activation rows, the i-th starting at `a[i * a_stride..]`:
+/// each weight block is decoded once and used against every activation row.
+pub type VecDotMultiFn = fn(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]);
+
+/// Instruction set a kernel table was built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2+fma",
+        }
+    }
+}
+
+/// Operations on one element type.
+#[derive(Clone, Copy)]
+pub struct TypeKernels {
+    pub ty: GgmlType,
+    pub isa: Isa,
+    pub dequantize: DequantizeFn,
+    pub quantize: QuantizeFn,
+    /// Format the activations are quantized to before `vec_dot`.
+    pub vec_dot_type: GgmlType,
+    pub vec_dot: VecDotFn,
+    /// Tiled form of `vec_dot`, where the ISA has one; otherwise callers loop `vec_dot`.
+    pub vec_dot_multi: Option<VecDotMultiFn>,
+}
+
+impl std::fmt::Debug for TypeKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TypeKernels")
+            .field("ty", &self.ty)
+            .field("isa", &self.isa)
+            .field("vec_dot_type", &self.vec_dot_type)
+            .field("tiled", &self.vec_dot_multi.is_some())
+            .finish()
+    }
+}
+
+struct Table {
+    isa: Isa,
+    entries: Vec<TypeKernels>,
+}
+
+impl Table {
+    fn get(&self, ty: GgmlType) -> &TypeKernels {
+        // Every type in ALL_TYPES has an entry (built by `scalar_table`).
+        self.entries
+            .iter()
+            .find(|k| k.ty == ty)
+            .unwrap_or_else(|| unreachable!("no kernel entry for {ty}"))
+    }
+}
+
+fn scalar_table() -> Table {
+    Table {
+        isa: Isa::Scalar,
+        entries: ALL_TYPES.iter().map(|&t| quants::scalar_kernels(t)).collect(),
+    }
+}
+
+fn detected_table() -> Table {
+    if std::env::var_os("RINGLLM_FORCE_SCALAR").is_some_and(|v| v != "0") {
+        return scalar_table();
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::avx2::available() {
+            let mut table = scalar_table();
+            table.isa = Isa::Avx2;
+            for entry in &mut table.entries {
+                crate::avx2::specialize(entry);
+            }
+            return table;
+        }
+    }
+    scalar_table()
+}
+
+static SCALAR: OnceLock<Table> = OnceLock::new();
+static DETECTED: OnceLock<Table> = OnceLock::new();
+
+/// The fastest kernels this CPU supports (scalar when `RINGLLM_FORCE_SCALAR=1`).
+pub fn kernels(ty: GgmlType) -> &'static TypeKernels {
+    DETECTED.get_or_init(detected_table).get(ty)
+}
+
+/// The scalar reference kernels: the oracle every optimized path is tested against.
+pub fn reference(ty: GgmlType) -> &'static TypeKernels {
+    SCALAR.get_or_init(scalar_table).get(ty)
+}
+
+/// The instruction set `kernels` chose.
+pub fn isa() -> Isa {
+    DETECTED.get_or_init(detected_table).isa
+}

@@ -1,0 +1,17 @@
+//! Numeric kernels for ringllm: GGUF block formats (dequantize, reference quantize, quantized
+//! dot products) with a scalar reference for each and AVX2+FMA paths chosen once at start-up,
+//! the matrix products built on them, the thread pool that runs them, and the small
+//! element-wise ops of a transformer layer.
+//!
+//! Knows nothing of files or networks: every function works on byte slices and `f32` slices.
+
+pub mod dispatch;
+pub mod quants;
+pub mod tolerance;
+pub mod types;
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+
+pub use dispatch::{kernels, reference, Isa, TypeKernels};
+pub use types::{GgmlType, ALL_TYPES, QK_K};

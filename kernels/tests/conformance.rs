@@ -1,0 +1,134 @@
+//! One conformance harness for every format and every ISA (as ggml's test-backend-ops):
+//! the detected kernels are compared with the scalar reference on random data, within the
+//! budgets of `ringllm_kernels::tolerance`.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use ringllm_kernels::tolerance::budget;
+use ringllm_kernels::{kernels, reference, GgmlType, ALL_TYPES};
+
+/// Standard normal samples (Box–Muller), seeded so failures reproduce.
+fn normal(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u1: f32 = rng.random_range(1e-7f32..1.0);
+            let u2: f32 = rng.random::<f32>();
+            (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+        })
+        .collect()
+}
+
+fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
+    let bytes = ty.row_bytes(x.len()).expect("whole blocks");
+    let mut out = vec![0u8; bytes];
+    (reference(ty).quantize)(x, &mut out);
+    out
+}
+
+fn dequantize(ty: GgmlType, q: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    (reference(ty).dequantize)(q, &mut out);
+    out
+}
+
+/// Weight types: every type that can appear in a model file (not the activation-only ones).
+fn weight_types() -> impl Iterator<Item = GgmlType> {
+    ALL_TYPES
+        .iter()
+        .copied()
+        .filter(|t| !matches!(t, GgmlType::Q8_1 | GgmlType::Q8_K))
+}
+
+fn row_len(ty: GgmlType) -> usize {
+    // 8 K-blocks = 2048, also a whole number of every 32-block type.
+    let _ = ty;
+    2048
+}
+
+#[test]
+fn roundtrip_error_within_budget() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for ty in ALL_TYPES {
+        let n = row_len(ty);
+        for _ in 0..4 {
+            let x = normal(&mut rng, n);
+            let y = dequantize(ty, &quantize(ty, &x), n);
+            let err: f32 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>();
+            let norm: f32 = x.iter().map(|a| a * a).sum::<f32>();
+            let rel = (err / norm).sqrt();
+            assert!(
+                rel <= budget(ty).roundtrip_rmse,
+                "{ty}: roundtrip relative RMSE {rel} > {}",
+                budget(ty).roundtrip_rmse
+            );
+        }
+    }
+}
+
+#[test]
+fn detected_dequantize_equals_reference() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for ty in ALL_TYPES {
+        let n = row_len(ty);
+        let q = quantize(ty, &normal(&mut rng, n));
+        let want = dequantize(ty, &q, n);
+        let mut got = vec![0f32; n];
+        (kernels(ty).dequantize)(&q, &mut got);
+        assert_eq!(got, want, "{ty} ({:?})", kernels(ty).isa);
+    }
+}
+
+#[test]
+fn dot_products_within_budget() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for ty in weight_types() {
+        let n = row_len(ty);
+        let k = kernels(ty);
+        let r = reference(ty);
+        assert_eq!(k.vec_dot_type, r.vec_dot_type, "{ty}");
+        for _ in 0..8 {
+            let w = quantize(ty, &normal(&mut rng, n));
+            let a = normal(&mut rng, n);
+            let aq = quantize(r.vec_dot_type, &a);
+            let wf = dequantize(ty, &w, n);
+            let exact: f64 = wf.iter().zip(&a).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+            let scale: f64 = wf.iter().zip(&a).map(|(x, y)| ((*x as f64) * (*y as f64)).abs()).sum();
+            let want = (r.vec_dot)(n, &w, &aq);
+            let got = (k.vec_dot)(n, &w, &aq);
+            let b = budget(ty);
+            let vs_float = ((want as f64 - exact) / scale).abs();
+            assert!(vs_float <= b.dot_vs_float as f64, "{ty}: reference dot vs float {vs_float}");
+            let vs_ref = ((got as f64 - want as f64) / scale).abs();
+            assert!(
+                vs_ref <= b.simd_vs_reference as f64,
+                "{ty} ({:?}): dot {got} vs reference {want}, relative {vs_ref}",
+                k.isa
+            );
+        }
+    }
+}
+
+#[test]
+fn tiled_dot_equals_single_dots() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for ty in weight_types() {
+        let k = kernels(ty);
+        let Some(multi) = k.vec_dot_multi else { continue };
+        let n = row_len(ty);
+        let w = quantize(ty, &normal(&mut rng, n));
+        for rows in 1..=9 {
+            let stride = k.vec_dot_type.row_bytes(n).expect("whole blocks");
+            let mut acts = Vec::with_capacity(rows * stride);
+            for _ in 0..rows {
+                acts.extend(quantize(k.vec_dot_type, &normal(&mut rng, n)));
+            }
+            let mut out = vec![0f32; rows];
+            multi(n, &w, &acts, stride, &mut out);
+            for (i, got) in out.iter().enumerate() {
+                let want = (k.vec_dot)(n, &w, &acts[i * stride..(i + 1) * stride]);
+                let tol = 1e-5 * want.abs().max(1.0);
+                assert!((got - want).abs() <= tol, "{ty}: row {i}/{rows}: {got} vs {want}");
+            }
+        }
+    }
+}
