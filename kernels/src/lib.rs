@@ -6,6 +6,9 @@
 //! Knows nothing of files or networks: every function works on byte slices and `f32` slices.
 
 pub mod dispatch;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
 pub mod quants;
 pub mod tolerance;
 pub mod types;
@@ -13,5 +16,7 @@ pub mod types;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
 
-pub use dispatch::{kernels, reference, Isa, TypeKernels};
+pub use dispatch::{isa, kernels, reference, Isa, TypeKernels};
+pub use matmul::{matmul, matmul_many, ActBuffer, MatJob, QMatrix};
+pub use pool::ThreadPool;
 pub use types::{GgmlType, ALL_TYPES, QK_K};

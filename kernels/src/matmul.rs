@@ -1,0 +1,256 @@
+//! Quantized matrix products: weights `W` (`n_out` rows of `n_in` elements, in a GGUF block
+//! format) times activations `X` (`n_rows` rows of `n_in` f32).
+//!
+//! Activations are quantized once per call into each weight type's `vec_dot_type`; each
+//! weight row is then loaded once and used against every activation row (in register tiles
+//! when the ISA has `vec_dot_multi`). Several matrices sharing one input (Q/K/V, gate/up) go
+//! in one call, so the threads meet once. Weight rows are handed to the pool's threads in
+//! chunks, dynamically. Nothing is allocated once the buffers have grown to their working size.
+
+use crate::dispatch::{kernels, TypeKernels};
+use crate::pool::{Chunks, SharedMut, ThreadPool};
+use crate::types::GgmlType;
+
+/// A weight matrix in a GGUF block format: `n_out` rows of `n_in` elements.
+#[derive(Clone, Copy)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub data: &'a [u8],
+}
+
+impl std::fmt::Debug for QMatrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QMatrix({} {}x{}, {} bytes)", self.ty, self.n_out, self.n_in, self.data.len())
+    }
+}
+
+impl<'a> QMatrix<'a> {
+    /// Bytes per weight row.
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.n_in).unwrap_or(0)
+    }
+
+    pub fn row(&self, i: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[i * rb..(i + 1) * rb]
+    }
+
+    /// Dequantizes row `i` into `out` (`n_in` values).
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
+        (kernels(self.ty).dequantize)(self.row(i), &mut out[..self.n_in]);
+    }
+}
+
+/// Reusable scratch for quantized activations, one buffer per activation format.
+#[derive(Default, Debug)]
+pub struct ActBuffer {
+    bufs: Vec<(GgmlType, Vec<u8>)>,
+}
+
+impl ActBuffer {
+    pub fn new() -> ActBuffer {
+        ActBuffer::default()
+    }
+
+    /// Makes room for `n_rows` rows of `n_in` elements in every activation format (call at
+    /// set-up with the largest shapes so the per-token loop never allocates).
+    pub fn reserve(&mut self, n_in: usize, n_rows: usize) {
+        for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
+            let need = ty.row_bytes(n_in.next_multiple_of(ty.block_size())).unwrap_or(0) * n_rows;
+            self.get_mut(ty, need);
+        }
+    }
+
+    fn get_mut(&mut self, ty: GgmlType, len: usize) -> &mut Vec<u8> {
+        let i = match self.bufs.iter().position(|(t, _)| *t == ty) {
+            Some(i) => i,
+            None => {
+                self.bufs.push((ty, Vec::new()));
+                self.bufs.len() - 1
+            }
+        };
+        let b = &mut self.bufs[i].1;
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        b
+    }
+
+    fn get(&self, ty: GgmlType) -> &[u8] {
+        self.bufs
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map_or(&[][..], |(_, b)| b.as_slice())
+    }
+}
+
+/// One product of a call to `matmul_many`: `out[r * w.n_out + o] = dot(W[o], X[r])`.
+pub struct MatJob<'w, 'o> {
+    pub w: QMatrix<'w>,
+    pub out: &'o mut [f32],
+}
+
+/// Products per `matmul_many` call (Q/K/V is the most we need).
+pub const MAX_JOBS: usize = 4;
+
+/// Rows of activations per register tile.
+const TILE: usize = 8;
+
+/// Batches at most this size quantize their activations on the calling thread.
+const SERIAL_QUANTIZE_ROWS: usize = 4;
+
+/// `out[r * n_out + o] = dot(W[o], X[r])` for every activation row `r` and weight row `o`.
+/// `x` holds `n_rows` rows of `w.n_in` f32; `out` holds `n_rows * w.n_out` values.
+pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], n_rows: usize, out: &mut [f32], acts: &mut ActBuffer) {
+    matmul_many(pool, &mut [MatJob { w: *w, out }], x, n_rows, acts);
+}
+
+/// Several products of the same input `x` (`n_rows` rows of `n_in`), in one pass of the pool.
+pub fn matmul_many(pool: &ThreadPool, jobs: &mut [MatJob], x: &[f32], n_rows: usize, acts: &mut ActBuffer) {
+    let Some(first) = jobs.first() else { return };
+    let n_in = first.w.n_in;
+    assert_eq!(x.len(), n_rows * n_in, "matmul: activation shape");
+    // Quantize the input once per activation format the jobs need.
+    let mut formats: [Option<GgmlType>; 4] = [None; 4];
+    for job in jobs.iter() {
+        assert_eq!(job.w.n_in, n_in, "matmul_many: jobs must share the input width");
+        assert!(job.out.len() >= n_rows * job.w.n_out, "matmul: output too small");
+        assert!(job.w.data.len() >= job.w.n_out * job.w.row_bytes(), "matmul: weight data too short");
+        let at = kernels(job.w.ty).vec_dot_type;
+        if !formats.contains(&Some(at)) {
+            if let Some(slot) = formats.iter_mut().find(|s| s.is_none()) {
+                *slot = Some(at);
+            }
+        }
+    }
+    for at in formats.into_iter().flatten() {
+        let stride = at
+            .row_bytes(n_in)
+            .unwrap_or_else(|| panic!("matmul: {n_in} columns is not a whole number of {at} blocks"));
+        let buf = &mut acts.get_mut(at, stride * n_rows)[..stride * n_rows];
+        let quantize = kernels(at).quantize;
+        if n_rows <= SERIAL_QUANTIZE_ROWS || pool.n_threads() == 1 {
+            for (r, dst) in buf.chunks_exact_mut(stride).enumerate() {
+                quantize(&x[r * n_in..(r + 1) * n_in], dst);
+            }
+        } else {
+            let rows = Chunks::new(n_rows, 1);
+            let dst = SharedMut::new(buf);
+            pool.run(&|_| {
+                while let Some(r) = rows.next_range() {
+                    for row in r {
+                        // SAFETY: each row index is handed to exactly one thread.
+                        let d = unsafe { dst.slice(row * stride..(row + 1) * stride) };
+                        quantize(&x[row * n_in..(row + 1) * n_in], d);
+                    }
+                }
+            });
+        }
+    }
+    // One pool pass over the rows of every job.
+    #[derive(Clone, Copy)]
+    struct Part<'a> {
+        w: QMatrix<'a>,
+        k: &'static TypeKernels,
+        a: &'a [u8],
+        a_stride: usize,
+        out: SharedMut<f32>,
+        /// First global row index of this job.
+        start: usize,
+    }
+    assert!(jobs.len() <= MAX_JOBS, "matmul_many: at most {MAX_JOBS} jobs");
+    let mut parts: [Option<Part>; MAX_JOBS] = [None; MAX_JOBS];
+    let mut total = 0usize;
+    for (slot, job) in parts.iter_mut().zip(jobs.iter_mut()) {
+        let k = kernels(job.w.ty);
+        let at = k.vec_dot_type;
+        let a_stride = at.row_bytes(n_in).unwrap_or(0);
+        *slot = Some(Part {
+            w: job.w,
+            k,
+            a: &acts.get(at)[..a_stride * n_rows],
+            a_stride,
+            out: SharedMut::new(job.out),
+            start: total,
+        });
+        total += job.w.n_out;
+    }
+    let chunk = (total / (pool.n_threads() * 16)).clamp(4, 64);
+    let chunks = Chunks::new(total, chunk);
+    pool.run(&|_| {
+        let mut tile = [0f32; TILE];
+        while let Some(range) = chunks.next_range() {
+            let mut g = range.start;
+            while g < range.end {
+                // The job holding global row g, and the rows of it inside this chunk.
+                let Some(p) = parts.iter().flatten().filter(|p| p.start <= g).last() else {
+                    return;
+                };
+                let end = range.end.min(p.start + p.w.n_out);
+                rows_times_acts(p.w, p.k, p.a, p.a_stride, n_rows, g - p.start..end - p.start, p.out, &mut tile);
+                g = end;
+            }
+        }
+    });
+}
+
+/// Weight rows `rows` of `w` against all `n_rows` activation rows.
+#[allow(clippy::too_many_arguments)]
+fn rows_times_acts(
+    w: QMatrix,
+    k: &TypeKernels,
+    a: &[u8],
+    a_stride: usize,
+    n_rows: usize,
+    rows: std::ops::Range<usize>,
+    out: SharedMut<f32>,
+    tile: &mut [f32; TILE],
+) {
+    let n_in = w.n_in;
+    let n_out = w.n_out;
+    let rb = w.row_bytes();
+    if n_rows == 1 {
+        // Decode: one activation row; write the chunk's outputs as one slice.
+        // SAFETY: output rows `rows` belong to this chunk alone.
+        let o = unsafe { out.slice(rows.clone()) };
+        for (ov, r) in o.iter_mut().zip(rows) {
+            *ov = (k.vec_dot)(n_in, &w.data[r * rb..(r + 1) * rb], a);
+        }
+        return;
+    }
+    for o in rows {
+        let wrow = &w.data[o * rb..(o + 1) * rb];
+        let mut r0 = 0;
+        while r0 < n_rows {
+            let nr = (n_rows - r0).min(TILE);
+            let arows = &a[r0 * a_stride..(r0 + nr) * a_stride];
+            match k.vec_dot_multi {
+                Some(multi) if nr > 1 => multi(n_in, wrow, arows, a_stride, &mut tile[..nr]),
+                _ => {
+                    for (j, t) in tile[..nr].iter_mut().enumerate() {
+                        *t = (k.vec_dot)(n_in, wrow, &arows[j * a_stride..(j + 1) * a_stride]);
+                    }
+                }
+            }
+            for (j, t) in tile[..nr].iter().enumerate() {
+                let idx = (r0 + j) * n_out + o;
+                // SAFETY: output column `o` belongs to this chunk alone.
+                unsafe { out.slice(idx..idx + 1)[0] = *t };
+            }
+            r0 += nr;
+        }
+    }
+}
+
+/// Dequantizes row `row` of a matrix stored in `ty` (an embedding lookup).
+pub fn dequantize_row(ty: GgmlType, data: &[u8], n_in: usize, row: usize, out: &mut [f32]) {
+    QMatrix {
+        ty,
+        n_in,
+        n_out: row + 1,
+        data,
+    }
+    .dequantize_row(row, out);
+}
