@@ -22,7 +22,14 @@ pub struct QMatrix<'a> {
 
 impl std::fmt::Debug for QMatrix<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QMatrix({} {}x{}, {} bytes)", self.ty, self.n_out, self.n_in, self.data.len())
+        write!(
+            f,
+            "QMatrix({} {}x{}, {} bytes)",
+            self.ty,
+            self.n_out,
+            self.n_in,
+            self.data.len()
+        )
     }
 }
 
@@ -57,8 +64,16 @@ impl ActBuffer {
     /// Makes room for `n_rows` rows of `n_in` elements in every activation format (call at
     /// set-up with the largest shapes so the per-token loop never allocates).
     pub fn reserve(&mut self, n_in: usize, n_rows: usize) {
-        for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
-            let need = ty.row_bytes(n_in.next_multiple_of(ty.block_size())).unwrap_or(0) * n_rows;
+        for ty in [
+            GgmlType::F32,
+            GgmlType::Q8_0,
+            GgmlType::Q8_1,
+            GgmlType::Q8_K,
+        ] {
+            let need = ty
+                .row_bytes(n_in.next_multiple_of(ty.block_size()))
+                .unwrap_or(0)
+                * n_rows;
             self.get_mut(ty, need);
         }
     }
@@ -103,21 +118,43 @@ const SERIAL_QUANTIZE_ROWS: usize = 4;
 
 /// `out[r * n_out + o] = dot(W[o], X[r])` for every activation row `r` and weight row `o`.
 /// `x` holds `n_rows` rows of `w.n_in` f32; `out` holds `n_rows * w.n_out` values.
-pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], n_rows: usize, out: &mut [f32], acts: &mut ActBuffer) {
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    n_rows: usize,
+    out: &mut [f32],
+    acts: &mut ActBuffer,
+) {
     matmul_many(pool, &mut [MatJob { w: *w, out }], x, n_rows, acts);
 }
 
 /// Several products of the same input `x` (`n_rows` rows of `n_in`), in one pass of the pool.
-pub fn matmul_many(pool: &ThreadPool, jobs: &mut [MatJob], x: &[f32], n_rows: usize, acts: &mut ActBuffer) {
+pub fn matmul_many(
+    pool: &ThreadPool,
+    jobs: &mut [MatJob],
+    x: &[f32],
+    n_rows: usize,
+    acts: &mut ActBuffer,
+) {
     let Some(first) = jobs.first() else { return };
     let n_in = first.w.n_in;
     assert_eq!(x.len(), n_rows * n_in, "matmul: activation shape");
     // Quantize the input once per activation format the jobs need.
     let mut formats: [Option<GgmlType>; 4] = [None; 4];
     for job in jobs.iter() {
-        assert_eq!(job.w.n_in, n_in, "matmul_many: jobs must share the input width");
-        assert!(job.out.len() >= n_rows * job.w.n_out, "matmul: output too small");
-        assert!(job.w.data.len() >= job.w.n_out * job.w.row_bytes(), "matmul: weight data too short");
+        assert_eq!(
+            job.w.n_in, n_in,
+            "matmul_many: jobs must share the input width"
+        );
+        assert!(
+            job.out.len() >= n_rows * job.w.n_out,
+            "matmul: output too small"
+        );
+        assert!(
+            job.w.data.len() >= job.w.n_out * job.w.row_bytes(),
+            "matmul: weight data too short"
+        );
         let at = kernels(job.w.ty).vec_dot_type;
         if !formats.contains(&Some(at)) {
             if let Some(slot) = formats.iter_mut().find(|s| s.is_none()) {
@@ -126,9 +163,9 @@ pub fn matmul_many(pool: &ThreadPool, jobs: &mut [MatJob], x: &[f32], n_rows: us
         }
     }
     for at in formats.into_iter().flatten() {
-        let stride = at
-            .row_bytes(n_in)
-            .unwrap_or_else(|| panic!("matmul: {n_in} columns is not a whole number of {at} blocks"));
+        let stride = at.row_bytes(n_in).unwrap_or_else(|| {
+            panic!("matmul: {n_in} columns is not a whole number of {at} blocks")
+        });
         let buf = &mut acts.get_mut(at, stride * n_rows)[..stride * n_rows];
         let quantize = kernels(at).quantize;
         if n_rows <= SERIAL_QUANTIZE_ROWS || pool.n_threads() == 1 {
@@ -160,7 +197,10 @@ pub fn matmul_many(pool: &ThreadPool, jobs: &mut [MatJob], x: &[f32], n_rows: us
         /// First global row index of this job.
         start: usize,
     }
-    assert!(jobs.len() <= MAX_JOBS, "matmul_many: at most {MAX_JOBS} jobs");
+    assert!(
+        jobs.len() <= MAX_JOBS,
+        "matmul_many: at most {MAX_JOBS} jobs"
+    );
     let mut parts: [Option<Part>; MAX_JOBS] = [None; MAX_JOBS];
     let mut total = 0usize;
     for (slot, job) in parts.iter_mut().zip(jobs.iter_mut()) {
@@ -185,11 +225,20 @@ pub fn matmul_many(pool: &ThreadPool, jobs: &mut [MatJob], x: &[f32], n_rows: us
             let mut g = range.start;
             while g < range.end {
                 // The job holding global row g, and the rows of it inside this chunk.
-                let Some(p) = parts.iter().flatten().filter(|p| p.start <= g).last() else {
+                let Some(p) = parts.iter().flatten().rfind(|p| p.start <= g) else {
                     return;
                 };
                 let end = range.end.min(p.start + p.w.n_out);
-                rows_times_acts(p.w, p.k, p.a, p.a_stride, n_rows, g - p.start..end - p.start, p.out, &mut tile);
+                rows_times_acts(
+                    p.w,
+                    p.k,
+                    p.a,
+                    p.a_stride,
+                    n_rows,
+                    g - p.start..end - p.start,
+                    p.out,
+                    &mut tile,
+                );
                 g = end;
             }
         }

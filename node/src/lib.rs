@@ -1,2 +1,16 @@
 //! ringllm model slice: GGUF reading and writing, architectures as data, KV cache and the
 //! forward pass over a contiguous range of layers.
+
+pub mod arch;
+pub mod error;
+pub mod forward;
+pub mod gguf;
+pub mod kv;
+pub mod model;
+pub mod synth;
+
+pub use arch::{Arch, Hparams, LayerClass, TensorKind};
+pub use error::ModelError;
+pub use forward::Runner;
+pub use kv::{KvCache, KvType};
+pub use model::{LoadOptions, Model};

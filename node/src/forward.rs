@@ -1,0 +1,496 @@
+//! The forward pass over a model's loaded layers: embedding, repeating blocks, output head.
+//! One `Runner` per thread of control; it owns the thread pool and every scratch buffer, so
+//! the per-token loop allocates nothing.
+
+use crate::arch::FfnAct;
+use crate::error::ModelError;
+use crate::kv::{KvBuf, KvCache, KvElem, LayerKv};
+use crate::model::{Layer, Model};
+use ringllm_kernels::matmul::{dequantize_row, matmul, matmul_many, ActBuffer, MatJob};
+use ringllm_kernels::ops;
+use ringllm_kernels::pool::{Chunks, SharedMut};
+use ringllm_kernels::ThreadPool;
+use std::sync::Arc;
+
+/// Called after each layer with (layer index, residual stream `[n × d]`).
+pub type LayerObserver<'a> = &'a mut dyn FnMut(usize, &[f32]);
+
+/// Scratch for one batch of up to `max_batch` tokens.
+struct Scratch {
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// Attention scores, one row of `kv_cap` per thread.
+    scores: Vec<f32>,
+    /// RoPE (cos, sin) per token of the batch.
+    rope: Vec<(f32, f32)>,
+    acts: ActBuffer,
+}
+
+pub struct Runner {
+    pub model: Arc<Model>,
+    pool: ThreadPool,
+    max_batch: usize,
+    scores_stride: usize,
+    scratch: Scratch,
+    /// Inverse RoPE frequencies for local and global layers.
+    inv_freq_local: Vec<f32>,
+    inv_freq_global: Vec<f32>,
+}
+
+impl Runner {
+    /// A runner for `model` with `threads` threads, batches up to `max_batch` tokens and
+    /// contexts up to `max_ctx` positions.
+    pub fn new(model: Arc<Model>, threads: usize, max_batch: usize, max_ctx: usize) -> Runner {
+        let hp = &model.hp;
+        let mb = max_batch.max(1);
+        let pool = ThreadPool::new(threads);
+        let mut acts = ActBuffer::new();
+        acts.reserve(hp.d_model.max(hp.q_dim()).max(hp.d_ff), mb);
+        let scores_stride = max_ctx.max(1);
+        let scratch = Scratch {
+            xn: vec![0.0; mb * hp.d_model],
+            q: vec![0.0; mb * hp.q_dim()],
+            k: vec![0.0; mb * hp.kv_dim()],
+            v: vec![0.0; mb * hp.kv_dim()],
+            att: vec![0.0; mb * hp.q_dim()],
+            o: vec![0.0; mb * hp.d_model],
+            gate: vec![0.0; mb * hp.d_ff],
+            up: vec![0.0; mb * hp.d_ff],
+            scores: vec![0.0; pool.n_threads() * scores_stride],
+            rope: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
+            acts,
+        };
+        let mut inv_freq_local = ops::rope_inv_freq(hp.rope_base_local, hp.rope_dim);
+        let mut inv_freq_global = ops::rope_inv_freq(hp.rope_base, hp.rope_dim);
+        if let Some(f) = &model.rope_freqs {
+            for (v, d) in inv_freq_global
+                .iter_mut()
+                .chain(inv_freq_local.iter_mut())
+                .zip(f.iter().cycle())
+            {
+                *v /= d;
+            }
+        }
+        for v in inv_freq_global.iter_mut() {
+            *v /= hp.rope_scale;
+        }
+        Runner {
+            model,
+            pool,
+            max_batch: mb,
+            scores_stride,
+            scratch,
+            inv_freq_local,
+            inv_freq_global,
+        }
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// A KV cache for this runner's layers.
+    pub fn new_cache(&self, ctx: usize, ty: crate::kv::KvType) -> KvCache {
+        KvCache::new(
+            &self.model.hp,
+            self.model.layer_range.clone(),
+            ctx.min(self.scores_stride),
+            self.max_batch,
+            ty,
+        )
+    }
+
+    /// Embeds `tokens` into `x` (`[n × d]`), scaled as the architecture asks.
+    pub fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<(), ModelError> {
+        let m = &*self.model;
+        let d = m.hp.d_model;
+        let w = m.tok_embd.as_ref().ok_or_else(|| {
+            ModelError::Invalid("this model slice holds no token embedding".into())
+        })?;
+        for (i, &t) in tokens.iter().enumerate() {
+            if t as usize >= m.hp.vocab {
+                return Err(ModelError::BadToken {
+                    id: t,
+                    vocab: m.hp.vocab,
+                });
+            }
+            let row = &mut x[i * d..(i + 1) * d];
+            dequantize_row(w.ty, m.matrix(w).data, d, t as usize, row);
+            if let Some(s) = m.hp.embd_scale {
+                for v in row.iter_mut() {
+                    *v *= s;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs this runner's layers on `n` tokens at positions `kv.len..kv.len + n`, in place on
+    /// the residual stream `x` (`[n × d]`), and advances the cache.
+    pub fn layers(
+        &mut self,
+        x: &mut [f32],
+        n: usize,
+        kv: &mut KvCache,
+        mut observer: Option<LayerObserver<'_>>,
+    ) -> Result<(), ModelError> {
+        let pos = kv.len;
+        if pos + n > kv.ctx {
+            return Err(ModelError::ContextFull {
+                pos,
+                n,
+                ctx: kv.ctx,
+            });
+        }
+        if n > self.max_batch {
+            return Err(ModelError::Invalid(format!(
+                "batch of {n} tokens exceeds the runner's maximum of {}",
+                self.max_batch
+            )));
+        }
+        let model = Arc::clone(&self.model);
+        let d = model.hp.d_model;
+        for (i, layer) in model.layers.iter().enumerate() {
+            let il = model.layer_range.start + i;
+            self.layer(
+                &model,
+                il,
+                layer,
+                &mut x[..n * d],
+                n,
+                pos,
+                &mut kv.layers[i],
+            );
+            if let Some(obs) = observer.as_mut() {
+                obs(il, &x[..n * d]);
+            }
+        }
+        kv.len = pos + n;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &mut self,
+        m: &Model,
+        il: usize,
+        l: &Layer,
+        x: &mut [f32],
+        n: usize,
+        pos: usize,
+        kv: &mut LayerKv,
+    ) {
+        let hp = &m.hp;
+        let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
+        let eps = hp.rms_eps;
+        let s = &mut self.scratch;
+        let pool = &self.pool;
+
+        // Attention block.
+        for t in 0..n {
+            ops::rms_norm(
+                &x[t * d..(t + 1) * d],
+                &l.attn_norm,
+                eps,
+                &mut s.xn[t * d..(t + 1) * d],
+            );
+        }
+        let xn = &s.xn[..n * d];
+        matmul_many(
+            pool,
+            &mut [
+                MatJob {
+                    w: m.matrix(&l.wq),
+                    out: &mut s.q[..n * qd],
+                },
+                MatJob {
+                    w: m.matrix(&l.wk),
+                    out: &mut s.k[..n * kvd],
+                },
+                MatJob {
+                    w: m.matrix(&l.wv),
+                    out: &mut s.v[..n * kvd],
+                },
+            ],
+            xn,
+            n,
+            &mut s.acts,
+        );
+        for (buf, bias, dim) in [
+            (&mut s.q, &l.bq, qd),
+            (&mut s.k, &l.bk, kvd),
+            (&mut s.v, &l.bv, kvd),
+        ] {
+            if let Some(b) = bias {
+                for t in 0..n {
+                    ops::add_inplace(&mut buf[t * dim..(t + 1) * dim], b);
+                }
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+            for head in s.q[..n * qd].chunks_exact_mut(hd) {
+                ops::rms_norm_inplace(head, qn, eps);
+            }
+            for head in s.k[..n * kvd].chunks_exact_mut(hd) {
+                ops::rms_norm_inplace(head, kn, eps);
+            }
+        }
+        let half = hp.rope_dim / 2;
+        // Linear RoPE scaling of global layers is folded into their inverse frequencies.
+        let inv = if hp.sliding[il] {
+            &self.inv_freq_local
+        } else {
+            &self.inv_freq_global
+        };
+        for t in 0..n {
+            let cs = &mut s.rope[t * half..(t + 1) * half];
+            ops::rope_cos_sin(pos + t, inv, cs);
+            for head in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                ops::rope_apply(head, cs, hp.rope_style);
+            }
+            for head in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                ops::rope_apply(head, cs, hp.rope_style);
+            }
+        }
+        // Store K and V.
+        for t in 0..n {
+            let slot = kv.slot(pos + t);
+            let (ks, vs) = (&s.k[t * kvd..(t + 1) * kvd], &s.v[t * kvd..(t + 1) * kvd]);
+            match (&mut kv.k, &mut kv.v) {
+                (KvBuf::F32(kb), KvBuf::F32(vb)) => {
+                    kb[slot * kvd..(slot + 1) * kvd].copy_from_slice(ks);
+                    vb[slot * kvd..(slot + 1) * kvd].copy_from_slice(vs);
+                }
+                (KvBuf::F16(kb), KvBuf::F16(vb)) => {
+                    for (dst, src) in kb[slot * kvd..(slot + 1) * kvd].iter_mut().zip(ks) {
+                        *dst = half::f16::from_f32(*src);
+                    }
+                    for (dst, src) in vb[slot * kvd..(slot + 1) * kvd].iter_mut().zip(vs) {
+                        *dst = half::f16::from_f32(*src);
+                    }
+                }
+                _ => unreachable!("K and V buffers share one type"),
+            }
+        }
+        let args = AttnArgs {
+            n,
+            pos,
+            n_head: hp.n_head,
+            group: hp.n_head / hp.n_head_kv,
+            head_dim: hd,
+            qd,
+            kvd,
+            scale: hp.query_scale,
+            kv,
+            scores_stride: self.scores_stride,
+        };
+        match (&args.kv.k, &args.kv.v) {
+            (KvBuf::F32(kb), KvBuf::F32(vb)) => {
+                attention(pool, &args, kb, vb, &s.q, &mut s.att, &mut s.scores)
+            }
+            (KvBuf::F16(kb), KvBuf::F16(vb)) => {
+                attention(pool, &args, kb, vb, &s.q, &mut s.att, &mut s.scores)
+            }
+            _ => unreachable!("K and V buffers share one type"),
+        }
+        matmul(
+            pool,
+            &m.matrix(&l.wo),
+            &s.att[..n * qd],
+            n,
+            &mut s.o[..n * d],
+            &mut s.acts,
+        );
+        if let Some(w) = &l.post_attn_norm {
+            for t in 0..n {
+                ops::rms_norm_inplace(&mut s.o[t * d..(t + 1) * d], w, eps);
+            }
+        }
+        ops::add_inplace(x, &s.o[..n * d]);
+
+        // Feed-forward block.
+        for t in 0..n {
+            ops::rms_norm(
+                &x[t * d..(t + 1) * d],
+                &l.ffn_norm,
+                eps,
+                &mut s.xn[t * d..(t + 1) * d],
+            );
+        }
+        let xn = &s.xn[..n * d];
+        matmul_many(
+            pool,
+            &mut [
+                MatJob {
+                    w: m.matrix(&l.gate),
+                    out: &mut s.gate[..n * ff],
+                },
+                MatJob {
+                    w: m.matrix(&l.up),
+                    out: &mut s.up[..n * ff],
+                },
+            ],
+            xn,
+            n,
+            &mut s.acts,
+        );
+        let act: fn(f32) -> f32 = match hp.ffn_act {
+            FfnAct::Silu => ops::silu,
+            FfnAct::GeluTanh => ops::gelu_tanh,
+        };
+        ops::glu(&mut s.gate[..n * ff], &s.up[..n * ff], act);
+        matmul(
+            pool,
+            &m.matrix(&l.down),
+            &s.gate[..n * ff],
+            n,
+            &mut s.o[..n * d],
+            &mut s.acts,
+        );
+        if let Some(w) = &l.post_ffw_norm {
+            for t in 0..n {
+                ops::rms_norm_inplace(&mut s.o[t * d..(t + 1) * d], w, eps);
+            }
+        }
+        ops::add_inplace(x, &s.o[..n * d]);
+    }
+
+    /// Final norm of `n` rows of `x`, in place.
+    pub fn final_norm(&self, x: &mut [f32], n: usize) -> Result<(), ModelError> {
+        let m = &*self.model;
+        let d = m.hp.d_model;
+        let w = m
+            .output_norm
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid("this model slice holds no output norm".into()))?;
+        for row in x[..n * d].chunks_exact_mut(d) {
+            ops::rms_norm_inplace(row, w, m.hp.rms_eps);
+        }
+        Ok(())
+    }
+
+    /// Logits `[n × vocab]` of `n` already-normed rows.
+    pub fn logits(&mut self, xn: &[f32], n: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let m = Arc::clone(&self.model);
+        let w = m
+            .output
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid("this model slice holds no output head".into()))?;
+        let d = m.hp.d_model;
+        let vocab = m.hp.vocab;
+        if n * d > xn.len() || n * vocab > out.len() {
+            return Err(ModelError::Invalid("logits: buffer sizes".into()));
+        }
+        self.scratch.acts.reserve(d, n);
+        matmul(
+            &self.pool,
+            &m.matrix(w),
+            &xn[..n * d],
+            n,
+            &mut out[..n * vocab],
+            &mut self.scratch.acts,
+        );
+        if let Some(cap) = m.hp.final_logit_softcap {
+            for v in out[..n * vocab].iter_mut() {
+                *v = cap * (*v / cap).tanh();
+            }
+        }
+        Ok(())
+    }
+
+    /// Embedding, every loaded layer, final norm and logits of the last token: a whole step
+    /// of a single-process model. `logits` gets `vocab` values.
+    pub fn step(
+        &mut self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        x: &mut Vec<f32>,
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let d = self.model.hp.d_model;
+        let n = tokens.len();
+        if x.len() < n * d {
+            x.resize(n * d, 0.0);
+        }
+        self.embed(tokens, &mut x[..n * d])?;
+        self.layers(&mut x[..n * d], n, kv, None)?;
+        let last = &mut x[(n - 1) * d..n * d];
+        self.final_norm(last, 1)?;
+        let last = x[(n - 1) * d..n * d].to_vec();
+        self.logits(&last, 1, logits)
+    }
+}
+
+struct AttnArgs<'a> {
+    n: usize,
+    pos: usize,
+    n_head: usize,
+    group: usize,
+    head_dim: usize,
+    qd: usize,
+    kvd: usize,
+    scale: f32,
+    kv: &'a LayerKv,
+    scores_stride: usize,
+}
+
+/// Causal attention of `n` queries (positions `pos..pos+n`) over the cache, one (token, head)
+/// pair per work item.
+fn attention<E: KvElem>(
+    pool: &ThreadPool,
+    a: &AttnArgs,
+    kb: &[E],
+    vb: &[E],
+    q: &[f32],
+    att: &mut [f32],
+    scores: &mut [f32],
+) {
+    let items = Chunks::new(a.n * a.n_head, 1);
+    let out = SharedMut::new(&mut att[..a.n * a.qd]);
+    let sc = SharedMut::new(scores);
+    let hd = a.head_dim;
+    pool.run(&|tid| {
+        // SAFETY: each thread uses only its own row of the score buffer.
+        let scores = unsafe { sc.slice(tid * a.scores_stride..(tid + 1) * a.scores_stride) };
+        while let Some(r) = items.next_range() {
+            for item in r {
+                let (t, h) = (item / a.n_head, item % a.n_head);
+                let kvh = h / a.group;
+                let qh = &q[t * a.qd + h * hd..t * a.qd + (h + 1) * hd];
+                let vis = a.kv.visible(a.pos + t);
+                let len = vis.len();
+                let sc = &mut scores[..len];
+                for (j, p) in vis.clone().enumerate() {
+                    let base = a.kv.slot(p) * a.kvd + kvh * hd;
+                    let krow = &kb[base..base + hd];
+                    let mut dot = 0.0f32;
+                    for (x, k) in qh.iter().zip(krow) {
+                        dot += x * k.load();
+                    }
+                    sc[j] = dot * a.scale;
+                }
+                ops::softmax(sc);
+                // SAFETY: the output row of (token t, head h) belongs to this work item alone.
+                let o = unsafe { out.slice(t * a.qd + h * hd..t * a.qd + (h + 1) * hd) };
+                o.fill(0.0);
+                for (j, p) in vis.enumerate() {
+                    let base = a.kv.slot(p) * a.kvd + kvh * hd;
+                    let w = sc[j];
+                    for (ov, v) in o.iter_mut().zip(&vb[base..base + hd]) {
+                        *ov += w * v.load();
+                    }
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,284 @@
+//! GGUF writer (version 3, little-endian): metadata in insertion order, tensors in insertion
+//! order, each tensor's data aligned to the file's alignment.
+
+use super::error::GgufError;
+use super::metadata::{Array, Value};
+use super::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, MAX_NAME_LEN};
+use ringllm_kernels::GgmlType;
+use std::io::{self, Write};
+use std::path::Path;
+
+struct PendingTensor {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    data: Vec<u8>,
+}
+
+/// Builds a GGUF file in memory.
+pub struct GgufWriter {
+    version: u32,
+    alignment: usize,
+    kv: Vec<(String, Value)>,
+    tensors: Vec<PendingTensor>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        GgufWriter::new()
+    }
+}
+
+const ALIGNMENT_KEY: &str = "general.alignment";
+
+impl GgufWriter {
+    /// Version 3, alignment 32, no metadata, no tensors.
+    pub fn new() -> Self {
+        GgufWriter {
+            version: 3,
+            alignment: DEFAULT_ALIGNMENT,
+            kv: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Sets the data alignment (a power of two); `general.alignment` is written when it is
+    /// not the default 32.
+    pub fn set_alignment(&mut self, alignment: usize) -> Result<(), GgufError> {
+        if !alignment.is_power_of_two() || alignment > 1 << 30 {
+            return Err(GgufError::InvalidInput(format!(
+                "alignment {alignment} is not a power of two (at most 2^30)"
+            )));
+        }
+        self.alignment = alignment;
+        Ok(())
+    }
+
+    /// Sets the version field: 2 or 3 (they share one layout).
+    pub fn set_version(&mut self, version: u32) -> Result<(), GgufError> {
+        if !matches!(version, 2 | 3) {
+            return Err(GgufError::InvalidInput(format!(
+                "can only write GGUF versions 2 and 3, not {version}"
+            )));
+        }
+        self.version = version;
+        Ok(())
+    }
+
+    /// Adds a metadata entry; adding a key again replaces its value (keeping its position).
+    /// `general.alignment` is always written as the writer's alignment (see `set_alignment`).
+    pub fn add(&mut self, key: &str, value: Value) {
+        match self.kv.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.kv.push((key.to_string(), value)),
+        }
+    }
+
+    /// Adds a tensor of shape `dims` (GGML order, `dims[0]` the row length) whose encoded
+    /// data is `data`.
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> Result<(), GgufError> {
+        let bad = |why: String| GgufError::InvalidInput(format!("tensor '{name}': {why}"));
+        if name.len() > MAX_NAME_LEN {
+            return Err(bad(format!("name longer than {MAX_NAME_LEN} bytes")));
+        }
+        if self.tensors.iter().any(|t| t.name == name) {
+            return Err(bad("added twice".to_string()));
+        }
+        if dims.is_empty() || dims.len() > MAX_DIMS || dims.contains(&0) {
+            return Err(bad(format!(
+                "dims {dims:?}: need 1 to {MAX_DIMS} non-zero dimensions"
+            )));
+        }
+        let n_el = dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= i64::MAX as u64)
+            .ok_or_else(|| bad(format!("element count of dims {dims:?} overflows")))?;
+        let block = ty.block_size() as u64;
+        if !dims[0].is_multiple_of(block) {
+            return Err(bad(format!(
+                "row length {} is not a multiple of the {ty} block size {block}",
+                dims[0]
+            )));
+        }
+        let size = (n_el / block).checked_mul(ty.type_size() as u64);
+        if size != Some(data.len() as u64) {
+            return Err(bad(format!(
+                "{n_el} elements of {ty} take {} bytes, data has {}",
+                size.map_or_else(|| "2^64+".to_string(), |s| s.to_string()),
+                data.len()
+            )));
+        }
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            ty,
+            data,
+        });
+        Ok(())
+    }
+
+    /// The metadata as written: `general.alignment` set to the writer's alignment (`align`
+    /// holds that value).
+    fn effective_kv<'a>(&'a self, align: &'a Value) -> Vec<(&'a str, &'a Value)> {
+        let mut out: Vec<(&str, &Value)> = Vec::with_capacity(self.kv.len() + 1);
+        let present = self.kv.iter().any(|(k, _)| k == ALIGNMENT_KEY);
+        if !present && self.alignment != DEFAULT_ALIGNMENT {
+            out.push((ALIGNMENT_KEY, align));
+        }
+        for (k, v) in &self.kv {
+            out.push((k, if k == ALIGNMENT_KEY { align } else { v }));
+        }
+        out
+    }
+
+    #[cfg(test)]
+    pub(crate) fn effective_kv_for_tests(&self) -> Vec<(String, Value)> {
+        let align = Value::U32(self.alignment as u32);
+        self.effective_kv(&align)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    /// The whole file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = self.write_to(&mut out);
+        out
+    }
+
+    /// Writes the file to `path`.
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        let mut f = io::BufWriter::new(std::fs::File::create(path)?);
+        self.write_to(&mut f)?;
+        f.flush()
+    }
+
+    /// Streams the file to `w`.
+    pub fn write_to<W: Write>(&self, w: W) -> io::Result<()> {
+        let mut w = Counting { inner: w, n: 0 };
+        let align_value = Value::U32(self.alignment as u32);
+        let kv = self.effective_kv(&align_value);
+        w.write_all(&GGUF_MAGIC)?;
+        w.write_all(&self.version.to_le_bytes())?;
+        w.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
+        w.write_all(&(kv.len() as u64).to_le_bytes())?;
+        for (k, v) in &kv {
+            write_str(&mut w, k)?;
+            w.write_all(&v.type_id().to_le_bytes())?;
+            write_value(&mut w, v)?;
+        }
+        let align = self.alignment as u64;
+        let mut rel = 0u64;
+        for t in &self.tensors {
+            write_str(&mut w, &t.name)?;
+            w.write_all(&(t.dims.len() as u32).to_le_bytes())?;
+            for d in &t.dims {
+                w.write_all(&d.to_le_bytes())?;
+            }
+            w.write_all(&(t.ty as u32).to_le_bytes())?;
+            w.write_all(&rel.to_le_bytes())?;
+            rel = (rel + t.data.len() as u64).next_multiple_of(align);
+        }
+        pad(&mut w, align)?;
+        for t in &self.tensors {
+            w.write_all(&t.data)?;
+            pad(&mut w, align)?;
+        }
+        Ok(())
+    }
+}
+
+struct Counting<W> {
+    inner: W,
+    n: u64,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let k = self.inner.write(buf)?;
+        self.n += k as u64;
+        Ok(k)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn pad<W: Write>(w: &mut Counting<W>, align: u64) -> io::Result<()> {
+    let n = w.n.next_multiple_of(align) - w.n;
+    w.write_all(&vec![0u8; n as usize])
+}
+
+fn write_str<W: Write>(w: &mut W, s: &str) -> io::Result<()> {
+    w.write_all(&(s.len() as u64).to_le_bytes())?;
+    w.write_all(s.as_bytes())
+}
+
+fn write_value<W: Write>(w: &mut W, v: &Value) -> io::Result<()> {
+    match v {
+        Value::U8(x) => w.write_all(&x.to_le_bytes()),
+        Value::I8(x) => w.write_all(&x.to_le_bytes()),
+        Value::U16(x) => w.write_all(&x.to_le_bytes()),
+        Value::I16(x) => w.write_all(&x.to_le_bytes()),
+        Value::U32(x) => w.write_all(&x.to_le_bytes()),
+        Value::I32(x) => w.write_all(&x.to_le_bytes()),
+        Value::F32(x) => w.write_all(&x.to_le_bytes()),
+        Value::Bool(x) => w.write_all(&[u8::from(*x)]),
+        Value::Str(s) => write_str(w, s),
+        Value::Array(a) => write_array(w, a),
+        Value::U64(x) => w.write_all(&x.to_le_bytes()),
+        Value::I64(x) => w.write_all(&x.to_le_bytes()),
+        Value::F64(x) => w.write_all(&x.to_le_bytes()),
+    }
+}
+
+fn write_array<W: Write>(w: &mut W, a: &Array) -> io::Result<()> {
+    w.write_all(&a.elem_type_id().to_le_bytes())?;
+    w.write_all(&(a.len() as u64).to_le_bytes())?;
+    macro_rules! each {
+        ($v:expr) => {{
+            for x in $v {
+                w.write_all(&x.to_le_bytes())?;
+            }
+            Ok(())
+        }};
+    }
+    match a {
+        Array::U8(v) => w.write_all(v),
+        Array::I8(v) => each!(v),
+        Array::U16(v) => each!(v),
+        Array::I16(v) => each!(v),
+        Array::U32(v) => each!(v),
+        Array::I32(v) => each!(v),
+        Array::F32(v) => each!(v),
+        Array::Bool(v) => {
+            let b: Vec<u8> = v.iter().map(|&x| u8::from(x)).collect();
+            w.write_all(&b)
+        }
+        Array::Str(v) => {
+            for s in v {
+                write_str(w, s)?;
+            }
+            Ok(())
+        }
+        Array::U64(v) => each!(v),
+        Array::I64(v) => each!(v),
+        Array::F64(v) => each!(v),
+        Array::Nested(v) => {
+            for inner in v {
+                write_array(w, inner)?;
+            }
+            Ok(())
+        }
+    }
+}

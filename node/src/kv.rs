@@ -1,0 +1,188 @@
+//! Per-sequence KV cache. Global layers keep the whole context; sliding-window layers keep a
+//! ring of `window + max_batch - 1` positions, enough for every query of a batch to see its
+//! whole window. Stored as f32 or f16.
+
+use crate::arch::Hparams;
+use half::f16;
+
+/// Element type of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvType {
+    pub fn from_name(s: &str) -> Option<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Some(KvType::F32),
+            "f16" => Some(KvType::F16),
+            _ => None,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+/// One stored K or V row type.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn load(self) -> f32;
+    fn store(v: f32) -> Self;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn store(v: f32) -> Self {
+        v
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+
+#[derive(Debug)]
+pub enum KvBuf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+#[derive(Debug)]
+pub struct LayerKv {
+    /// Positions held (ring size).
+    pub cap: usize,
+    /// First position a query may see: `pos + 1 - window` (sliding) or 0.
+    pub window: Option<usize>,
+    pub k: KvBuf,
+    pub v: KvBuf,
+}
+
+impl LayerKv {
+    pub fn slot(&self, pos: usize) -> usize {
+        pos % self.cap
+    }
+
+    /// Positions visible to a query at `pos`.
+    pub fn visible(&self, pos: usize) -> std::ops::Range<usize> {
+        let lo = match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        lo..pos + 1
+    }
+}
+
+/// The cache of one sequence over a range of layers.
+#[derive(Debug)]
+pub struct KvCache {
+    pub layers: Vec<LayerKv>,
+    /// Maximum positions in the sequence.
+    pub ctx: usize,
+    pub kv_dim: usize,
+    pub ty: KvType,
+    /// Positions filled so far.
+    pub len: usize,
+}
+
+impl KvCache {
+    /// A cache for `layers` of a model with `hp`, `ctx` positions, batches up to `max_batch`.
+    pub fn new(
+        hp: &Hparams,
+        layers: std::ops::Range<usize>,
+        ctx: usize,
+        max_batch: usize,
+        ty: KvType,
+    ) -> KvCache {
+        let kv_dim = hp.kv_dim();
+        let layers = layers
+            .map(|il| {
+                let (cap, window) = if hp.sliding[il] && hp.sliding_window > 0 {
+                    (
+                        (hp.sliding_window + max_batch.max(1) - 1).min(ctx),
+                        Some(hp.sliding_window),
+                    )
+                } else {
+                    (ctx, None)
+                };
+                let n = cap * kv_dim;
+                let buf = || match ty {
+                    KvType::F32 => KvBuf::F32(vec![0.0; n]),
+                    KvType::F16 => KvBuf::F16(vec![f16::ZERO; n]),
+                };
+                LayerKv {
+                    cap,
+                    window,
+                    k: buf(),
+                    v: buf(),
+                }
+            })
+            .collect();
+        KvCache {
+            layers,
+            ctx,
+            kv_dim,
+            ty,
+            len: 0,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| 2 * l.cap * self.kv_dim * self.ty.size())
+            .sum()
+    }
+
+    /// Bytes a cache would take, without allocating it.
+    pub fn bytes_for(
+        hp: &Hparams,
+        layers: std::ops::Range<usize>,
+        ctx: usize,
+        max_batch: usize,
+        ty: KvType,
+    ) -> usize {
+        layers
+            .map(|il| {
+                let cap = if hp.sliding[il] && hp.sliding_window > 0 {
+                    (hp.sliding_window + max_batch.max(1) - 1).min(ctx)
+                } else {
+                    ctx
+                };
+                2 * cap * hp.kv_dim() * ty.size()
+            })
+            .sum()
+    }
+
+    /// Forgets everything after `len` positions (positions are rewritten on reuse).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// True when truncating to `len` keeps every position the next query can see: a
+    /// sliding-window ring may already have overwritten older positions.
+    pub fn can_truncate_to(&self, len: usize) -> bool {
+        len >= self.len
+            || self.layers.iter().all(|l| match l.window {
+                None => true,
+                Some(w) => (len + 1).saturating_sub(w) >= self.len.saturating_sub(l.cap),
+            })
+    }
+}

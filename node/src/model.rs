@@ -1,0 +1,299 @@
+//! A model (or a contiguous slice of its layers) over a memory-mapped GGUF file: the
+//! loader states what it expects of every tensor (shape, type, required or not) and checks it.
+
+use crate::arch::{Arch, Hparams, TensorKind};
+use crate::error::ModelError;
+use crate::gguf::{GgufFile, TensorInfo};
+use ringllm_kernels::{kernels, GgmlType, QMatrix};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A 2-D weight matrix inside the mapped file: `n_out` rows of `n_in` elements.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    pub name: String,
+    pub ty: GgmlType,
+    pub n_in: usize,
+    pub n_out: usize,
+    range: Range<usize>,
+}
+
+impl Weight {
+    pub fn bytes(&self) -> usize {
+        self.range.len()
+    }
+}
+
+/// The weights of one repeating block.
+#[derive(Debug)]
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+    pub post_ffw_norm: Option<Vec<f32>>,
+}
+
+/// What part of the model to load.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Layers to load (`None`: all).
+    pub layers: Option<Range<usize>>,
+    /// Load the token embedding (first stage / coordinator).
+    pub embedding: bool,
+    /// Load the final norm and output head (last stage / coordinator).
+    pub head: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            layers: None,
+            embedding: true,
+            head: true,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Model {
+    file: Arc<GgufFile>,
+    pub hp: Hparams,
+    pub layer_range: Range<usize>,
+    /// `layers[i]` is layer `layer_range.start + i`.
+    pub layers: Vec<Layer>,
+    pub tok_embd: Option<Weight>,
+    pub output_norm: Option<Vec<f32>>,
+    /// The output head (the embedding again when tied).
+    pub output: Option<Weight>,
+    /// Per-dimension RoPE frequency divisors (Llama 3.1 `rope_freqs`).
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+impl Model {
+    /// Opens `path` and loads the whole model.
+    pub fn open(path: &Path) -> Result<Model, ModelError> {
+        let file = GgufFile::open(path)?;
+        Model::load(Arc::new(file), &LoadOptions::default())
+    }
+
+    pub fn load(file: Arc<GgufFile>, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let md = file.metadata();
+        md.require(&["general.architecture"])?;
+        let arch_name = md.str("general.architecture")?.to_string();
+        let arch =
+            Arch::from_name(&arch_name).ok_or(ModelError::UnsupportedArch { name: arch_name })?;
+        let embd_name = TensorKind::TokenEmbd.gguf_name(None);
+        let embd_info = file
+            .tensor(&embd_name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: embd_name.clone(),
+            })?;
+        if embd_info.dims.len() != 2 {
+            return Err(ModelError::BadShape {
+                name: embd_name,
+                expected: vec![0, 0],
+                found: embd_info.dims.clone(),
+            });
+        }
+        let vocab = embd_info.dims[1] as usize;
+        let hp = Hparams::from_metadata(arch, md, vocab)?;
+        let layer_range = opts.layers.clone().unwrap_or(0..hp.n_layer);
+        if layer_range.start > layer_range.end || layer_range.end > hp.n_layer {
+            return Err(ModelError::Invalid(format!(
+                "layer range {}..{} outside the model's {} layers",
+                layer_range.start, layer_range.end, hp.n_layer
+            )));
+        }
+        let loader = Loader {
+            file: &file,
+            hp: &hp,
+        };
+        let d = hp.d_model as u64;
+        let tok_embd = if opts.embedding {
+            Some(loader.matrix(TensorKind::TokenEmbd, None, d, hp.vocab as u64)?)
+        } else {
+            None
+        };
+        let (output_norm, output) = if opts.head {
+            let norm = loader.vector(TensorKind::OutputNorm, None, d)?;
+            let out_name = TensorKind::Output.gguf_name(None);
+            let out = if file.tensor(&out_name).is_some() {
+                loader.matrix(TensorKind::Output, None, d, hp.vocab as u64)?
+            } else {
+                loader.matrix(TensorKind::TokenEmbd, None, d, hp.vocab as u64)?
+            };
+            (Some(norm), Some(out))
+        } else {
+            (None, None)
+        };
+        let rope_freqs = if file
+            .tensor(&TensorKind::RopeFreqs.gguf_name(None))
+            .is_some()
+        {
+            Some(loader.vector(TensorKind::RopeFreqs, None, (hp.rope_dim / 2) as u64)?)
+        } else {
+            None
+        };
+        let mut layers = Vec::with_capacity(layer_range.len());
+        for il in layer_range.clone() {
+            layers.push(loader.layer(il)?);
+        }
+        Ok(Model {
+            file,
+            hp,
+            layer_range,
+            layers,
+            tok_embd,
+            output_norm,
+            output,
+            rope_freqs,
+        })
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// A kernel view of `w`.
+    pub fn matrix(&self, w: &Weight) -> QMatrix<'_> {
+        QMatrix {
+            ty: w.ty,
+            n_in: w.n_in,
+            n_out: w.n_out,
+            data: &self.file.bytes()[w.range.clone()],
+        }
+    }
+
+    /// Bytes of weights read per decoded token by the loaded part of the model (every layer
+    /// matrix plus the output head; one embedding row is negligible).
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|w| w.bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        layers + self.output.as_ref().map_or(0, |w| w.bytes())
+    }
+}
+
+struct Loader<'a> {
+    file: &'a GgufFile,
+    hp: &'a Hparams,
+}
+
+impl Loader<'_> {
+    fn info(&self, kind: TensorKind, layer: Option<usize>) -> Result<&TensorInfo, ModelError> {
+        let name = kind.gguf_name(layer);
+        self.file
+            .tensor(&name)
+            .ok_or(ModelError::MissingTensor { name })
+    }
+
+    /// A matrix of `n_out` rows of `n_in` (GGUF dims `[n_in, n_out]`).
+    fn matrix(
+        &self,
+        kind: TensorKind,
+        layer: Option<usize>,
+        n_in: u64,
+        n_out: u64,
+    ) -> Result<Weight, ModelError> {
+        let t = self.info(kind, layer)?;
+        if t.dims != [n_in, n_out] {
+            return Err(ModelError::BadShape {
+                name: t.name.clone(),
+                expected: vec![n_in, n_out],
+                found: t.dims.clone(),
+            });
+        }
+        if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+            return Err(ModelError::BadType {
+                name: t.name.clone(),
+                ty: t.ty,
+                why: "an activation format, not a weight format",
+            });
+        }
+        let start = t.offset as usize;
+        Ok(Weight {
+            name: t.name.clone(),
+            ty: t.ty,
+            n_in: n_in as usize,
+            n_out: n_out as usize,
+            range: start..start + t.size as usize,
+        })
+    }
+
+    /// A 1-D tensor of `n` values, dequantized to f32.
+    fn vector(
+        &self,
+        kind: TensorKind,
+        layer: Option<usize>,
+        n: u64,
+    ) -> Result<Vec<f32>, ModelError> {
+        let t = self.info(kind, layer)?;
+        if t.dims != [n] {
+            return Err(ModelError::BadShape {
+                name: t.name.clone(),
+                expected: vec![n],
+                found: t.dims.clone(),
+            });
+        }
+        let mut out = vec![0f32; n as usize];
+        (kernels(t.ty).dequantize)(self.file.tensor_data(t), &mut out);
+        Ok(out)
+    }
+
+    fn layer(&self, il: usize) -> Result<Layer, ModelError> {
+        let hp = self.hp;
+        let (d, q, kv, ff, hd) = (
+            hp.d_model as u64,
+            hp.q_dim() as u64,
+            hp.kv_dim() as u64,
+            hp.d_ff as u64,
+            hp.head_dim as u64,
+        );
+        let l = Some(il);
+        let opt_vec = |on: bool, kind, n| -> Result<Option<Vec<f32>>, ModelError> {
+            if on {
+                self.vector(kind, l, n).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Layer {
+            attn_norm: self.vector(TensorKind::AttnNorm, l, d)?,
+            wq: self.matrix(TensorKind::AttnQ, l, d, q)?,
+            wk: self.matrix(TensorKind::AttnK, l, d, kv)?,
+            wv: self.matrix(TensorKind::AttnV, l, d, kv)?,
+            wo: self.matrix(TensorKind::AttnOutput, l, q, d)?,
+            bq: opt_vec(hp.qkv_bias, TensorKind::AttnQBias, q)?,
+            bk: opt_vec(hp.qkv_bias, TensorKind::AttnKBias, kv)?,
+            bv: opt_vec(hp.qkv_bias, TensorKind::AttnVBias, kv)?,
+            q_norm: opt_vec(hp.qk_norm, TensorKind::AttnQNorm, hd)?,
+            k_norm: opt_vec(hp.qk_norm, TensorKind::AttnKNorm, hd)?,
+            post_attn_norm: opt_vec(hp.sandwich_norms, TensorKind::PostAttnNorm, d)?,
+            ffn_norm: self.vector(TensorKind::FfnNorm, l, d)?,
+            gate: self.matrix(TensorKind::FfnGate, l, d, ff)?,
+            up: self.matrix(TensorKind::FfnUp, l, d, ff)?,
+            down: self.matrix(TensorKind::FfnDown, l, ff, d)?,
+            post_ffw_norm: opt_vec(hp.sandwich_norms, TensorKind::PostFfwNorm, d)?,
+        })
+    }
+}

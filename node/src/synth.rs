@@ -1,0 +1,495 @@
+//! Tiny random-weight GGUF models with llama.cpp's tensor names and metadata, for tests and
+//! benchmarks that must not depend on downloaded files.
+//!
+//! The tokenizer is a made-up SentencePiece (`tokenizer.ggml.model = "llama"`) vocabulary:
+//! `<unk>`, `<s>`, `</s>`, the 256 byte tokens `<0x00>`..`<0xFF>`, then word pieces.
+
+use crate::gguf::{Array, GgufError, GgufWriter, Value};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use ringllm_kernels::{reference, GgmlType};
+use std::collections::HashSet;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynthArch {
+    Llama,
+    Gemma3,
+}
+
+impl SynthArch {
+    /// The GGUF architecture name (`general.architecture` and the key prefix).
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthArch::Llama => "llama",
+            SynthArch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// Shape and content of a synthetic model.
+#[derive(Clone, Debug)]
+pub struct SynthSpec {
+    pub arch: SynthArch,
+    /// Type of the 2-D matrices (a matrix whose rows are not a whole number of blocks of it
+    /// falls back to Q8_0, or F32 when not even that fits). Norms are always F32.
+    pub weight_type: GgmlType,
+    pub seed: u64,
+    pub n_layer: u32,
+    pub d_model: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub d_ff: u32,
+    /// At least 259 (3 specials and 256 byte tokens).
+    pub vocab: u32,
+    pub ctx: u32,
+    /// Gemma 3 only.
+    pub sliding_window: u32,
+    /// Llama only: no `output.weight`, the head reuses `token_embd.weight`. Gemma 3 is
+    /// always tied.
+    pub tied_embeddings: bool,
+}
+
+impl SynthSpec {
+    /// 2 layers, d 256, 4 heads (2 KV) of 64, FFN 512, vocab 512, context 256, window 8;
+    /// tied for Gemma 3, untied for Llama.
+    pub fn new(arch: SynthArch, weight_type: GgmlType, seed: u64) -> Self {
+        SynthSpec {
+            arch,
+            weight_type,
+            seed,
+            n_layer: 2,
+            d_model: 256,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            d_ff: 512,
+            vocab: 512,
+            ctx: 256,
+            sliding_window: 8,
+            tied_embeddings: arch == SynthArch::Gemma3,
+        }
+    }
+
+    /// Whether the model has no `output.weight`.
+    pub fn is_tied(&self) -> bool {
+        self.tied_embeddings || self.arch == SynthArch::Gemma3
+    }
+
+    /// Number of tensors `synth_model` writes.
+    pub fn n_tensors(&self) -> usize {
+        let per_layer = match self.arch {
+            SynthArch::Llama => 9,
+            SynthArch::Gemma3 => 13,
+        };
+        2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
+    }
+
+    fn validate(&self) -> Result<(), GgufError> {
+        let bad = |why: String| Err(GgufError::InvalidInput(format!("synthetic model: {why}")));
+        let s = self;
+        if [
+            s.n_layer,
+            s.d_model,
+            s.n_head,
+            s.n_head_kv,
+            s.head_dim,
+            s.d_ff,
+            s.ctx,
+        ]
+        .contains(&0)
+        {
+            return bad(format!("zero-sized dimension in {s:?}"));
+        }
+        if !s.n_head.is_multiple_of(s.n_head_kv) {
+            return bad(format!(
+                "n_head {} is not a multiple of n_head_kv {}",
+                s.n_head, s.n_head_kv
+            ));
+        }
+        if s.vocab < N_FIXED_TOKENS {
+            return bad(format!(
+                "vocab {} is smaller than the {N_FIXED_TOKENS} special and byte tokens",
+                s.vocab
+            ));
+        }
+        if matches!(s.weight_type, GgmlType::Q8_1 | GgmlType::Q8_K) {
+            return bad(format!(
+                "{} is an activation format, not a weight format",
+                s.weight_type
+            ));
+        }
+        // Keep every tensor small enough that sizes cannot overflow.
+        let big = [s.d_model, s.d_ff, s.vocab, s.n_head * s.head_dim]
+            .iter()
+            .any(|&x| x > 1 << 20);
+        if big || s.n_layer > 4096 || s.n_head.checked_mul(s.head_dim).is_none() {
+            return bad(format!("dimensions too large for a synthetic model: {s:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// Specials plus byte tokens.
+const N_FIXED_TOKENS: u32 = 3 + 256;
+
+/// SentencePiece word-boundary marker.
+const SPACE: &str = "\u{2581}";
+
+const TOKEN_TYPE_NORMAL: i32 = 1;
+const TOKEN_TYPE_UNKNOWN: i32 = 2;
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_BYTE: i32 = 6;
+
+const WORDS: &[&str] = &[
+    "the", "a", "and", "of", "to", "in", "is", "it", "that", "was", "for", "on", "are", "with",
+    "as", "he", "she", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "not",
+    "but", "what", "all", "were", "we", "when", "your", "can", "said", "there", "use", "an",
+    "each", "which", "do", "how", "their", "if", "will", "up", "other", "about", "out", "many",
+    "then", "them", "so", "some", "her", "would", "make", "like", "him", "into", "time", "has",
+    "look", "two", "more", "write", "go", "see", "number", "no", "way", "could", "people", "my",
+    "than", "first", "water", "been", "call", "who", "its", "now", "find", "long", "down", "day",
+    "did", "get", "come", "made", "may", "part", "hello", "world", "model", "token",
+];
+
+const SUFFIXES: &[&str] = &[
+    "ing", "ed", "er", "es", "ly", "tion", "s", "al", "ent", "ness", "ment", "able", "est", "ous",
+    "ive", "ful", "less", "th", "on", "an", "in", "at", "re", "st", "or",
+];
+
+/// The vocabulary: (text, score, token type).
+fn vocabulary(n: usize) -> Vec<(String, f32, i32)> {
+    let mut v: Vec<(String, f32, i32)> = Vec::with_capacity(n);
+    v.push(("<unk>".into(), 0.0, TOKEN_TYPE_UNKNOWN));
+    v.push(("<s>".into(), 0.0, TOKEN_TYPE_CONTROL));
+    v.push(("</s>".into(), 0.0, TOKEN_TYPE_CONTROL));
+    for b in 0..=255u8 {
+        v.push((format!("<0x{b:02X}>"), 0.0, TOKEN_TYPE_BYTE));
+    }
+    let mut seen: HashSet<String> = v.iter().map(|t| t.0.clone()).collect();
+    let letters: Vec<String> = ('a'..='z').map(String::from).collect();
+    let mut pieces = Vec::new();
+    pieces.push(SPACE.to_string());
+    pieces.extend(letters.iter().map(|l| format!("{SPACE}{l}")));
+    pieces.extend(WORDS.iter().map(|w| format!("{SPACE}{w}")));
+    pieces.extend(SUFFIXES.iter().map(|s| s.to_string()));
+    pieces.extend(letters.iter().cloned());
+    pieces.extend(WORDS.iter().map(|w| w.to_string()));
+    // Then as many made-up pieces as needed: letter pairs and triples, with and without ▁.
+    let mut made_up = (0u64..).map(|i| {
+        let mut s = String::new();
+        let mut x = i;
+        loop {
+            s.push(char::from(b'a' + (x % 26) as u8));
+            x /= 26;
+            if x == 0 {
+                break;
+            }
+        }
+        s
+    });
+    let mut idx = 0usize;
+    while v.len() < n {
+        let piece = match pieces.get(idx) {
+            Some(p) => p.clone(),
+            None => {
+                let g = made_up.next().unwrap_or_default();
+                if idx.is_multiple_of(2) {
+                    format!("{SPACE}{g}")
+                } else {
+                    g
+                }
+            }
+        };
+        idx += 1;
+        if seen.insert(piece.clone()) {
+            let rank = v.len() as f32 - N_FIXED_TOKENS as f32;
+            v.push((piece, -rank, TOKEN_TYPE_NORMAL));
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+struct Gen {
+    rng: StdRng,
+}
+
+impl Gen {
+    /// A standard normal sample (Box–Muller).
+    fn normal(&mut self) -> f32 {
+        let u1: f32 = 1.0 - self.rng.random::<f32>(); // (0, 1]
+        let u2: f32 = self.rng.random::<f32>();
+        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+    }
+
+    fn norm_weights(&mut self, n: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n as usize * 4);
+        for _ in 0..n {
+            out.extend_from_slice(&(1.0 + 0.1 * self.normal()).to_le_bytes());
+        }
+        out
+    }
+
+    /// `n_rows` rows of `row_len` values ~ N(0, 1/√row_len), encoded as `ty`.
+    fn matrix(&mut self, row_len: u32, n_rows: u32, ty: GgmlType) -> Result<Vec<u8>, GgufError> {
+        let scale = 1.0 / (row_len as f32).sqrt();
+        let n = row_len as usize * n_rows as usize;
+        let src: Vec<f32> = (0..n).map(|_| self.normal() * scale).collect();
+        let bytes = ty
+            .row_bytes(row_len as usize)
+            .and_then(|r| r.checked_mul(n_rows as usize))
+            .ok_or_else(|| {
+                GgufError::InvalidInput(format!("{row_len} x {n_rows} matrix of {ty}"))
+            })?;
+        let mut dst = vec![0u8; bytes];
+        (reference(ty).quantize)(&src, &mut dst);
+        Ok(dst)
+    }
+}
+
+/// The type a `[row_len, _]` matrix is stored in: the requested one when rows are whole
+/// blocks of it, else Q8_0, else F32.
+fn matrix_type(want: GgmlType, row_len: u32) -> GgmlType {
+    [want, GgmlType::Q8_0, GgmlType::F32]
+        .into_iter()
+        .find(|t| (row_len as usize).is_multiple_of(t.block_size()))
+        .unwrap_or(GgmlType::F32)
+}
+
+/// Writes a random-weight model; the same spec always gives the same bytes.
+pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
+    spec.validate()?;
+    let s = spec;
+    let a = s.arch.name();
+    let k = |key: &str| format!("{a}.{key}");
+    let mut w = GgufWriter::new();
+
+    w.add("general.architecture", Value::Str(a.to_string()));
+    w.add(
+        "general.name",
+        Value::Str(format!("synthetic {a} {} seed {}", s.weight_type, s.seed)),
+    );
+    w.add("general.quantization_version", Value::U32(2));
+    w.add(&k("context_length"), Value::U32(s.ctx));
+    w.add(&k("embedding_length"), Value::U32(s.d_model));
+    w.add(&k("block_count"), Value::U32(s.n_layer));
+    w.add(&k("feed_forward_length"), Value::U32(s.d_ff));
+    w.add(&k("attention.head_count"), Value::U32(s.n_head));
+    w.add(&k("attention.head_count_kv"), Value::U32(s.n_head_kv));
+    w.add(&k("attention.key_length"), Value::U32(s.head_dim));
+    w.add(&k("attention.value_length"), Value::U32(s.head_dim));
+    let (rope_base, eps) = match s.arch {
+        SynthArch::Llama => (10000.0f32, 1e-5f32),
+        SynthArch::Gemma3 => (1e6, 1e-6),
+    };
+    w.add(&k("rope.freq_base"), Value::F32(rope_base));
+    w.add(&k("attention.layer_norm_rms_epsilon"), Value::F32(eps));
+    match s.arch {
+        SynthArch::Llama => {
+            w.add(&k("rope.dimension_count"), Value::U32(s.head_dim));
+            w.add(&k("vocab_size"), Value::U32(s.vocab));
+        }
+        SynthArch::Gemma3 => {
+            w.add(&k("attention.sliding_window"), Value::U32(s.sliding_window));
+        }
+    }
+
+    let vocab = vocabulary(s.vocab as usize);
+    w.add("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.add(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::Str(vocab.iter().map(|t| t.0.clone()).collect())),
+    );
+    w.add(
+        "tokenizer.ggml.scores",
+        Value::Array(Array::F32(vocab.iter().map(|t| t.1).collect())),
+    );
+    w.add(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vocab.iter().map(|t| t.2).collect())),
+    );
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
+
+    let mut g = Gen {
+        rng: StdRng::seed_from_u64(s.seed),
+    };
+    let d = s.d_model;
+    let q = s.n_head * s.head_dim;
+    let kv = s.n_head_kv * s.head_dim;
+    let mut matrix = |w: &mut GgufWriter, name: &str, row_len: u32, n_rows: u32| {
+        let ty = matrix_type(s.weight_type, row_len);
+        let data = g.matrix(row_len, n_rows, ty)?;
+        w.add_tensor(name, &[row_len.into(), n_rows.into()], ty, data)
+    };
+    matrix(&mut w, "token_embd.weight", d, s.vocab)?;
+    let mut norms: Vec<(String, u32)> = Vec::new();
+    for il in 0..s.n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}.weight");
+        matrix(&mut w, &b("attn_q"), d, q)?;
+        matrix(&mut w, &b("attn_k"), d, kv)?;
+        matrix(&mut w, &b("attn_v"), d, kv)?;
+        matrix(&mut w, &b("attn_output"), q, d)?;
+        matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
+        matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
+        matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        norms.push((b("attn_norm"), d));
+        norms.push((b("ffn_norm"), d));
+        if s.arch == SynthArch::Gemma3 {
+            // GGUF stores Gemma's RMSNorm weights as (1 + w), so these are near 1 as well.
+            norms.push((b("attn_q_norm"), s.head_dim));
+            norms.push((b("attn_k_norm"), s.head_dim));
+            norms.push((b("post_attention_norm"), d));
+            norms.push((b("post_ffw_norm"), d));
+        }
+    }
+    if !s.is_tied() {
+        matrix(&mut w, "output.weight", d, s.vocab)?;
+    }
+    norms.push(("output_norm.weight".to_string(), d));
+    for (name, n) in norms {
+        let data = g.norm_weights(n);
+        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    }
+    Ok(w.to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+
+    fn check(spec: &SynthSpec) {
+        let bytes = synth_model(spec).unwrap();
+        let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+        assert_eq!(f.tensors().len(), spec.n_tensors());
+        let md = f.metadata();
+        let a = spec.arch.name();
+        assert_eq!(md.str("general.architecture").unwrap(), a);
+        assert_eq!(md.u32(&format!("{a}.block_count")).unwrap(), spec.n_layer);
+        assert_eq!(
+            md.u32(&format!("{a}.attention.key_length")).unwrap(),
+            spec.head_dim
+        );
+        let toks = md.str_array("tokenizer.ggml.tokens").unwrap();
+        assert_eq!(toks.len(), spec.vocab as usize);
+        assert_eq!(toks[1], "<s>");
+        assert_eq!(toks[3], "<0x00>");
+        assert_eq!(toks[258], "<0xFF>");
+        assert_eq!(toks[259], SPACE);
+        assert_eq!(toks.iter().collect::<HashSet<_>>().len(), toks.len());
+        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
+        assert_eq!(types[100], TOKEN_TYPE_BYTE);
+        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
+        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
+        assert!(scores[260] > scores[261]);
+        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+
+        let (d, v) = (u64::from(spec.d_model), u64::from(spec.vocab));
+        let t = |n: &str| f.tensor(n).unwrap_or_else(|| panic!("missing {n}"));
+        assert_eq!(t("token_embd.weight").dims, [d, v]);
+        assert_eq!(t("token_embd.weight").ty, spec.weight_type);
+        assert_eq!(t("output_norm.weight").dims, [d]);
+        assert_eq!(f.tensor("output.weight").is_some(), !spec.is_tied());
+        let last = spec.n_layer - 1;
+        let qd = u64::from(spec.n_head * spec.head_dim);
+        let kvd = u64::from(spec.n_head_kv * spec.head_dim);
+        let ff = u64::from(spec.d_ff);
+        assert_eq!(t(&format!("blk.{last}.attn_q.weight")).dims, [d, qd]);
+        assert_eq!(t(&format!("blk.{last}.attn_k.weight")).dims, [d, kvd]);
+        assert_eq!(t(&format!("blk.{last}.attn_v.weight")).dims, [d, kvd]);
+        assert_eq!(t(&format!("blk.{last}.attn_output.weight")).dims, [qd, d]);
+        assert_eq!(t(&format!("blk.{last}.ffn_gate.weight")).dims, [d, ff]);
+        assert_eq!(t(&format!("blk.{last}.ffn_down.weight")).dims, [ff, d]);
+        let norm = t(&format!("blk.{last}.attn_norm.weight"));
+        assert_eq!(norm.ty, GgmlType::F32);
+        let vals: Vec<f32> = f
+            .tensor_data(norm)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mean = vals.iter().sum::<f32>() / vals.len() as f32;
+        assert!((mean - 1.0).abs() < 0.05, "norm mean {mean}");
+        if spec.arch == SynthArch::Gemma3 {
+            let hd = u64::from(spec.head_dim);
+            assert_eq!(t(&format!("blk.{last}.attn_q_norm.weight")).dims, [hd]);
+            assert_eq!(t(&format!("blk.{last}.post_ffw_norm.weight")).dims, [d]);
+            assert_eq!(
+                md.u32("gemma3.attention.sliding_window").unwrap(),
+                spec.sliding_window
+            );
+            assert_eq!(md.f32("gemma3.rope.freq_base").unwrap(), 1e6);
+        } else {
+            assert_eq!(md.u32("llama.vocab_size").unwrap(), spec.vocab);
+            assert_eq!(md.u32("llama.rope.dimension_count").unwrap(), spec.head_dim);
+        }
+        // Deterministic per seed, different across seeds.
+        assert_eq!(synth_model(spec).unwrap(), bytes);
+        let mut other = spec.clone();
+        other.seed ^= 1;
+        assert_ne!(synth_model(&other).unwrap(), bytes);
+    }
+
+    #[test]
+    fn llama_reads_back_with_expected_tensors() {
+        let spec = SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7);
+        assert_eq!(spec.n_tensors(), 3 + 9 * 2);
+        check(&spec);
+        let mut tied = SynthSpec::new(SynthArch::Llama, GgmlType::F16, 8);
+        tied.tied_embeddings = true;
+        tied.n_layer = 3;
+        tied.vocab = 1000;
+        check(&tied);
+    }
+
+    #[test]
+    fn gemma3_reads_back_with_expected_tensors() {
+        let spec = SynthSpec::new(SynthArch::Gemma3, GgmlType::BF16, 9);
+        assert_eq!(spec.n_tensors(), 2 + 13 * 2);
+        check(&spec);
+    }
+
+    #[test]
+    fn matrix_values_have_the_requested_scale() {
+        let spec = SynthSpec::new(SynthArch::Llama, GgmlType::F32, 1);
+        let f = GgufFile::from_bytes(synth_model(&spec).unwrap()).unwrap();
+        let t = f.tensor("blk.0.ffn_up.weight").unwrap();
+        let vals: Vec<f32> = f
+            .tensor_data(t)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let var = vals.iter().map(|x| x * x).sum::<f32>() / vals.len() as f32;
+        let want = 1.0 / spec.d_model as f32;
+        assert!(
+            (var / want - 1.0).abs() < 0.05,
+            "variance {var}, want {want}"
+        );
+    }
+
+    #[test]
+    fn bad_specs_are_refused() {
+        let mut s = SynthSpec::new(SynthArch::Llama, GgmlType::F32, 0);
+        s.vocab = 100;
+        assert!(synth_model(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("vocab 100"));
+        let mut s = SynthSpec::new(SynthArch::Llama, GgmlType::F32, 0);
+        s.n_head_kv = 3;
+        assert!(synth_model(&s).is_err());
+        let s = SynthSpec::new(SynthArch::Llama, GgmlType::Q8_K, 0);
+        assert!(synth_model(&s).is_err());
+    }
+
+    #[test]
+    fn matrix_type_falls_back_when_rows_are_not_whole_blocks() {
+        assert_eq!(matrix_type(GgmlType::Q4_K, 256), GgmlType::Q4_K);
+        assert_eq!(matrix_type(GgmlType::Q4_K, 640), GgmlType::Q8_0);
+        assert_eq!(matrix_type(GgmlType::Q4_K, 100), GgmlType::F32);
+    }
+}
