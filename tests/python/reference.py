@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""Independent NumPy reference forward pass for GGUF models: the oracle for ringllm.
+
+Reads a GGUF file with PyPI's `gguf` (GGUFReader), dequantizes every tensor with
+`gguf.quants.dequantize` and runs a full causal forward pass over a token sequence from
+position 0. Everything is computed in float64 (weights are dequantized to float32 exactly as
+stored, then widened once to float64 and cached per Model); results are handed back as
+float32.
+
+Architectures:
+  llama / mistral  RMSNorm, GQA, SwiGLU, interleaved ("normal") RoPE on pairs (2i, 2i+1)
+                   (llama.cpp's converter permutes Q/K rows so that this applies in the GGUF
+                   layout), optional `rope_freqs.weight` frequency factors, optional biases.
+  qwen2            as llama but NeoX RoPE (pairs (i, i + n_rot/2)) and Q/K/V biases.
+  gemma3           x*sqrt(d) embedding scale, sandwich norms (post-attention / post-FFN
+                   RMSNorms), per-head QK RMSNorm, NeoX RoPE, GeGLU with tanh GELU, 5:1
+                   local:global layers (layer i is global iff i % 6 == 5) where local layers use
+                   RoPE base 10000 and a sliding window (key allowed iff q - k < window) and
+                   global layers use `gemma3.rope.freq_base` (+ optional linear rope scaling),
+                   query scale 1/sqrt(key_length) (1/sqrt(d/n_head) for the 62-layer 27B),
+                   tied output embedding, optional final logit soft-capping (absent in Gemma 3
+                   files). The norm weights are used as stored: llama.cpp's converter has
+                   already added Gemma's +1 offset.
+
+CLI:
+  reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
+  reference.py MODEL --perplexity TOKENS.json --ctx N [--chunks N]
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _field_value(field):
+    try:
+        return field.contents()
+    except Exception:  # pragma: no cover - unusual field layouts
+        return None
+
+
+def dequantize_tensor(t):
+    """Dequantized float32 array of a GGUFReader tensor, in row-major [n_rows, row_len]
+    (more generally the reverse of the ggml shape; 1-D tensors stay 1-D)."""
+    d = dequantize(t.data, t.tensor_type)
+    shape = tuple(int(x) for x in reversed([int(s) for s in t.shape]))
+    d = np.asarray(d, dtype=np.float32)
+    if d.size != int(np.prod(shape)):
+        raise ValueError(f"{t.name}: dequantized {d.size} values, expected shape {shape}")
+    return d.reshape(shape)
+
+
+class Model:
+    """Metadata and lazily dequantized weights of one GGUF model."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.reader = GGUFReader(self.path)
+        self.meta = {}
+        for name, field in self.reader.fields.items():
+            if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                        "tokenizer.ggml.merges"):
+                continue  # big arrays: read on demand
+            self.meta[name] = _field_value(field)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self._cache = {}
+        self._vocab_tokens = None
+
+        arch = self.meta.get("general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+        self.arch = arch
+        g = lambda key, default=None: self.meta.get(f"{arch}.{key}", default)  # noqa: E731
+
+        if g("expert_count", 0):
+            raise ValueError("mixture-of-experts models are not supported by the reference")
+
+        self.n_embd = int(g("embedding_length"))
+        self.n_layer = int(g("block_count"))
+        self.n_ff = g("feed_forward_length")
+        self.n_head = int(g("attention.head_count"))
+        self.n_head_kv = int(g("attention.head_count_kv", self.n_head))
+        self.head_dim = int(g("attention.key_length", self.n_embd // self.n_head))
+        self.head_dim_v = int(g("attention.value_length", self.n_embd // self.n_head))
+        self.n_rot = int(g("rope.dimension_count", self.head_dim))
+        self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
+        self.rope_base = float(g("rope.freq_base", 10000.0))
+        scaling_type = g("rope.scaling.type")
+        factor = g("rope.scaling.factor") or g("rope.scale_linear") or 0.0
+        if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
+            raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
+        self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
+        self.rope_neox = arch in ("qwen2", "gemma3")
+        self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
+
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
+
+        # Per-layer attention kind: (is_local_sliding_window, rope_base, rope_scale).
+        self.window = 0
+        self.is_swa = [False] * self.n_layer
+        self.rope_base_swa = self.rope_base
+        self.rope_scale_swa = self.rope_scale
+        if arch == "gemma3":
+            self.window = int(g("attention.sliding_window", 0) or 0)
+            if self.window > 0:
+                pattern = g("attention.sliding_window_pattern", 6)
+                if isinstance(pattern, (list, tuple)):
+                    self.is_swa = [bool(p) for p in pattern][: self.n_layer]
+                else:
+                    p = int(pattern)
+                    self.is_swa = [p == 0 or (i % p) < (p - 1) for i in range(self.n_layer)]
+                self.rope_base_swa = 10000.0
+                self.rope_scale_swa = 1.0
+            # gemma_pytorch / llama.cpp: the 27B (62 layers) scales queries by 1/sqrt(d/n_head).
+            if self.n_layer == 62:
+                self.q_scale = 1.0 / math.sqrt(self.n_embd // self.n_head)
+            else:
+                self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        else:
+            self.q_scale = float(g("attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(self.head_dim)
+
+        tokenizer_model = self.meta.get("tokenizer.ggml.model")
+        self.add_bos = bool(self.meta.get("tokenizer.ggml.add_bos_token", tokenizer_model == "llama"))
+        self.bos_id = self.meta.get("tokenizer.ggml.bos_token_id")
+        self.eos_id = self.meta.get("tokenizer.ggml.eos_token_id")
+
+        emb = self.tensors["token_embd.weight"]
+        self.vocab = int(emb.shape[1])
+        self.tied = "output.weight" not in self.tensors
+
+    # -- weights -------------------------------------------------------------------------
+
+    def has(self, name):
+        return name in self.tensors
+
+    def f32(self, name):
+        """Dequantized float32 weight (not cached)."""
+        return dequantize_tensor(self.tensors[name])
+
+    def w(self, name):
+        """Dequantized weight widened to float64, cached for the life of the Model."""
+        a = self._cache.get(name)
+        if a is None:
+            a = self.f32(name).astype(np.float64)
+            self._cache[name] = a
+        return a
+
+    def wopt(self, name):
+        return self.w(name) if name in self.tensors else None
+
+    def layer_rope(self, il):
+        if self.is_swa[il]:
+            return self.rope_base_swa, self.rope_scale_swa
+        return self.rope_base, self.rope_scale
+
+    # -- vocabulary (for printing only) ---------------------------------------------------
+
+    def vocab_tokens(self):
+        if self._vocab_tokens is None:
+            f = self.reader.fields.get("tokenizer.ggml.tokens")
+            self._vocab_tokens = _field_value(f) if f is not None else []
+        return self._vocab_tokens
+
+    def decode(self, ids):
+        """Best-effort detokenization for display (SPM and GPT-2 byte-level vocabularies)."""
+        toks = self.vocab_tokens()
+        if not toks:
+            return " ".join(map(str, ids))
+        out = bytearray()
+        if self.meta.get("tokenizer.ggml.model") == "gpt2":
+            inv = _gpt2_unicode_to_byte()
+            for i in ids:
+                s = toks[i]
+                if all(ch in inv for ch in s):
+                    out += bytes(inv[ch] for ch in s)
+                else:
+                    out += s.encode()
+        else:
+            for i in ids:
+                s = toks[i]
+                if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+                    out.append(int(s[3:5], 16))
+                else:
+                    out += s.replace("\u2581", " ").encode()
+        return out.decode("utf-8", errors="replace")
+
+
+def _gpt2_unicode_to_byte():
+    # GPT-2 byte-level BPE maps every byte to a printable code point: printable Latin-1 bytes
+    # map to themselves, the others to 256, 257, ... in byte order.
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    mapping = {}
+    extra = 0
+    for b in range(256):
+        if b in keep:
+            mapping[chr(b)] = b
+        else:
+            mapping[chr(256 + extra)] = b
+            extra += 1
+    return mapping
+
+
+def load(path):
+    """Reads a GGUF model; weights are dequantized on first use and cached in the Model."""
+    return Model(path)
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks (float64)
+
+
+def rmsnorm(x, weight, eps):
+    """RMSNorm over the last axis, times `weight` (used as stored)."""
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * weight
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def rope(x, pos, n_rot, base, scale=1.0, neox=False, freq_factors=None):
+    """Rotary embedding of x [n_tok, n_heads, head_dim] at positions pos [n_tok].
+
+    Pair i (i < n_rot/2) is rotated by angle pos * scale * base^(-2i/n_rot) / freq_factors[i].
+    normal (llama): pairs are (2i, 2i+1); neox: pairs are (i, i + n_rot/2). Dimensions from
+    n_rot on are left untouched."""
+    half = n_rot // 2
+    i = np.arange(half, dtype=np.float64)
+    inv_freq = base ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)[:half]
+    theta = (np.asarray(pos, dtype=np.float64)[:, None] * scale) * inv_freq[None, :]
+    cos = np.cos(theta)[:, None, :]
+    sin = np.sin(theta)[:, None, :]
+    out = x.copy()
+    if neox:
+        a, b = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:n_rot] = a * sin + b * cos
+    else:
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * cos - b * sin
+        out[..., 1:n_rot:2] = a * sin + b * cos
+    return out
+
+
+def attention_mask(n_tok, window=0):
+    """Boolean [q, k] mask of allowed keys: causal, and within the last `window` positions
+    (q - k < window) when window > 0."""
+    q = np.arange(n_tok)[:, None]
+    k = np.arange(n_tok)[None, :]
+    allowed = k <= q
+    if window > 0:
+        allowed &= (q - k) < window
+    return allowed
+
+
+def attention(q, k, v, scale, allowed):
+    """q [n, H, d], k [n, Hkv, d], v [n, Hkv, dv]; query head h uses kv head h // (H/Hkv)."""
+    n, H, _ = q.shape
+    Hkv = k.shape[1]
+    kv_of = np.arange(H) // (H // Hkv)
+    qh = np.ascontiguousarray(q.transpose(1, 0, 2))  # [H, n, d]
+    kh = np.ascontiguousarray(k[:, kv_of, :].transpose(1, 2, 0))  # [H, d, n]
+    vh = np.ascontiguousarray(v[:, kv_of, :].transpose(1, 0, 2))  # [H, n, dv]
+    s = np.matmul(qh, kh) * scale  # [H, q, k]
+    s = np.where(allowed[None, :, :], s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    o = np.matmul(p, vh)  # [H, q, dv]
+    return o.transpose(1, 0, 2).reshape(n, H * vh.shape[-1])
+
+
+def _linear(x, m, name):
+    y = x @ m.w(name + ".weight").T
+    b = m.wopt(name + ".bias")
+    if b is not None:
+        y = y + b
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# Forward pass
+
+
+def forward(model, token_ids, logit_rows=None):
+    """Full causal forward over `token_ids` at positions 0..n-1, in float64.
+
+    Returns (logits float32 [n_rows, vocab], hidden) where hidden (float32 arrays [n_tok, d])
+    has "embd" (scaled input embeddings), "layer.{i}" (residual stream after layer i) and
+    "final_norm". `logit_rows`: positions to compute logits for (default: all; [] for none)."""
+    m = model
+    toks = np.asarray(token_ids, dtype=np.int64)
+    if toks.ndim != 1 or len(toks) == 0:
+        raise ValueError("token_ids must be a non-empty 1-D sequence")
+    if toks.min() < 0 or toks.max() >= m.vocab:
+        raise ValueError(f"token id out of range [0, {m.vocab})")
+    n = len(toks)
+    pos = np.arange(n)
+    gemma = m.arch == "gemma3"
+    hidden = {}
+
+    x = m.w("token_embd.weight")[toks].copy()
+    if gemma:
+        x *= math.sqrt(m.n_embd)
+    hidden["embd"] = x.astype(np.float32)
+
+    freq_factors = m.wopt("rope_freqs.weight")
+    masks = {}
+    for il in range(m.n_layer):
+        p = f"blk.{il}."
+        window = m.window if m.is_swa[il] else 0
+        if window not in masks:
+            masks[window] = attention_mask(n, window)
+        base, scale = m.layer_rope(il)
+
+        h = rmsnorm(x, m.w(p + "attn_norm.weight"), m.eps)
+        q = _linear(h, m, p + "attn_q").reshape(n, m.n_head, m.head_dim)
+        k = _linear(h, m, p + "attn_k").reshape(n, m.n_head_kv, m.head_dim)
+        v = _linear(h, m, p + "attn_v").reshape(n, m.n_head_kv, m.head_dim_v)
+        if m.has(p + "attn_q_norm.weight"):
+            q = rmsnorm(q, m.w(p + "attn_q_norm.weight"), m.eps)
+        if m.has(p + "attn_k_norm.weight"):
+            k = rmsnorm(k, m.w(p + "attn_k_norm.weight"), m.eps)
+        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
+        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
+        a = attention(q, k, v, m.q_scale, masks[window])
+        a = _linear(a, m, p + "attn_output")
+        if m.has(p + "post_attention_norm.weight"):
+            a = rmsnorm(a, m.w(p + "post_attention_norm.weight"), m.eps)
+        x = x + a
+
+        h = rmsnorm(x, m.w(p + "ffn_norm.weight"), m.eps)
+        gate = _linear(h, m, p + "ffn_gate")
+        up = _linear(h, m, p + "ffn_up")
+        act = gelu_tanh(gate) if gemma else silu(gate)
+        f = _linear(act * up, m, p + "ffn_down")
+        if m.has(p + "post_ffw_norm.weight"):
+            f = rmsnorm(f, m.w(p + "post_ffw_norm.weight"), m.eps)
+        x = x + f
+        hidden[f"layer.{il}"] = x.astype(np.float32)
+
+    x = rmsnorm(x, m.w("output_norm.weight"), m.eps)
+    hidden["final_norm"] = x.astype(np.float32)
+
+    rows = np.arange(n) if logit_rows is None else np.asarray(logit_rows, dtype=np.int64).reshape(-1)
+    out_w = m.w("token_embd.weight") if m.tied else m.w("output.weight")
+    logits = np.empty((len(rows), out_w.shape[0]), dtype=np.float32)
+    for s in range(0, len(rows), 64):  # bounded float64 temporaries for big vocabularies
+        blk = x[rows[s:s + 64]] @ out_w.T
+        if m.final_softcap > 0:
+            blk = np.tanh(blk / m.final_softcap) * m.final_softcap
+        logits[s:s + 64] = blk
+    return logits, hidden
+
+
+def greedy(model, token_ids, n):
+    """n greedy steps, recomputing the full forward each step; returns the generated ids."""
+    seq = list(token_ids)
+    out = []
+    for _ in range(n):
+        logits, _ = forward(model, seq, logit_rows=[len(seq) - 1])
+        t = int(np.argmax(logits[0]))
+        out.append(t)
+        seq.append(t)
+        if model.eos_id is not None and t == model.eos_id:
+            break
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Perplexity, as llama.cpp's perplexity tool computes it
+
+
+def perplexity(model, tokens, ctx, n_chunks=None, add_bos=None, verbose=False):
+    """llama.cpp `llama-perplexity` convention.
+
+    `tokens` is the whole tokenized text as llama.cpp tokenizes it (with a leading BOS when
+    the model adds one). It is cut into n_chunk = len(tokens)//ctx consecutive chunks of ctx
+    tokens (at most n_chunks); at least 2*ctx tokens are required. Each chunk is evaluated
+    from position 0 with its first token replaced by BOS when the model adds BOS. With
+    first = ctx//2, the logits at positions first..ctx-2 score the chunk's (original) tokens
+    first+1..ctx-1: ctx - first - 1 tokens per chunk. Returns (ppl, stderr) with
+    ppl = exp(mean NLL) and stderr = ppl * sqrt((mean(NLL^2) - mean(NLL)^2) / (count - 1))."""
+    tokens = [int(t) for t in tokens]
+    if add_bos is None:
+        add_bos = model.add_bos
+    if len(tokens) < 2 * ctx:
+        raise ValueError(f"need at least {2 * ctx} tokens for a context of {ctx}, got {len(tokens)}")
+    n_chunk = len(tokens) // ctx
+    if n_chunks is not None and n_chunks >= 0:
+        n_chunk = min(n_chunk, n_chunks)
+    first = ctx // 2
+    nll = 0.0
+    nll2 = 0.0
+    count = 0
+    for i in range(n_chunk):
+        chunk = tokens[i * ctx:(i + 1) * ctx]
+        inp = list(chunk)
+        if add_bos:
+            inp[0] = int(model.bos_id)
+        rows = np.arange(first, ctx - 1)
+        logits, _ = forward(model, inp, logit_rows=rows)
+        lg = logits.astype(np.float64)
+        mx = lg.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(lg - mx).sum(axis=1)) + mx[:, 0]
+        target = np.asarray(chunk[first + 1:ctx])
+        v = lse - lg[np.arange(len(rows)), target]
+        nll += float(v.sum())
+        nll2 += float((v * v).sum())
+        count += len(v)
+        if verbose:
+            print(f"[{i + 1}]{math.exp(nll / count):.4f}", end=",", flush=True, file=sys.stderr)
+    if verbose:
+        print(file=sys.stderr)
+    mean = nll / count
+    mean2 = nll2 / count
+    ppl = math.exp(mean)
+    var = mean2 - mean * mean
+    err = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else float("nan")
+    return ppl, err
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _read_tokens_json(path):
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        for key in ("tokens", "token_ids", "ids"):
+            if key in data:
+                data = data[key]
+                break
+        else:
+            raise ValueError(f"{path}: expected a JSON list of token ids or an object with 'tokens'")
+    return [int(t) for t in data]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="NumPy reference forward pass for GGUF models (float64).")
+    ap.add_argument("model")
+    ap.add_argument("--tokens", help="comma-separated token ids")
+    ap.add_argument("--dump", metavar="DIR", help="write logits.npy, embd.npy, layer.{i}.npy, final_norm.npy")
+    ap.add_argument("--greedy", type=int, metavar="N", default=0, help="generate N tokens greedily")
+    ap.add_argument("--perplexity", metavar="TOKENS_JSON", help="JSON list of token ids (or {'tokens': [...]})")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=None)
+    args = ap.parse_args(argv)
+
+    m = load(args.model)
+    if args.perplexity:
+        toks = _read_tokens_json(args.perplexity)
+        ppl, err = perplexity(m, toks, args.ctx, args.chunks, verbose=True)
+        print(f"PPL = {ppl:.4f} +/- {err:.5f}")
+        return 0
+    if not args.tokens:
+        ap.error("--tokens or --perplexity is required")
+    toks = [int(t) for t in args.tokens.split(",") if t.strip()]
+    logits, hidden = forward(m, toks)
+    am = logits.argmax(axis=1)
+    print("argmax:", ",".join(str(int(t)) for t in am))
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+        np.save(os.path.join(args.dump, "logits.npy"), logits)
+        for k, v in hidden.items():
+            np.save(os.path.join(args.dump, f"{k}.npy"), v)
+    if args.greedy:
+        gen = greedy(m, toks, args.greedy)
+        print("generated:", ",".join(map(str, gen)))
+        print("text:", repr(m.decode(toks) + "|" + m.decode(gen)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Self-test of the NumPy reference (reference.py) on its own, without our engine.
+
+Token ids below were obtained by tokenizing the prompts with transformers' tokenizer built from
+each GGUF's own vocabulary (transformers.integrations.gguf convert_gguf_tokenizer, no torch) and
+agree with llama.cpp's ids for "The capital of France is" in test_forward.py; Gemma's BOS (2) is
+prepended because its file sets add_bos_token, SmolLM2's file does not. Decoded through the GGUF
+vocabularies: gemma 9079 = "▁Paris", smollm2 7042 = "ĠParis".
+"""
+
+import math
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import reference  # noqa: E402
+
+MODELS = pathlib.Path(__file__).resolve().parents[2] / "models"
+GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
+SMOL = MODELS / "smollm2-135m-instruct-q4_1.gguf"
+
+GEMMA_FRANCE = [2, 818, 5279, 529, 7001, 563]  # "The capital of France is"
+GEMMA_QA = [2, 236935, 236787, 2900, 563, 506, 5279, 529, 7001, 236881, 107, 236776, 236787]  # "Q: What is the capital of France?\nA:"
+GEMMA_EIFFEL = [2, 818, 94648, 25822, 563, 5628, 528, 506, 3207, 529]  # "The Eiffel Tower is located in the city of"
+GEMMA_PARIS = 9079
+SMOL_FRANCE = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+SMOL_PARIS = 7042
+
+
+def _load(p):
+    if not p.exists():
+        pytest.fail(f"{p} is missing: run scripts/fetch-models")
+    return reference.load(str(p))
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return _load(GEMMA)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return _load(SMOL)
+
+
+def test_metadata_conventions(gemma, smol):
+    assert gemma.arch == "gemma3" and gemma.rope_neox
+    assert [i for i in range(gemma.n_layer) if not gemma.is_swa[i]] == [5, 11, 17]
+    assert gemma.window == 512 and gemma.rope_base == 1e6 and gemma.rope_base_swa == 1e4
+    assert gemma.head_dim == 256 and gemma.q_scale == 1 / 16
+    assert gemma.final_softcap == 0 and gemma.tied and gemma.add_bos
+    assert smol.arch == "llama" and not smol.rope_neox and smol.rope_base == 1e5
+    assert smol.n_rot == smol.head_dim == 64 and smol.n_head_kv == 3 and not smol.add_bos
+
+
+def test_rope_pairs_and_relative_positions():
+    rng = np.random.default_rng(0)
+    d = 8
+    for neox in (False, True):
+        e = np.zeros((1, 1, d))
+        e[0, 0, 0] = 1.0
+        r = reference.rope(e, [3], d, 10000.0, neox=neox)
+        partner = d // 2 if neox else 1  # pair of dimension 0
+        assert np.isclose(r[0, 0, 0], math.cos(3)) and np.isclose(r[0, 0, partner], math.sin(3))
+        # <rope(q, p), rope(k, p')> depends only on p - p'
+        q, k = rng.standard_normal((2, 1, 1, d))
+        dots = [np.sum(reference.rope(q, [p + 5], d, 100.0, neox=neox) * reference.rope(k, [p], d, 100.0, neox=neox))
+                for p in (0, 7, 30)]
+        assert np.allclose(dots, dots[0])
+
+
+def test_causal_masking(smol):
+    a = SMOL_FRANCE + [7042, 30, 198]
+    b = SMOL_FRANCE[:3] + [100, 200, 300, 400, 500]  # differs from position 3 on
+    la, ha = reference.forward(smol, a)
+    lb, hb = reference.forward(smol, b)
+    assert la.shape == (len(a), smol.vocab) and la.dtype == np.float32
+    assert set(ha) == {"embd", "final_norm", *(f"layer.{i}" for i in range(smol.n_layer))}
+    np.testing.assert_allclose(la[:3], lb[:3], rtol=1e-5, atol=1e-5)
+    for k in ha:
+        np.testing.assert_allclose(ha[k][:3], hb[k][:3], rtol=1e-5, atol=1e-6)
+    assert np.abs(la[3:] - lb[3:]).max() > 1e-2
+
+
+def test_sliding_window(gemma):
+    """Local layers see keys with q - k < window; global layers see everything."""
+    saved = gemma.window
+    try:
+        gemma.window = 3
+        a = [2, 818, 5279, 529, 7001, 563, 506, 5279]
+        b = [2, 100, 5279, 529, 7001, 563, 506, 5279]  # differs at position 1 only
+        _, ha = reference.forward(gemma, a, logit_rows=[])
+        _, hb = reference.forward(gemma, b, logit_rows=[])
+    finally:
+        gemma.window = saved
+    diff = np.abs(ha["layer.0"] - hb["layer.0"]).max(axis=1)  # layer 0 is local
+    assert (diff[1:4] > 1e-3).all() and (diff[4:] < 1e-9).all() and diff[0] < 1e-9
+    assert np.abs(ha["layer.5"][-1] - hb["layer.5"][-1]).max() > 1e-3  # layer 5 is global
+
+
+def test_gemma_knows_paris(gemma):
+    logits, hidden = reference.forward(gemma, GEMMA_FRANCE)
+    assert hidden["embd"].shape == (len(GEMMA_FRANCE), gemma.n_embd)
+    np.testing.assert_allclose(hidden["embd"][1] / math.sqrt(640), gemma.f32("token_embd.weight")[818], rtol=1e-6)
+    top3 = np.argsort(-logits[-1])[:3]
+    assert GEMMA_PARIS in top3  # the 270M model ranks " the", " a", " Paris"
+    assert reference.greedy(gemma, GEMMA_EIFFEL, 1) == [GEMMA_PARIS]
+    # greedy: " The capital of France is Paris."
+    assert GEMMA_PARIS in reference.greedy(gemma, GEMMA_QA, 7)
+
+
+def test_smol_knows_paris(smol):
+    assert reference.greedy(smol, SMOL_FRANCE, 2) == [SMOL_PARIS, 30]  # " Paris."
+
+
+def test_perplexity_convention(smol):
+    rng = np.random.default_rng(1)
+    toks = [int(t) for t in rng.integers(100, 5000, size=21)]
+    ctx = 8
+    for add_bos in (False, True):
+        ppl, err = reference.perplexity(smol, toks, ctx, add_bos=add_bos)
+        # by hand: 2 chunks of 8 (the 21st token is dropped); logits at 4..6 score tokens 5..7
+        nll = []
+        for c in range(2):
+            chunk = toks[c * ctx:(c + 1) * ctx]
+            inp = ([smol.bos_id] + chunk[1:]) if add_bos else chunk
+            lg, _ = reference.forward(smol, inp)
+            for j in range(ctx // 2, ctx - 1):
+                x = lg[j].astype(np.float64)
+                nll.append(np.log(np.sum(np.exp(x - x.max()))) + x.max() - x[chunk[j + 1]])
+        nll = np.array(nll)
+        assert len(nll) == 6
+        assert math.isclose(ppl, math.exp(nll.mean()), rel_tol=1e-9)
+        assert math.isclose(err, ppl * math.sqrt(nll.var() / (len(nll) - 1)), rel_tol=1e-6)
+    assert reference.perplexity(smol, toks, ctx, n_chunks=1)[0] != ppl
+    with pytest.raises(ValueError):
+        reference.perplexity(smol, toks[:15], ctx)
