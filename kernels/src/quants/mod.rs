@@ -1,6 +1,7 @@
 //! Scalar reference implementations of the GGUF block formats, one file per family.
 //! These are the oracle for every SIMD path; they favour clarity over speed.
 
+pub mod common;
 pub mod float;
 pub mod q4_0;
 pub mod q4_1;

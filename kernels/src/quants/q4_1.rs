@@ -1,18 +1,56 @@
-//! Q4_1 block format (scalar reference). STUB: to be written.
+//! Q4_1: blocks of 32 as f16 scale d, f16 minimum m and 16 bytes of nibbles; x = d·q + m.
 
+use super::common::{check_blocks, check_dot, f16_at, put_f16};
 use crate::types::GgmlType;
 
-/// Activation format for dot products against Q4_1 weights.
+pub const QK: usize = 32;
+pub const BLOCK: usize = 20;
 pub const VEC_DOT_TYPE: GgmlType = GgmlType::Q8_1;
 
-pub fn dequantize(_src: &[u8], _dst: &mut [f32]) {
-    unimplemented!("Q4_1 dequantize")
+pub fn dequantize(src: &[u8], dst: &mut [f32]) {
+    let nb = check_blocks(src.len(), dst.len(), QK, BLOCK);
+    for i in 0..nb {
+        let b = &src[i * BLOCK..(i + 1) * BLOCK];
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        let y = &mut dst[i * QK..(i + 1) * QK];
+        for j in 0..16 {
+            y[j] = d * (b[4 + j] & 0xf) as f32 + m;
+            y[j + 16] = d * (b[4 + j] >> 4) as f32 + m;
+        }
+    }
 }
 
-pub fn quantize(_src: &[f32], _dst: &mut [u8]) {
-    unimplemented!("Q4_1 quantize")
+pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    let nb = check_blocks(dst.len(), src.len(), QK, BLOCK);
+    for i in 0..nb {
+        let x = &src[i * QK..(i + 1) * QK];
+        let b = &mut dst[i * BLOCK..(i + 1) * BLOCK];
+        let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        put_f16(b, 0, d);
+        put_f16(b, 2, min);
+        for j in 0..16 {
+            let q0 = (((x[j] - min) * id + 0.5) as i8).min(15) as u8;
+            let q1 = (((x[j + 16] - min) * id + 0.5) as i8).min(15) as u8;
+            b[4 + j] = q0 | (q1 << 4);
+        }
+    }
 }
 
-pub fn vec_dot(_n: usize, _w: &[u8], _a: &[u8]) -> f32 {
-    unimplemented!("Q4_1 vec_dot")
+pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let ab = super::q8_1::BLOCK;
+    let nb = check_dot(n, QK, w, BLOCK, a, ab);
+    let mut sum = 0f32;
+    for i in 0..nb {
+        let (bw, ba) = (&w[i * BLOCK..], &a[i * ab..]);
+        let mut s = 0i32;
+        for j in 0..16 {
+            s += (bw[4 + j] & 0xf) as i32 * (ba[4 + j] as i8 as i32);
+            s += (bw[4 + j] >> 4) as i32 * (ba[4 + j + 16] as i8 as i32);
+        }
+        sum += f16_at(bw, 0) * f16_at(ba, 0) * s as f32 + f16_at(bw, 2) * f16_at(ba, 2);
+    }
+    sum
 }

@@ -1,18 +1,80 @@
-//! Q8_0 block format (scalar reference). STUB: to be written.
+//! Q8_0: blocks of 32 as an f16 scale and 32 signed bytes; x = d·q. Also the activation
+//! format for Q4_0, Q5_0 and Q8_0 dot products.
 
+use super::common::{check_blocks, check_dot, f16_at, put_f16, round_away};
 use crate::types::GgmlType;
 
-/// Activation format for dot products against Q8_0 weights.
+pub const QK: usize = 32;
+pub const BLOCK: usize = 34;
 pub const VEC_DOT_TYPE: GgmlType = GgmlType::Q8_0;
 
-pub fn dequantize(_src: &[u8], _dst: &mut [f32]) {
-    unimplemented!("Q8_0 dequantize")
+pub fn dequantize(src: &[u8], dst: &mut [f32]) {
+    let nb = check_blocks(src.len(), dst.len(), QK, BLOCK);
+    for i in 0..nb {
+        let b = &src[i * BLOCK..(i + 1) * BLOCK];
+        let d = f16_at(b, 0);
+        for (j, y) in dst[i * QK..(i + 1) * QK].iter_mut().enumerate() {
+            *y = d * (b[2 + j] as i8) as f32;
+        }
+    }
 }
 
-pub fn quantize(_src: &[f32], _dst: &mut [u8]) {
-    unimplemented!("Q8_0 quantize")
+/// Quantizes one block of 32: scale amax/127, round half away from zero.
+pub fn quantize_block(x: &[f32], b: &mut [u8]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(b, 0, d);
+    for (j, v) in x.iter().enumerate() {
+        b[2 + j] = round_away(v * id) as i8 as u8;
+    }
 }
 
-pub fn vec_dot(_n: usize, _w: &[u8], _a: &[u8]) -> f32 {
-    unimplemented!("Q8_0 vec_dot")
+pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    let nb = check_blocks(dst.len(), src.len(), QK, BLOCK);
+    for i in 0..nb {
+        quantize_block(&src[i * QK..(i + 1) * QK], &mut dst[i * BLOCK..(i + 1) * BLOCK]);
+    }
+}
+
+pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot(n, QK, w, BLOCK, a, BLOCK);
+    let mut sum = 0f32;
+    for i in 0..nb {
+        let (bw, ba) = (&w[i * BLOCK..], &a[i * BLOCK..]);
+        let mut s = 0i32;
+        for j in 0..QK {
+            s += (bw[2 + j] as i8 as i32) * (ba[2 + j] as i8 as i32);
+        }
+        sum += f16_at(bw, 0) * f16_at(ba, 0) * s as f32;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block() {
+        let mut b = [0u8; BLOCK];
+        put_f16(&mut b, 0, 0.5);
+        for j in 0..32 {
+            b[2 + j] = (j as i8 - 16) as u8;
+        }
+        let mut y = [0f32; 32];
+        dequantize(&b, &mut y);
+        for (j, v) in y.iter().enumerate() {
+            assert_eq!(*v, 0.5 * (j as f32 - 16.0));
+        }
+    }
+
+    #[test]
+    fn zero_block_has_zero_scale() {
+        let mut b = [0xffu8; BLOCK];
+        quantize(&[0.0; 32], &mut b);
+        let mut y = [1f32; 32];
+        dequantize(&b, &mut y);
+        assert!(y.iter().all(|v| *v == 0.0));
+    }
 }
