@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before sleeping.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_micros(1000);
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -94,9 +94,11 @@ impl ThreadPool {
         let s = &*self.shared;
         // SAFETY: we erase the lifetime of `job`; this function does not return before
         // `pending` is back to 0, i.e. before every worker finished calling it.
-        let ptr = JobPtr(unsafe {
-            std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job)
-        } as *const Job);
+        let ptr =
+            JobPtr(
+                unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job) }
+                    as *const Job,
+            );
         {
             let mut slot = s.job.lock().unwrap_or_else(|p| p.into_inner());
             *slot = Some(ptr);
@@ -233,7 +235,10 @@ impl<T> SharedMut<T> {
     /// must outlive it.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, range: std::ops::Range<usize>) -> &mut [T] {
-        assert!(range.start <= range.end && range.end <= self.1, "range out of bounds");
+        assert!(
+            range.start <= range.end && range.end <= self.1,
+            "range out of bounds"
+        );
         // SAFETY: in bounds (checked above); exclusivity is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(range.start), range.end - range.start) }
     }
