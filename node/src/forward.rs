@@ -472,12 +472,7 @@ fn attention<E: KvElem>(
                 let sc = &mut scores[..len];
                 for (j, p) in vis.clone().enumerate() {
                     let base = a.kv.slot(p) * a.kvd + kvh * hd;
-                    let krow = &kb[base..base + hd];
-                    let mut dot = 0.0f32;
-                    for (x, k) in qh.iter().zip(krow) {
-                        dot += x * k.load();
-                    }
-                    sc[j] = dot * a.scale;
+                    sc[j] = E::dot(qh, &kb[base..base + hd]) * a.scale;
                 }
                 ops::softmax(sc);
                 // SAFETY: the output row of (token t, head h) belongs to this work item alone.
@@ -485,10 +480,7 @@ fn attention<E: KvElem>(
                 o.fill(0.0);
                 for (j, p) in vis.enumerate() {
                     let base = a.kv.slot(p) * a.kvd + kvh * hd;
-                    let w = sc[j];
-                    for (ov, v) in o.iter_mut().zip(&vb[base..base + hd]) {
-                        *ov += w * v.load();
-                    }
+                    E::axpy(sc[j], &vb[base..base + hd], o);
                 }
             }
         }

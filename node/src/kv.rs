@@ -34,6 +34,27 @@ impl KvType {
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn load(self) -> f32;
     fn store(v: f32) -> Self;
+
+    /// `Σ q[i]·k[i]`.
+    fn dot(q: &[f32], k: &[Self]) -> f32 {
+        let mut acc = [0f32; 8];
+        let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
+        let (qr, kr) = (qc.remainder(), kc.remainder());
+        for (a, b) in qc.zip(kc) {
+            for j in 0..8 {
+                acc[j] += a[j] * b[j].load();
+            }
+        }
+        let tail: f32 = qr.iter().zip(kr).map(|(a, b)| a * b.load()).sum();
+        acc.iter().sum::<f32>() + tail
+    }
+
+    /// `out[i] += w·v[i]`.
+    fn axpy(w: f32, v: &[Self], out: &mut [f32]) {
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += w * x.load();
+        }
+    }
 }
 
 impl KvElem for f32 {

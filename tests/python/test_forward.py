@@ -15,7 +15,7 @@ import reference
 from conftest import GEMMA, SMOL, forward_dump, model_path, run
 
 HIDDEN_REL = 0.05
-LOGIT_REL = 0.03
+LOGIT_REL = 0.08
 
 # Token ids used as inputs (any ids are valid forward-pass inputs). The first list of each
 # model is "The capital of France is" as llama.cpp tokenizes it (tests/fixtures).

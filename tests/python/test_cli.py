@@ -1,0 +1,103 @@
+"""The `ringllm` command line as a user meets it: JSON output, greedy determinism across
+thread counts, the context limit, stop strings, and one clear line for bad input."""
+
+import json
+import subprocess
+
+import gguf
+import numpy as np
+import pytest
+
+from conftest import GEMMA, SMOL, model_path, run
+
+
+def run_json(model, prompt, *extra):
+    r = run(["run", "-m", model, "-p", prompt, "--json", "--temp", "0", *extra])
+    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1, f"--json must print exactly one JSON object, got: {r.stdout!r}"
+    return json.loads(lines[0])
+
+
+@pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])
+def test_json_output_and_thread_count_invariance(name):
+    path = model_path(name)
+    a = run_json(path, "The capital of France is", "-n", "24", "--threads", "1")
+    for key in ["prompt_token_ids", "token_ids", "text", "finish_reason", "prefill_tokens_per_s", "decode_tokens_per_s"]:
+        assert key in a, key
+    assert a["finish_reason"] in ("stop", "length")
+    assert len(a["token_ids"]) <= 24 and len(a["token_ids"]) > 0
+    assert a["prefill_tokens_per_s"] > 0 and a["decode_tokens_per_s"] > 0
+    b = run_json(path, "The capital of France is", "-n", "24", "--threads", "2")
+    assert a["token_ids"] == b["token_ids"], "greedy output differs between 1 and 2 threads"
+    assert a["text"] == b["text"]
+
+
+def test_text_streams_to_stdout_and_stats_to_stderr():
+    r = run(["run", "-m", model_path(SMOL.name), "-p", "The capital of France is", "-n", "8", "--temp", "0"])
+    assert r.stdout.strip(), "no completion on stdout"
+    assert "tok/s" in r.stderr and "tok/s" not in r.stdout
+
+
+def test_prompt_from_stdin_equals_prompt_flag():
+    path = model_path(SMOL.name)
+    a = run_json(path, "Once upon a time", "-n", "8")
+    r = run(["run", "-m", path, "--json", "--temp", "0", "-n", "8"], input="Once upon a time")
+    b = json.loads(r.stdout)
+    assert a["prompt_token_ids"] == b["prompt_token_ids"]
+    assert a["token_ids"] == b["token_ids"]
+
+
+def test_context_limit_stops_with_length():
+    path = model_path(SMOL.name)
+    out = run_json(path, "The capital of France is", "-n", "100", "--ctx", "12")
+    assert out["finish_reason"] == "length"
+    assert len(out["prompt_token_ids"]) + len(out["token_ids"]) <= 12
+
+
+def test_stop_string_is_not_printed():
+    path = model_path(SMOL.name)
+    free = run_json(path, "The capital of France is", "-n", "16")
+    text = free["text"]
+    assert len(text) > 4
+    stop = text[2:5]
+    stopped = run_json(path, "The capital of France is", "-n", "16", "--stop", stop)
+    assert stopped["finish_reason"] == "stop"
+    assert stop not in stopped["text"]
+    assert text.startswith(stopped["text"])
+
+
+def _fails(args, needle):
+    r = subprocess.run([*args], capture_output=True, text=True)
+    assert r.returncode != 0, f"expected failure: {args}"
+    err = r.stderr.strip().splitlines()
+    assert err and needle in r.stderr, f"stderr lacks {needle!r}: {r.stderr!r}"
+    assert "panicked" not in r.stderr
+    return r
+
+
+def test_bad_input_gives_one_clear_line(ringllm, tmp_path):
+    _fails([ringllm, "run", "-m", tmp_path / "nope.gguf", "-p", "x"], "does not exist")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a gguf file at all")
+    _fails([ringllm, "run", "-m", junk, "-p", "x"], "magic")
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(model_path(SMOL.name).read_bytes()[:100000])
+    _fails([ringllm, "run", "-m", trunc, "-p", "x"], "trunc")
+    # An architecture we do not run, written with gguf-py's writer.
+    other = tmp_path / "neox.gguf"
+    w = gguf.GGUFWriter(str(other), "gptneox")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _fails([ringllm, "info", other], "unsupported architecture 'gptneox'")
+
+
+def test_info_describes_the_model(ringllm):
+    r = run(["info", model_path(GEMMA.name)])
+    assert "gemma3" in r.stdout
+    assert "layers:        18" in r.stdout
+    assert "Q4_K" in r.stdout and "Q6_K" in r.stdout and "Q8_0" in r.stdout
+    assert "window 512 on 15 of 18 layers" in r.stdout
