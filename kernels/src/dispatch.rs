@@ -76,7 +76,10 @@ impl Table {
 fn scalar_table() -> Table {
     Table {
         isa: Isa::Scalar,
-        entries: ALL_TYPES.iter().map(|&t| quants::scalar_kernels(t)).collect(),
+        entries: ALL_TYPES
+            .iter()
+            .map(|&t| quants::scalar_kernels(t))
+            .collect(),
     }
 }
 

@@ -53,7 +53,11 @@ fn roundtrip_error_within_budget() {
         for _ in 0..4 {
             let x = normal(&mut rng, n);
             let y = dequantize(ty, &quantize(ty, &x), n);
-            let err: f32 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>();
+            let err: f32 = x
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>();
             let norm: f32 = x.iter().map(|a| a * a).sum::<f32>();
             let rel = (err / norm).sqrt();
             assert!(
@@ -91,13 +95,24 @@ fn dot_products_within_budget() {
             let a = normal(&mut rng, n);
             let aq = quantize(r.vec_dot_type, &a);
             let wf = dequantize(ty, &w, n);
-            let exact: f64 = wf.iter().zip(&a).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
-            let scale: f64 = wf.iter().zip(&a).map(|(x, y)| ((*x as f64) * (*y as f64)).abs()).sum();
+            let exact: f64 = wf
+                .iter()
+                .zip(&a)
+                .map(|(x, y)| (*x as f64) * (*y as f64))
+                .sum();
+            let scale: f64 = wf
+                .iter()
+                .zip(&a)
+                .map(|(x, y)| ((*x as f64) * (*y as f64)).abs())
+                .sum();
             let want = (r.vec_dot)(n, &w, &aq);
             let got = (k.vec_dot)(n, &w, &aq);
             let b = budget(ty);
             let vs_float = ((want as f64 - exact) / scale).abs();
-            assert!(vs_float <= b.dot_vs_float as f64, "{ty}: reference dot vs float {vs_float}");
+            assert!(
+                vs_float <= b.dot_vs_float as f64,
+                "{ty}: reference dot vs float {vs_float}"
+            );
             let vs_ref = ((got as f64 - want as f64) / scale).abs();
             assert!(
                 vs_ref <= b.simd_vs_reference as f64,
@@ -113,7 +128,9 @@ fn tiled_dot_equals_single_dots() {
     let mut rng = StdRng::seed_from_u64(17);
     for ty in weight_types() {
         let k = kernels(ty);
-        let Some(multi) = k.vec_dot_multi else { continue };
+        let Some(multi) = k.vec_dot_multi else {
+            continue;
+        };
         let n = row_len(ty);
         let w = quantize(ty, &normal(&mut rng, n));
         for rows in 1..=9 {
@@ -127,7 +144,10 @@ fn tiled_dot_equals_single_dots() {
             for (i, got) in out.iter().enumerate() {
                 let want = (k.vec_dot)(n, &w, &acts[i * stride..(i + 1) * stride]);
                 let tol = 1e-5 * want.abs().max(1.0);
-                assert!((got - want).abs() <= tol, "{ty}: row {i}/{rows}: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{ty}: row {i}/{rows}: {got} vs {want}"
+                );
             }
         }
     }

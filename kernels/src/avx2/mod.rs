@@ -5,10 +5,15 @@
 use crate::dispatch::{Isa, TypeKernels};
 use crate::types::GgmlType;
 
-mod legacy;
+mod float;
+mod q4_0;
+mod q4_1;
 mod q4_k;
+mod q5_0;
+mod q5_1;
 mod q5_k;
 mod q6_k;
+mod q8_0;
 mod q8_k;
 
 /// True when this CPU has every feature the AVX2 kernels use.
@@ -23,25 +28,23 @@ pub fn specialize(entry: &mut TypeKernels) {
     entry.isa = Isa::Avx2;
     // Per-format overrides are added here as they are written.
     match entry.ty {
-        GgmlType::Q4_0 => {
-            entry.vec_dot = legacy::vec_dot_q4_0;
-            entry.vec_dot_multi = Some(legacy::multi_q4_0);
-        }
-        GgmlType::Q4_1 => {
-            entry.vec_dot = legacy::vec_dot_q4_1;
-            entry.vec_dot_multi = Some(legacy::multi_q4_1);
-        }
-        GgmlType::Q5_0 => {
-            entry.vec_dot = legacy::vec_dot_q5_0;
-            entry.vec_dot_multi = Some(legacy::multi_q5_0);
-        }
-        GgmlType::Q5_1 => {
-            entry.vec_dot = legacy::vec_dot_q5_1;
-            entry.vec_dot_multi = Some(legacy::multi_q5_1);
-        }
+        // 32-element block formats and floats (q4_0.rs … q8_0.rs, float.rs).
+        GgmlType::F32 => float_entry::<float::F32>(entry),
+        GgmlType::F16 => float_entry::<float::F16>(entry),
+        GgmlType::BF16 => float_entry::<float::BF16>(entry),
+        GgmlType::Q4_0 => legacy_entry::<q4_0::Q4_0>(entry),
+        GgmlType::Q4_1 => legacy_entry::<q4_1::Q4_1>(entry),
+        GgmlType::Q5_0 => legacy_entry::<q5_0::Q5_0>(entry),
+        GgmlType::Q5_1 => legacy_entry::<q5_1::Q5_1>(entry),
         GgmlType::Q8_0 => {
-            entry.vec_dot = legacy::vec_dot_q8_0;
-            entry.vec_dot_multi = Some(legacy::multi_q8_0);
+            legacy_entry::<q8_0::Q8_0>(entry);
+            // Activations are quantized to Q8_0 on every token: byte-identical to the
+            // reference.
+            entry.quantize = q8_0::quantize_q8_0;
+        }
+        GgmlType::Q8_1 => {
+            legacy_entry::<q8_0::Q8_1>(entry);
+            entry.quantize = q8_0::quantize_q8_1;
         }
         GgmlType::Q4_K => {
             entry.dequantize = q4_k::dequantize;
@@ -64,6 +67,17 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.dequantize = q8_k::dequantize;
             entry.quantize = q8_k::quantize;
         }
-        _ => {}
     }
+}
+
+fn legacy_entry<B: q8_0::Legacy>(entry: &mut TypeKernels) {
+    entry.dequantize = q8_0::dequantize::<B>;
+    entry.vec_dot = q8_0::vec_dot::<B>;
+    entry.vec_dot_multi = Some(q8_0::vec_dot_multi::<B>);
+}
+
+fn float_entry<F: float::FloatFormat>(entry: &mut TypeKernels) {
+    entry.dequantize = float::dequantize::<F>;
+    entry.vec_dot = float::vec_dot::<F>;
+    entry.vec_dot_multi = Some(float::vec_dot_multi::<F>);
 }

@@ -27,7 +27,10 @@ pub fn nearest_int(v: f32) -> i32 {
 /// Checks a weight row and an activation row hold `n` elements of their formats.
 #[inline]
 pub fn check_dot(n: usize, qk: usize, w: &[u8], wsize: usize, a: &[u8], asize: usize) -> usize {
-    assert!(n.is_multiple_of(qk), "dot of {n} elements: not whole blocks of {qk}");
+    assert!(
+        n.is_multiple_of(qk),
+        "dot of {n} elements: not whole blocks of {qk}"
+    );
     let nb = n / qk;
     assert!(
         w.len() >= nb * wsize && a.len() >= nb * asize,
@@ -41,8 +44,15 @@ pub fn check_dot(n: usize, qk: usize, w: &[u8], wsize: usize, a: &[u8], asize: u
 /// Checks `src` bytes hold the blocks `dst` asks for; returns the block count.
 #[inline]
 pub fn check_blocks(src_len: usize, dst_len: usize, qk: usize, size: usize) -> usize {
-    assert!(dst_len.is_multiple_of(qk), "{dst_len} elements: not whole blocks of {qk}");
+    assert!(
+        dst_len.is_multiple_of(qk),
+        "{dst_len} elements: not whole blocks of {qk}"
+    );
     let nb = dst_len / qk;
-    assert!(src_len >= nb * size, "{nb} blocks need {} bytes, have {src_len}", nb * size);
+    assert!(
+        src_len >= nb * size,
+        "{nb} blocks need {} bytes, have {src_len}",
+        nb * size
+    );
     nb
 }

@@ -3,7 +3,10 @@
 use half::{bf16, f16};
 
 fn check(n: usize, w: &[u8], width: usize, a: &[u8]) {
-    assert!(w.len() >= n * width && a.len() >= n * 4, "row too short for {n} elements");
+    assert!(
+        w.len() >= n * width && a.len() >= n * 4,
+        "row too short for {n} elements"
+    );
 }
 
 fn f32_at(b: &[u8], i: usize) -> f32 {

@@ -54,3 +54,82 @@ pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// x = 0.25·q + 1 with q = (7j) mod 16 (covers 0 and 15): min 1, max 4.75, d = 0.25.
+    fn levels() -> [f32; 32] {
+        let mut x = [0f32; 32];
+        for (j, v) in x.iter_mut().enumerate() {
+            *v = 0.25 * ((7 * j) % 16) as f32 + 1.0;
+        }
+        x
+    }
+
+    #[test]
+    fn known_block_and_quantize_bytes() {
+        let mut b = [0u8; BLOCK];
+        quantize(&levels(), &mut b);
+        assert_eq!(&b[..4], &[0x00, 0x34, 0x00, 0x3c]); // f16 0.25, f16 1.0
+        for j in 0..16 {
+            let (lo, hi) = ((7 * j) % 16, (7 * (j + 16)) % 16);
+            assert_eq!(b[4 + j], lo as u8 | ((hi as u8) << 4), "byte {j}");
+        }
+        let mut y = [0f32; 32];
+        dequantize(&b, &mut y);
+        assert_eq!(y, levels());
+    }
+
+    #[test]
+    fn constant_and_zero_blocks_quantize_without_nan() {
+        for c in [0.0f32, 3.0] {
+            let mut b = [0xffu8; BLOCK];
+            quantize(&[c; 32], &mut b);
+            assert_eq!(&b[..2], &[0, 0], "d of a constant block");
+            let mut y = [f32::NAN; 32];
+            dequantize(&b, &mut y);
+            assert!(y.iter().all(|v| *v == c));
+        }
+    }
+
+    #[test]
+    fn vec_dot_equals_float_dot_on_exact_inputs() {
+        let ab = q8_1_block::BLOCK;
+        let mut w = vec![0u8; 2 * BLOCK];
+        let mut a = vec![0u8; 2 * ab];
+        for (i, (dw, mw, da)) in [(0.5f32, -1.5f32, 0.25f32), (2.0, 0.75, 0.125)]
+            .into_iter()
+            .enumerate()
+        {
+            let bw = &mut w[i * BLOCK..(i + 1) * BLOCK];
+            put_f16(bw, 0, dw);
+            put_f16(bw, 2, mw);
+            for j in 0..16 {
+                bw[4 + j] = ((j * 5 + i) % 16) as u8 | ((((j * 3 + 7 * i) % 16) as u8) << 4);
+            }
+            let ba = &mut a[i * ab..(i + 1) * ab];
+            let mut sum = 0i32;
+            for j in 0..32 {
+                let q = (j as i32 * 37 + i as i32 * 11) % 255 - 127;
+                ba[4 + j] = q as i8 as u8;
+                sum += q;
+            }
+            put_f16(ba, 0, da);
+            put_f16(ba, 2, da * sum as f32);
+            assert_eq!(
+                f16_at(ba, 2),
+                da * sum as f32,
+                "s must be exact for this test"
+            );
+        }
+        let (mut wf, mut af) = (vec![0f32; 64], vec![0f32; 64]);
+        dequantize(&w, &mut wf);
+        q8_1_block::dequantize(&a, &mut af);
+        let want: f32 = wf.iter().zip(&af).map(|(x, y)| x * y).sum();
+        assert_eq!(vec_dot(64, &w, &a), want);
+    }
+
+    use crate::quants::q8_1 as q8_1_block;
+}

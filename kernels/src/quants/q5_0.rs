@@ -41,7 +41,9 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
     for i in 0..nb {
         let x = &src[i * QK..(i + 1) * QK];
         let b = &mut dst[i * BLOCK..(i + 1) * BLOCK];
-        let max = x.iter().fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+        let max = x
+            .iter()
+            .fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
         let d = max / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         put_f16(b, 0, d);
@@ -71,4 +73,68 @@ pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
         sum += f16_at(bw, 0) * f16_at(ba, 0) * s as f32;
     }
     sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block_and_quantize_bytes() {
+        // Element j holds q = j, i.e. x = j − 16: low nibbles j & 15, the fifth bit set for
+        // elements 16..32.
+        let mut b = [0u8; BLOCK];
+        put_f16(&mut b, 0, 1.0);
+        b[2..6].copy_from_slice(&0xffff_0000u32.to_le_bytes());
+        for j in 0..16 {
+            b[6 + j] = j as u8 | ((j as u8) << 4);
+        }
+        let mut y = [0f32; 32];
+        dequantize(&b, &mut y);
+        for (j, v) in y.iter().enumerate() {
+            assert_eq!(*v, j as f32 - 16.0);
+        }
+        // The first value of largest magnitude is −16, so d = 1 and the bytes come back.
+        let mut c = [0u8; BLOCK];
+        quantize(&y, &mut c);
+        assert_eq!(c, b);
+    }
+
+    #[test]
+    fn zero_block_quantizes_without_nan() {
+        let mut b = [0xffu8; BLOCK];
+        quantize(&[0.0; 32], &mut b);
+        // d = 0 / −16 = −0.0, stored as f16 0x8000 (as ggml does); the inverse scale is 0.
+        assert_eq!(&b[..2], &[0x00, 0x80]);
+        let mut y = [1f32; 32];
+        dequantize(&b, &mut y);
+        assert!(y.iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn vec_dot_equals_float_dot_on_exact_inputs() {
+        let ab = q8_0_block::BLOCK;
+        let mut w = vec![0u8; 2 * BLOCK];
+        let mut a = vec![0u8; 2 * ab];
+        for (i, (dw, da)) in [(0.5f32, 0.25f32), (-2.0, 0.125)].into_iter().enumerate() {
+            let bw = &mut w[i * BLOCK..(i + 1) * BLOCK];
+            put_f16(bw, 0, dw);
+            bw[2..6].copy_from_slice(&(0x9e37_79b9u32 >> i).to_le_bytes());
+            for j in 0..16 {
+                bw[6 + j] = ((j * 5 + i) % 16) as u8 | ((((j * 3 + 7 * i) % 16) as u8) << 4);
+            }
+            let ba = &mut a[i * ab..(i + 1) * ab];
+            put_f16(ba, 0, da);
+            for j in 0..32 {
+                ba[2 + j] = ((j as i32 * 37 + i as i32 * 11) % 255 - 127) as i8 as u8;
+            }
+        }
+        let (mut wf, mut af) = (vec![0f32; 64], vec![0f32; 64]);
+        dequantize(&w, &mut wf);
+        q8_0_block::dequantize(&a, &mut af);
+        let want: f32 = wf.iter().zip(&af).map(|(x, y)| x * y).sum();
+        assert_eq!(vec_dot(64, &w, &a), want);
+    }
+
+    use crate::quants::q8_0 as q8_0_block;
 }

@@ -68,3 +68,81 @@ pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     }
     sum
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_block_and_quantize_bytes() {
+        // q = 31 − j, d = 0.5, m = −3: x = 0.5·(31 − j) − 3, from 12.5 down to −3.
+        let mut b = [0u8; BLOCK];
+        put_f16(&mut b, 0, 0.5);
+        put_f16(&mut b, 2, -3.0);
+        b[4..8].copy_from_slice(&0x0000_ffffu32.to_le_bytes());
+        for j in 0..16 {
+            let (lo, hi) = ((31 - j) & 15, (15 - j) & 15);
+            b[8 + j] = lo as u8 | ((hi as u8) << 4);
+        }
+        let mut y = [0f32; 32];
+        dequantize(&b, &mut y);
+        for (j, v) in y.iter().enumerate() {
+            assert_eq!(*v, 0.5 * (31 - j) as f32 - 3.0);
+        }
+        // min −3, max 12.5: d = 15.5 / 31 = 0.5 exactly, so the bytes come back.
+        let mut c = [0u8; BLOCK];
+        quantize(&y, &mut c);
+        assert_eq!(c, b);
+    }
+
+    #[test]
+    fn constant_and_zero_blocks_quantize_without_nan() {
+        for c in [0.0f32, -2.5] {
+            let mut b = [0xffu8; BLOCK];
+            quantize(&[c; 32], &mut b);
+            let mut y = [f32::NAN; 32];
+            dequantize(&b, &mut y);
+            assert!(y.iter().all(|v| *v == c));
+        }
+    }
+
+    #[test]
+    fn vec_dot_equals_float_dot_on_exact_inputs() {
+        let ab = q8_1_block::BLOCK;
+        let mut w = vec![0u8; 2 * BLOCK];
+        let mut a = vec![0u8; 2 * ab];
+        for (i, (dw, mw, da)) in [(0.5f32, -1.5f32, 0.25f32), (2.0, 0.75, 0.125)]
+            .into_iter()
+            .enumerate()
+        {
+            let bw = &mut w[i * BLOCK..(i + 1) * BLOCK];
+            put_f16(bw, 0, dw);
+            put_f16(bw, 2, mw);
+            bw[4..8].copy_from_slice(&(0x9e37_79b9u32 >> i).to_le_bytes());
+            for j in 0..16 {
+                bw[8 + j] = ((j * 5 + i) % 16) as u8 | ((((j * 3 + 7 * i) % 16) as u8) << 4);
+            }
+            let ba = &mut a[i * ab..(i + 1) * ab];
+            let mut sum = 0i32;
+            for j in 0..32 {
+                let q = (j as i32 * 37 + i as i32 * 11) % 255 - 127;
+                ba[4 + j] = q as i8 as u8;
+                sum += q;
+            }
+            put_f16(ba, 0, da);
+            put_f16(ba, 2, da * sum as f32);
+            assert_eq!(
+                f16_at(ba, 2),
+                da * sum as f32,
+                "s must be exact for this test"
+            );
+        }
+        let (mut wf, mut af) = (vec![0f32; 64], vec![0f32; 64]);
+        dequantize(&w, &mut wf);
+        q8_1_block::dequantize(&a, &mut af);
+        let want: f32 = wf.iter().zip(&af).map(|(x, y)| x * y).sum();
+        assert_eq!(vec_dot(64, &w, &a), want);
+    }
+
+    use crate::quants::q8_1 as q8_1_block;
+}

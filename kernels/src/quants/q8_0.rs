@@ -33,7 +33,10 @@ pub fn quantize_block(x: &[f32], b: &mut [u8]) {
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
     let nb = check_blocks(dst.len(), src.len(), QK, BLOCK);
     for i in 0..nb {
-        quantize_block(&src[i * QK..(i + 1) * QK], &mut dst[i * BLOCK..(i + 1) * BLOCK]);
+        quantize_block(
+            &src[i * QK..(i + 1) * QK],
+            &mut dst[i * BLOCK..(i + 1) * BLOCK],
+        );
     }
 }
 
@@ -76,5 +79,46 @@ mod tests {
         let mut y = [1f32; 32];
         dequantize(&b, &mut y);
         assert!(y.iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn quantize_rounds_half_away_from_zero() {
+        // amax 127 gives d = 1 and id = 1: ties at ±k.5 go away from zero (C `roundf`).
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        x[3] = 0.5;
+        x[4] = -0.5;
+        x[5] = 0.49999997;
+        x[6] = -126.5;
+        let mut b = [0u8; BLOCK];
+        quantize(&x, &mut b);
+        assert_eq!(&b[..2], &[0x00, 0x3c]); // f16 1.0
+        let q: Vec<i8> = b[2..9].iter().map(|&v| v as i8).collect();
+        assert_eq!(q, [127, 3, -3, 1, -1, 0, -127]);
+    }
+
+    #[test]
+    fn vec_dot_equals_float_dot_on_exact_inputs() {
+        let mut w = vec![0u8; 2 * BLOCK];
+        let mut a = vec![0u8; 2 * BLOCK];
+        for (i, (dw, da)) in [(0.5f32, 0.25f32), (-2.0, 0.125)].into_iter().enumerate() {
+            let (bw, ba) = (
+                &mut w[i * BLOCK..(i + 1) * BLOCK],
+                &mut a[i * BLOCK..(i + 1) * BLOCK],
+            );
+            put_f16(bw, 0, dw);
+            put_f16(ba, 0, da);
+            for j in 0..32 {
+                bw[2 + j] = ((j as i32 * 53 + i as i32 * 5) % 256 - 128) as i8 as u8;
+                ba[2 + j] = ((j as i32 * 37 + i as i32 * 11) % 255 - 127) as i8 as u8;
+            }
+        }
+        let (mut wf, mut af) = (vec![0f32; 64], vec![0f32; 64]);
+        dequantize(&w, &mut wf);
+        dequantize(&a, &mut af);
+        let want: f32 = wf.iter().zip(&af).map(|(x, y)| x * y).sum();
+        assert_eq!(vec_dot(64, &w, &a), want);
     }
 }

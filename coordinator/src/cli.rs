@@ -1,0 +1,206 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringllm",
+    version,
+    about = "Run one LLM across the machines of a home LAN (or on this one)"
+)]
+pub struct Cli {
+    /// More logging on stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a model on this machine: complete a prompt, or chat with --chat.
+    Run(RunArgs),
+    /// Describe a GGUF model: architecture, hyper-parameters, tensor types, memory needed.
+    Info(InfoArgs),
+    /// Measure prefill and decode speed and the memory-bandwidth roofline.
+    Bench(BenchArgs),
+    /// Score a text file the way llama.cpp's perplexity tool does.
+    Perplexity(PerplexityArgs),
+    /// Developer tools: dump dequantized tensors and hidden states.
+    #[command(hide = true)]
+    Debug(DebugArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Worker threads (default: physical cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, capped at 4096).
+    #[arg(short = 'c', long)]
+    pub ctx: Option<usize>,
+    /// Tokens per prefill batch.
+    #[arg(short, long, default_value_t = 512)]
+    pub batch: usize,
+    /// KV cache element type: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub kv: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (default: random).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Prompt, completed as raw text (no chat template). Read from stdin when absent.
+    #[arg(short, long)]
+    pub prompt: Option<String>,
+    /// Tokens to generate (-1 = until the end of generation or the context is full).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
+    pub n_predict: i64,
+    /// Stop when the output contains this text (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Print exactly one JSON object with the ids, text and speeds.
+    #[arg(long)]
+    pub json: bool,
+    /// Interactive chat using the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Built-in chat template to use when the model has none (chatml, gemma, llama3).
+    #[arg(long)]
+    pub template: Option<String>,
+    /// System prompt for --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InfoArgs {
+    /// GGUF model file.
+    pub model: PathBuf,
+    /// Also list every tensor.
+    #[arg(long)]
+    pub tensors: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// GGUF model file.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Prompt lengths to measure prefill at.
+    #[arg(short = 'p', long, value_delimiter = ',', default_values_t = vec![64usize, 512])]
+    pub prompt: Vec<usize>,
+    /// Tokens to generate for the decode measure.
+    #[arg(short = 'n', long, value_delimiter = ',', default_values_t = vec![64usize])]
+    pub gen: Vec<usize>,
+    /// Thread counts (default: 1 and all physical cores).
+    #[arg(short = 't', long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Repetitions of each measure.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Print results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text file to score.
+    #[arg(short, long)]
+    pub file: PathBuf,
+    /// Score at most this many chunks.
+    #[arg(long)]
+    pub chunks: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DebugArgs {
+    #[command(subcommand)]
+    pub command: DebugCommand,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum DebugCommand {
+    /// Write one tensor dequantized to raw little-endian f32.
+    Dequant {
+        #[arg(short, long)]
+        model: PathBuf,
+        #[arg(long)]
+        tensor: String,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Run token ids through the model and dump embeddings, per-layer hidden states and
+    /// logits of every position as .npy files.
+    Forward {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Comma-separated token ids.
+        #[arg(long, value_delimiter = ',')]
+        tokens: Vec<u32>,
+        /// Output directory.
+        #[arg(long)]
+        dump: PathBuf,
+    },
+    /// Tokenize text and print the ids as JSON.
+    Tokenize {
+        #[arg(short, long)]
+        model: PathBuf,
+        #[arg(short, long)]
+        prompt: String,
+        /// Add BOS as the model's metadata says.
+        #[arg(long)]
+        bos: bool,
+    },
+    /// Write a synthetic random-weight model (llama or gemma3) in a given weight type.
+    Synth {
+        #[arg(long)]
+        arch: String,
+        #[arg(long = "type")]
+        ty: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}

@@ -1,0 +1,128 @@
+//! `ringllm debug`: dumps for the correctness oracles (tests/python).
+
+use crate::cli::{DebugArgs, DebugCommand};
+use crate::engine::{default_threads, open_gguf};
+use anyhow::{anyhow, bail, Context, Result};
+use ringllm_kernels::{kernels, GgmlType};
+use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+pub fn debug(args: DebugArgs) -> Result<ExitCode> {
+    match args.command {
+        DebugCommand::Dequant {
+            model,
+            tensor,
+            output,
+        } => {
+            let file = open_gguf(&model)?;
+            let t = file
+                .tensor(&tensor)
+                .ok_or_else(|| anyhow!("{} has no tensor '{tensor}'", model.display()))?
+                .clone();
+            let n = t.n_elements() as usize;
+            let mut out = vec![0f32; n];
+            (kernels(t.ty).dequantize)(file.tensor_data(&t), &mut out);
+            let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(&output, bytes)
+                .with_context(|| format!("writing {}", output.display()))?;
+        }
+        DebugCommand::Forward {
+            model,
+            tokens,
+            dump,
+        } => {
+            if tokens.is_empty() {
+                bail!("--tokens is empty");
+            }
+            let file = open_gguf(&model.model)?;
+            let m = Model::load(file, &LoadOptions::default())?;
+            let (d, vocab) = (m.hp.d_model, m.hp.vocab);
+            let n_layer = m.hp.n_layer;
+            let n = tokens.len();
+            let ctx = model.ctx.unwrap_or(n.max(1));
+            let threads = model.threads.unwrap_or_else(default_threads);
+            let kv_type =
+                KvType::from_name(&model.kv).ok_or_else(|| anyhow!("--kv must be f32 or f16"))?;
+            let mut runner = Runner::new(Arc::new(m), threads, model.batch, ctx);
+            let mut kv = runner.new_cache(ctx, kv_type);
+            std::fs::create_dir_all(&dump)?;
+            let mut x = vec![0f32; n * d];
+            runner.embed(&tokens, &mut x)?;
+            write_npy(&dump.join("embd.npy"), &x, &[n, d])?;
+            let mut per_layer: Vec<Vec<f32>> = vec![Vec::with_capacity(n * d); n_layer];
+            for (ci, chunk) in x.chunks_mut(model.batch * d).enumerate() {
+                let rows = chunk.len() / d;
+                let _ = ci;
+                let mut obs = |il: usize, h: &[f32]| per_layer[il].extend_from_slice(h);
+                runner.layers(chunk, rows, &mut kv, Some(&mut obs))?;
+            }
+            for (il, h) in per_layer.iter().enumerate() {
+                write_npy(&dump.join(format!("layer.{il}.npy")), h, &[n, d])?;
+            }
+            runner.final_norm(&mut x, n)?;
+            write_npy(&dump.join("final_norm.npy"), &x, &[n, d])?;
+            let mut logits = vec![0f32; n * vocab];
+            for (i, rows) in x.chunks(model.batch * d).enumerate() {
+                let r = rows.len() / d;
+                let off = i * model.batch * vocab;
+                runner.logits(rows, r, &mut logits[off..off + r * vocab])?;
+            }
+            write_npy(&dump.join("logits.npy"), &logits, &[n, vocab])?;
+        }
+        DebugCommand::Tokenize { model, prompt, bos } => {
+            let file = open_gguf(&model)?;
+            let spec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())?;
+            let tok = ringllm::tokenizer::Tokenizer::new(&spec)?;
+            let ids = tok.encode(&prompt, bos && tok.add_bos_default())?;
+            println!("{}", serde_json::to_string(&ids)?);
+        }
+        DebugCommand::Synth {
+            arch,
+            ty,
+            seed,
+            output,
+        } => {
+            let arch = match arch.as_str() {
+                "llama" => SynthArch::Llama,
+                "gemma3" => SynthArch::Gemma3,
+                other => bail!("--arch must be llama or gemma3, not '{other}'"),
+            };
+            let ty = GgmlType::from_name(&ty).ok_or_else(|| anyhow!("unknown type '{ty}'"))?;
+            let bytes = synth_model(&SynthSpec::new(arch, ty, seed))?;
+            std::fs::write(&output, bytes)
+                .with_context(|| format!("writing {}", output.display()))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes a little-endian f32 array in NumPy's .npy format (version 1.0).
+pub fn write_npy(path: &Path, data: &[f32], shape: &[usize]) -> Result<()> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape_s = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_s}, }}");
+    // Magic (6) + version (2) + length (2) + header + '\n' is a multiple of 64.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    f.write_all(b"\x93NUMPY\x01\x00")?;
+    f.write_all(&(header.len() as u16).to_le_bytes())?;
+    f.write_all(header.as_bytes())?;
+    for v in data {
+        f.write_all(&v.to_le_bytes())?;
+    }
+    f.flush()?;
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! The single-process engine: model, tokenizer, one sequence's KV cache, and the generation
+//! loop shared by `run`, chat and (later) the ring coordinator.
+
+use crate::cli::{ModelArgs, SamplingArgs};
+use anyhow::{anyhow, bail, Context, Result};
+use ringllm::sampler::{Sampler, SamplerParams, StopStrings};
+use ringllm::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
+use ringllm_node::gguf::GgufFile;
+use ringllm_node::{KvCache, KvType, LoadOptions, Model, Runner};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub fn default_threads() -> usize {
+    num_cpus::get_physical().max(1)
+}
+
+pub struct Engine {
+    pub runner: Runner,
+    pub kv: KvCache,
+    pub tokenizer: Tokenizer,
+    pub spec: TokenizerSpec,
+    /// Tokens whose keys and values the cache holds, in order.
+    pub history: Vec<u32>,
+    x: Vec<f32>,
+    logits: Vec<f32>,
+    pub ctx: usize,
+    pub load_seconds: f64,
+}
+
+/// Opens a GGUF file with a message that names the file.
+pub fn open_gguf(path: &std::path::Path) -> Result<Arc<GgufFile>> {
+    if !path.exists() {
+        bail!(
+            "model file {} does not exist (run scripts/fetch-models for the test models)",
+            path.display()
+        );
+    }
+    let file = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Arc::new(file))
+}
+
+impl Engine {
+    pub fn load(args: &ModelArgs) -> Result<Engine> {
+        let t0 = Instant::now();
+        let file = open_gguf(&args.model)?;
+        let spec = TokenizerSpec::from_gguf(file.metadata())
+            .with_context(|| format!("tokenizer of {}", args.model.display()))?;
+        let tokenizer = Tokenizer::new(&spec)
+            .with_context(|| format!("tokenizer of {}", args.model.display()))?;
+        let model = Model::load(Arc::clone(&file), &LoadOptions::default())
+            .with_context(|| format!("cannot load {}", args.model.display()))?;
+        let ctx = args.ctx.unwrap_or(model.hp.ctx_train.min(4096)).max(1);
+        let kv_type = KvType::from_name(&args.kv)
+            .ok_or_else(|| anyhow!("--kv must be f32 or f16, not '{}'", args.kv))?;
+        if args.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        let threads = args.threads.unwrap_or_else(default_threads).max(1);
+        let vocab = model.hp.vocab;
+        let d = model.hp.d_model;
+        let runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
+        let kv = runner.new_cache(ctx, kv_type);
+        tracing::info!(
+            threads,
+            ctx,
+            isa = ringllm_kernels::isa().name(),
+            kv_bytes = kv.bytes(),
+            "model loaded"
+        );
+        Ok(Engine {
+            runner,
+            kv,
+            tokenizer,
+            spec,
+            history: Vec::new(),
+            x: vec![0.0; args.batch * d],
+            logits: vec![0.0; vocab],
+            ctx,
+            load_seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Forgets the sequence.
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+        self.history.clear();
+    }
+
+    /// Keeps the longest prefix of the cached tokens shared with `tokens` (at least one token
+    /// is always recomputed so there are logits to sample from), returning the tokens still to
+    /// feed.
+    pub fn reuse_prefix<'a>(&mut self, tokens: &'a [u32]) -> &'a [u32] {
+        let common = self
+            .history
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len().saturating_sub(1));
+        if !self.kv.can_truncate_to(common) {
+            self.reset();
+            return tokens;
+        }
+        self.kv.truncate(common);
+        self.history.truncate(common);
+        &tokens[common..]
+    }
+
+    /// Feeds `tokens` (in batches) and returns the logits after the last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if tokens.is_empty() {
+            bail!("nothing to feed");
+        }
+        for chunk in tokens.chunks(self.runner.max_batch()) {
+            self.runner
+                .step(chunk, &mut self.kv, &mut self.x, &mut self.logits)?;
+            self.history.extend_from_slice(chunk);
+        }
+        Ok(&self.logits)
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.logits.len()
+    }
+}
+
+/// Why generation stopped (OpenAI's `finish_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `-n` tokens generated, or the context is full.
+    Length,
+    /// Interrupted by the user.
+    Cancelled,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Generation {
+    pub prompt_token_ids: Vec<u32>,
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    #[serde(skip)]
+    pub context_full: bool,
+    #[serde(skip)]
+    pub prefill_tokens: usize,
+}
+
+pub fn sampler_params(s: &SamplingArgs) -> SamplerParams {
+    let seed = s.seed.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        t ^ (std::process::id() as u64) << 32
+    });
+    SamplerParams {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repeat_penalty: s.repeat_penalty,
+        repeat_last_n: s.repeat_last_n,
+        seed,
+    }
+}
+
+/// Generates a continuation of `prompt` (already tokenized), streaming text to `on_text`.
+/// `n_predict < 0` means no limit but the context.
+pub fn generate(
+    engine: &mut Engine,
+    prompt: &[u32],
+    n_predict: i64,
+    sampler: &mut Sampler,
+    stops: &[String],
+    cancel: &AtomicBool,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        bail!("the prompt is empty (no tokens to start from)");
+    }
+    if prompt.len() >= engine.ctx {
+        bail!(
+            "the prompt has {} tokens, which does not fit the context of {} (raise --ctx)",
+            prompt.len(),
+            engine.ctx
+        );
+    }
+    let eog = engine.tokenizer.eog_ids();
+    let mut stop = StopStrings::new(stops.to_vec());
+    let mut decoder = StreamDecoder::new();
+    let mut out = Generation {
+        prompt_token_ids: prompt.to_vec(),
+        token_ids: Vec::new(),
+        text: String::new(),
+        finish_reason: FinishReason::Length,
+        prefill_tokens_per_s: 0.0,
+        decode_tokens_per_s: 0.0,
+        context_full: false,
+        prefill_tokens: 0,
+    };
+    let t0 = Instant::now();
+    let todo = engine.reuse_prefix(prompt);
+    out.prefill_tokens = todo.len();
+    engine.feed(todo)?;
+    let prefill = t0.elapsed().as_secs_f64();
+    out.prefill_tokens_per_s = todo.len() as f64 / prefill.max(1e-9);
+    let mut history: Vec<u32> = prompt.to_vec();
+    let t1 = Instant::now();
+    let mut decoded = 0usize;
+    let emit = |text: &str, out: &mut Generation, on_text: &mut dyn FnMut(&str)| {
+        out.text.push_str(text);
+        on_text(text);
+    };
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            out.finish_reason = FinishReason::Cancelled;
+            break;
+        }
+        if n_predict >= 0 && out.token_ids.len() as i64 >= n_predict {
+            out.finish_reason = FinishReason::Length;
+            break;
+        }
+        let logits = &engine.logits;
+        let tok = sampler.sample(logits, &history);
+        if eog.contains(&tok) {
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        out.token_ids.push(tok);
+        history.push(tok);
+        let piece = decoder.push(&engine.tokenizer, tok);
+        let (safe, matched) = stop.push(&piece);
+        emit(&safe, &mut out, on_text);
+        if matched {
+            out.finish_reason = FinishReason::Stop;
+            break;
+        }
+        if engine.kv.len + 1 > engine.ctx {
+            out.finish_reason = FinishReason::Length;
+            out.context_full = true;
+            break;
+        }
+        engine.feed(&[tok])?;
+        decoded += 1;
+    }
+    if out.finish_reason != FinishReason::Stop || stop.is_empty() {
+        let rest = decoder.finish();
+        let (safe, _) = stop.push(&rest);
+        emit(&safe, &mut out, on_text);
+        if out.finish_reason != FinishReason::Stop {
+            let tail = stop.flush();
+            emit(&tail, &mut out, on_text);
+        }
+    }
+    let decode = t1.elapsed().as_secs_f64();
+    out.decode_tokens_per_s = if decoded > 0 {
+        decoded as f64 / decode.max(1e-9)
+    } else {
+        0.0
+    };
+    Ok(out)
+}

@@ -1,0 +1,489 @@
+//! The sampler chain: repetition penalty → (greedy at temperature 0) → top-k → temperature →
+//! softmax → top-p → min-p → a draw from a seeded RNG. Each stage is small and tested on
+//! distributions; the chain itself is a stage.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Sampling parameters with llama.cpp's defaults.
+#[derive(Clone, Debug)]
+pub struct SamplerParams {
+    /// 0 (or less) = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1 = off.
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+/// Candidate tokens with logits (and, after softmax, probabilities), kept sorted by logit
+/// descending once a stage needs it.
+#[derive(Debug, Default)]
+pub struct Candidates {
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    pub probs: Vec<f32>,
+    pub sorted: bool,
+}
+
+impl Candidates {
+    /// Loads every token of `logits`, reusing the buffers.
+    pub fn fill(&mut self, logits: &[f32]) {
+        self.ids.clear();
+        self.ids.extend(0..logits.len() as u32);
+        self.logits.clear();
+        self.logits.extend_from_slice(logits);
+        self.probs.clear();
+        self.sorted = false;
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Keeps the `k` highest logits, sorted descending (ties: lower id first).
+    pub fn keep_top(&mut self, k: usize) {
+        let k = k.min(self.len()).max(1);
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        let cmp = |a: &usize, b: &usize| {
+            self.logits[*b]
+                .total_cmp(&self.logits[*a])
+                .then(self.ids[*a].cmp(&self.ids[*b]))
+        };
+        if k < order.len() {
+            order.select_nth_unstable_by(k - 1, cmp);
+            order.truncate(k);
+        }
+        order.sort_by(cmp);
+        self.ids = order.iter().map(|&i| self.ids[i]).collect();
+        self.logits = order.iter().map(|&i| self.logits[i]).collect();
+        self.probs.clear();
+        self.sorted = true;
+    }
+
+    fn sort(&mut self) {
+        if !self.sorted {
+            self.keep_top(self.len());
+        }
+    }
+
+    /// Probabilities from the logits (numerically stable softmax).
+    pub fn softmax(&mut self) {
+        let max = self
+            .logits
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        self.probs.clear();
+        self.probs
+            .extend(self.logits.iter().map(|l| ((l - max) as f64).exp() as f32));
+        let sum: f32 = self.probs.iter().sum();
+        for p in self.probs.iter_mut() {
+            *p /= sum;
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        let n = n.max(1);
+        self.ids.truncate(n);
+        self.logits.truncate(n);
+        self.probs.truncate(n);
+    }
+}
+
+/// One step of the chain.
+pub trait Stage: Send {
+    fn apply(&mut self, c: &mut Candidates, history: &[u32]);
+}
+
+/// llama.cpp's repetition penalty: a logit of a token seen in the last `last_n` tokens is
+/// divided by `penalty` when positive and multiplied when negative.
+pub struct RepeatPenalty {
+    pub penalty: f32,
+    pub last_n: usize,
+}
+
+impl Stage for RepeatPenalty {
+    fn apply(&mut self, c: &mut Candidates, history: &[u32]) {
+        if self.penalty == 1.0 || self.last_n == 0 {
+            return;
+        }
+        let recent = &history[history.len().saturating_sub(self.last_n)..];
+        for (id, l) in c.ids.iter().zip(c.logits.iter_mut()) {
+            if recent.contains(id) {
+                *l = if *l > 0.0 {
+                    *l / self.penalty
+                } else {
+                    *l * self.penalty
+                };
+            }
+        }
+    }
+}
+
+pub struct TopK(pub usize);
+
+impl Stage for TopK {
+    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+        if self.0 > 0 && self.0 < c.len() {
+            c.keep_top(self.0);
+        }
+    }
+}
+
+pub struct Temperature(pub f32);
+
+impl Stage for Temperature {
+    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+        for l in c.logits.iter_mut() {
+            *l /= self.0;
+        }
+        c.softmax();
+    }
+}
+
+/// Keeps the smallest set of most likely tokens whose probability reaches `p`.
+pub struct TopP(pub f32);
+
+impl Stage for TopP {
+    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+        if self.0 >= 1.0 {
+            return;
+        }
+        c.sort();
+        c.softmax();
+        let mut cum = 0.0;
+        let mut keep = c.len();
+        for (i, p) in c.probs.iter().enumerate() {
+            cum += p;
+            if cum >= self.0 {
+                keep = i + 1;
+                break;
+            }
+        }
+        c.truncate(keep);
+    }
+}
+
+/// Drops tokens less likely than `p` times the most likely one.
+pub struct MinP(pub f32);
+
+impl Stage for MinP {
+    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+        if self.0 <= 0.0 {
+            return;
+        }
+        c.sort();
+        c.softmax();
+        let cut = c.probs[0] * self.0;
+        let keep = c.probs.iter().take_while(|p| **p >= cut).count();
+        c.truncate(keep);
+    }
+}
+
+/// Stages run in order.
+pub struct Chain(pub Vec<Box<dyn Stage>>);
+
+impl Stage for Chain {
+    fn apply(&mut self, c: &mut Candidates, history: &[u32]) {
+        for s in self.0.iter_mut() {
+            s.apply(c, history);
+        }
+    }
+}
+
+/// The full sampler: the chain, then greedy or a seeded draw.
+pub struct Sampler {
+    chain: Chain,
+    greedy: bool,
+    rng: StdRng,
+    c: Candidates,
+}
+
+impl Sampler {
+    pub fn new(p: &SamplerParams) -> Sampler {
+        let greedy = p.temperature <= 0.0;
+        let mut stages: Vec<Box<dyn Stage>> = vec![Box::new(RepeatPenalty {
+            penalty: p.repeat_penalty,
+            last_n: p.repeat_last_n,
+        })];
+        if !greedy {
+            stages.push(Box::new(TopK(p.top_k)));
+            stages.push(Box::new(Temperature(p.temperature)));
+            stages.push(Box::new(TopP(p.top_p)));
+            stages.push(Box::new(MinP(p.min_p)));
+        }
+        Sampler {
+            chain: Chain(stages),
+            greedy,
+            rng: StdRng::seed_from_u64(p.seed),
+            c: Candidates::default(),
+        }
+    }
+
+    /// The next token given `logits` and the tokens so far.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.c.fill(logits);
+        self.chain.apply(&mut self.c, history);
+        if self.greedy {
+            return argmax(&self.c.ids, &self.c.logits);
+        }
+        if self.c.probs.len() != self.c.len() {
+            self.c.softmax();
+        }
+        let total: f32 = self.c.probs.iter().sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for (id, p) in self.c.ids.iter().zip(&self.c.probs) {
+            if r < *p {
+                return *id;
+            }
+            r -= p;
+        }
+        *self.c.ids.last().unwrap_or(&0)
+    }
+}
+
+/// Highest logit; ties go to the lowest id.
+fn argmax(ids: &[u32], logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for i in 1..ids.len() {
+        if logits[i] > logits[best] || (logits[i] == logits[best] && ids[i] < ids[best]) {
+            best = i;
+        }
+    }
+    ids.get(best).copied().unwrap_or(0)
+}
+
+/// Holds back streamed text that could be the start of a stop string, so stop strings are
+/// never printed and are found across chunk boundaries.
+#[derive(Debug, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopStrings {
+    pub fn new(stops: Vec<String>) -> StopStrings {
+        StopStrings {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stops.is_empty()
+    }
+
+    /// Adds `text`; returns what is safe to print and whether a stop string was found (the
+    /// text before it is returned, the stop string and anything after are dropped).
+    pub fn push(&mut self, text: &str) -> (String, bool) {
+        if self.stops.is_empty() {
+            return (text.to_string(), false);
+        }
+        self.pending.push_str(text);
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let out = self.pending[..pos].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix that is a prefix of some stop string.
+        let mut keep = 0;
+        for s in &self.stops {
+            for (i, _) in s.char_indices().skip(1) {
+                if self.pending.ends_with(&s[..i]) {
+                    keep = keep.max(i);
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    /// Everything held back (at the end of generation).
+    pub fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplerParams {
+        SamplerParams {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 1,
+        }
+    }
+
+    fn histogram(s: &mut Sampler, logits: &[f32], n: usize) -> Vec<f64> {
+        let mut h = vec![0f64; logits.len()];
+        for _ in 0..n {
+            h[s.sample(logits, &[]) as usize] += 1.0;
+        }
+        h.iter().map(|c| c / n as f64).collect()
+    }
+
+    fn softmax(l: &[f32], t: f32) -> Vec<f64> {
+        let e: Vec<f64> = l.iter().map(|v| ((*v / t) as f64).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    }
+
+    const LOGITS: [f32; 5] = [2.0, 1.0, 0.5, 0.0, -1.0];
+
+    #[test]
+    fn greedy_takes_the_argmax_with_ties_to_the_lowest_id() {
+        let mut s = Sampler::new(&params(0.0));
+        assert_eq!(s.sample(&LOGITS, &[]), 0);
+        assert_eq!(s.sample(&[1.0, 3.0, 3.0], &[]), 1);
+    }
+
+    #[test]
+    fn draws_follow_the_tempered_softmax() {
+        for t in [0.5f32, 1.0, 1.5] {
+            let mut s = Sampler::new(&params(t));
+            let h = histogram(&mut s, &LOGITS, 40_000);
+            for (got, want) in h.iter().zip(softmax(&LOGITS, t)) {
+                assert!((got - want).abs() < 0.01, "T={t}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_never_draws_outside_the_k_best() {
+        let mut p = params(1.0);
+        p.top_k = 2;
+        let mut s = Sampler::new(&p);
+        let h = histogram(&mut s, &LOGITS, 20_000);
+        assert!(h[2..].iter().all(|v| *v == 0.0));
+        let want = softmax(&LOGITS[..2], 1.0);
+        assert!((h[0] - want[0]).abs() < 0.015, "{} vs {}", h[0], want[0]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_p() {
+        // Probabilities of LOGITS: .53 .20 .12 .07 .03 (approximately).
+        let probs = softmax(&LOGITS, 1.0);
+        let mut c = Candidates::default();
+        c.fill(&LOGITS);
+        TopP(0.7).apply(&mut c, &[]);
+        assert!(probs[0] + probs[1] >= 0.7 && probs[0] < 0.7);
+        assert_eq!(c.ids, vec![0, 1]);
+        let mut p = params(1.0);
+        p.top_p = 0.7;
+        let h = histogram(&mut Sampler::new(&p), &LOGITS, 20_000);
+        let z = probs[0] + probs[1];
+        assert!((h[0] - probs[0] / z).abs() < 0.015);
+        assert!(h[2..].iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        let probs = softmax(&LOGITS, 1.0);
+        let mut c = Candidates::default();
+        c.fill(&LOGITS);
+        MinP(0.2).apply(&mut c, &[]);
+        let want: Vec<u32> = (0..5)
+            .filter(|&i| probs[i as usize] >= 0.2 * probs[0])
+            .collect();
+        assert_eq!(c.ids, want);
+        assert_eq!(want, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn repetition_penalty_changes_the_greedy_choice() {
+        let mut p = params(0.0);
+        p.repeat_penalty = 2.0;
+        let mut s = Sampler::new(&p);
+        // Token 0 (logit 2.0) was just produced: 2.0/2 = 1.0 < 1.5.
+        assert_eq!(s.sample(&[2.0, 1.5, -1.0], &[0]), 1);
+        // Negative logits get more negative.
+        let mut c = Candidates::default();
+        c.fill(&[2.0, 1.5, -1.0]);
+        RepeatPenalty {
+            penalty: 2.0,
+            last_n: 8,
+        }
+        .apply(&mut c, &[2]);
+        assert_eq!(c.logits, vec![2.0, 1.5, -2.0]);
+        // Outside the window: no effect.
+        let mut s = Sampler::new(&SamplerParams {
+            repeat_last_n: 1,
+            ..p
+        });
+        assert_eq!(s.sample(&[2.0, 1.5, -1.0], &[0, 2]), 0);
+    }
+
+    #[test]
+    fn seeds_reproduce_and_differ() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(&SamplerParams {
+                seed,
+                ..params(1.0)
+            });
+            (0..64).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn stop_strings_across_chunks() {
+        let mut s = StopStrings::new(vec!["STOP".into()]);
+        assert_eq!(s.push("hello S"), ("hello ".to_string(), false));
+        assert_eq!(s.push("T"), (String::new(), false));
+        assert_eq!(s.push("OP and more"), (String::new(), true));
+        let mut s = StopStrings::new(vec!["STOP".into()]);
+        assert_eq!(s.push("a ST"), ("a ".to_string(), false));
+        assert_eq!(s.push("ay"), ("STay".to_string(), false));
+        assert_eq!(s.push(" S"), (" ".to_string(), false));
+        assert_eq!(s.flush(), "S");
+        let mut none = StopStrings::new(vec![]);
+        assert_eq!(none.push("x"), ("x".to_string(), false));
+    }
+
+    #[test]
+    fn stop_strings_with_multibyte_text() {
+        let mut s = StopStrings::new(vec!["é!".into()]);
+        assert_eq!(s.push("café"), ("caf".to_string(), false));
+        assert_eq!(s.push("!x"), (String::new(), true));
+    }
+}

@@ -1,0 +1,178 @@
+//! Q5_K × Q8_K with AVX2+FMA: as Q4_K (`avx2::q4_k`), with the fifth bit of each level
+//! taken from `qh` and or-ed in at bit 4 (levels 0..32 stay well inside `maddubs` range).
+
+use super::q8_k::{f16_to_f32, hsum_ps, load32, prefetch_ahead, quarters, store_scaled_u8_minus};
+use crate::quants::q4_k::{unpack_scales, unpack_scales_words, SCALES};
+use crate::quants::q5_k::BLOCK_BYTES as WB;
+use crate::quants::q8_k::{
+    self as q8, blocks, check_dequantize, check_dot, check_dot_multi, BSUMS, QS,
+};
+use crate::types::QK_K;
+use std::arch::x86_64::*;
+
+const AB: usize = q8::BLOCK_BYTES;
+/// Offset of `qh` in a Q5_K block.
+const WQH: usize = 16;
+/// Offset of `qs` in a Q5_K block.
+const WQS: usize = 48;
+
+/// The levels (0..32) of the 64-value group `g`: values `64 g ..+32` and `64 g + 32 ..+32`.
+/// `hb` is `qh` shifted right by `2 g` (bit 0 of each byte: low half, bit 1: high half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn levels(b: &[u8; WB], g: usize, hb: __m256i) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let bits = load32(&b[WQS + 32 * g..]);
+    let lo = _mm256_or_si256(
+        _mm256_and_si256(bits, m4),
+        _mm256_and_si256(_mm256_slli_epi16::<4>(hb), bit4),
+    );
+    let hi = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
+        _mm256_and_si256(_mm256_slli_epi16::<3>(hb), bit4),
+    );
+    (lo, hi)
+}
+
+/// The 12 scale bytes of a block.
+#[inline]
+fn scale_bytes(b: &[u8; WB]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    s.copy_from_slice(&b[SCALES..SCALES + 12]);
+    s
+}
+
+pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    let nb = check_dequantize(src, WB, dst);
+    debug_assert!(super::available());
+    // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and F16C.
+    unsafe { dequantize_avx2(blocks::<WB>(src, nb), &mut dst[..nb * QK_K]) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_avx2(src: &[[u8; WB]], dst: &mut [f32]) {
+    for (b, y) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
+        let d = f16_to_f32(b[0], b[1]);
+        let dmin = f16_to_f32(b[2], b[3]);
+        let (sc, m) = unpack_scales(&scale_bytes(b));
+        let mut hb = load32(&b[WQH..]);
+        for g in 0..4 {
+            let (lo, hi) = levels(b, g, hb);
+            hb = _mm256_srli_epi16::<2>(hb);
+            let (lo, hi) = (quarters(lo), quarters(hi));
+            let (d1, m1) = (d * f32::from(sc[2 * g]), dmin * f32::from(m[2 * g]));
+            let (d2, m2) = (d * f32::from(sc[2 * g + 1]), dmin * f32::from(m[2 * g + 1]));
+            for t in 0..4 {
+                store_scaled_u8_minus(&mut y[64 * g + 8 * t..], lo[t], d1, m1);
+                store_scaled_u8_minus(&mut y[64 * g + 32 + 8 * t..], hi[t], d2, m2);
+            }
+        }
+    }
+}
+
+pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot(n, w, WB, a);
+    debug_assert!(super::available());
+    // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and F16C.
+    let [r] = unsafe { dot_rows::<1>(blocks::<WB>(w, nb), [blocks::<AB>(a, nb)]) };
+    r
+}
+
+pub(super) fn vec_dot_multi(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
+    let nb = check_dot_multi(n, w, WB, a, a_stride, out.len());
+    debug_assert!(super::available());
+    let w = blocks::<WB>(w, nb);
+    let row = |r: usize| blocks::<AB>(&a[r * a_stride..], nb);
+    let mut r = 0;
+    while out.len() - r >= 4 {
+        // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and
+        // F16C; `row` checks each row holds `nb` blocks.
+        let v = unsafe { dot_rows::<4>(w, [row(r), row(r + 1), row(r + 2), row(r + 3)]) };
+        out[r..r + 4].copy_from_slice(&v);
+        r += 4;
+    }
+    if out.len() - r >= 2 {
+        // SAFETY: as above.
+        let v = unsafe { dot_rows::<2>(w, [row(r), row(r + 1)]) };
+        out[r..r + 2].copy_from_slice(&v);
+        r += 2;
+    }
+    if r < out.len() {
+        // SAFETY: as above.
+        let [v] = unsafe { dot_rows::<1>(w, [row(r)]) };
+        out[r] = v;
+    }
+}
+
+/// One weight row against `R` activation rows: each weight block is unpacked once and used
+/// against every row. Per row the arithmetic is the same for every `R`, so the tiled and
+/// single dots agree bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
+    for row in a {
+        assert!(row.len() >= w.len());
+    }
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, wb) in w.iter().enumerate() {
+        prefetch_ahead(wb);
+        let d = f16_to_f32(wb[0], wb[1]);
+        let dmin = f16_to_f32(wb[2], wb[3]);
+        let (sc, m) = unpack_scales_words(&scale_bytes(wb));
+        let sc = u64::from(sc[0]) | (u64::from(sc[1]) << 32);
+        let m = u64::from(m[0]) | (u64::from(m[1]) << 32);
+        // Each min times the two 16-sums of its sub-block: m_j in i16 lanes 2j and 2j+1.
+        let mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(m as i64), dup));
+        let mut sumi = [_mm256_setzero_si256(); R];
+        let mut hb = load32(&wb[WQH..]);
+        for g in 0..4 {
+            let (lo, hi) = levels(wb, g, hb);
+            hb = _mm256_srli_epi16::<2>(hb);
+            let sl = _mm256_set1_epi16(((sc >> (16 * g)) & 0xff) as i16);
+            let sh = _mm256_set1_epi16(((sc >> (16 * g + 8)) & 0xff) as i16);
+            for r in 0..R {
+                let ab = &a[r][i];
+                let pl =
+                    _mm256_madd_epi16(sl, _mm256_maddubs_epi16(lo, load32(&ab[QS + 64 * g..])));
+                let ph = _mm256_madd_epi16(
+                    sh,
+                    _mm256_maddubs_epi16(hi, load32(&ab[QS + 64 * g + 32..])),
+                );
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+            }
+        }
+        for r in 0..R {
+            let ab = &a[r][i];
+            let ad = q8::d_of(ab);
+            let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ad * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(-(ad * dmin)),
+                _mm256_cvtepi32_ps(summ),
+                acc[r],
+            );
+        }
+    }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quants::q5_k as reference;
+
+    #[test]
+    fn random_blocks_match_reference() {
+        super::super::q8_k::tests::check_against_reference(
+            WB,
+            &[0, 2],
+            (reference::dequantize, reference::vec_dot),
+            (dequantize, vec_dot, vec_dot_multi),
+        );
+    }
+}

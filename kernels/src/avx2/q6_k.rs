@@ -1,0 +1,172 @@
+//! Q6_K × Q8_K with AVX2+FMA: the 6-bit levels (0..64) are rebuilt as unsigned bytes,
+//! `maddubs` against the signed activations, `madd` with the i8 sub-block scales; the −32
+//! offset is taken out once per block through the activations' `bsums`
+//! (`Σ sc·(q−32)·a = Σ sc·q·a − 32·Σ sc·bsum`).
+
+use super::q8_k::{f16_to_f32, hsum_ps, load16, load32, prefetch_ahead, quarters, store_scaled_i8};
+use crate::quants::q6_k::{BLOCK_BYTES as WB, D, QH, SCALES};
+use crate::quants::q8_k::{
+    self as q8, blocks, check_dequantize, check_dot, check_dot_multi, BSUMS, QS,
+};
+use crate::types::QK_K;
+use std::arch::x86_64::*;
+
+const AB: usize = q8::BLOCK_BYTES;
+
+/// The four 32-level pieces (values `128 h + 32 k ..`, k = 0..4) of half `h` of a block, as
+/// unsigned bytes 0..64.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn levels(b: &[u8; WB], h: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let b1 = load32(&b[64 * h..]);
+    let b2 = load32(&b[64 * h + 32..]);
+    let hb = load32(&b[QH + 32 * h..]);
+    let top = _mm256_set1_epi8(0x30);
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(b1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(hb), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(b2, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(hb), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(b1), m4),
+            _mm256_and_si256(hb, top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(b2), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(hb), top),
+        ),
+    ]
+}
+
+pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
+    let nb = check_dequantize(src, WB, dst);
+    debug_assert!(super::available());
+    // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and F16C.
+    unsafe { dequantize_avx2(blocks::<WB>(src, nb), &mut dst[..nb * QK_K]) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequantize_avx2(src: &[[u8; WB]], dst: &mut [f32]) {
+    let m32 = _mm256_set1_epi8(32);
+    for (b, y) in src.iter().zip(dst.chunks_exact_mut(QK_K)) {
+        let d = f16_to_f32(b[D], b[D + 1]);
+        for h in 0..2 {
+            let q = levels(b, h);
+            for (k, qk) in q.into_iter().enumerate() {
+                let parts = quarters(_mm256_sub_epi8(qk, m32));
+                let base = 128 * h + 32 * k;
+                for (t, pt) in parts.into_iter().enumerate() {
+                    let ds = d * f32::from(b[SCALES + (base + 8 * t) / 16] as i8);
+                    store_scaled_i8(&mut y[base + 8 * t..], pt, ds);
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot(n, w, WB, a);
+    debug_assert!(super::available());
+    // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and F16C.
+    let [r] = unsafe { dot_rows::<1>(blocks::<WB>(w, nb), [blocks::<AB>(a, nb)]) };
+    r
+}
+
+pub(super) fn vec_dot_multi(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
+    let nb = check_dot_multi(n, w, WB, a, a_stride, out.len());
+    debug_assert!(super::available());
+    let w = blocks::<WB>(w, nb);
+    let row = |r: usize| blocks::<AB>(&a[r * a_stride..], nb);
+    let mut r = 0;
+    while out.len() - r >= 4 {
+        // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and
+        // F16C; `row` checks each row holds `nb` blocks.
+        let v = unsafe { dot_rows::<4>(w, [row(r), row(r + 1), row(r + 2), row(r + 3)]) };
+        out[r..r + 4].copy_from_slice(&v);
+        r += 4;
+    }
+    if out.len() - r >= 2 {
+        // SAFETY: as above.
+        let v = unsafe { dot_rows::<2>(w, [row(r), row(r + 1)]) };
+        out[r..r + 2].copy_from_slice(&v);
+        r += 2;
+    }
+    if r < out.len() {
+        // SAFETY: as above.
+        let [v] = unsafe { dot_rows::<1>(w, [row(r)]) };
+        out[r] = v;
+    }
+}
+
+/// Shuffle mask picking scale `j` for bytes 0..8 and scale `j + 1` for bytes 8..16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_pair_mask(j: usize) -> __m128i {
+    let rep = 0x0101_0101_0101_0101u64;
+    _mm_set_epi64x((rep * (j as u64 + 1)) as i64, (rep * j as u64) as i64)
+}
+
+/// One weight row against `R` activation rows (each weight block unpacked once, used against
+/// every row; the per-row arithmetic does not depend on `R`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
+    for row in a {
+        assert!(row.len() >= w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, wb) in w.iter().enumerate() {
+        prefetch_ahead(wb);
+        let d = f16_to_f32(wb[D], wb[D + 1]);
+        let scales = load16(&wb[SCALES..]);
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        let mut sumi = [_mm256_setzero_si256(); R];
+        for h in 0..2 {
+            let q = levels(wb, h);
+            for (k, qk) in q.into_iter().enumerate() {
+                let s =
+                    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(8 * h + 2 * k)));
+                for r in 0..R {
+                    let a8 = load32(&a[r][i][QS + 128 * h + 32 * k..]);
+                    let p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(qk, a8));
+                    sumi[r] = _mm256_add_epi32(sumi[r], p);
+                }
+            }
+        }
+        for r in 0..R {
+            let ab = &a[r][i];
+            let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
+            let s = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(offset));
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(q8::d_of(ab) * d),
+                _mm256_cvtepi32_ps(s),
+                acc[r],
+            );
+        }
+    }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quants::q6_k as reference;
+
+    #[test]
+    fn random_blocks_match_reference() {
+        super::super::q8_k::tests::check_against_reference(
+            WB,
+            &[D],
+            (reference::dequantize, reference::vec_dot),
+            (dequantize, vec_dot, vec_dot_multi),
+        );
+    }
+}
