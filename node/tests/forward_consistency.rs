@@ -16,7 +16,13 @@ fn model(arch: SynthArch, ty: GgmlType) -> Arc<Model> {
 }
 
 /// Logits of every position, feeding `tokens` in batches of `batch`.
-fn logits_all(m: &Arc<Model>, tokens: &[u32], batch: usize, threads: usize, kv: KvType) -> Vec<f32> {
+fn logits_all(
+    m: &Arc<Model>,
+    tokens: &[u32],
+    batch: usize,
+    threads: usize,
+    kv: KvType,
+) -> Vec<f32> {
     let (d, vocab) = (m.hp.d_model, m.hp.vocab);
     let mut r = Runner::new(Arc::clone(m), threads, batch, 64);
     let mut cache = r.new_cache(64, kv);
@@ -40,7 +46,9 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {
-    (0..n).map(|i| (3 + (i * 37) % (vocab - 3)) as u32).collect()
+    (0..n)
+        .map(|i| (3 + (i * 37) % (vocab - 3)) as u32)
+        .collect()
 }
 
 #[test]
@@ -53,7 +61,10 @@ fn batching_and_threads_do_not_change_logits() {
         for (batch, threads) in [(1, 1), (3, 2), (7, 3), (20, 2)] {
             let other = logits_all(&m, &toks, batch, threads, KvType::F32);
             let e = max_rel(&other, &whole);
-            assert!(e < 1e-5, "{arch:?} batch {batch} threads {threads}: relative error {e}");
+            assert!(
+                e < 1e-5,
+                "{arch:?} batch {batch} threads {threads}: relative error {e}"
+            );
         }
     }
 }
@@ -76,7 +87,10 @@ fn sliding_window_limits_what_a_layer_sees() {
     // The synthetic Gemma has two layers, both local (window 8). Through two windows,
     // position 15 can reach back to position 15 - 7 - 7 = 1, never to position 0.
     let m = model(SynthArch::Gemma3, GgmlType::F32);
-    assert!(m.hp.sliding.iter().all(|s| *s), "synthetic gemma layers should all be local");
+    assert!(
+        m.hp.sliding.iter().all(|s| *s),
+        "synthetic gemma layers should all be local"
+    );
     let vocab = m.hp.vocab;
     let a = tokens(16, vocab);
     let mut b = a.clone();
@@ -85,7 +99,11 @@ fn sliding_window_limits_what_a_layer_sees() {
     let la = logits_all(&m, &a, 16, 1, KvType::F32);
     let lb = logits_all(&m, &b, 16, 1, KvType::F32);
     let last = |l: &[f32]| l[15 * vocab..16 * vocab].to_vec();
-    assert_eq!(last(&la), last(&lb), "position 15 saw position 0 through two windows of 8");
+    assert_eq!(
+        last(&la),
+        last(&lb),
+        "position 15 saw position 0 through two windows of 8"
+    );
     // ...while position 7 does see position 0.
     let at7 = |l: &[f32]| l[7 * vocab..8 * vocab].to_vec();
     assert_ne!(at7(&la), at7(&lb));
@@ -102,8 +120,12 @@ fn context_overflow_is_an_error() {
     r.layers(&mut x, 8, &mut cache, None).expect("fits exactly");
     let mut y = vec![0f32; d];
     r.embed(&[3], &mut y).expect("embed");
-    let err = r.layers(&mut y, 1, &mut cache, None).expect_err("ninth position");
+    let err = r
+        .layers(&mut y, 1, &mut cache, None)
+        .expect_err("ninth position");
     assert!(err.to_string().contains("context full"), "{err}");
-    let bad = r.embed(&[m.hp.vocab as u32], &mut y).expect_err("token past the vocabulary");
+    let bad = r
+        .embed(&[m.hp.vocab as u32], &mut y)
+        .expect_err("token past the vocabulary");
     assert!(bad.to_string().contains("outside the vocabulary"), "{bad}");
 }
