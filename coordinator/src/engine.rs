@@ -218,17 +218,23 @@ pub fn generate(
         out.text.push_str(text);
         on_text(text);
     };
+    let limit_reached = |n: usize| n_predict >= 0 && n as i64 >= n_predict;
     loop {
         if cancel.load(Ordering::Relaxed) {
             out.finish_reason = FinishReason::Cancelled;
             break;
         }
-        if n_predict >= 0 && out.token_ids.len() as i64 >= n_predict {
+        if limit_reached(out.token_ids.len()) {
             out.finish_reason = FinishReason::Length;
             break;
         }
-        let logits = &engine.logits;
-        let tok = sampler.sample(logits, &history);
+        // The next token would sit at position kv.len: there must be room for it.
+        if engine.kv.len >= engine.ctx {
+            out.finish_reason = FinishReason::Length;
+            out.context_full = true;
+            break;
+        }
+        let tok = sampler.sample(&engine.logits, &history);
         if eog.contains(&tok) {
             out.finish_reason = FinishReason::Stop;
             break;
@@ -242,10 +248,8 @@ pub fn generate(
             out.finish_reason = FinishReason::Stop;
             break;
         }
-        if engine.kv.len + 1 > engine.ctx {
-            out.finish_reason = FinishReason::Length;
-            out.context_full = true;
-            break;
+        if limit_reached(out.token_ids.len()) {
+            continue; // the check above ends the loop without feeding a token never used
         }
         engine.feed(&[tok])?;
         decoded += 1;

@@ -290,8 +290,90 @@ def attention(q, k, v, scale, allowed):
     return o.transpose(1, 0, 2).reshape(n, H * vh.shape[-1])
 
 
+# --------------------------------------------------------------------------------------------
+# Optional activation quantization. llama.cpp (and ringllm) quantize a matmul's input rows on
+# the fly to 8 bits in the format the weight type's dot product takes; with act_quant=True the
+# reference rounds its inputs the same way (stated rules below, written from the format
+# definitions), so engine and reference differ only by float summation order.
+
+_ACT_FORMAT = {
+    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+}
+
+ACT_QUANT = False
+
+
+def _q8_1_sum_delta(x):
+    """Q8_1 also stores s = d·Σq per block as f16: s16 − f16(d)·Σq, per row and block."""
+    x32 = np.asarray(x, dtype=np.float32)
+    n, k = x32.shape
+    b = x32.reshape(n, k // 32, 32)
+    d = (np.abs(b).max(axis=-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = b * inv[..., None]
+    qsum = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).sum(axis=-1).astype(np.float32)
+    s16 = (qsum * d).astype(np.float16).astype(np.float64)
+    return s16 - d.astype(np.float16).astype(np.float64) * qsum
+
+
+def _block_mins(t):
+    """Per-block minimum m (f16 at bytes 2..4) of a Q4_1/Q5_1 tensor: [rows, blocks]."""
+    size = {"Q4_1": 20, "Q5_1": 24}[t.tensor_type.name]
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, size)
+    m = raw[:, 2:4].copy().view(np.float16).astype(np.float64)
+    rows = int(t.shape[1]) if len(t.shape) > 1 else 1
+    return m.reshape(rows, -1)
+
+
+def quantize_act(x, fmt):
+    """x [n, k] float -> the values its 8-bit quantization in `fmt` stands for."""
+    x32 = np.asarray(x, dtype=np.float32)
+    n, k = x32.shape
+    if fmt in ("Q8_0", "Q8_1"):
+        b = x32.reshape(n, k // 32, 32)
+        amax = np.abs(b).max(axis=-1, keepdims=True)
+        d = (amax / np.float32(127)).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+        v = b * inv
+        q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))  # round half away from zero
+        d16 = d.astype(np.float16).astype(np.float64)
+        return (q.astype(np.float64) * d16).reshape(n, k)
+    if fmt == "Q8_K":
+        b = x32.reshape(n, k // 256, 256)
+        idx = np.abs(b).argmax(axis=-1)[..., None]
+        mx = np.take_along_axis(b, idx, axis=-1)
+        with np.errstate(divide="ignore"):
+            iscale = np.where(mx != 0, np.float32(-128) / mx, np.float32(0)).astype(np.float32)
+        q = np.minimum(np.rint(iscale * b), 127)  # np.rint: round half to even
+        d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+        return (q.astype(np.float64) * d.astype(np.float64)).reshape(n, k)
+    raise ValueError(f"unknown activation format {fmt}")
+
+
+def _act(x, m, name):
+    if not ACT_QUANT:
+        return x
+    fmt = _ACT_FORMAT.get(m.tensors[name].tensor_type.name)
+    return x if fmt is None else quantize_act(x, fmt)
+
+
+def _q8_1_correction(x, m, name):
+    """The part of a Q4_1/Q5_1 dot product that comes from the f16 block sum of Q8_1."""
+    t = m.tensors[name]
+    if not ACT_QUANT or t.tensor_type.name not in ("Q4_1", "Q5_1"):
+        return 0.0
+    key = "mins:" + name
+    if key not in m._cache:
+        m._cache[key] = _block_mins(t)
+    return _q8_1_sum_delta(x) @ m._cache[key].T
+
+
 def _linear(x, m, name):
-    y = x @ m.w(name + ".weight").T
+    y = _act(x, m, name + ".weight") @ m.w(name + ".weight").T + _q8_1_correction(x, m, name + ".weight")
     b = m.wopt(name + ".bias")
     if b is not None:
         y = y + b
@@ -302,7 +384,18 @@ def _linear(x, m, name):
 # Forward pass
 
 
-def forward(model, token_ids, logit_rows=None):
+def forward(model, token_ids, logit_rows=None, act_quant=False):
+    """With act_quant=True, matmul inputs are rounded as 8-bit activations (see quantize_act).
+    """
+    global ACT_QUANT
+    saved, ACT_QUANT = ACT_QUANT, act_quant
+    try:
+        return _forward(model, token_ids, logit_rows)
+    finally:
+        ACT_QUANT = saved
+
+
+def _forward(model, token_ids, logit_rows=None):
     """Full causal forward over `token_ids` at positions 0..n-1, in float64.
 
     Returns (logits float32 [n_rows, vocab], hidden) where hidden (float32 arrays [n_tok, d])
@@ -363,10 +456,12 @@ def forward(model, token_ids, logit_rows=None):
     hidden["final_norm"] = x.astype(np.float32)
 
     rows = np.arange(n) if logit_rows is None else np.asarray(logit_rows, dtype=np.int64).reshape(-1)
-    out_w = m.w("token_embd.weight") if m.tied else m.w("output.weight")
+    out_name = "token_embd.weight" if m.tied else "output.weight"
+    out_w = m.w(out_name)
     logits = np.empty((len(rows), out_w.shape[0]), dtype=np.float32)
     for s in range(0, len(rows), 64):  # bounded float64 temporaries for big vocabularies
-        blk = x[rows[s:s + 64]] @ out_w.T
+        xr = x[rows[s:s + 64]]
+        blk = _act(xr, m, out_name) @ out_w.T + _q8_1_correction(xr, m, out_name)
         if m.final_softcap > 0:
             blk = np.tanh(blk / m.final_softcap) * m.final_softcap
         logits[s:s + 64] = blk
