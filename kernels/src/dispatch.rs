@@ -17,6 +17,10 @@ pub type VecDotFn = fn(n: usize, w: &[u8], a: &[u8]) -> f32;
 /// each weight block is decoded once and used against every activation row.
 pub type VecDotMultiFn = fn(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]);
 
+/// `out.len()` weight rows, the r-th at `w[r * w_stride..]`, against one activation row: the
+/// decode shape, where amortizing the activation block and the call over several rows pays.
+pub type VecDotRowsFn = fn(n: usize, w: &[u8], w_stride: usize, a: &[u8], out: &mut [f32]);
+
 /// Instruction set a kernel table was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -45,6 +49,8 @@ pub struct TypeKernels {
     pub vec_dot: VecDotFn,
     /// Tiled form of `vec_dot`, where the ISA has one; otherwise callers loop `vec_dot`.
     pub vec_dot_multi: Option<VecDotMultiFn>,
+    /// Several weight rows against one activation row, where the ISA has it.
+    pub vec_dot_rows: Option<VecDotRowsFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {

@@ -264,8 +264,13 @@ fn rows_times_acts(
         // Decode: one activation row; write the chunk's outputs as one slice.
         // SAFETY: output rows `rows` belong to this chunk alone.
         let o = unsafe { out.slice(rows.clone()) };
-        for (ov, r) in o.iter_mut().zip(rows) {
-            *ov = (k.vec_dot)(n_in, &w.data[r * rb..(r + 1) * rb], a);
+        match k.vec_dot_rows {
+            Some(f) => f(n_in, &w.data[rows.start * rb..rows.end * rb], rb, a, o),
+            None => {
+                for (ov, r) in o.iter_mut().zip(rows) {
+                    *ov = (k.vec_dot)(n_in, &w.data[r * rb..(r + 1) * rb], a);
+                }
+            }
         }
         return;
     }

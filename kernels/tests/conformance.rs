@@ -152,3 +152,27 @@ fn tiled_dot_equals_single_dots() {
         }
     }
 }
+
+#[test]
+fn row_tiled_dot_equals_single_dots() {
+    let mut rng = StdRng::seed_from_u64(19);
+    for ty in weight_types() {
+        let k = kernels(ty);
+        let Some(rows_fn) = k.vec_dot_rows else { continue };
+        let n = row_len(ty);
+        let rb = ty.row_bytes(n).expect("whole blocks");
+        let a = quantize(k.vec_dot_type, &normal(&mut rng, n));
+        for rows in 1..=9 {
+            let mut w = Vec::with_capacity(rows * rb);
+            for _ in 0..rows {
+                w.extend(quantize(ty, &normal(&mut rng, n)));
+            }
+            let mut out = vec![0f32; rows];
+            rows_fn(n, &w, rb, &a, &mut out);
+            for (i, got) in out.iter().enumerate() {
+                let want = (k.vec_dot)(n, &w[i * rb..(i + 1) * rb], &a);
+                assert_eq!(*got, want, "{ty}: weight row {i}/{rows}");
+            }
+        }
+    }
+}

@@ -74,6 +74,7 @@ fn legacy_entry<B: q8_0::Legacy>(entry: &mut TypeKernels) {
     entry.dequantize = q8_0::dequantize::<B>;
     entry.vec_dot = q8_0::vec_dot::<B>;
     entry.vec_dot_multi = Some(q8_0::vec_dot_multi::<B>);
+    entry.vec_dot_rows = Some(q8_0::vec_dot_rows::<B>);
 }
 
 fn float_entry<F: float::FloatFormat>(entry: &mut TypeKernels) {

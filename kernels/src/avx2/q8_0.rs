@@ -252,6 +252,107 @@ unsafe fn dot_rows<B: Legacy, const R: usize>(
     out
 }
 
+/// Dots of `R` weight rows (the r-th at `w + r * w_stride`) with one activation row at `a`.
+/// Each row sees the same operations as in `dot_rows`, so results are bit-identical.
+///
+/// # Safety
+/// Every weight row holds `nb` blocks; the activation row holds `nb` activation blocks; AVX2,
+/// FMA and F16C are available.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_wrows<B: Legacy, const R: usize>(
+    nb: usize,
+    w: *const u8,
+    w_stride: usize,
+    a: *const u8,
+) -> [f32; R] {
+    let zero = Acc {
+        v: [_mm256_setzero_ps(); 2],
+        off: _mm_setzero_ps(),
+    };
+    let mut acc = [zero; R];
+    let mut rows = [w; R];
+    for (r, row) in rows.iter_mut().enumerate() {
+        *row = w.wrapping_add(r * w_stride);
+    }
+    let mut i = 0;
+    while i + 1 < nb {
+        // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
+        unsafe {
+            for (s, row) in acc.iter_mut().zip(rows) {
+                let (qx, ax, hw) = weight_block::<B>(row, i);
+                step::<B, 0>(s, a, i, qx, ax, hw);
+            }
+            for (s, row) in acc.iter_mut().zip(rows) {
+                let (qx, ax, hw) = weight_block::<B>(row, i + 1);
+                step::<B, 1>(s, a, i + 1, qx, ax, hw);
+            }
+        }
+        i += 2;
+    }
+    if i < nb {
+        // SAFETY: i < nb (caller).
+        unsafe {
+            for (s, row) in acc.iter_mut().zip(rows) {
+                let (qx, ax, hw) = weight_block::<B>(row, i);
+                step::<B, 0>(s, a, i, qx, ax, hw);
+            }
+        }
+    }
+    let mut out = [0f32; R];
+    for (o, s) in out.iter_mut().zip(&acc) {
+        *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
+        if !B::SIGNED {
+            *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
+        }
+    }
+    out
+}
+
+/// `out.len()` weight rows against one activation row: groups of 4, then 2, then 1.
+///
+/// # Safety
+/// As `dot_wrows`, for `out.len()` weight rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_wmulti<B: Legacy>(nb: usize, w: *const u8, w_stride: usize, a: *const u8, out: &mut [f32]) {
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        // SAFETY: weight rows r..r+4 exist (caller).
+        let v = unsafe { dot_wrows::<B, 4>(nb, w.add(r * w_stride), w_stride, a) };
+        out[r..r + 4].copy_from_slice(&v);
+        r += 4;
+    }
+    if r + 2 <= out.len() {
+        // SAFETY: weight rows r..r+2 exist (caller).
+        let v = unsafe { dot_wrows::<B, 2>(nb, w.add(r * w_stride), w_stride, a) };
+        out[r..r + 2].copy_from_slice(&v);
+        r += 2;
+    }
+    if r < out.len() {
+        // SAFETY: weight row r exists (caller).
+        let [v] = unsafe { dot_wrows::<B, 1>(nb, w.add(r * w_stride), w_stride, a) };
+        out[r] = v;
+    }
+}
+
+/// Safe entry: `out.len()` weight rows `w_stride` bytes apart against one activation row.
+pub(super) fn vec_dot_rows<B: Legacy>(n: usize, w: &[u8], w_stride: usize, a: &[u8], out: &mut [f32]) {
+    let Some(last) = out.len().checked_sub(1) else {
+        return;
+    };
+    let start = last
+        .checked_mul(w_stride)
+        .unwrap_or_else(|| panic!("vec_dot_rows: stride {w_stride} overflows"));
+    assert!(start <= w.len(), "vec_dot_rows: {} weight rows do not fit", out.len());
+    let nb = check_dot(n, QK, &w[start..], B::BLOCK, a, B::ABLOCK);
+    assert!(w_stride >= nb * B::BLOCK, "vec_dot_rows: stride {w_stride} shorter than a row");
+    debug_assert!(super::available());
+    // SAFETY: the last weight row (and so every earlier one) holds `nb` blocks and the
+    // activation row `nb` activation blocks (checked above); the CPU has the features (this
+    // function is only installed after detection).
+    unsafe { dot_wmulti::<B>(nb, w.as_ptr(), w_stride, a.as_ptr(), out) }
+}
+
 /// One weight row against `out.len()` activation rows: groups of 4 in registers, then 2, 1.
 ///
 /// # Safety
