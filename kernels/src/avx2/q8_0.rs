@@ -252,6 +252,9 @@ unsafe fn dot_rows<B: Legacy, const R: usize>(
     out
 }
 
+/// How far ahead (in blocks) the decode kernel asks for weight rows.
+const PREFETCH_BLOCKS: usize = 128;
+
 /// Dots of `R` weight rows (the r-th at `w + r * w_stride`) with one activation row at `a`.
 /// Each row sees the same operations as in `dot_rows`, so results are bit-identical.
 ///
@@ -280,6 +283,8 @@ unsafe fn dot_wrows<B: Legacy, const R: usize>(
         // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
         unsafe {
             for (s, row) in acc.iter_mut().zip(rows) {
+                // A hint only: prefetching past the end of a row is harmless.
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast());
                 let (qx, ax, hw) = weight_block::<B>(row, i);
                 step::<B, 0>(s, a, i, qx, ax, hw);
             }
