@@ -4,7 +4,7 @@
 use crate::cli::BenchArgs;
 use crate::engine::{default_threads, open_gguf};
 use anyhow::{bail, Result};
-use ringllm_kernels::pool::{Chunks, ThreadPool};
+use ringllm_kernels::pool::ThreadPool;
 use ringllm_node::{KvType, LoadOptions, Model, Runner};
 use serde::Serialize;
 use std::process::ExitCode;
@@ -52,7 +52,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     let mut rows = Vec::new();
     for &t in &threads {
         let t = t.max(1);
-        let bw = measure_bandwidth(t);
+        let bw = measure_bandwidth(t, bytes_per_token);
         let roof = bw / bytes_per_token as f64;
         eprintln!(
             "threads {t}: memory read bandwidth {:.2} GB/s -> decode roofline {roof:.1} tok/s",
@@ -137,34 +137,11 @@ fn stats(v: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Read bandwidth (bytes/s) of `threads` threads streaming a buffer far larger than the
-/// caches; best of several passes.
-fn measure_bandwidth(threads: usize) -> f64 {
-    const BYTES: usize = 512 << 20;
-    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+/// Read bandwidth (bytes/s) of `threads` threads streaming a buffer as large as the weights
+/// one decoded token reads (so caches help it exactly as much as they help decode), at least
+/// 64 MiB; best of several passes.
+fn measure_bandwidth(threads: usize, bytes: usize) -> f64 {
+    let buf: Vec<u8> = (0..bytes.max(64 << 20)).map(|i| i as u8).collect();
     let pool = ThreadPool::new(threads);
-    let mut best = 0f64;
-    for _ in 0..5 {
-        let chunks = Chunks::new(buf.len(), 1 << 16);
-        let sink = std::sync::atomic::AtomicU64::new(0);
-        let t0 = Instant::now();
-        pool.run(&|_| {
-            let mut acc = [0u64; 8];
-            while let Some(r) = chunks.next_range() {
-                for c in buf[r].chunks_exact(8) {
-                    for j in 0..8 {
-                        acc[j] ^= c[j];
-                    }
-                }
-            }
-            sink.fetch_xor(
-                acc.iter().fold(0, |a, b| a ^ b),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        });
-        let s = t0.elapsed().as_secs_f64();
-        std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
-        best = best.max(BYTES as f64 / s);
-    }
-    best
+    ringllm_kernels::bandwidth::read_bandwidth(&pool, &buf, 8)
 }

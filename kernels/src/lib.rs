@@ -5,6 +5,7 @@
 //!
 //! Knows nothing of files or networks: every function works on byte slices and `f32` slices.
 
+pub mod bandwidth;
 pub mod dispatch;
 pub mod matmul;
 pub mod ops;
