@@ -40,8 +40,9 @@ fn read(part: &[u8]) -> u64 {
             return unsafe { read_avx2(part) };
         }
     }
-    part.chunks_exact(8)
-        .fold(0u64, |a, c| a ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+    part.chunks_exact(8).fold(0u64, |a, c| {
+        a ^ u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -61,6 +62,12 @@ unsafe fn read_avx2(part: &[u8]) -> u64 {
             }
         }
     }
-    let x = _mm256_xor_si256(_mm256_xor_si256(acc[0], acc[1]), _mm256_xor_si256(acc[2], acc[3]));
-    (_mm256_extract_epi64::<0>(x) ^ _mm256_extract_epi64::<1>(x) ^ _mm256_extract_epi64::<2>(x) ^ _mm256_extract_epi64::<3>(x)) as u64
+    let x = _mm256_xor_si256(
+        _mm256_xor_si256(acc[0], acc[1]),
+        _mm256_xor_si256(acc[2], acc[3]),
+    );
+    (_mm256_extract_epi64::<0>(x)
+        ^ _mm256_extract_epi64::<1>(x)
+        ^ _mm256_extract_epi64::<2>(x)
+        ^ _mm256_extract_epi64::<3>(x)) as u64
 }

@@ -158,7 +158,9 @@ fn row_tiled_dot_equals_single_dots() {
     let mut rng = StdRng::seed_from_u64(19);
     for ty in weight_types() {
         let k = kernels(ty);
-        let Some(rows_fn) = k.vec_dot_rows else { continue };
+        let Some(rows_fn) = k.vec_dot_rows else {
+            continue;
+        };
         let n = row_len(ty);
         let rb = ty.row_bytes(n).expect("whole blocks");
         let a = quantize(k.vec_dot_type, &normal(&mut rng, n));

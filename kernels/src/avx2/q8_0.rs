@@ -284,7 +284,9 @@ unsafe fn dot_wrows<B: Legacy, const R: usize>(
         unsafe {
             for (s, row) in acc.iter_mut().zip(rows) {
                 // A hint only: prefetching past the end of a row is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast());
+                _mm_prefetch::<_MM_HINT_T0>(
+                    row.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
+                );
                 let (qx, ax, hw) = weight_block::<B>(row, i);
                 step::<B, 0>(s, a, i, qx, ax, hw);
             }
@@ -319,7 +321,13 @@ unsafe fn dot_wrows<B: Legacy, const R: usize>(
 /// # Safety
 /// As `dot_wrows`, for `out.len()` weight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_wmulti<B: Legacy>(nb: usize, w: *const u8, w_stride: usize, a: *const u8, out: &mut [f32]) {
+unsafe fn dot_wmulti<B: Legacy>(
+    nb: usize,
+    w: *const u8,
+    w_stride: usize,
+    a: *const u8,
+    out: &mut [f32],
+) {
     let mut r = 0;
     while r + 4 <= out.len() {
         // SAFETY: weight rows r..r+4 exist (caller).
@@ -341,16 +349,29 @@ unsafe fn dot_wmulti<B: Legacy>(nb: usize, w: *const u8, w_stride: usize, a: *co
 }
 
 /// Safe entry: `out.len()` weight rows `w_stride` bytes apart against one activation row.
-pub(super) fn vec_dot_rows<B: Legacy>(n: usize, w: &[u8], w_stride: usize, a: &[u8], out: &mut [f32]) {
+pub(super) fn vec_dot_rows<B: Legacy>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    a: &[u8],
+    out: &mut [f32],
+) {
     let Some(last) = out.len().checked_sub(1) else {
         return;
     };
     let start = last
         .checked_mul(w_stride)
         .unwrap_or_else(|| panic!("vec_dot_rows: stride {w_stride} overflows"));
-    assert!(start <= w.len(), "vec_dot_rows: {} weight rows do not fit", out.len());
+    assert!(
+        start <= w.len(),
+        "vec_dot_rows: {} weight rows do not fit",
+        out.len()
+    );
     let nb = check_dot(n, QK, &w[start..], B::BLOCK, a, B::ABLOCK);
-    assert!(w_stride >= nb * B::BLOCK, "vec_dot_rows: stride {w_stride} shorter than a row");
+    assert!(
+        w_stride >= nb * B::BLOCK,
+        "vec_dot_rows: stride {w_stride} shorter than a row"
+    );
     debug_assert!(super::available());
     // SAFETY: the last weight row (and so every earlier one) holds `nb` blocks and the
     // activation row `nb` activation blocks (checked above); the CPU has the features (this

@@ -42,7 +42,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_type: GgmlType::F32,
             vec_dot: float::vec_dot_f32,
             vec_dot_multi: None,
-                vec_dot_rows: None,
+            vec_dot_rows: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -52,7 +52,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_type: GgmlType::F32,
             vec_dot: float::vec_dot_f16,
             vec_dot_multi: None,
-                vec_dot_rows: None,
+            vec_dot_rows: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -62,7 +62,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_type: GgmlType::F32,
             vec_dot: float::vec_dot_bf16,
             vec_dot_multi: None,
-                vec_dot_rows: None,
+            vec_dot_rows: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),

@@ -98,7 +98,8 @@ pub(crate) fn fit_scale_min(
     );
     let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v)).min(0.0);
     let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if !(hi > lo) {
+    // Also catches NaN input (every comparison false).
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
         q.fill(0);
         return (0.0, -lo);
     }

@@ -83,11 +83,11 @@ pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for (b, ab) in wbs.iter().zip(abs) {
         let (sc, m) = unpack_scales(&scale_bytes(b));
         let mut sumi = 0i32;
-        for j in 0..8 {
+        for (j, &scale) in sc.iter().enumerate().take(8) {
             let s: i32 = (32 * j..32 * j + 32)
                 .map(|e| i32::from(level(b, e)) * q8_k::q_of(ab, e))
                 .sum();
-            sumi += i32::from(sc[j]) * s;
+            sumi += i32::from(scale) * s;
         }
         let summ = mins_dot_bsums(&m, ab);
         let ad = q8_k::d_of(ab);

@@ -22,7 +22,7 @@ pub(crate) const BSUMS: usize = QS + QK_K;
 
 /// `s` seen as `nb` blocks of `B` bytes. Panics when `s` is shorter than `nb * B`.
 pub(crate) fn blocks<const B: usize>(s: &[u8], nb: usize) -> &[[u8; B]] {
-    let need = nb.checked_mul(B).unwrap_or(usize::MAX);
+    let need = nb.saturating_mul(B);
     assert!(
         s.len() >= need,
         "{} bytes hold fewer than {nb} blocks of {B}",
@@ -36,7 +36,7 @@ pub(crate) fn blocks<const B: usize>(s: &[u8], nb: usize) -> &[[u8; B]] {
 /// Number of K-blocks in `n` elements; panics unless `n` is a whole number of them.
 pub(crate) fn k_blocks(n: usize) -> usize {
     assert!(
-        n % QK_K == 0,
+        n.is_multiple_of(QK_K),
         "{n} elements is not a whole number of {QK_K}-element blocks"
     );
     n / QK_K
