@@ -182,12 +182,16 @@ pub enum DebugCommand {
         #[arg(long)]
         dump: PathBuf,
     },
-    /// Tokenize text and print the ids as JSON.
+    /// Tokenize text and print the ids as JSON (with --texts: a JSON list of strings in, a
+    /// JSON list of id lists out).
     Tokenize {
         #[arg(short, long)]
         model: PathBuf,
-        #[arg(short, long)]
-        prompt: String,
+        #[arg(short, long, required_unless_present = "texts")]
+        prompt: Option<String>,
+        /// JSON file holding a list of strings.
+        #[arg(long)]
+        texts: Option<PathBuf>,
         /// Add BOS as the model's metadata says.
         #[arg(long)]
         bos: bool,

@@ -73,12 +73,28 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             }
             write_npy(&dump.join("logits.npy"), &logits, &[n, vocab])?;
         }
-        DebugCommand::Tokenize { model, prompt, bos } => {
+        DebugCommand::Tokenize {
+            model,
+            prompt,
+            texts,
+            bos,
+        } => {
             let file = open_gguf(&model)?;
             let spec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())?;
             let tok = ringllm::tokenizer::Tokenizer::new(&spec)?;
-            let ids = tok.encode(&prompt, bos && tok.add_bos_default())?;
-            println!("{}", serde_json::to_string(&ids)?);
+            let add_bos = bos && tok.add_bos_default();
+            if let Some(path) = texts {
+                let src = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                let list: Vec<String> =
+                    serde_json::from_str(&src).with_context(|| format!("{} is not a JSON list of strings", path.display()))?;
+                let ids = list
+                    .iter()
+                    .map(|t| tok.encode(t, add_bos))
+                    .collect::<Result<Vec<_>, _>>()?;
+                println!("{}", serde_json::to_string(&ids)?);
+            } else if let Some(p) = prompt {
+                println!("{}", serde_json::to_string(&tok.encode(&p, add_bos)?)?);
+            }
         }
         DebugCommand::Synth {
             arch,
