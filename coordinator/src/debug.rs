@@ -84,9 +84,10 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             let tok = ringllm::tokenizer::Tokenizer::new(&spec)?;
             let add_bos = bos && tok.add_bos_default();
             if let Some(path) = texts {
-                let src = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-                let list: Vec<String> =
-                    serde_json::from_str(&src).with_context(|| format!("{} is not a JSON list of strings", path.display()))?;
+                let src = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let list: Vec<String> = serde_json::from_str(&src)
+                    .with_context(|| format!("{} is not a JSON list of strings", path.display()))?;
                 let ids = list
                     .iter()
                     .map(|t| tok.encode(t, add_bos))

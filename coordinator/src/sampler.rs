@@ -44,6 +44,10 @@ pub struct Candidates {
     pub logits: Vec<f32>,
     pub probs: Vec<f32>,
     pub sorted: bool,
+    /// Scratch reused across tokens so sampling does not allocate once warmed up.
+    order: Vec<usize>,
+    ids_tmp: Vec<u32>,
+    logits_tmp: Vec<f32>,
 }
 
 impl Candidates {
@@ -68,19 +72,28 @@ impl Candidates {
     /// Keeps the `k` highest logits, sorted descending (ties: lower id first).
     pub fn keep_top(&mut self, k: usize) {
         let k = k.min(self.len()).max(1);
-        let mut order: Vec<usize> = (0..self.len()).collect();
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(0..self.len());
+        let (ids, logits) = (&self.ids, &self.logits);
         let cmp = |a: &usize, b: &usize| {
-            self.logits[*b]
-                .total_cmp(&self.logits[*a])
-                .then(self.ids[*a].cmp(&self.ids[*b]))
+            logits[*b]
+                .total_cmp(&logits[*a])
+                .then(ids[*a].cmp(&ids[*b]))
         };
         if k < order.len() {
             order.select_nth_unstable_by(k - 1, cmp);
             order.truncate(k);
         }
         order.sort_by(cmp);
-        self.ids = order.iter().map(|&i| self.ids[i]).collect();
-        self.logits = order.iter().map(|&i| self.logits[i]).collect();
+        self.ids_tmp.clear();
+        self.ids_tmp.extend(order.iter().map(|&i| self.ids[i]));
+        self.logits_tmp.clear();
+        self.logits_tmp
+            .extend(order.iter().map(|&i| self.logits[i]));
+        std::mem::swap(&mut self.ids, &mut self.ids_tmp);
+        std::mem::swap(&mut self.logits, &mut self.logits_tmp);
+        self.order = order;
         self.probs.clear();
         self.sorted = true;
     }

@@ -426,8 +426,7 @@ impl Runner {
         self.layers(&mut x[..n * d], n, kv, None)?;
         let last = &mut x[(n - 1) * d..n * d];
         self.final_norm(last, 1)?;
-        let last = x[(n - 1) * d..n * d].to_vec();
-        self.logits(&last, 1, logits)
+        self.logits(&x[(n - 1) * d..n * d], 1, logits)
     }
 }
 

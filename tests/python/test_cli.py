@@ -101,3 +101,30 @@ def test_info_describes_the_model(ringllm):
     assert "layers:        18" in r.stdout
     assert "Q4_K" in r.stdout and "Q6_K" in r.stdout and "Q8_0" in r.stdout
     assert "window 512 on 15 of 18 layers" in r.stdout
+
+
+SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+def test_chat_renders_the_models_template_and_keeps_the_conversation():
+    path = model_path(SMOL.name)
+    r = run(["run", "-m", path, "--chat", "--temp", "0", "-n", "12"], input="What is 2+2?\nAnd 3+3?\n")
+    replies = [l for l in r.stdout.split("\n") if l.strip()]
+    assert len(replies) >= 2, r.stdout
+    # Turn 1 equals a raw completion of the ChatML text the template should produce.
+    first = SMOL_SYSTEM + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    raw = run_json(path, first, "-n", "12")
+    assert r.stdout.startswith(raw["text"].strip().split("\n")[0])
+    # Turn 2 sees turn 1: the same as a raw completion of the whole conversation.
+    second = first + raw["text"].strip() + "<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n"
+    raw2 = run_json(path, second, "-n", "12")
+    assert raw2["text"].strip().split("\n")[0] in r.stdout
+
+
+def test_chat_needs_a_template_when_the_model_has_none(ringllm):
+    r = subprocess.run([ringllm, "run", "-m", model_path(GEMMA.name), "--chat"], input="hi\n",
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "--template" in r.stderr
+    ok = run(["run", "-m", model_path(GEMMA.name), "--chat", "--template", "gemma", "--temp", "0", "-n", "8"],
+             input="Hello\n")
+    assert ok.stdout.strip()
