@@ -106,6 +106,30 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// Dot product of two f32 rows with the fastest kernel this CPU has.
+pub fn dot_fast(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let bytes = |v: &[f32]| {
+        // SAFETY: f32 has no padding and u8 has alignment 1: the bytes of `v` are valid u8s
+        // for as long as `v` is borrowed.
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), n * 4) }
+    };
+    (crate::kernels(crate::GgmlType::F32).vec_dot)(n, bytes(a), bytes(b))
+}
+
+/// `y += alpha * x` with the fastest kernel this CPU has.
+pub fn axpy_fast(alpha: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa() == crate::Isa::Avx2 {
+            // SAFETY: the kernel table chose AVX2 only after detecting AVX2 and FMA.
+            unsafe { crate::avx2::ops::axpy(alpha, x, y) };
+            return;
+        }
+    }
+    axpy(alpha, x, y);
+}
+
 /// Dot product of two f32 rows.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight partial sums let the compiler vectorize without reassociation flags.

@@ -348,7 +348,7 @@ impl Runner {
             FfnAct::Silu => ops::silu,
             FfnAct::GeluTanh => ops::gelu_tanh,
         };
-        ops::glu(&mut s.gate[..n * ff], &s.up[..n * ff], act);
+        glu_parallel(pool, &mut s.gate[..n * ff], &s.up[..n * ff], act);
         matmul(
             pool,
             &m.matrix(&l.down),
@@ -428,6 +428,27 @@ impl Runner {
         self.final_norm(last, 1)?;
         self.logits(&x[(n - 1) * d..n * d], 1, logits)
     }
+}
+
+/// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
+fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
+    const CHUNK: usize = 4096;
+    if gate.len() <= CHUNK || pool.n_threads() == 1 {
+        ops::glu(gate, up, act);
+        return;
+    }
+    let chunks = Chunks::new(gate.len().div_ceil(CHUNK), 1);
+    let g = SharedMut::new(gate);
+    pool.run(&|_| {
+        while let Some(r) = chunks.next_range() {
+            for c in r {
+                let range = c * CHUNK..((c + 1) * CHUNK).min(g.len());
+                // SAFETY: each chunk index is handed to one thread; chunks are disjoint.
+                let part = unsafe { g.slice(range.clone()) };
+                ops::glu(part, &up[range], act);
+            }
+        }
+    });
 }
 
 struct AttnArgs<'a> {

@@ -66,6 +66,12 @@ impl KvElem for f32 {
     fn store(v: f32) -> Self {
         v
     }
+    fn dot(q: &[f32], k: &[f32]) -> f32 {
+        ringllm_kernels::ops::dot_fast(q, k)
+    }
+    fn axpy(w: f32, v: &[f32], out: &mut [f32]) {
+        ringllm_kernels::ops::axpy_fast(w, v, out)
+    }
 }
 
 impl KvElem for f16 {

@@ -3,6 +3,8 @@
 //! after detection succeeded.
 
 use crate::dispatch::{Isa, TypeKernels};
+
+pub mod ops;
 use crate::types::GgmlType;
 
 mod float;
