@@ -34,9 +34,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let json = args.json;
     let mut on_text = |t: &str| {
         if !json {
-            let mut o = stdout.lock();
-            let _ = o.write_all(t.as_bytes());
-            let _ = o.flush();
+            print_now(&stdout, t);
         }
     };
     let g = generate(
@@ -55,6 +53,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     }
     report(&engine, &g);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Streams `t` to stdout at once (a closed pipe only ends the output, not the generation).
+fn print_now(stdout: &std::io::Stdout, t: &str) {
+    let mut o = stdout.lock();
+    let _ = o.write_all(t.as_bytes());
+    let _ = o.flush();
 }
 
 fn report(engine: &Engine, g: &Generation) {
@@ -155,11 +160,7 @@ fn chat(args: RunArgs) -> Result<ExitCode> {
         // The template writes BOS itself where the model wants one.
         let ids = engine.tokenizer.encode(&text, false)?;
         cancel.store(false, Ordering::SeqCst);
-        let mut on_text = |t: &str| {
-            let mut o = stdout.lock();
-            let _ = o.write_all(t.as_bytes());
-            let _ = o.flush();
-        };
+        let mut on_text = |t: &str| print_now(&stdout, t);
         let g = generate(
             &mut engine,
             &ids,

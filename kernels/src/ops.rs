@@ -21,6 +21,20 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// RMSNorm of every `w.len()`-wide row of `x` into `out`.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        rms_norm(xr, w, eps, or);
+    }
+}
+
+/// In-place RMSNorm of every `w.len()`-wide row of `x`.
+pub fn rms_norm_rows_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        rms_norm_inplace(row, w, eps);
+    }
+}
+
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {

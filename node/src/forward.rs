@@ -197,14 +197,7 @@ impl Runner {
         let pool = &self.pool;
 
         // Attention block.
-        for t in 0..n {
-            ops::rms_norm(
-                &x[t * d..(t + 1) * d],
-                &l.attn_norm,
-                eps,
-                &mut s.xn[t * d..(t + 1) * d],
-            );
-        }
+        ops::rms_norm_rows(x, &l.attn_norm, eps, &mut s.xn[..n * d]);
         let xn = &s.xn[..n * d];
         matmul_many(
             pool,
@@ -238,12 +231,8 @@ impl Runner {
             }
         }
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            for head in s.q[..n * qd].chunks_exact_mut(hd) {
-                ops::rms_norm_inplace(head, qn, eps);
-            }
-            for head in s.k[..n * kvd].chunks_exact_mut(hd) {
-                ops::rms_norm_inplace(head, kn, eps);
-            }
+            ops::rms_norm_rows_inplace(&mut s.q[..n * qd], qn, eps);
+            ops::rms_norm_rows_inplace(&mut s.k[..n * kvd], kn, eps);
         }
         let half = hp.rope_dim / 2;
         // Linear RoPE scaling of global layers is folded into their inverse frequencies.
@@ -312,21 +301,12 @@ impl Runner {
             &mut s.acts,
         );
         if let Some(w) = &l.post_attn_norm {
-            for t in 0..n {
-                ops::rms_norm_inplace(&mut s.o[t * d..(t + 1) * d], w, eps);
-            }
+            ops::rms_norm_rows_inplace(&mut s.o[..n * d], w, eps);
         }
         ops::add_inplace(x, &s.o[..n * d]);
 
         // Feed-forward block.
-        for t in 0..n {
-            ops::rms_norm(
-                &x[t * d..(t + 1) * d],
-                &l.ffn_norm,
-                eps,
-                &mut s.xn[t * d..(t + 1) * d],
-            );
-        }
+        ops::rms_norm_rows(x, &l.ffn_norm, eps, &mut s.xn[..n * d]);
         let xn = &s.xn[..n * d];
         matmul_many(
             pool,
@@ -358,9 +338,7 @@ impl Runner {
             &mut s.acts,
         );
         if let Some(w) = &l.post_ffw_norm {
-            for t in 0..n {
-                ops::rms_norm_inplace(&mut s.o[t * d..(t + 1) * d], w, eps);
-            }
+            ops::rms_norm_rows_inplace(&mut s.o[..n * d], w, eps);
         }
         ops::add_inplace(x, &s.o[..n * d]);
     }
@@ -373,9 +351,7 @@ impl Runner {
             .output_norm
             .as_ref()
             .ok_or_else(|| ModelError::Invalid("this model slice holds no output norm".into()))?;
-        for row in x[..n * d].chunks_exact_mut(d) {
-            ops::rms_norm_inplace(row, w, m.hp.rms_eps);
-        }
+        ops::rms_norm_rows_inplace(&mut x[..n * d], w, m.hp.rms_eps);
         Ok(())
     }
 
