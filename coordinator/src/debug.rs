@@ -54,9 +54,8 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             runner.embed(&tokens, &mut x)?;
             write_npy(&dump.join("embd.npy"), &x, &[n, d])?;
             let mut per_layer: Vec<Vec<f32>> = vec![Vec::with_capacity(n * d); n_layer];
-            for (ci, chunk) in x.chunks_mut(model.batch * d).enumerate() {
+            for chunk in x.chunks_mut(model.batch * d) {
                 let rows = chunk.len() / d;
-                let _ = ci;
                 let mut obs = |il: usize, h: &[f32]| per_layer[il].extend_from_slice(h);
                 runner.layers(chunk, rows, &mut kv, Some(&mut obs))?;
             }
