@@ -36,7 +36,11 @@ def test_token_ids_equal_llama_tokenize(name, tmp_path):
     texts = [c["text"] for c in fx["cases"]]
     f = tmp_path / "texts.json"
     f.write_text(json.dumps(texts))
-    ours = json.loads(run(["debug", "tokenize", "-m", model_path(name), "--texts", f, "--bos"]).stdout)
+    ours = json.loads(run(["debug", "tokenize", "-m", model_path(name), "--texts", f]).stdout)
+    # BOS: added exactly when llama.cpp adds it, with its id.
+    with_bos = json.loads(run(["debug", "tokenize", "-m", model_path(name), "--texts", f, "--bos"]).stdout)
+    want_prefix = [fx["bos_id"]] if fx["add_bos"] else []
+    assert with_bos[0][: len(want_prefix)] == want_prefix and with_bos[0][len(want_prefix):] == ours[0]
     bad = []
     for case, ids in zip(fx["cases"], ours):
         if ids != case["ids"]:
