@@ -37,17 +37,23 @@ impl Default for SamplerParams {
 }
 
 /// Candidate tokens with logits (and, after softmax, probabilities), kept sorted by logit
-/// descending once a stage needs it.
+/// descending once a stage needs it, plus the recent tokens the penalty stage looks at.
 #[derive(Debug, Default)]
 pub struct Candidates {
     pub ids: Vec<u32>,
     pub logits: Vec<f32>,
     pub probs: Vec<f32>,
+    /// Sorted by logit, descending (ties: lower id first).
     pub sorted: bool,
+    /// The most recent tokens (oldest first), for the repetition penalty.
+    pub recent: Vec<u32>,
+    /// `ids[i] == i` for every i (just filled, nothing removed or reordered yet).
+    identity: bool,
     /// Scratch reused across tokens so sampling does not allocate once warmed up.
     order: Vec<usize>,
     ids_tmp: Vec<u32>,
     logits_tmp: Vec<f32>,
+    seen: Vec<u32>,
 }
 
 impl Candidates {
@@ -59,6 +65,14 @@ impl Candidates {
         self.logits.extend_from_slice(logits);
         self.probs.clear();
         self.sorted = false;
+        self.identity = true;
+    }
+
+    /// Sets the recent tokens: the last `last_n` of `history`.
+    pub fn set_recent(&mut self, history: &[u32], last_n: usize) {
+        self.recent.clear();
+        self.recent
+            .extend_from_slice(&history[history.len().saturating_sub(last_n)..]);
     }
 
     pub fn len(&self) -> usize {
@@ -72,6 +86,9 @@ impl Candidates {
     /// Keeps the `k` highest logits, sorted descending (ties: lower id first).
     pub fn keep_top(&mut self, k: usize) {
         let k = k.min(self.len()).max(1);
+        if self.is_empty() {
+            return;
+        }
         let mut order = std::mem::take(&mut self.order);
         order.clear();
         order.extend(0..self.len());
@@ -85,7 +102,7 @@ impl Candidates {
             order.select_nth_unstable_by(k - 1, cmp);
             order.truncate(k);
         }
-        order.sort_by(cmp);
+        order.sort_unstable_by(cmp);
         self.ids_tmp.clear();
         self.ids_tmp.extend(order.iter().map(|&i| self.ids[i]));
         self.logits_tmp.clear();
@@ -96,6 +113,7 @@ impl Candidates {
         self.order = order;
         self.probs.clear();
         self.sorted = true;
+        self.identity = false;
     }
 
     fn sort(&mut self) {
@@ -112,16 +130,28 @@ impl Candidates {
             .copied()
             .fold(f32::NEG_INFINITY, f32::max);
         self.probs.clear();
-        self.probs
-            .extend(self.logits.iter().map(|l| ((l - max) as f64).exp() as f32));
+        if max == f32::INFINITY {
+            // Infinitely likely tokens share all the probability.
+            self.probs
+                .extend(self.logits.iter().map(|&l| f32::from(l == max)));
+        } else {
+            self.probs
+                .extend(self.logits.iter().map(|l| ((l - max) as f64).exp() as f32));
+        }
         let sum: f32 = self.probs.iter().sum();
-        for p in self.probs.iter_mut() {
-            *p /= sum;
+        if sum > 0.0 && sum.is_finite() {
+            for p in self.probs.iter_mut() {
+                *p /= sum;
+            }
         }
     }
 
+    /// Keeps the first `n` candidates (at least one).
     fn truncate(&mut self, n: usize) {
         let n = n.max(1);
+        if n < self.ids.len() {
+            self.identity = false;
+        }
         self.ids.truncate(n);
         self.logits.truncate(n);
         self.probs.truncate(n);
@@ -130,48 +160,71 @@ impl Candidates {
 
 /// One step of the chain.
 pub trait Stage: Send {
-    fn apply(&mut self, c: &mut Candidates, history: &[u32]);
+    fn apply(&mut self, c: &mut Candidates);
 }
 
-/// llama.cpp's repetition penalty: a logit of a token seen in the last `last_n` tokens is
-/// divided by `penalty` when positive and multiplied when negative.
+/// llama.cpp's repetition penalty: the logit of a token among the last `last_n` tokens
+/// (`Candidates::recent`) is divided by `penalty` when positive and multiplied when negative,
+/// once however often it occurred.
 pub struct RepeatPenalty {
     pub penalty: f32,
     pub last_n: usize,
 }
 
 impl Stage for RepeatPenalty {
-    fn apply(&mut self, c: &mut Candidates, history: &[u32]) {
-        if self.penalty == 1.0 || self.last_n == 0 {
+    fn apply(&mut self, c: &mut Candidates) {
+        if self.penalty == 1.0 || self.last_n == 0 || c.recent.is_empty() {
             return;
         }
-        let recent = &history[history.len().saturating_sub(self.last_n)..];
-        for (id, l) in c.ids.iter().zip(c.logits.iter_mut()) {
-            if recent.contains(id) {
-                *l = if *l > 0.0 {
-                    *l / self.penalty
-                } else {
-                    *l * self.penalty
-                };
+        let from = c.recent.len().saturating_sub(self.last_n);
+        let mut seen = std::mem::take(&mut c.seen);
+        seen.clear();
+        seen.extend_from_slice(&c.recent[from..]);
+        seen.sort_unstable();
+        seen.dedup();
+        let penalize = |l: &mut f32| {
+            *l = if *l > 0.0 {
+                *l / self.penalty
+            } else {
+                *l * self.penalty
+            };
+        };
+        if c.identity {
+            // Straight from the logits: a token's id is its index.
+            for &id in &seen {
+                if let Some(l) = c.logits.get_mut(id as usize) {
+                    penalize(l);
+                }
+            }
+        } else {
+            for (id, l) in c.ids.iter().zip(c.logits.iter_mut()) {
+                if seen.binary_search(id).is_ok() {
+                    penalize(l);
+                }
             }
         }
+        c.seen = seen;
+        c.probs.clear();
+        c.sorted = false;
     }
 }
 
+/// Keeps the `k` most likely tokens (0 = all).
 pub struct TopK(pub usize);
 
 impl Stage for TopK {
-    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+    fn apply(&mut self, c: &mut Candidates) {
         if self.0 > 0 && self.0 < c.len() {
             c.keep_top(self.0);
         }
     }
 }
 
+/// Divides the logits by the temperature and computes probabilities.
 pub struct Temperature(pub f32);
 
 impl Stage for Temperature {
-    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+    fn apply(&mut self, c: &mut Candidates) {
         for l in c.logits.iter_mut() {
             *l /= self.0;
         }
@@ -179,11 +232,11 @@ impl Stage for Temperature {
     }
 }
 
-/// Keeps the smallest set of most likely tokens whose probability reaches `p`.
+/// Keeps the smallest set of most likely tokens whose probability reaches `p` (1 = all).
 pub struct TopP(pub f32);
 
 impl Stage for TopP {
-    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
+    fn apply(&mut self, c: &mut Candidates) {
         if self.0 >= 1.0 {
             return;
         }
@@ -202,12 +255,12 @@ impl Stage for TopP {
     }
 }
 
-/// Drops tokens less likely than `p` times the most likely one.
+/// Drops tokens less likely than `p` times the most likely one (0 = none).
 pub struct MinP(pub f32);
 
 impl Stage for MinP {
-    fn apply(&mut self, c: &mut Candidates, _: &[u32]) {
-        if self.0 <= 0.0 {
+    fn apply(&mut self, c: &mut Candidates) {
+        if self.0 <= 0.0 || c.is_empty() {
             return;
         }
         c.sort();
@@ -222,9 +275,9 @@ impl Stage for MinP {
 pub struct Chain(pub Vec<Box<dyn Stage>>);
 
 impl Stage for Chain {
-    fn apply(&mut self, c: &mut Candidates, history: &[u32]) {
+    fn apply(&mut self, c: &mut Candidates) {
         for s in self.0.iter_mut() {
-            s.apply(c, history);
+            s.apply(c);
         }
     }
 }
@@ -233,13 +286,14 @@ impl Stage for Chain {
 pub struct Sampler {
     chain: Chain,
     greedy: bool,
+    last_n: usize,
     rng: StdRng,
     c: Candidates,
 }
 
 impl Sampler {
     pub fn new(p: &SamplerParams) -> Sampler {
-        let greedy = p.temperature <= 0.0;
+        let greedy = p.temperature <= 0.0 || p.temperature.is_nan();
         let mut stages: Vec<Box<dyn Stage>> = vec![Box::new(RepeatPenalty {
             penalty: p.repeat_penalty,
             last_n: p.repeat_last_n,
@@ -253,15 +307,17 @@ impl Sampler {
         Sampler {
             chain: Chain(stages),
             greedy,
+            last_n: p.repeat_last_n,
             rng: StdRng::seed_from_u64(p.seed),
             c: Candidates::default(),
         }
     }
 
-    /// The next token given `logits` and the tokens so far.
+    /// The next token given `logits` and the tokens so far (prompt and generated).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         self.c.fill(logits);
-        self.chain.apply(&mut self.c, history);
+        self.c.set_recent(history, self.last_n);
+        self.chain.apply(&mut self.c);
         if self.greedy {
             return argmax(&self.c.ids, &self.c.logits);
         }
@@ -276,7 +332,16 @@ impl Sampler {
             }
             r -= p;
         }
-        *self.c.ids.last().unwrap_or(&0)
+        // Rounding left r at the very top: the last candidate with any probability.
+        self.c
+            .ids
+            .iter()
+            .zip(&self.c.probs)
+            .rev()
+            .find(|(_, p)| **p > 0.0)
+            .or_else(|| self.c.ids.iter().zip(&self.c.probs).next())
+            .map(|(id, _)| *id)
+            .unwrap_or(0)
     }
 }
 
@@ -416,7 +481,7 @@ mod tests {
         let probs = softmax(&LOGITS, 1.0);
         let mut c = Candidates::default();
         c.fill(&LOGITS);
-        TopP(0.7).apply(&mut c, &[]);
+        TopP(0.7).apply(&mut c);
         assert!(probs[0] + probs[1] >= 0.7 && probs[0] < 0.7);
         assert_eq!(c.ids, vec![0, 1]);
         let mut p = params(1.0);
@@ -432,7 +497,7 @@ mod tests {
         let probs = softmax(&LOGITS, 1.0);
         let mut c = Candidates::default();
         c.fill(&LOGITS);
-        MinP(0.2).apply(&mut c, &[]);
+        MinP(0.2).apply(&mut c);
         let want: Vec<u32> = (0..5)
             .filter(|&i| probs[i as usize] >= 0.2 * probs[0])
             .collect();
@@ -450,12 +515,29 @@ mod tests {
         // Negative logits get more negative.
         let mut c = Candidates::default();
         c.fill(&[2.0, 1.5, -1.0]);
+        c.set_recent(&[2, 2, 2], 8);
         RepeatPenalty {
             penalty: 2.0,
             last_n: 8,
         }
-        .apply(&mut c, &[2]);
-        assert_eq!(c.logits, vec![2.0, 1.5, -2.0]);
+        .apply(&mut c);
+        assert_eq!(
+            c.logits,
+            vec![2.0, 1.5, -2.0],
+            "once, however often it occurred"
+        );
+        // The same on candidates no longer in id order.
+        let mut c = Candidates::default();
+        c.fill(&[2.0, 1.5, -1.0]);
+        c.keep_top(3);
+        c.set_recent(&[0, 2], 8);
+        RepeatPenalty {
+            penalty: 2.0,
+            last_n: 8,
+        }
+        .apply(&mut c);
+        assert_eq!(c.ids, vec![0, 1, 2]);
+        assert_eq!(c.logits, vec![1.0, 1.5, -2.0]);
         // Outside the window: no effect.
         let mut s = Sampler::new(&SamplerParams {
             repeat_last_n: 1,
@@ -476,6 +558,63 @@ mod tests {
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn degenerate_logits_do_not_panic() {
+        for logits in [
+            vec![f32::NEG_INFINITY; 4],
+            vec![f32::NAN; 4],
+            vec![0.0, f32::INFINITY, 1.0],
+            vec![],
+        ] {
+            for t in [0.0, 0.8] {
+                let mut s = Sampler::new(&SamplerParams {
+                    temperature: t,
+                    ..SamplerParams::default()
+                });
+                let id = s.sample(&logits, &[0, 1]);
+                assert!(id as usize <= logits.len(), "{logits:?} -> {id}");
+            }
+        }
+        let mut s = Sampler::new(&params(1.0));
+        assert_eq!(s.sample(&[0.0, f32::INFINITY, 1.0], &[]), 1);
+    }
+
+    #[test]
+    fn buffers_are_reused_across_tokens() {
+        let logits: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
+        let mut s = Sampler::new(&SamplerParams {
+            repeat_penalty: 1.1,
+            top_k: 0,
+            ..SamplerParams::default()
+        });
+        let history: Vec<u32> = (0..200).collect();
+        s.sample(&logits, &history);
+        let caps = |c: &Candidates| {
+            [
+                c.ids.as_ptr() as usize,
+                c.logits.as_ptr() as usize,
+                c.ids.capacity(),
+                c.logits.capacity(),
+                c.probs.capacity(),
+                c.order.capacity(),
+                c.recent.capacity(),
+            ]
+        };
+        s.sample(&logits, &history);
+        let before = caps(&s.c);
+        for _ in 0..20 {
+            s.sample(&logits, &history);
+        }
+        // The two id/logit buffers swap places each token: compare as sets.
+        let mut a = before;
+        let mut b = caps(&s.c);
+        a[..2].sort_unstable();
+        b[..2].sort_unstable();
+        assert_eq!(a[2..], b[2..]);
     }
 
     #[test]

@@ -1,8 +1,17 @@
-//! Chat templates: the model's `tokenizer.chat_template` (Jinja, as transformers renders it)
-//! through minijinja, or a built-in one by name.
+//! Chat templates: the model's `tokenizer.chat_template` (Jinja, rendered the way transformers'
+//! `apply_chat_template` renders it) through minijinja, or a built-in one by name.
+//!
+//! transformers compatibility: `trim_blocks` and `lstrip_blocks`, Python string/list/dict
+//! methods (`.strip()`, `.startswith()`, `.items()`, ...), `raise_exception(msg)`,
+//! `strftime_now(format)`, a `tojson` filter that writes JSON the way Python's `json.dumps`
+//! does (`", "` and `": "` separators, no HTML escaping, `indent`, `sort_keys`,
+//! `ensure_ascii`), and the variables `messages`, `add_generation_prompt`, `bos_token` and
+//! `eos_token`.
 
-use minijinja::{Environment, ErrorKind};
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::Serialize;
+use std::fmt::Write as _;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Message {
@@ -18,25 +27,41 @@ pub enum TemplateError {
     Render(String),
 }
 
-const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+/// ChatML (Qwen, SmolLM, ...).
+const CHATML: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-const GEMMA: &str = "{{ bos_token }}{% set first = true %}{% set system = '' %}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] + '\n\n' %}{% set messages = messages[1:] %}{% endif %}{% for message in messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' }}{% if loop.first %}{{ system }}{% endif %}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+/// Gemma: turns of `user` and `model`; a system prompt opens the first user turn.
+const GEMMA: &str = "{{ bos_token }}\
+{% if messages and messages[0]['role'] == 'system' %}\
+{% set prefix = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}\
+{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}\
+{% for message in turns %}\
+{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}\
+{{ '<start_of_turn>' + role + '\n' + (prefix if loop.first else '') }}\
+{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
 
-const LLAMA3: &str = "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+/// Llama 3: a header per message, content trimmed, `<|eot_id|>` after each.
+const LLAMA3: &str = "{{ bos_token }}\
+{% for message in messages %}\
+{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+const BUILTINS: &[(&str, &str)] = &[("chatml", CHATML), ("gemma", GEMMA), ("llama3", LLAMA3)];
 
 /// Names of the built-in templates.
 pub fn builtin_names() -> Vec<&'static str> {
-    vec!["chatml", "gemma", "llama3"]
+    BUILTINS.iter().map(|(n, _)| *n).collect()
 }
 
 /// The source of built-in template `name`.
 pub fn builtin(name: &str) -> Option<&'static str> {
-    match name {
-        "chatml" => Some(CHATML),
-        "gemma" => Some(GEMMA),
-        "llama3" => Some(LLAMA3),
-        _ => None,
-    }
+    BUILTINS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
 }
 
 /// A compiled chat template with its special-token variables.
@@ -46,7 +71,14 @@ pub struct ChatTemplate {
     eos: String,
 }
 
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChatTemplate(bos {:?}, eos {:?})", self.bos, self.eos)
+    }
+}
+
 impl ChatTemplate {
+    /// Compiles `source` once; `bos_token` and `eos_token` are the texts the template sees.
     pub fn new(
         source: &str,
         bos_token: &str,
@@ -56,14 +88,11 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_string())
-            .map_err(|e| TemplateError::Compile(e.to_string()))?;
+            .map_err(|e| TemplateError::Compile(describe(&e)))?;
         Ok(ChatTemplate {
             env,
             bos: bos_token.to_string(),
@@ -71,6 +100,8 @@ impl ChatTemplate {
         })
     }
 
+    /// The prompt for `messages`, ending with the assistant's header when
+    /// `add_generation_prompt`.
     pub fn render(
         &self,
         messages: &[Message],
@@ -79,26 +110,270 @@ impl ChatTemplate {
         let t = self
             .env
             .get_template("chat")
-            .map_err(|e| TemplateError::Render(e.to_string()))?;
+            .map_err(|e| TemplateError::Render(describe(&e)))?;
         t.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
         })
-        .map_err(|e| TemplateError::Render(e.to_string()))
+        .map_err(|e| TemplateError::Render(describe(&e)))
     }
+}
+
+/// minijinja's message, with the line and the causes.
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    if let Some(line) = e.line() {
+        if !s.contains("line") {
+            let _ = write!(s, " (line {line})");
+        }
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let _ = write!(s, ": {c}");
+        cause = c.source();
+    }
+    s
+}
+
+fn raise_exception(msg: String) -> Result<String, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False)` as transformers' `tojson` filter calls it.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => Some(usize::try_from(v)?),
+    };
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    let opts = JsonOpts {
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    write_json(&mut out, value, &opts, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonOpts {
+    indent: Option<usize>,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+fn write_json_str(out: &mut String, s: &str, ascii: bool) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (ascii && (c as u32) > 0x7E) => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn newline(out: &mut String, opts: &JsonOpts, depth: usize) {
+    if let Some(n) = opts.indent {
+        out.push('\n');
+        out.extend(std::iter::repeat_n(' ', n * depth));
+    }
+}
+
+fn write_json(out: &mut String, v: &Value, opts: &JsonOpts, depth: usize) -> Result<(), Error> {
+    if depth > 64 {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: value nested too deeply",
+        ));
+    }
+    let item_sep = if opts.indent.is_some() { "," } else { ", " };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            let s = v.to_string();
+            out.push_str(match s.as_str() {
+                "inf" => "Infinity",
+                "-inf" => "-Infinity",
+                "NaN" | "nan" => "NaN",
+                other => other,
+            });
+        }
+        ValueKind::String => write_json_str(out, v.as_str().unwrap_or(""), opts.ensure_ascii),
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if opts.sort_keys {
+                keys.sort();
+            }
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, opts, depth + 1);
+                match k.as_str() {
+                    Some(s) => write_json_str(out, s, opts.ensure_ascii),
+                    None => write_json_str(out, &k.to_string(), opts.ensure_ascii),
+                }
+                out.push_str(": ");
+                write_json(out, &v.get_item(k)?, opts, depth + 1)?;
+            }
+            newline(out, opts, depth);
+            out.push('}');
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, opts, depth + 1);
+                write_json(out, item, opts, depth + 1)?;
+            }
+            newline(out, opts, depth);
+            out.push(']');
+        }
+        _ => write_json_str(out, &v.to_string(), opts.ensure_ascii),
+    }
+    Ok(())
+}
+
+/// transformers' `strftime_now(format)`: the current UTC time, for the common directives.
+fn strftime_now(format: String) -> Result<String, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    strftime(&format, secs)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// Year, month (1-12) and day (1-31) of a day count since 1970-01-01 (proleptic Gregorian).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn is_leap(y: i64) -> bool {
+    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
+}
+
+fn strftime(format: &str, unix_secs: i64) -> Result<String, Error> {
+    let days = unix_secs.div_euclid(86_400);
+    let secs = unix_secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let before: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = before[month as usize - 1] + day + u32::from(month > 2 && is_leap(year));
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let month_name = MONTHS[month as usize - 1];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(d) = chars.next() else {
+            out.push('%');
+            break;
+        };
+        let _ = match d {
+            'd' => write!(out, "{day:02}"),
+            'm' => write!(out, "{month:02}"),
+            'Y' => write!(out, "{year}"),
+            'y' => write!(out, "{:02}", year.rem_euclid(100)),
+            'b' => write!(out, "{}", &month_name[..3]),
+            'B' => write!(out, "{month_name}"),
+            'a' => write!(out, "{}", &WEEKDAYS[weekday][..3]),
+            'A' => write!(out, "{}", WEEKDAYS[weekday]),
+            'H' => write!(out, "{h:02}"),
+            'M' => write!(out, "{m:02}"),
+            'S' => write!(out, "{s:02}"),
+            'j' => write!(out, "{yday:03}"),
+            '%' => write!(out, "%"),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("strftime_now: unsupported directive %{other}"),
+                ))
+            }
+        };
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn m(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
     fn conv() -> Vec<Message> {
-        let m = |r: &str, c: &str| Message {
-            role: r.into(),
-            content: c.into(),
-        };
         vec![
             m("system", "Be brief."),
             m("user", "Hi"),
@@ -107,40 +382,104 @@ mod tests {
         ]
     }
 
+    fn builtin_template(name: &str, bos: &str, eos: &str) -> ChatTemplate {
+        let src = builtin(name).unwrap_or_else(|| panic!("no built-in {name}"));
+        ChatTemplate::new(src, bos, eos).unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
+    #[test]
+    fn builtins_are_listed_and_compile() {
+        assert_eq!(builtin_names(), vec!["chatml", "gemma", "llama3"]);
+        for name in builtin_names() {
+            builtin_template(name, "<s>", "</s>");
+        }
+        assert!(builtin("nope").is_none());
+    }
+
     #[test]
     fn chatml() {
-        let t = ChatTemplate::new(builtin("chatml").unwrap_or_default(), "", "").expect("compiles");
-        let s = t.render(&conv(), true).expect("renders");
+        let t = builtin_template("chatml", "", "");
         assert_eq!(
-            s,
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+            t.render(&conv(), true).expect("renders"),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
+             <|im_start|>assistant\n"
+        );
+        assert_eq!(
+            t.render(&conv()[1..2], false).expect("renders"),
+            "<|im_start|>user\nHi<|im_end|>\n"
         );
     }
 
     #[test]
     fn gemma_folds_the_system_prompt_into_the_first_turn() {
-        let t = ChatTemplate::new(builtin("gemma").unwrap_or_default(), "<bos>", "<eos>")
-            .expect("compiles");
-        let s = t.render(&conv(), true).expect("renders");
+        let t = builtin_template("gemma", "<bos>", "<eos>");
         assert_eq!(
-            s,
-            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"
+            t.render(&conv(), true).expect("renders"),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello!<end_of_turn>\n\
+             <start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"
         );
+        // Without a system prompt, and contents trimmed.
+        assert_eq!(
+            t.render(&[m("user", "  Hi \n")], true).expect("renders"),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(t.render(&[], false).expect("renders"), "<bos>");
     }
 
     #[test]
     fn llama3() {
-        let t = ChatTemplate::new(
-            builtin("llama3").unwrap_or_default(),
-            "<|begin_of_text|>",
-            "",
-        )
-        .expect("compiles");
-        let s = t.render(&conv()[1..2], true).expect("renders");
+        let t = builtin_template("llama3", "<|begin_of_text|>", "<|eot_id|>");
         assert_eq!(
-            s,
-            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+            t.render(&conv()[..2], true).expect("renders"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+             <|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
         );
+    }
+
+    /// SmolLM2's own template, as its GGUF carries it; the expected text is what transformers'
+    /// `apply_chat_template` renders from that GGUF.
+    #[test]
+    fn smollm2_template_from_the_gguf() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../models/smollm2-135m-instruct-q4_1.gguf");
+        let file = ringllm_node::gguf::GgufFile::open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-models)", path.display()));
+        let src = file
+            .metadata()
+            .opt_str("tokenizer.chat_template")
+            .expect("metadata")
+            .expect("SmolLM2 has a chat template");
+        let t = ChatTemplate::new(src, "<|im_start|>", "<|im_end|>").expect("compiles");
+        let two_turns = [
+            m("user", "Hi"),
+            m("assistant", "Hello! How can I help?"),
+            m("user", "What is 2+2?"),
+        ];
+        assert_eq!(
+            t.render(&two_turns, true).expect("renders"),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n\
+             <|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let mut with_system = vec![m("system", "Be brief.")];
+        with_system.extend(two_turns.iter().cloned());
+        assert_eq!(
+            t.render(&with_system, false).expect("renders"),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\nHello! How can I help?<|im_end|>\n\
+             <|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn blocks_are_trimmed_like_transformers() {
+        // trim_blocks drops the newline after a block tag, lstrip_blocks the indentation before.
+        let src = "{% for message in messages %}\n    {% if message.role == 'user' %}\n[{{ message.content }}]\n    {% endif %}\n{% endfor %}\n";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        assert_eq!(t.render(&conv(), false).expect("renders"), "[Hi]\n[2+2?]\n");
     }
 
     #[test]
@@ -149,17 +488,59 @@ mod tests {
             ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").expect("compiles");
         let e = t.render(&conv(), false).expect_err("raises");
         assert!(e.to_string().contains("no system role"), "{e}");
-        assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(TemplateError::Compile(_))
+        ));
     }
 
     #[test]
-    fn python_string_methods_work() {
-        let t = ChatTemplate::new("{{ messages[0]['content'].strip().upper() }}", "", "")
-            .expect("compiles");
-        let m = vec![Message {
-            role: "user".into(),
-            content: "  hi ".into(),
-        }];
-        assert_eq!(t.render(&m, false).expect("renders"), "HI");
+    fn python_methods_work() {
+        let t = ChatTemplate::new(
+            "{{ messages[0]['content'].strip().upper() }}|{{ messages[0].role.startswith('us') }}|{{ 'a,b'.split(',') | length }}",
+            "",
+            "",
+        )
+        .expect("compiles");
+        assert_eq!(
+            t.render(&[m("user", "  hi ")], false).expect("renders"),
+            "HI|True|2"
+        );
+    }
+
+    #[test]
+    fn tojson_writes_what_python_json_dumps_writes() {
+        let t = ChatTemplate::new(
+            "{{ messages | tojson }}\n{{ {'a': '<é\"\n>', 'b': [1, 2.5, none, true]} | tojson(indent=2) }}\n{{ {'b': 1, 'a': {}} | tojson(sort_keys=true) }}\n{{ 'é' | tojson(ensure_ascii=true) }}",
+            "",
+            "",
+        )
+        .expect("compiles");
+        assert_eq!(
+            t.render(&[m("user", "Hi <b>")], false).expect("renders"),
+            "[{\"role\": \"user\", \"content\": \"Hi <b>\"}]\n\
+             {\n  \"a\": \"<é\\\"\\n>\",\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}\n\
+             {\"a\": {}, \"b\": 1}\n\
+             \"\\u00e9\""
+        );
+    }
+
+    #[test]
+    fn strftime_formats_dates() {
+        // 2024-07-26 (a Friday) 13:05:09 UTC.
+        let t = 1_722_000_000 - 1_722_000_000 % 86_400 + 13 * 3600 + 5 * 60 + 9;
+        assert_eq!(
+            strftime("%d %b %Y|%B %A %a|%H:%M:%S|%j %y %m %%", t).expect("formats"),
+            "26 Jul 2024|July Friday Fri|13:05:09|208 24 07 %"
+        );
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert!(strftime("%Q", 0).is_err());
+        let now = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "")
+            .expect("compiles")
+            .render(&[], false)
+            .expect("renders");
+        assert!(now.len() == 4 && now.starts_with('2'), "{now}");
     }
 }

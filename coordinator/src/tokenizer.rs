@@ -1,13 +1,24 @@
-//! Tokenizers built from GGUF metadata with HF `tokenizers`: SentencePiece-style vocabularies
-//! (`tokenizer.ggml.model = "llama"`: scores + byte fallback, as Gemma and Llama 2) become a
-//! BPE whose merges are ranked by the merged piece's score — the greedy highest-score bigram
-//! merge llama.cpp performs — and byte-level BPE vocabularies (`gpt2`) get the pre-tokenizer
-//! their `tokenizer.ggml.pre` names, from a table of known ones. An unknown pre-tokenizer is
-//! refused by name.
+//! Tokenizers built from GGUF metadata with HF `tokenizers`, following llama.cpp's conventions
+//! (llama.cpp is the reference the GGUF files are made for; the tests check our ids against it
+//! and against transformers):
+//!
+//! - `tokenizer.ggml.model = "llama"` (SentencePiece: Llama 2, Gemma 1-3): llama.cpp merges the
+//!   adjacent pair whose merged piece has the highest score, over and over. That is a BPE whose
+//!   merges are every split of every piece into two pieces, ranked by the merged piece's score;
+//!   characters missing from the vocabulary fall back to `<0xNN>` byte tokens. Spaces become `▁`,
+//!   and `▁` is put in front of every stretch of text when `add_space_prefix` (default true;
+//!   Gemma 3 says false).
+//! - `"gpt2"` (byte-level BPE: SmolLM, Llama 3, Qwen 2, ...): the GGUF's merges, after the
+//!   pre-tokenizer `tokenizer.ggml.pre` names, from a table of the names llama.cpp knows. A name
+//!   not in the table is refused, never guessed.
+//! - `"gemma4"`: BPE over `▁`-escaped UTF-8 with the GGUF's merges and byte fallback.
+//!
+//! Control, unknown and user-defined tokens are matched whole in the text before the model sees
+//! it (llama.cpp's `parse_special = true`). Decoding renders control and unknown tokens as
+//! nothing unless asked.
 
 use ringllm_node::gguf::{GgufError, Metadata};
 use std::collections::HashMap;
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -20,10 +31,10 @@ pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     /// `tokenizer.ggml.model` names a model we do not build.
-    #[error("unsupported tokenizer model '{0}' (supported: llama (SentencePiece), gpt2 (byte-level BPE))")]
+    #[error("unsupported tokenizer model '{0}' (tokenizer.ggml.model; supported: llama (SentencePiece), gpt2 (byte-level BPE), gemma4)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer not in our table.
-    #[error("unknown pre-tokenizer '{name}' (known: {})", KNOWN_PRE.join(", "))]
+    #[error("unknown pre-tokenizer '{name}' (tokenizer.ggml.pre); known: {}", pre_tokenizer_names().join(", "))]
     UnknownPreTokenizer { name: String },
     #[error("tokenizer metadata: {0}")]
     Invalid(String),
@@ -36,37 +47,229 @@ const TYPE_NORMAL: i32 = 1;
 const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_USER_DEFINED: i32 = 4;
-const TYPE_UNUSED: i32 = 5;
+// 5 is UNUSED: rendered as nothing, like any type we do not know.
 const TYPE_BYTE: i32 = 6;
 
-const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const SPACE_MARK: char = '\u{2581}';
 
-const KNOWN_PRE: &[&str] = &[
-    "gpt2",
-    "smollm",
-    "starcoder",
-    "llama3",
-    "llama-bpe",
-    "qwen2",
+// Split expressions. Contractions are spelled case by case ('[sS]), not with (?i:), so that
+// Unicode case folding cannot make "'ſ" a contraction (llama.cpp spells them the same way).
+const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// A byte-level BPE pre-tokenizer: regular expressions applied one after the other (each
+/// splits the pieces the previous one left, matches and the text between them alike).
+struct PreTokenizerDef {
+    /// `tokenizer.ggml.pre` values that mean this pre-tokenizer.
+    names: &'static [&'static str],
+    splits: &'static [&'static str],
+    /// A whole piece that is a token is taken as is, without merging (Llama 3).
+    ignore_merges: bool,
+    /// Whether prompts start with BOS when the GGUF does not say.
+    add_bos: bool,
+}
+
+/// The pre-tokenizers we build, by the names llama.cpp gives them. Each family was checked
+/// against llama.cpp's tokenizer on a vocabulary of that family (see the tests).
+const PRE_TOKENIZERS: &[PreTokenizerDef] = &[
+    PreTokenizerDef {
+        names: &[
+            "gpt-2",
+            "gpt2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "exaone4",
+            "trillion",
+            "granite-docling",
+            "gigachat",
+            "a.x-4.0",
+            "mellum",
+        ],
+        splits: &[GPT2_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        // Also what a byte-level vocabulary without tokenizer.ggml.pre gets.
+        names: &["default"],
+        splits: &[
+            r"[\p{P}\$\+<=>\^~\|]+",
+            GPT2_RE,
+            r"\p{N}+",
+            "[0-9][0-9][0-9]",
+        ],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        names: &["falcon"],
+        splits: &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2_RE, "[0-9][0-9][0-9]"],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        // Digits one by one, then GPT-2's expression.
+        names: &[
+            "starcoder",
+            "refact",
+            "command-r",
+            "smollm",
+            "codeshell",
+            "exaone",
+            "minerva-7b",
+            "mellum2",
+        ],
+        splits: &[r"\p{N}", GPT2_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        names: &[
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+        ],
+        splits: &[LLAMA3_RE],
+        ignore_merges: true,
+        add_bos: true,
+    },
+    PreTokenizerDef {
+        names: &["dbrx", "smaug-bpe"],
+        splits: &[LLAMA3_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        names: &[
+            "qwen2",
+            "deepseek-r1-qwen",
+            "kormo",
+            "f2llmv2",
+            "megrez",
+            "stablelm2",
+            "hunyuan",
+            "solar-open",
+            "grok-2",
+        ],
+        splits: &[QWEN2_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        names: &["qwen35"],
+        splits: &[QWEN35_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        names: &["deepseek-coder"],
+        splits: &[
+            r"[\r\n]",
+            r"\s?\p{L}+",
+            r"\s?\p{P}+",
+            "[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}",
+        ],
+        ignore_merges: false,
+        add_bos: false,
+    },
 ];
 
-/// Texts of control tokens that end a turn in the chat formats we know.
+/// Every `tokenizer.ggml.pre` value we accept for byte-level BPE vocabularies.
+pub fn pre_tokenizer_names() -> Vec<&'static str> {
+    PRE_TOKENIZERS
+        .iter()
+        .flat_map(|d| d.names.iter().copied())
+        .collect()
+}
+
+fn pre_tokenizer(name: &str) -> Option<&'static PreTokenizerDef> {
+    PRE_TOKENIZERS.iter().find(|d| d.names.contains(&name))
+}
+
+/// Texts of tokens that end a turn in the chat formats we know; present in a vocabulary they
+/// end generation (and are treated as control tokens), as in llama.cpp.
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
     "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
     "<end_of_turn>",
     "<|endoftext|>",
-    "<|end|>",
-    "<|eom_id|>",
     "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
 ];
+
+// Fill-in-the-middle token texts llama.cpp recognises when the metadata names none.
+const FIM_PRE_TEXTS: &[&str] = &[
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+];
+const FIM_SUF_TEXTS: &[&str] = &[
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+];
+const FIM_MID_TEXTS: &[&str] = &[
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+];
+const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
+const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
 /// Everything the tokenizer needs, read from GGUF metadata.
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerSpec {
+    /// `tokenizer.ggml.model`: "llama" (SentencePiece), "gpt2" (byte-level BPE) or "gemma4".
     pub model: String,
+    /// `tokenizer.ggml.pre`.
     pub pre: Option<String>,
     pub tokens: Vec<String>,
     pub scores: Option<Vec<f32>>,
@@ -74,6 +277,7 @@ pub struct TokenizerSpec {
     pub merges: Option<Vec<String>>,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
+    /// `tokenizer.ggml.eot_token_id`.
     pub eot: Option<u32>,
     pub eom: Option<u32>,
     pub unk: Option<u32>,
@@ -82,6 +286,11 @@ pub struct TokenizerSpec {
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
     pub chat_template: Option<String>,
+    /// Fill-in-the-middle pad, repository and file-separator tokens
+    /// (`tokenizer.ggml.fim_{pad,rep,sep}_token_id`): they end generation.
+    pub fim_pad: Option<u32>,
+    pub fim_rep: Option<u32>,
+    pub fim_sep: Option<u32>,
 }
 
 impl TokenizerSpec {
@@ -106,27 +315,40 @@ impl TokenizerSpec {
             add_eos: md.opt_bool("tokenizer.ggml.add_eos_token")?,
             add_space_prefix: md.opt_bool("tokenizer.ggml.add_space_prefix")?,
             chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_string),
+            fim_pad: md.opt_u32("tokenizer.ggml.fim_pad_token_id")?,
+            fim_rep: md.opt_u32("tokenizer.ggml.fim_rep_token_id")?,
+            fim_sep: md.opt_u32("tokenizer.ggml.fim_sep_token_id")?,
         })
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
+    /// SentencePiece: pieces spell spaces `▁`, byte tokens `<0xNN>`.
     Spm,
+    /// Byte-level BPE: pieces spell bytes in GPT-2's printable alphabet.
     Bpe,
+    /// BPE over `▁`-escaped UTF-8 with byte tokens (Gemma 4).
+    BpeSpm,
 }
 
 pub struct Tokenizer {
     hf: tokenizers::Tokenizer,
     kind: Kind,
-    spec_tokens: Vec<String>,
+    pieces: Vec<String>,
+    /// Token types, with llama.cpp's corrections (end-of-turn texts are control tokens).
     types: Vec<i32>,
     index: HashMap<String, u32>,
     bos: Option<u32>,
+    eos: Option<u32>,
     eog: Vec<u32>,
     add_bos: bool,
-    /// Byte-level BPE: unicode char → byte.
-    byte_decoder: HashMap<char, u8>,
+    add_eos: bool,
+    /// SentencePiece with `add_space_prefix`: decoding a whole text drops the space encoding
+    /// put in front.
+    strip_prefix_space: bool,
+    /// Byte-level BPE: byte of each character of GPT-2's alphabet (indexed by code point).
+    byte_of_char: Vec<Option<u8>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -135,7 +357,7 @@ impl std::fmt::Debug for Tokenizer {
             f,
             "Tokenizer({:?}, {} tokens)",
             self.kind,
-            self.spec_tokens.len()
+            self.pieces.len()
         )
     }
 }
@@ -144,25 +366,31 @@ fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Hf(e.to_string())
 }
 
-/// GPT-2's byte → printable unicode mapping.
-fn bytes_to_unicode() -> Vec<(u8, char)> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
-    let mut cs = bs.clone();
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !bs.contains(&b) {
-            bs.push(b);
-            cs.push(256 + n);
-            n += 1;
-        }
+/// GPT-2's byte → printable character mapping: printable Latin-1 bytes stand for themselves,
+/// the other 68 bytes for U+0100.. in byte order.
+fn gpt2_byte_chars() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut next = 0x100u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let cp = if printable {
+            u32::from(b)
+        } else {
+            next += 1;
+            next - 1
+        };
+        out[usize::from(b)] = char::from_u32(cp).unwrap_or('\0');
     }
-    bs.into_iter()
-        .zip(cs)
-        .filter_map(|(b, c)| char::from_u32(c).map(|c| (b as u8, c)))
-        .collect()
+    out
+}
+
+/// `<0xNN>` → NN.
+fn byte_token_value(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
 }
 
 impl Tokenizer {
@@ -172,6 +400,9 @@ impl Tokenizer {
             return Err(TokenizerError::Invalid(
                 "tokenizer.ggml.tokens is empty".into(),
             ));
+        }
+        if n > u32::MAX as usize {
+            return Err(TokenizerError::Invalid(format!("{n} tokens is too many")));
         }
         let types = match &spec.token_types {
             Some(t) if t.len() == n => t.clone(),
@@ -187,7 +418,12 @@ impl Tokenizer {
             ("bos", spec.bos),
             ("eos", spec.eos),
             ("eot", spec.eot),
+            ("eom", spec.eom),
             ("unknown", spec.unk),
+            ("padding", spec.pad),
+            ("fim_pad", spec.fim_pad),
+            ("fim_rep", spec.fim_rep),
+            ("fim_sep", spec.fim_sep),
         ] {
             if let Some(id) = id {
                 if id as usize >= n {
@@ -197,63 +433,103 @@ impl Tokenizer {
                 }
             }
         }
+        // As llama.cpp: an empty piece is spelled [EMPTY_i], and a text listed twice means the
+        // later id.
+        let pieces: Vec<String> = spec
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.is_empty() {
+                    format!("[EMPTY_{i}]")
+                } else {
+                    t.clone()
+                }
+            })
+            .collect();
         let mut index = HashMap::with_capacity(n);
-        for (i, t) in spec.tokens.iter().enumerate() {
-            index.entry(t.clone()).or_insert(i as u32);
+        for (i, t) in pieces.iter().enumerate() {
+            index.insert(t.clone(), i as u32);
         }
         let kind = match spec.model.as_str() {
             "llama" => Kind::Spm,
             "gpt2" => Kind::Bpe,
+            "gemma4" => Kind::BpeSpm,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
+
+        let (types, eog) = end_of_generation(spec, &index, types);
+        let mut add_bos_default = kind == Kind::Spm;
+        let mut strip_prefix_space = false;
         let mut hf = match kind {
-            Kind::Spm => build_spm(spec, &types, &index)?,
-            Kind::Bpe => build_bpe(spec, &index)?,
+            Kind::Spm => {
+                let prefix = spec.add_space_prefix.unwrap_or(true);
+                strip_prefix_space = prefix;
+                build_spm(spec, &pieces, &index, prefix)?
+            }
+            Kind::Bpe => {
+                let name = match spec.pre.as_deref() {
+                    Some(p) if !p.is_empty() => p,
+                    _ => {
+                        tracing::warn!(
+                            "byte-level vocabulary without tokenizer.ggml.pre: using llama.cpp's \
+                             'default' pre-tokenizer (the model may tokenize poorly)"
+                        );
+                        "default"
+                    }
+                };
+                let def =
+                    pre_tokenizer(name).ok_or_else(|| TokenizerError::UnknownPreTokenizer {
+                        name: name.to_string(),
+                    })?;
+                add_bos_default = def.add_bos;
+                build_bpe(spec, &index, def)?
+            }
+            Kind::BpeSpm => build_bpe_spm(spec, &index)?,
         };
-        // Control and user-defined tokens are matched whole in the text (llama.cpp's
-        // parse_special), before the model sees it.
-        let added: Vec<AddedToken> = spec
-            .tokens
+        // Control, unknown and user-defined tokens are matched whole in the raw text, before
+        // normalization and the model.
+        let added: Vec<AddedToken> = pieces
             .iter()
             .zip(&types)
-            .filter(|(t, ty)| (**ty == TYPE_CONTROL || **ty == TYPE_USER_DEFINED) && !t.is_empty())
+            .filter(|(_, ty)| matches!(**ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED))
             .map(|(t, ty)| {
-                let mut a = AddedToken::from(t.clone(), *ty == TYPE_CONTROL);
+                let mut a = AddedToken::from(t.clone(), *ty != TYPE_USER_DEFINED);
                 a.normalized = false;
                 a
             })
             .collect();
         hf.add_special_tokens(&added);
-        let mut eog: Vec<u32> = [spec.eos, spec.eot, spec.eom]
-            .into_iter()
-            .flatten()
-            .collect();
-        for text in EOG_TEXTS {
-            if let Some(&id) = index.get(*text) {
-                if types[id as usize] == TYPE_CONTROL && !eog.contains(&id) {
-                    eog.push(id);
-                }
+
+        let add_bos = spec.add_bos.unwrap_or(add_bos_default) && spec.bos.is_some();
+        let add_eos = spec.add_eos.unwrap_or(false) && spec.eos.is_some();
+        let mut byte_of_char = Vec::new();
+        if kind == Kind::Bpe {
+            let chars = gpt2_byte_chars();
+            let max = chars.iter().map(|c| *c as usize).max().unwrap_or(0);
+            byte_of_char = vec![None; max + 1];
+            for (b, c) in chars.iter().enumerate() {
+                byte_of_char[*c as usize] = Some(b as u8);
             }
         }
-        let add_bos = spec.add_bos.unwrap_or(kind == Kind::Spm) && spec.bos.is_some();
         Ok(Tokenizer {
             hf,
             kind,
-            spec_tokens: spec.tokens.clone(),
+            pieces,
             types,
             index,
             bos: spec.bos,
+            eos: spec.eos,
             eog,
             add_bos,
-            byte_decoder: bytes_to_unicode()
-                .into_iter()
-                .map(|(b, c)| (c, b))
-                .collect(),
+            add_eos,
+            strip_prefix_space,
+            byte_of_char,
         })
     }
 
-    /// Token ids of `text` (special tokens in the text become their ids), with BOS first when
-    /// `add_bos`.
+    /// Token ids of `text` (special tokens written in the text become their ids), with BOS
+    /// first when `add_bos`.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.hf.encode_fast(text, false).map_err(hf_err)?;
         let mut ids = Vec::with_capacity(enc.get_ids().len() + 1);
@@ -266,70 +542,127 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Whether prompts start with BOS (`tokenizer.ggml.add_bos_token`).
+    /// Whether prompts start with BOS: `tokenizer.ggml.add_bos_token`, else true for
+    /// SentencePiece vocabularies and Llama 3-style byte-level ones (as llama.cpp).
     pub fn add_bos_default(&self) -> bool {
         self.add_bos
+    }
+
+    /// Whether encoded prompts end with EOS (`tokenizer.ggml.add_eos_token`, default false).
+    pub fn add_eos_default(&self) -> bool {
+        self.add_eos
     }
 
     pub fn bos(&self) -> Option<u32> {
         self.bos
     }
 
-    /// The raw bytes a token stands for; control tokens stand for nothing.
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    /// Control and unknown tokens: rendered as nothing unless asked.
+    pub fn is_control(&self, id: u32) -> bool {
+        matches!(
+            self.types.get(id as usize),
+            Some(&TYPE_CONTROL) | Some(&TYPE_UNKNOWN)
+        )
+    }
+
+    /// The raw bytes a token stands for; control and unknown tokens stand for nothing.
     pub fn token_piece_bytes(&self, id: u32) -> Vec<u8> {
-        let Some(piece) = self.spec_tokens.get(id as usize) else {
-            return Vec::new();
+        self.token_bytes(id, false)
+    }
+
+    /// The raw bytes a token stands for; control and unknown tokens are their text when
+    /// `render_special`, else nothing.
+    pub fn token_bytes(&self, id: u32, render_special: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.append_token_bytes(id, render_special, &mut out);
+        out
+    }
+
+    fn append_token_bytes(&self, id: u32, render_special: bool, out: &mut Vec<u8>) {
+        let (Some(piece), Some(&ty)) = (self.pieces.get(id as usize), self.types.get(id as usize))
+        else {
+            return;
         };
-        let ty = self.types[id as usize];
-        if ty == TYPE_CONTROL || ty == TYPE_UNUSED || ty == TYPE_UNKNOWN && self.kind == Kind::Spm {
-            return Vec::new();
-        }
-        match self.kind {
-            Kind::Spm => {
-                if ty == TYPE_BYTE {
-                    if let Some(b) = piece
-                        .strip_prefix("<0x")
-                        .and_then(|s| s.strip_suffix('>'))
-                        .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    {
-                        return vec![b];
+        match ty {
+            TYPE_CONTROL | TYPE_UNKNOWN if render_special => {
+                out.extend_from_slice(piece.as_bytes())
+            }
+            TYPE_USER_DEFINED => out.extend_from_slice(piece.as_bytes()),
+            TYPE_BYTE => match byte_token_value(piece) {
+                Some(b) => out.push(b),
+                None => out.extend_from_slice(piece.as_bytes()),
+            },
+            TYPE_NORMAL => match self.kind {
+                Kind::Spm | Kind::BpeSpm => {
+                    for c in piece.chars() {
+                        let c = if c == SPACE_MARK { ' ' } else { c };
+                        let mut buf = [0u8; 4];
+                        out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
                     }
                 }
-                piece.replace('\u{2581}', " ").into_bytes()
-            }
-            Kind::Bpe => {
-                if ty == TYPE_USER_DEFINED {
-                    return piece.as_bytes().to_vec();
+                Kind::Bpe => {
+                    for c in piece.chars() {
+                        match self.byte_of_char.get(c as usize).copied().flatten() {
+                            Some(b) => out.push(b),
+                            None => {
+                                let mut buf = [0u8; 4];
+                                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                            }
+                        }
+                    }
                 }
-                piece
-                    .chars()
-                    .map(|c| self.byte_decoder.get(&c).copied())
-                    .collect::<Option<Vec<u8>>>()
-                    .unwrap_or_else(|| piece.as_bytes().to_vec())
-            }
+            },
+            // Control and unknown tokens (unless asked), unused ones (5) and types we do not
+            // know render as nothing, as in llama.cpp.
+            _ => {}
         }
     }
 
-    /// The text of `ids` (invalid UTF-8 becomes U+FFFD).
+    /// The text of `ids` as a whole text: invalid UTF-8 becomes U+FFFD, control tokens render as
+    /// nothing, and for SentencePiece with `add_space_prefix` the space encoding put in front is
+    /// dropped (so `decode(encode(t)) == t`).
     pub fn decode(&self, ids: &[u32]) -> String {
-        let bytes: Vec<u8> = ids
-            .iter()
-            .flat_map(|&id| self.token_piece_bytes(id))
-            .collect();
+        self.decode_with(ids, false)
+    }
+
+    /// [`Tokenizer::decode`], with control tokens as their text when `render_special`.
+    pub fn decode_with(&self, ids: &[u32], render_special: bool) -> String {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        let mut strip = self.strip_prefix_space;
+        for &id in ids {
+            let start = bytes.len();
+            self.append_token_bytes(id, render_special, &mut bytes);
+            if strip && bytes.len() > start {
+                if bytes[start] == b' ' {
+                    bytes.remove(start);
+                }
+                strip = false;
+            }
+        }
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// Every end-of-generation id.
+    /// Every end-of-generation id (sorted): EOS, EOT, EOM, fill-in-the-middle pad/repo/separator
+    /// and the end-of-turn tokens of known chat formats present in the vocabulary — llama.cpp's
+    /// set.
     pub fn eog_ids(&self) -> Vec<u32> {
         self.eog.clone()
     }
 
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.contains(&id)
+    }
+
     pub fn vocab_size(&self) -> usize {
-        self.spec_tokens.len()
+        self.pieces.len()
     }
 
     pub fn id_to_piece(&self, id: u32) -> Option<&str> {
-        self.spec_tokens.get(id as usize).map(String::as_str)
+        self.pieces.get(id as usize).map(String::as_str)
     }
 
     pub fn piece_to_id(&self, s: &str) -> Option<u32> {
@@ -337,14 +670,92 @@ impl Tokenizer {
     }
 }
 
+/// llama.cpp's end-of-generation set and its corrections to token types: EOS, EOT, EOM, the
+/// fill-in-the-middle pad/repo/separator tokens, and tokens whose text is a known end of turn.
+/// Tokens found by their text are control tokens whatever the file says.
+fn end_of_generation(
+    spec: &TokenizerSpec,
+    index: &HashMap<String, u32>,
+    mut types: Vec<i32>,
+) -> (Vec<i32>, Vec<u32>) {
+    let mut eog: Vec<u32> = Vec::new();
+    let add = |eog: &mut Vec<u32>, id: u32| {
+        if !eog.contains(&id) {
+            eog.push(id);
+        }
+    };
+    let make_control = |types: &mut Vec<i32>, id: u32, text: &str| {
+        if types[id as usize] != TYPE_CONTROL {
+            tracing::debug!("token {id} {text:?} is not a control token; treating it as one");
+            types[id as usize] = TYPE_CONTROL;
+        }
+    };
+    // Fill-in-the-middle tokens the metadata does not name are found by text (the lowest id
+    // when several match).
+    let fim = [
+        (None, FIM_PRE_TEXTS, false),
+        (None, FIM_SUF_TEXTS, false),
+        (None, FIM_MID_TEXTS, false),
+        (spec.fim_pad, FIM_PAD_TEXTS, true),
+        (spec.fim_rep, FIM_REP_TEXTS, true),
+        (spec.fim_sep, FIM_SEP_TEXTS, true),
+    ];
+    for (given, texts, ends) in fim {
+        let found = match given {
+            Some(id) => Some(id),
+            None => texts
+                .iter()
+                .filter_map(|t| index.get(*t).map(|&id| (id, *t)))
+                .min()
+                .map(|(id, text)| {
+                    make_control(&mut types, id, text);
+                    id
+                }),
+        };
+        if let (Some(id), true) = (found, ends) {
+            add(&mut eog, id);
+        }
+    }
+    let has = |t: &str| index.contains_key(t);
+    // o200k_harmony and Solar Open: <|end|> ends a message, not the generation, and is shown.
+    let harmony = has("<|return|>") && has("<|call|>") || has("<|calls|>") && has("<|flush|>");
+    // Gemma 4 and PLaMo: "</s>" is plain text.
+    let plain_s = has("<|tool_response>") || has("<|plamo:eos|>");
+    for text in EOG_TEXTS {
+        let Some(&id) = index.get(*text) else {
+            continue;
+        };
+        if *text == "<|end|>" && harmony {
+            types[id as usize] = TYPE_USER_DEFINED;
+            continue;
+        }
+        if *text == "</s>" && plain_s {
+            types[id as usize] = TYPE_NORMAL;
+            continue;
+        }
+        make_control(&mut types, id, text);
+        add(&mut eog, id);
+    }
+    for id in [spec.eos, spec.eot, spec.eom].into_iter().flatten() {
+        add(&mut eog, id);
+    }
+    eog.sort_unstable();
+    (types, eog)
+}
+
+fn vocab_of(index: &HashMap<String, u32>) -> Vocab {
+    index.iter().map(|(k, v)| (k.clone(), *v)).collect()
+}
+
 fn build_spm(
     spec: &TokenizerSpec,
-    types: &[i32],
+    pieces: &[String],
     index: &HashMap<String, u32>,
+    add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let n = spec.tokens.len();
+    let n = pieces.len();
     let scores = match &spec.scores {
-        Some(s) if s.len() == n => s.clone(),
+        Some(s) if s.len() == n => s,
         Some(s) => {
             return Err(TokenizerError::Invalid(format!(
                 "tokenizer.ggml.scores has {} entries for {n} tokens",
@@ -357,127 +768,203 @@ fn build_spm(
             ))
         }
     };
-    // Merges: every way to split a normal piece into two pieces of the vocabulary, ranked by
-    // the merged piece's score (higher first; ties by id, as the vocabulary is ordered).
-    let mergeable = |id: u32| {
-        let t = types[id as usize];
-        t == TYPE_NORMAL || t == TYPE_USER_DEFINED || t == TYPE_UNKNOWN
-    };
-    let mut merges: Vec<(f32, u32, usize, String, String)> = Vec::new();
-    for (id, piece) in spec.tokens.iter().enumerate() {
-        if !mergeable(id as u32) {
-            continue;
-        }
+    // Merges: every way to split a piece into two pieces of the vocabulary, ranked by the
+    // merged piece's score (higher first; then by id, then by where the split is). llama.cpp
+    // considers every piece of the vocabulary, whatever its type.
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (id, piece) in pieces.iter().enumerate() {
         for (k, _) in piece.char_indices().skip(1) {
             let (a, b) = piece.split_at(k);
             if let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) {
-                if mergeable(ia) && mergeable(ib) {
-                    merges.push((scores[id], id as u32, k, a.to_string(), b.to_string()));
-                }
+                ranked.push((scores[id], id as u32, ia, ib));
             }
         }
     }
-    merges.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
-    let merges: Vec<(String, String)> = merges.into_iter().map(|m| (m.3, m.4)).collect();
-    let vocab: Vocab = index.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    ranked.sort_by(|x, y| {
+        y.0.total_cmp(&x.0)
+            .then(x.1.cmp(&y.1))
+            .then(pieces[x.2 as usize].len().cmp(&pieces[y.2 as usize].len()))
+    });
+    let merges: Vec<(String, String)> = ranked
+        .into_iter()
+        .map(|(_, _, a, b)| (pieces[a as usize].clone(), pieces[b as usize].clone()))
+        .collect();
     let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
+        .vocab_and_merges(vocab_of(index), merges)
         .byte_fallback(true);
-    if let Some(unk) = spec.unk.and_then(|u| spec.tokens.get(u as usize)) {
+    if let Some(unk) = spec.unk.and_then(|u| pieces.get(u as usize)) {
         builder = builder.unk_token(unk.clone()).fuse_unk(true);
     }
     let bpe = builder.build().map_err(hf_err)?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
     let mut norms: Vec<NormalizerWrapper> = Vec::new();
-    if spec.add_space_prefix.unwrap_or(true) {
-        norms.push(Prepend::new("\u{2581}".into()).into());
+    if add_space_prefix {
+        // Applies to every stretch of text between special tokens, as llama.cpp does.
+        norms.push(Prepend::new(SPACE_MARK.to_string()).into());
     }
-    norms.push(Replace::new(" ", "\u{2581}").map_err(hf_err)?.into());
+    norms.push(
+        Replace::new(" ", SPACE_MARK.to_string())
+            .map_err(hf_err)?
+            .into(),
+    );
     tok.with_normalizer(Some(NormSeq::new(norms)));
     Ok(tok)
+}
+
+/// `tokenizer.ggml.merges` as pairs (each entry is "left right", split at the first space
+/// after the first byte).
+fn merges_of(spec: &TokenizerSpec) -> Result<Vec<(String, String)>, TokenizerError> {
+    let src = spec.merges.as_ref().ok_or_else(|| {
+        TokenizerError::Invalid(format!(
+            "'{}' vocabulary without tokenizer.ggml.merges",
+            spec.model
+        ))
+    })?;
+    let mut merges = Vec::with_capacity(src.len());
+    for (i, m) in src.iter().enumerate() {
+        let split = m
+            .as_bytes()
+            .iter()
+            .skip(1)
+            .position(|&b| b == b' ')
+            .map(|p| p + 1);
+        let Some(at) = split else {
+            return Err(TokenizerError::Invalid(format!(
+                "tokenizer.ggml.merges[{i}] {m:?} is not 'left right'"
+            )));
+        };
+        merges.push((m[..at].to_string(), m[at + 1..].to_string()));
+    }
+    Ok(merges)
+}
+
+fn split(re: &str) -> Result<PreTokenizerWrapper, TokenizerError> {
+    Ok(Split::new(
+        SplitPattern::Regex(re.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .map_err(hf_err)?
+    .into())
 }
 
 fn build_bpe(
     spec: &TokenizerSpec,
     index: &HashMap<String, u32>,
+    def: &PreTokenizerDef,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let merges_src = spec.merges.as_ref().ok_or_else(|| {
-        TokenizerError::Invalid("byte-level BPE vocabulary without tokenizer.ggml.merges".into())
-    })?;
-    let mut merges = Vec::with_capacity(merges_src.len());
-    for (i, m) in merges_src.iter().enumerate() {
-        let (a, b) = m.split_once(' ').ok_or_else(|| {
-            TokenizerError::Invalid(format!("tokenizer.ggml.merges[{i}] '{m}' is not 'a b'"))
-        })?;
-        merges.push((a.to_string(), b.to_string()));
+    let merges = merges_of(spec)?;
+    let mut pre: Vec<PreTokenizerWrapper> = Vec::with_capacity(def.splits.len() + 1);
+    for re in def.splits {
+        pre.push(split(re)?);
     }
-    let pre = spec.pre.clone().unwrap_or_else(|| "gpt2".into());
-    let split = |re: &str| -> Result<PreTokenizerWrapper, TokenizerError> {
-        Ok(Split::new(
-            SplitPattern::Regex(re.to_string()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(hf_err)?
-        .into())
-    };
-    let pre_tok: Vec<PreTokenizerWrapper> = match pre.as_str() {
-        "gpt2" => vec![ByteLevel::new(false, false, true).into()],
-        "smollm" | "starcoder" => vec![split(r"\p{N}")?, ByteLevel::new(false, false, true).into()],
-        "llama3" | "llama-bpe" => vec![
-            split(LLAMA3_RE)?,
-            ByteLevel::new(false, false, false).into(),
-        ],
-        "qwen2" => vec![split(QWEN2_RE)?, ByteLevel::new(false, false, false).into()],
-        _ => return Err(TokenizerError::UnknownPreTokenizer { name: pre }),
-    };
-    let _ = GPT2_RE; // the regex ByteLevel applies itself with use_regex = true
+    pre.push(ByteLevel::new(false, false, false).into());
     let bpe = BPE::builder()
-        .vocab_and_merges(
-            index
-                .iter()
-                .map(|(k, v)| (k.clone(), *v))
-                .collect::<Vocab>(),
-            merges,
-        )
-        .ignore_merges(pre == "llama3" || pre == "llama-bpe")
+        .vocab_and_merges(vocab_of(index), merges)
+        .ignore_merges(def.ignore_merges)
         .build()
         .map_err(hf_err)?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    tok.with_pre_tokenizer(Some(PreSeq::new(pre_tok)));
-    tok.with_decoder(Some(ByteLevelDecoder::default()));
+    tok.with_pre_tokenizer(Some(PreSeq::new(pre)));
+    Ok(tok)
+}
+
+fn build_bpe_spm(
+    spec: &TokenizerSpec,
+    index: &HashMap<String, u32>,
+) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    let merges = merges_of(spec)?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab_of(index), merges)
+        .byte_fallback(true)
+        .build()
+        .map_err(hf_err)?;
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    tok.with_normalizer(Some(
+        Replace::new(" ", SPACE_MARK.to_string()).map_err(hf_err)?,
+    ));
+    tok.with_pre_tokenizer(Some(PreSeq::new(vec![split(r"[^\n]+|[\n]+")?])));
     Ok(tok)
 }
 
 /// Turns a stream of token ids into text, never splitting a UTF-8 character: bytes of an
-/// incomplete character wait for the next token.
+/// incomplete character wait for the next token, and invalid bytes become U+FFFD exactly as
+/// [`Tokenizer::decode`] makes them, so the chunks concatenate to the decoded text.
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
+    /// Drop the space SentencePiece's `add_space_prefix` put in front of the first piece.
+    strip_prefix_space: bool,
+    render_special: bool,
 }
 
 impl StreamDecoder {
+    /// A decoder for tokens that continue a text (generated after a prompt): every piece is
+    /// kept whole. Concatenated, its chunks equal `decode` of the ids except that a leading
+    /// prefix space is kept.
     pub fn new() -> StreamDecoder {
         StreamDecoder::default()
     }
 
+    /// A decoder for tokens that start a text: its chunks concatenate to exactly
+    /// [`Tokenizer::decode`] of the ids.
+    pub fn at_text_start() -> StreamDecoder {
+        StreamDecoder {
+            strip_prefix_space: true,
+            ..StreamDecoder::default()
+        }
+    }
+
+    /// Render control tokens as their text (as [`Tokenizer::decode_with`] with true).
+    pub fn render_special(mut self, yes: bool) -> StreamDecoder {
+        self.render_special = yes;
+        self
+    }
+
     /// Text completed by token `id` of `tok` (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
-        self.pending.extend(tok.token_piece_bytes(id));
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) => match e.error_len() {
-                // Invalid bytes (not just incomplete): emit them as U+FFFD now.
-                Some(_) => {
-                    let s = String::from_utf8_lossy(&self.pending).into_owned();
-                    self.pending.clear();
-                    return s;
+        let mut out = String::new();
+        self.push_into(tok, id, &mut out);
+        out
+    }
+
+    /// [`StreamDecoder::push`], appending to `out` (no allocation once `out` has room).
+    pub fn push_into(&mut self, tok: &Tokenizer, id: u32, out: &mut String) {
+        let start = self.pending.len();
+        tok.append_token_bytes(id, self.render_special, &mut self.pending);
+        if self.strip_prefix_space && self.pending.len() > start {
+            if tok.strip_prefix_space && self.pending[start] == b' ' {
+                self.pending.remove(start);
+            }
+            self.strip_prefix_space = false;
+        }
+        let mut done = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[done..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    done = self.pending.len();
+                    break;
                 }
-                None => e.valid_up_to(),
-            },
-        };
-        let out: Vec<u8> = self.pending.drain(..valid).collect();
-        String::from_utf8(out).unwrap_or_default()
+                Err(e) => {
+                    let valid = done + e.valid_up_to();
+                    out.push_str(std::str::from_utf8(&self.pending[done..valid]).unwrap_or(""));
+                    match e.error_len() {
+                        // Invalid bytes: U+FFFD now, as from_utf8_lossy does.
+                        Some(len) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            done = valid + len;
+                        }
+                        // An incomplete character at the end: wait for more bytes.
+                        None => {
+                            done = valid;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.pending.drain(..done);
     }
 
     /// Whatever is left (an incomplete character becomes U+FFFD).
@@ -485,5 +972,207 @@ impl StreamDecoder {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(model: &str, tokens: &[&str], types: &[i32]) -> TokenizerSpec {
+        TokenizerSpec {
+            model: model.into(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            token_types: Some(types.to_vec()),
+            ..TokenizerSpec::default()
+        }
+    }
+
+    /// A tiny SentencePiece vocabulary: bytes, control tokens and a few scored pieces.
+    fn spm(add_space_prefix: Option<bool>) -> Tokenizer {
+        let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+        let mut types = vec![TYPE_UNKNOWN, TYPE_CONTROL, TYPE_CONTROL];
+        for b in 0..=255u8 {
+            tokens.push(format!("<0x{b:02X}>"));
+            types.push(TYPE_BYTE);
+        }
+        let normal = [
+            "▁", "a", "b", "c", "h", "i", "▁h", "▁hi", "hi", "ab", "abc", "bc", "é",
+        ];
+        for t in normal {
+            tokens.push(t.into());
+            types.push(TYPE_NORMAL);
+        }
+        tokens.push("<|im_end|>".into());
+        types.push(TYPE_NORMAL); // an end-of-turn text that the file forgot to mark control
+        let n = tokens.len();
+        // Score = -id: earlier pieces win, as in converted SentencePiece models.
+        let scores = (0..n).map(|i| -(i as f32)).collect();
+        let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let mut s = spec("llama", &refs, &types);
+        s.scores = Some(scores);
+        s.bos = Some(1);
+        s.eos = Some(2);
+        s.unk = Some(0);
+        s.add_space_prefix = add_space_prefix;
+        Tokenizer::new(&s).expect("tokenizer")
+    }
+
+    #[test]
+    fn spm_prefix_space_is_added_and_removed() {
+        let t = spm(None);
+        let ids = t.encode("hi hi", true).expect("encode");
+        let hi = t.piece_to_id("▁hi").expect("▁hi");
+        assert_eq!(ids, vec![1, hi, hi]);
+        assert_eq!(t.decode(&ids), "hi hi");
+        assert_eq!(t.decode(&ids[1..]), "hi hi");
+        // A continuation keeps its space.
+        let mut d = StreamDecoder::new();
+        let s: String = ids.iter().map(|&i| d.push(&t, i)).collect();
+        assert_eq!(s, " hi hi");
+        let mut d = StreamDecoder::at_text_start();
+        let s: String = ids.iter().map(|&i| d.push(&t, i)).collect();
+        assert_eq!(s, "hi hi");
+        assert!(t.add_bos_default());
+    }
+
+    #[test]
+    fn spm_without_prefix_space() {
+        let t = spm(Some(false));
+        let ids = t.encode("hi", false).expect("encode");
+        assert_eq!(ids, vec![t.piece_to_id("hi").expect("hi")]);
+        assert_eq!(t.decode(&ids), "hi");
+    }
+
+    #[test]
+    fn spm_merges_by_score_and_falls_back_to_bytes() {
+        let t = spm(Some(false));
+        // "abc" (score of id) is a piece; so are "ab" and "bc".
+        let abc = t.piece_to_id("abc").expect("abc");
+        assert_eq!(t.encode("abc", false).expect("encode"), vec![abc]);
+        // 'z' is not in the vocabulary: its byte token.
+        assert_eq!(
+            t.encode("z", false).expect("encode"),
+            vec![t.piece_to_id("<0x7A>").expect("byte")]
+        );
+        // 'ж' (two bytes) becomes two byte tokens, which decode back to the character.
+        let ids = t.encode("ж", false).expect("encode");
+        assert_eq!(ids.len(), 2);
+        assert_eq!(t.decode(&ids), "ж");
+    }
+
+    #[test]
+    fn special_tokens_parse_and_render_only_when_asked() {
+        let t = spm(Some(false));
+        let ids = t.encode("hi</s>hi", false).expect("encode");
+        let hi = t.piece_to_id("hi").expect("hi");
+        assert_eq!(ids, vec![hi, 2, hi]);
+        assert_eq!(t.decode(&ids), "hihi");
+        assert_eq!(t.decode_with(&ids, true), "hi</s>hi");
+        let mut d = StreamDecoder::new().render_special(true);
+        let s: String = ids.iter().map(|&i| d.push(&t, i)).collect();
+        assert_eq!(s, "hi</s>hi");
+        // The unknown token is matched too (llama.cpp's parse_special).
+        assert_eq!(t.encode("<unk>", false).expect("encode"), vec![0]);
+    }
+
+    #[test]
+    fn end_of_turn_texts_are_end_of_generation_and_control() {
+        let t = spm(None);
+        let im_end = t.piece_to_id("<|im_end|>").expect("<|im_end|>");
+        assert!(t.eog_ids().contains(&2));
+        assert!(t.eog_ids().contains(&im_end));
+        assert!(t.is_control(im_end));
+        assert_eq!(t.decode(&[im_end]), "");
+    }
+
+    #[test]
+    fn stream_decoder_matches_lossy_decoding_of_invalid_bytes() {
+        let t = spm(Some(false));
+        let byte = |b: u8| t.piece_to_id(&format!("<0x{b:02X}>")).expect("byte");
+        // é = C3 A9; a lone continuation byte, an invalid byte, then a truncated character.
+        let ids = [
+            byte(0xC3),
+            byte(0xA9),
+            byte(0xA9),
+            byte(0xFF),
+            t.piece_to_id("a").expect("a"),
+            byte(0xE4),
+            byte(0xB8),
+        ];
+        let whole = t.decode(&ids);
+        assert_eq!(whole, "é\u{FFFD}\u{FFFD}a\u{FFFD}");
+        let mut d = StreamDecoder::new();
+        let mut chunks: Vec<String> = ids.iter().map(|&i| d.push(&t, i)).collect();
+        assert_eq!(chunks[0], "");
+        assert_eq!(chunks[1], "é");
+        chunks.push(d.finish());
+        assert_eq!(chunks.concat(), whole);
+    }
+
+    #[test]
+    fn byte_level_alphabet_round_trips_every_byte() {
+        let chars = gpt2_byte_chars();
+        let mut seen = std::collections::HashSet::new();
+        for (b, c) in chars.iter().enumerate() {
+            assert!(seen.insert(*c), "{c:?} twice");
+            if (0x21..=0x7E).contains(&b) {
+                assert_eq!(*c as usize, b);
+            }
+        }
+        assert_eq!(chars[usize::from(b' ')], 'Ġ');
+        assert_eq!(chars[usize::from(b'\n')], 'Ċ');
+    }
+
+    #[test]
+    fn unknown_pre_tokenizer_and_model_are_refused_by_name() {
+        let mut s = spec("gpt2", &["a", "b", "ab"], &[1, 1, 1]);
+        s.merges = Some(vec!["a b".into()]);
+        s.pre = Some("no-such-pre".into());
+        let e = Tokenizer::new(&s).expect_err("unknown pre");
+        assert!(
+            matches!(&e, TokenizerError::UnknownPreTokenizer { name } if name == "no-such-pre")
+        );
+        assert!(e.to_string().contains("no-such-pre") && e.to_string().contains("llama-bpe"));
+        s.pre = Some("gpt-2".into());
+        let t = Tokenizer::new(&s).expect("gpt-2");
+        assert_eq!(t.encode("ab", false).expect("encode"), vec![2]);
+        assert!(!t.add_bos_default());
+        s.model = "rwkv".into();
+        assert!(matches!(
+            Tokenizer::new(&s),
+            Err(TokenizerError::UnsupportedModel(m)) if m == "rwkv"
+        ));
+    }
+
+    #[test]
+    fn every_pre_tokenizer_compiles() {
+        for def in PRE_TOKENIZERS {
+            for re in def.splits {
+                split(re).unwrap_or_else(|e| panic!("{:?}: {re}: {e}", def.names));
+            }
+        }
+        let names = pre_tokenizer_names();
+        let unique: std::collections::HashSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "a name is listed twice");
+    }
+
+    #[test]
+    fn bad_metadata_is_an_error_not_a_panic() {
+        let mut s = spec("llama", &["a"], &[1, 1]);
+        assert!(matches!(
+            Tokenizer::new(&s),
+            Err(TokenizerError::Invalid(_))
+        ));
+        s.token_types = Some(vec![1]);
+        assert!(Tokenizer::new(&s).is_err(), "no scores");
+        s.scores = Some(vec![0.0]);
+        s.bos = Some(7);
+        assert!(Tokenizer::new(&s).is_err(), "bos outside the vocabulary");
+        let mut b = spec("gpt2", &["a"], &[1]);
+        b.pre = Some("gpt-2".into());
+        b.merges = Some(vec!["nospace".into()]);
+        assert!(Tokenizer::new(&b).is_err(), "malformed merge");
+        assert!(Tokenizer::new(&TokenizerSpec::default()).is_err());
     }
 }
