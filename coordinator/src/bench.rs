@@ -2,7 +2,8 @@
 //! llama-bench, next to the memory-bandwidth roofline measured in the same run.
 
 use crate::cli::BenchArgs;
-use crate::engine::{default_threads, open_gguf};
+use crate::cli::ModelArgs;
+use crate::engine::{default_threads, open_gguf, Engine};
 use anyhow::{bail, Result};
 use ringllm_kernels::pool::ThreadPool;
 use ringllm_node::{KvType, LoadOptions, Model, Runner};
@@ -25,7 +26,14 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
-    let file = open_gguf(&args.model)?;
+    if let Some(cluster) = &args.cluster {
+        return bench_cluster(&args, cluster);
+    }
+    let model_path = args
+        .model
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("give -m MODEL or --cluster FILE"))?;
+    let file = open_gguf(&model_path)?;
     let model = Arc::new(Model::load(file, &LoadOptions::default())?);
     let threads = if args.threads.is_empty() {
         let all = default_threads();
@@ -44,7 +52,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     let ctx = (max_p + max_g + 1).max(64);
     eprintln!(
         "model {} | {} | {:.1} MiB read per token | isa {}",
-        args.model.display(),
+        model_path.display(),
         model.hp.arch.name(),
         bytes_per_token as f64 / 1048576.0,
         ringllm_kernels::isa().name()
@@ -144,4 +152,217 @@ fn measure_bandwidth(threads: usize, bytes: usize) -> f64 {
     let buf: Vec<u8> = (0..bytes.max(64 << 20)).map(|i| i as u8).collect();
     let pool = ThreadPool::new(threads);
     ringllm_kernels::bandwidth::read_bandwidth(&pool, &buf, 8)
+}
+
+#[derive(Serialize, Default, Clone)]
+struct Speeds {
+    /// (test, mean tokens/s, stddev)
+    rows: Vec<(String, f64, f64)>,
+}
+
+/// Prefill and decode speed of an engine (single process or ring), `repeat` times each.
+fn measure(engine: &mut Engine, args: &BenchArgs) -> Result<Speeds> {
+    let vocab = engine.vocab();
+    let tok = |i: usize| (100 + (i * 7919) % (vocab.saturating_sub(100)).max(1)) as u32;
+    engine.reset();
+    engine.feed(&[tok(0)])?; // warm-up: every weight touched once
+    let mut out = Speeds::default();
+    for &p in &args.prompt {
+        let prompt: Vec<u32> = (0..p).map(tok).collect();
+        let mut samples = Vec::new();
+        for _ in 0..args.repeat {
+            engine.reset();
+            let t0 = Instant::now();
+            engine.feed(&prompt)?;
+            samples.push(p as f64 / t0.elapsed().as_secs_f64());
+        }
+        let (m, sd) = stats(&samples);
+        out.rows.push((format!("pp{p}"), m, sd));
+    }
+    for &g in &args.gen {
+        let mut samples = Vec::new();
+        for _ in 0..args.repeat {
+            engine.reset();
+            engine.feed(&[tok(1)])?;
+            let t0 = Instant::now();
+            for i in 0..g {
+                engine.feed(&[tok(i + 2)])?;
+            }
+            samples.push(g as f64 / t0.elapsed().as_secs_f64());
+        }
+        let (m, sd) = stats(&samples);
+        out.rows.push((format!("tg{g}"), m, sd));
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct LinkRow {
+    link: String,
+    bytes_per_token: f64,
+    frame_bytes_per_token: f64,
+}
+
+#[derive(Serialize)]
+struct ClusterReport {
+    single: Speeds,
+    ring: Speeds,
+    ratio: Vec<(String, f64)>,
+    /// Heartbeat round trip coordinator↔node, ms.
+    rtt_ms: Vec<(String, f64)>,
+    /// Per decoded token: ring time minus the single process's time, over the hops.
+    overhead_ms_per_token: f64,
+    per_hop_ms: f64,
+    /// Per decoded token: compute time on each node, ms.
+    node_compute_ms: Vec<(String, f64)>,
+    links: Vec<LinkRow>,
+    predicted_tokens_per_s: f64,
+}
+
+fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
+    let s = crate::up::setup_cluster(path)?;
+    let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
+    let max_g = args.gen.iter().copied().max().unwrap_or(1);
+    let threads = args
+        .threads
+        .first()
+        .copied()
+        .or(s.threads)
+        .unwrap_or(1)
+        .max(1);
+    let margs = ModelArgs {
+        model: args.model.clone().unwrap_or(s.model.clone()),
+        threads: Some(threads),
+        ctx: Some(max_p + max_g + 8),
+        batch: 512,
+        kv: s.kv.clone().unwrap_or_else(|| "f32".into()),
+    };
+    eprintln!("single process, {threads} thread(s)");
+    let single = {
+        let mut e = Engine::load(&margs)?;
+        measure(&mut e, args)?
+    };
+    eprintln!("ring of {} stage(s), coordinator {threads} thread(s)", s.spec.stages.len());
+    let mut e = Engine::load_ring(&margs, s.spec.clone())?;
+    let ring_plain = measure(&mut e, args)?;
+    // A separate decode pass with counters read before and after.
+    let g = max_g.max(1);
+    let ring = e
+        .ring_mut()
+        .ok_or_else(|| anyhow::anyhow!("the ring is down"))?;
+    let names = ring.node_names();
+    let rtts = ring.rtts();
+    let predicted = ring.plan.predicted_tokens_per_s;
+    let before = ring.stats()?;
+    let links_before = ring.link_counters();
+    e.reset();
+    let vocab = e.vocab();
+    e.feed(&[100])?;
+    let t0 = Instant::now();
+    for i in 0..g {
+        e.feed(&[(200 + i % (vocab - 200)) as u32])?;
+    }
+    let ring_s = t0.elapsed().as_secs_f64() / g as f64;
+    let ring = e
+        .ring_mut()
+        .ok_or_else(|| anyhow::anyhow!("the ring is down"))?;
+    let after = ring.stats()?;
+    let links_after = ring.link_counters();
+    let n_nodes = names.len();
+    let mut links = Vec::new();
+    let d_bytes = 4.0 * e.runner.model.hp.d_model as f64;
+    // Coordinator → first node: what the coordinator sent on its link to node 0.
+    if let (Some(a), Some(b)) = (links_after.first(), links_before.first()) {
+        links.push(LinkRow {
+            link: format!("coordinator → {}", names[0].0),
+            bytes_per_token: (a.1 - b.1) as f64 / g as f64,
+            frame_bytes_per_token: d_bytes + ringllm_protocol::HEADER_LEN as f64,
+        });
+    }
+    for i in 0..n_nodes {
+        let next = if i + 1 < n_nodes {
+            names[i + 1].0.clone()
+        } else {
+            "coordinator".into()
+        };
+        links.push(LinkRow {
+            link: format!("{} → {next}", names[i].0),
+            bytes_per_token: (after[i].bytes_out - before[i].bytes_out) as f64 / g as f64,
+            frame_bytes_per_token: d_bytes + ringllm_protocol::HEADER_LEN as f64,
+        });
+    }
+    let node_compute_ms: Vec<(String, f64)> = (0..n_nodes)
+        .map(|i| {
+            (
+                names[i].0.clone(),
+                (after[i].compute_us - before[i].compute_us) as f64 / 1e3 / g as f64,
+            )
+        })
+        .collect();
+    e.close();
+    let tg_single = single
+        .rows
+        .iter()
+        .find(|r| r.0.starts_with("tg"))
+        .map_or(0.0, |r| r.1);
+    let overhead = ring_s - 1.0 / tg_single.max(1e-9);
+    let ratio = single
+        .rows
+        .iter()
+        .zip(&ring_plain.rows)
+        .map(|(a, b)| (a.0.clone(), b.1 / a.1))
+        .collect();
+    let report = ClusterReport {
+        single,
+        ring: ring_plain,
+        ratio,
+        rtt_ms: names
+            .iter()
+            .zip(&rtts)
+            .map(|(n, r)| (n.0.clone(), r * 1e3))
+            .collect(),
+        overhead_ms_per_token: overhead * 1e3,
+        per_hop_ms: overhead * 1e3 / (n_nodes + 1) as f64,
+        node_compute_ms,
+        links,
+        predicted_tokens_per_s: predicted,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("| test   | single t/s      | ring t/s        | ring/single |");
+    println!("| ------ | --------------: | --------------: | ----------: |");
+    for ((a, b), r) in report
+        .single
+        .rows
+        .iter()
+        .zip(&report.ring.rows)
+        .zip(&report.ratio)
+    {
+        println!(
+            "| {:<6} | {:>7.2} ± {:<5.2} | {:>7.2} ± {:<5.2} | {:>10.3}x |",
+            a.0, a.1, a.2, b.1, b.2, r.1
+        );
+    }
+    println!("predicted by the planner: {:.1} tokens/s", report.predicted_tokens_per_s);
+    println!(
+        "decode overhead of the ring: {:.3} ms/token over {} hops = {:.3} ms per hop",
+        report.overhead_ms_per_token,
+        n_nodes + 1,
+        report.per_hop_ms
+    );
+    for (n, ms) in &report.node_compute_ms {
+        println!("  {n}: compute {ms:.3} ms/token");
+    }
+    for (n, ms) in &report.rtt_ms {
+        println!("  link to {n}: heartbeat round trip {ms:.3} ms");
+    }
+    for l in &report.links {
+        println!(
+            "  {:<28} {:>8.1} bytes/token (one frame: {:.0})",
+            l.link, l.bytes_per_token, l.frame_bytes_per_token
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -27,6 +27,14 @@ pub enum Command {
     Bench(BenchArgs),
     /// Score a text file the way llama.cpp's perplexity tool does.
     Perplexity(PerplexityArgs),
+    /// Serve a slice of a model to a coordinator (the worker daemon of a ring).
+    Node(NodeArgs),
+    /// Coordinate a ring of nodes: complete a prompt, or chat, like `run`.
+    Up(UpArgs),
+    /// Show how a cluster would split a model, and its predicted speed, without loading it.
+    Plan(PlanArgs),
+    /// Write a new random cluster key file.
+    Keygen(KeygenArgs),
     /// Developer tools: dump dequantized tensors and hidden states.
     #[command(hide = true)]
     Debug(DebugArgs),
@@ -82,6 +90,13 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub gen: GenArgs,
+}
+
+/// What to generate: shared by `run` and `up`.
+#[derive(Args, Debug, Clone)]
+pub struct GenArgs {
     /// Prompt, completed as raw text (no chat template). Read from stdin when absent.
     #[arg(short, long)]
     pub prompt: Option<String>,
@@ -108,6 +123,86 @@ pub struct RunArgs {
     /// System prompt for --chat.
     #[arg(long)]
     pub system: Option<String>,
+    /// Write the logits of the last token fed (raw little-endian f32) to this file.
+    #[arg(long, hide = true)]
+    pub logits_out: Option<PathBuf>,
+}
+
+/// `ringllm up`: the coordinator of a ring.
+#[derive(Args, Debug, Clone)]
+pub struct UpArgs {
+    /// Cluster file (TOML); see cluster-configs/homelab.example.toml.
+    pub cluster: Option<PathBuf>,
+    /// GGUF model file (without a cluster file, or to override its `model`).
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    /// Cluster key file (without a cluster file).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// A node's HOST:PORT, in ring order (repeatable; without a cluster file).
+    #[arg(long = "node")]
+    pub nodes: Vec<String>,
+    /// Threads for the coordinator's own work (embedding, output head, local layers).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the cluster file's, else the model's capped at 4096).
+    #[arg(short = 'c', long)]
+    pub ctx: Option<usize>,
+    /// Tokens per prefill batch (one frame per hop).
+    #[arg(short, long, default_value_t = 512)]
+    pub batch: usize,
+    /// KV cache element type on every node: f32 or f16.
+    #[arg(long)]
+    pub kv: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub gen: GenArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// Cluster file (TOML).
+    pub cluster: Option<PathBuf>,
+    #[arg(short, long)]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    #[arg(long = "node")]
+    pub nodes: Vec<String>,
+    #[arg(short = 'c', long)]
+    pub ctx: Option<usize>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// Address to listen on (HOST:PORT).
+    #[arg(short, long)]
+    pub listen: String,
+    /// Cluster key file (the same file on every machine; `ringllm keygen FILE` makes one).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Worker threads (default: physical cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Directory holding the model files.
+    #[arg(long, default_value = "models")]
+    pub models: PathBuf,
+    /// Name shown in logs and errors (default: host name and port).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KeygenArgs {
+    /// Where to write the key.
+    pub file: PathBuf,
+    /// Replace an existing file.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -122,8 +217,8 @@ pub struct InfoArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// GGUF model file.
-    #[arg(short, long)]
-    pub model: PathBuf,
+    #[arg(short, long, required_unless_present = "cluster")]
+    pub model: Option<PathBuf>,
     /// Prompt lengths to measure prefill at.
     #[arg(short = 'p', long, value_delimiter = ',', default_values_t = vec![64usize, 512])]
     pub prompt: Vec<usize>,
@@ -139,6 +234,9 @@ pub struct BenchArgs {
     /// Print results as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Benchmark a ring (cluster file) next to the single process, in the same run.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -206,5 +304,14 @@ pub enum DebugCommand {
         seed: u64,
         #[arg(short, long)]
         output: PathBuf,
+    },
+    /// A TCP proxy that delays every chunk by a fixed time (tests add link latency with it).
+    DelayProxy {
+        #[arg(long)]
+        listen: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        delay_ms: f64,
     },
 }

@@ -112,6 +112,20 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             std::fs::write(&output, bytes)
                 .with_context(|| format!("writing {}", output.display()))?;
         }
+        DebugCommand::DelayProxy {
+            listen,
+            to,
+            delay_ms,
+        } => {
+            if !(0.0..=10_000.0).contains(&delay_ms) {
+                bail!("--delay-ms must be between 0 and 10000");
+            }
+            crate::proxy::run_delay_proxy(
+                &listen,
+                &to,
+                std::time::Duration::from_secs_f64(delay_ms / 1000.0),
+            )?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -2,6 +2,7 @@
 //! loop shared by `run`, chat and (later) the ring coordinator.
 
 use crate::cli::{ModelArgs, SamplingArgs};
+use crate::ring::{Ring, RingSpec, Stage};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm::sampler::{Sampler, SamplerParams, StopStrings};
 use ringllm::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
@@ -27,6 +28,19 @@ pub struct Engine {
     logits: Vec<f32>,
     pub ctx: usize,
     pub load_seconds: f64,
+    /// Ring mode: the nodes run the layers; this process holds the embedding, the output head
+    /// (unless the plan put it on the last node) and any `local` layers.
+    pub ring: Option<RingMode>,
+}
+
+pub struct RingMode {
+    pub spec: RingSpec,
+    pub args: ModelArgs,
+    pub file: Arc<GgufFile>,
+    /// `None` after a failure, until `recover` rebuilds the ring.
+    pub ring: Option<Ring>,
+    pub seq: u64,
+    pub hp: ringllm_node::Hparams,
 }
 
 /// Opens a GGUF file with a message that names the file.
@@ -79,7 +93,93 @@ impl Engine {
             logits: vec![0.0; vocab],
             ctx,
             load_seconds: t0.elapsed().as_secs_f64(),
+            ring: None,
         })
+    }
+
+    /// The coordinator of a ring: connects to the nodes, plans, assigns, and keeps the
+    /// embedding, head and local layers here.
+    pub fn load_ring(args: &ModelArgs, spec: RingSpec) -> Result<Engine> {
+        let t0 = Instant::now();
+        let file = open_gguf(&args.model)?;
+        let spec_tok = TokenizerSpec::from_gguf(file.metadata())
+            .with_context(|| format!("tokenizer of {}", args.model.display()))?;
+        let tokenizer = Tokenizer::new(&spec_tok)
+            .with_context(|| format!("tokenizer of {}", args.model.display()))?;
+        let full = Model::load(Arc::clone(&file), &LoadOptions::default())
+            .with_context(|| format!("cannot load {}", args.model.display()))?;
+        let hp = full.hp.clone();
+        drop(full);
+        let ctx = args.ctx.unwrap_or(hp.ctx_train.min(4096)).max(1);
+        if args.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        let mut mode = RingMode {
+            spec,
+            args: ModelArgs {
+                ctx: Some(ctx),
+                ..args.clone()
+            },
+            file,
+            ring: None,
+            seq: 1,
+            hp,
+        };
+        let (runner, kv) = mode.build(false)?;
+        let vocab = mode.hp.vocab;
+        let d = mode.hp.d_model;
+        Ok(Engine {
+            runner,
+            kv,
+            tokenizer,
+            spec: spec_tok,
+            history: Vec::new(),
+            x: vec![0.0; args.batch * d],
+            logits: vec![0.0; vocab],
+            ctx,
+            load_seconds: t0.elapsed().as_secs_f64(),
+            ring: Some(mode),
+        })
+    }
+
+    /// After a ring failure: connect again to the nodes still reachable, re-plan, reload.
+    pub fn recover(&mut self) -> Result<()> {
+        let Some(mode) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        if let Some(old) = mode.ring.take() {
+            old.shutdown("recovering");
+        }
+        let (runner, kv) = mode.build(true)?;
+        self.runner = runner;
+        self.kv = kv;
+        self.history.clear();
+        mode.seq += 1;
+        Ok(())
+    }
+
+    /// The ring, when this engine coordinates one and it is up.
+    pub fn ring_mut(&mut self) -> Option<&mut Ring> {
+        self.ring.as_mut().and_then(|m| m.ring.as_mut())
+    }
+
+    /// The logits of the last token fed.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Ends a ring session cleanly (nodes free their slices at once).
+    pub fn close(&mut self) {
+        if let Some(m) = self.ring.as_mut() {
+            if let Some(r) = m.ring.take() {
+                r.shutdown("done");
+            }
+        }
+    }
+
+    /// True when a ring is configured but currently down.
+    pub fn ring_down(&self) -> bool {
+        self.ring.as_ref().is_some_and(|m| m.ring.is_none())
     }
 
     /// Forgets the sequence.
@@ -99,7 +199,17 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count()
             .min(tokens.len().saturating_sub(1));
-        if !self.kv.can_truncate_to(common) {
+        let ok = match &self.ring {
+            Some(m) => ringllm_node::kv::can_truncate(
+                &m.hp,
+                self.ctx,
+                self.runner.max_batch(),
+                self.kv.len,
+                common,
+            ),
+            None => self.kv.can_truncate_to(common),
+        };
+        if !ok {
             self.reset();
             return tokens;
         }
@@ -114,16 +224,155 @@ impl Engine {
             bail!("nothing to feed");
         }
         for chunk in tokens.chunks(self.runner.max_batch()) {
-            self.runner
-                .step(chunk, &mut self.kv, &mut self.x, &mut self.logits)?;
+            if self.ring.is_some() {
+                if let Err(e) = self.ring_step(chunk) {
+                    // The ring's state is unknown now: drop it; `recover` rebuilds it.
+                    if let Some(m) = self.ring.as_mut() {
+                        if let Some(r) = m.ring.take() {
+                            r.shutdown("failure");
+                        }
+                    }
+                    return Err(e);
+                }
+            } else {
+                self.runner
+                    .step(chunk, &mut self.kv, &mut self.x, &mut self.logits)?;
+            }
             self.history.extend_from_slice(chunk);
         }
         Ok(&self.logits)
     }
 
+    fn ring_step(&mut self, chunk: &[u32]) -> Result<()> {
+        let mode = self.ring.as_mut().ok_or_else(|| anyhow!("not a ring"))?;
+        let ring = mode.ring.as_mut().ok_or_else(|| {
+            anyhow!("the ring is down (a node was lost); it is rebuilt before the next request")
+        })?;
+        let n = chunk.len();
+        let d = mode.hp.d_model;
+        let pos = self.kv.len;
+        if pos + n > self.ctx {
+            bail!("the context of {} tokens is full", self.ctx);
+        }
+        if self.x.len() < n * d {
+            self.x.resize(n * d, 0.0);
+        }
+        self.runner.embed(chunk, &mut self.x[..n * d])?;
+        let (runner, kv) = (&mut self.runner, &mut self.kv);
+        let mut local = |x: &mut [f32]| -> Result<()> {
+            runner.layers(x, n, kv, None)?;
+            Ok(())
+        };
+        ring.forward(
+            mode.seq,
+            pos,
+            &mut self.x[..n * d],
+            n,
+            d,
+            &mut self.logits,
+            &mut local,
+        )?;
+        self.kv.len = pos + n;
+        if !ring.head_on_node {
+            let last = &mut self.x[(n - 1) * d..n * d];
+            self.runner.final_norm(last, 1)?;
+            self.runner
+                .logits(&self.x[(n - 1) * d..n * d], 1, &mut self.logits)?;
+        }
+        Ok(())
+    }
+
     pub fn vocab(&self) -> usize {
         self.logits.len()
     }
+}
+
+impl RingMode {
+    /// Connects, plans, assigns; returns the coordinator's runner and cache for its part.
+    fn build(&mut self, probe: bool) -> Result<(Runner, KvCache)> {
+        let args = &self.args;
+        let ctx = args.ctx.unwrap_or(4096);
+        let kv_type = KvType::from_name(&args.kv)
+            .ok_or_else(|| anyhow!("--kv must be f32 or f16, not '{}'", args.kv))?;
+        let threads = args.threads.unwrap_or_else(default_threads).max(1);
+        let mut spec = self.spec.clone();
+        // Leave out nodes that do not answer, unless they hold pinned layers.
+        let reachable: Vec<bool> = spec
+            .stages
+            .iter()
+            .map(|s| match &s.address {
+                Some(a) if probe => reachable(a),
+                _ => true,
+            })
+            .collect();
+        if reachable.iter().any(|r| !r) {
+            let lost: Vec<String> = spec
+                .stages
+                .iter()
+                .zip(&reachable)
+                .filter(|(_, r)| !**r)
+                .map(|(s, _)| format!("'{}' ({})", s.name, s.address.as_deref().unwrap_or("")))
+                .collect();
+            if spec
+                .stages
+                .iter()
+                .zip(&reachable)
+                .any(|(s, r)| !*r && s.layers.is_some())
+                || reachable.iter().filter(|r| **r).count() == 0
+            {
+                bail!("node(s) {} do not answer", lost.join(", "));
+            }
+            eprintln!(
+                "warning: node(s) {} do not answer; planning over the others",
+                lost.join(", ")
+            );
+            let mut keep = reachable.iter();
+            spec.stages.retain(|_| *keep.next().unwrap_or(&true));
+        }
+        let mut ring = Ring::connect(
+            &spec,
+            &args.model,
+            &self.file,
+            ctx,
+            args.batch,
+            kv_type,
+            threads,
+        )?;
+        eprint!("{}", ring.plan);
+        let identity = crate::ring::identity_of(&args.model, &self.file);
+        ring.assign(&spec, &identity, ctx, args.batch, kv_type)?;
+        let local = ring
+            .stages
+            .iter()
+            .find_map(|s| match s {
+                Stage::Local { layers } => Some(layers.clone()),
+                _ => None,
+            })
+            .unwrap_or(0..0);
+        let model = Model::load(
+            Arc::clone(&self.file),
+            &LoadOptions {
+                layers: Some(local),
+                embedding: true,
+                head: !ring.head_on_node,
+            },
+        )?;
+        let runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
+        let kv = runner.new_cache(ctx, kv_type);
+        self.ring = Some(ring);
+        Ok((runner, kv))
+    }
+}
+
+/// A quick TCP connect to see whether a node is there at all.
+fn reachable(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    let Ok(mut addrs) = addr.to_socket_addrs() else {
+        return false;
+    };
+    addrs.any(|a| {
+        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok()
+    })
 }
 
 /// Why generation stopped (OpenAI's `finish_reason`).

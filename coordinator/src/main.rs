@@ -3,11 +3,16 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod debug;
 mod engine;
 mod info;
 mod perplexity;
+mod planner;
+mod proxy;
+mod ring;
 mod run;
+mod up;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -20,6 +25,10 @@ fn main() -> ExitCode {
         cli::Command::Info(a) => info::info(a),
         cli::Command::Bench(a) => bench::bench(a),
         cli::Command::Perplexity(a) => perplexity::perplexity(a),
+        cli::Command::Node(a) => up::node(a),
+        cli::Command::Up(a) => up::up(a),
+        cli::Command::Plan(a) => up::plan(a),
+        cli::Command::Keygen(a) => up::keygen(a),
         cli::Command::Debug(a) => debug::debug(a),
     };
     match result {

@@ -1,6 +1,6 @@
 //! `ringllm run`: complete a prompt, or chat.
 
-use crate::cli::RunArgs;
+use crate::cli::{GenArgs, ModelArgs, RunArgs, SamplingArgs};
 use crate::engine::{generate, sampler_params, Engine, FinishReason, Generation};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm::sampler::Sampler;
@@ -11,10 +11,31 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    if args.chat {
-        return chat(args);
+    let model = args.model.clone();
+    session(
+        &|| Engine::load(&model),
+        &args.model,
+        &args.sampling,
+        &args.gen,
+    )
+}
+
+/// Runs a prompt or a chat on an engine built by `load` (one process, or a ring).
+pub fn session(
+    load: &dyn Fn() -> Result<Engine>,
+    model: &ModelArgs,
+    sampling: &SamplingArgs,
+    gen: &GenArgs,
+) -> Result<ExitCode> {
+    let args = Args {
+        model,
+        sampling,
+        gen,
+    };
+    if args.gen.chat {
+        return chat(args, load);
     }
-    let prompt = match &args.prompt {
+    let prompt = match &args.gen.prompt {
         Some(p) => p.clone(),
         None => {
             let mut s = String::new();
@@ -24,14 +45,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             s
         }
     };
-    let mut engine = Engine::load(&args.model)?;
+    let mut engine = load()?;
     let add_bos = engine.tokenizer.add_bos_default();
     let ids = engine.tokenizer.encode(&prompt, add_bos)?;
-    let mut sampler = Sampler::new(&sampler_params(&args.sampling));
+    let mut sampler = Sampler::new(&sampler_params(args.sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     install_ctrlc(Arc::clone(&cancel), None)?;
     let stdout = std::io::stdout();
-    let json = args.json;
+    let json = args.gen.json;
     let mut on_text = |t: &str| {
         if !json {
             print_now(&stdout, t);
@@ -40,9 +61,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let g = generate(
         &mut engine,
         &ids,
-        args.n_predict,
+        args.gen.n_predict,
         &mut sampler,
-        &args.stop,
+        &args.gen.stop,
         &cancel,
         &mut on_text,
     )?;
@@ -52,7 +73,25 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         println!();
     }
     report(&engine, &g);
+    if let Some(path) = &args.gen.logits_out {
+        write_logits(path, &engine)?;
+    }
+    engine.close();
     Ok(ExitCode::SUCCESS)
+}
+
+struct Args<'a> {
+    model: &'a ModelArgs,
+    sampling: &'a SamplingArgs,
+    gen: &'a GenArgs,
+}
+
+fn write_logits(path: &std::path::Path, engine: &Engine) -> Result<()> {
+    let mut bytes = Vec::with_capacity(engine.logits().len() * 4);
+    for v in engine.logits() {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Streams `t` to stdout at once (a closed pipe only ends the output, not the generation).
@@ -96,9 +135,9 @@ fn install_ctrlc(cancel: Arc<AtomicBool>, presses: Option<Arc<AtomicUsize>>) -> 
     .map_err(|e| anyhow!("cannot install the Ctrl-C handler: {e}"))
 }
 
-fn chat(args: RunArgs) -> Result<ExitCode> {
-    let mut engine = Engine::load(&args.model)?;
-    let source = match (&args.template, &engine.spec.chat_template) {
+fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
+    let mut engine = load()?;
+    let source = match (&args.gen.template, &engine.spec.chat_template) {
         (Some(name), _) => builtin(name)
             .ok_or_else(|| {
                 anyhow!(
@@ -127,12 +166,12 @@ fn chat(args: RunArgs) -> Result<ExitCode> {
         .unwrap_or("")
         .to_string();
     let template = ChatTemplate::new(&source, &bos, &eos)?;
-    let mut sampler = Sampler::new(&sampler_params(&args.sampling));
+    let mut sampler = Sampler::new(&sampler_params(args.sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     let presses = Arc::new(AtomicUsize::new(0));
     install_ctrlc(Arc::clone(&cancel), Some(Arc::clone(&presses)))?;
     let mut messages: Vec<Message> = Vec::new();
-    if let Some(s) = &args.system {
+    if let Some(s) = &args.gen.system {
         messages.push(Message {
             role: "system".into(),
             content: s.clone(),
@@ -161,15 +200,38 @@ fn chat(args: RunArgs) -> Result<ExitCode> {
         let ids = engine.tokenizer.encode(&text, false)?;
         cancel.store(false, Ordering::SeqCst);
         let mut on_text = |t: &str| print_now(&stdout, t);
-        let g = generate(
+        if engine.ring_down() {
+            eprintln!("[rebuilding the ring]");
+            if let Err(e) = engine.recover() {
+                eprintln!("error: {e:#}");
+                eprintln!("[the ring is still down; send the message again to retry]");
+                messages.pop();
+                continue;
+            }
+        }
+        let g = match generate(
             &mut engine,
             &ids,
-            args.n_predict,
+            args.gen.n_predict,
             &mut sampler,
-            &args.stop,
+            &args.gen.stop,
             &cancel,
             &mut on_text,
-        )?;
+        ) {
+            Ok(g) => g,
+            Err(e) if engine.ring.is_some() => {
+                println!();
+                eprintln!("error: {e:#}");
+                messages.pop();
+                eprintln!("[rebuilding the ring over the nodes still there]");
+                if let Err(e) = engine.recover() {
+                    eprintln!("error: {e:#}");
+                    eprintln!("[the ring is down; send the message again to retry]");
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         println!();
         if g.finish_reason == FinishReason::Cancelled {
             eprintln!("[reply stopped]");
@@ -185,5 +247,6 @@ fn chat(args: RunArgs) -> Result<ExitCode> {
             content: g.text.trim().to_string(),
         });
     }
+    engine.close();
     Ok(ExitCode::SUCCESS)
 }

@@ -28,6 +28,28 @@ impl KvType {
             KvType::F16 => 2,
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+/// `KvCache::can_truncate_to` for the whole model without a cache at hand (the coordinator
+/// of a ring decides for every node's layers).
+pub fn can_truncate(hp: &Hparams, ctx: usize, max_batch: usize, len: usize, target: usize) -> bool {
+    target == 0
+        || target >= len
+        || (0..hp.n_layer).all(|il| {
+            if !(hp.sliding[il] && hp.sliding_window > 0) {
+                return true;
+            }
+            let w = hp.sliding_window;
+            let cap = (w + max_batch.max(1) - 1).min(ctx);
+            (target + 1).saturating_sub(w) >= len.saturating_sub(cap)
+        })
 }
 
 /// One stored K or V row type.
@@ -206,7 +228,8 @@ impl KvCache {
     /// True when truncating to `len` keeps every position the next query can see: a
     /// sliding-window ring may already have overwritten older positions.
     pub fn can_truncate_to(&self, len: usize) -> bool {
-        len >= self.len
+        len == 0
+            || len >= self.len
             || self.layers.iter().all(|l| match l.window {
                 None => true,
                 Some(w) => (len + 1).saturating_sub(w) >= self.len.saturating_sub(l.cap),

@@ -2,12 +2,14 @@
 //! forward pass over a contiguous range of layers.
 
 pub mod arch;
+pub mod daemon;
 pub mod error;
 pub mod forward;
 pub mod gguf;
 pub mod kv;
 pub mod model;
 pub mod synth;
+pub mod sys;
 
 pub use arch::{Arch, Hparams, LayerClass, TensorKind};
 pub use error::ModelError;

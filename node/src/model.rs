@@ -177,6 +177,29 @@ impl Model {
         }
     }
 
+    /// Reads one byte of every page of the loaded weights so they are resident before the
+    /// first token (and the resident set shows the slice); returns the bytes touched.
+    pub fn prefault(&self) -> usize {
+        let bytes = self.file.bytes();
+        let mut total = 0usize;
+        let mut acc = 0u8;
+        let weights = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .chain(self.tok_embd.iter())
+            .chain(self.output.iter());
+        for w in weights {
+            let r = &bytes[w.range.clone()];
+            for i in (0..r.len()).step_by(4096) {
+                acc ^= r[i];
+            }
+            total += r.len();
+        }
+        std::hint::black_box(acc);
+        total
+    }
+
     /// Bytes of weights read per decoded token by the loaded part of the model (every layer
     /// matrix plus the output head; one embedding row is negligible).
     pub fn weight_bytes_per_token(&self) -> usize {

@@ -1,0 +1,1253 @@
+//! Cluster files: which model to run, which machines hold which layers, in TOML.
+//!
+//! ```toml
+//! model = "../models/smollm2-135m-instruct-q4_1.gguf"  # required; relative to this file's folder
+//! key = "cluster.key"          # required: the cluster key file, relative to this file's folder
+//! ctx = 2048                   # optional: context size in tokens (default: the model's, capped)
+//! activations = "f32"          # optional: activations on the wire; only "f32" for now
+//! kv = "f32"                   # optional: KV cache type, "f32" (default) or "f16"
+//!
+//! [coordinator]                # optional table: the machine that runs `ringllm`
+//! threads = 2                  # optional, at least 1
+//! memory = "4GiB"              # optional budget for embedding + head + the local stage's layers
+//!
+//! [[node]]                     # one table per stage, in ring order (at least one)
+//! name = "a"                   # required, unique
+//! address = "127.0.0.1:7701"   # required unless local = true: host:port, port 1-65535
+//! layers = "0-14"              # optional manual split, inclusive: "0-14" is layers 0 to 14
+//! memory = "2GiB"              # optional cap on what the node may use
+//! threads = 1                  # optional, at least 1
+//!
+//! [[node]]
+//! name = "master"
+//! local = true                 # runs inside the coordinator process (at most one; no address)
+//! ```
+//!
+//! Sizes are a string with a unit (`"4GiB"`, `"512 MiB"`, `"2GB"`, `"1.5G"`) or a whole number
+//! of bytes; see [`parse_size`]. Top-level keys must come before the first `[table]`, as TOML
+//! puts every key after a header into that table.
+//!
+//! Every error names the file, the line, the field and the fix, e.g.
+//! `cluster.toml:7: node "b": field `address` "10.0.0.2" has no port — write it as host:port,
+//! e.g. "10.0.0.2:7701"`. TOML syntax and type errors keep the line `toml` reports; a misspelled
+//! field is refused by name, with the closest known field suggested.
+//!
+//! Pinned `layers` are checked here as far as they can be without the model: in ring order,
+//! non-overlapping, contiguous where no unpinned node sits between two pins, starting at 0 when
+//! no unpinned node comes first, and with at least one free layer for each unpinned node in
+//! between. Whether the pins reach the model's last layer is the planner's check.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The only activation type on the wire for now.
+pub const DEFAULT_ACTIVATIONS: &str = "f32";
+/// KV cache type when the file does not say.
+pub const DEFAULT_KV: &str = "f32";
+
+/// A parsed and checked cluster file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    /// The cluster file itself, as given.
+    pub path: PathBuf,
+    /// The GGUF model, resolved relative to the cluster file's folder.
+    pub model: PathBuf,
+    /// The cluster key file, resolved relative to the cluster file's folder.
+    pub key_file: PathBuf,
+    /// Context size in tokens; `None`: the engine's default.
+    pub ctx: Option<usize>,
+    /// Activation type on the wire; always `"f32"` for now.
+    pub activations: String,
+    /// KV cache type: `"f32"` or `"f16"`.
+    pub kv: String,
+    /// The coordinator's own threads.
+    pub threads: Option<usize>,
+    /// The coordinator's memory budget in bytes (embedding, head and the local stage's layers).
+    pub memory: Option<u64>,
+    /// The stages in ring order.
+    pub stages: Vec<StageConfig>,
+}
+
+/// One `[[node]]` table: a stage of the ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageConfig {
+    pub name: String,
+    /// `host:port`; `None` for the local stage.
+    pub address: Option<String>,
+    /// The layers run inside the coordinator process.
+    pub local: bool,
+    /// Manual split; the file's inclusive `"0-8"` is `0..9` here.
+    pub layers: Option<Range<usize>>,
+    /// Cap on the memory this node may use, in bytes.
+    pub memory: Option<u64>,
+    pub threads: Option<usize>,
+    /// 1-based line of the `[[node]]` header, for messages.
+    pub line: usize,
+}
+
+const TOP_FIELDS: &[&str] = &[
+    "model",
+    "key",
+    "ctx",
+    "activations",
+    "kv",
+    "coordinator",
+    "node",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    model: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    ctx: Option<Spanned<i64>>,
+    activations: Option<Spanned<String>>,
+    kv: Option<Spanned<String>>,
+    coordinator: Option<RawCoordinator>,
+    #[serde(default)]
+    node: Vec<Spanned<RawNode>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCoordinator {
+    threads: Option<Spanned<i64>>,
+    memory: Option<Spanned<toml::Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    name: Option<Spanned<String>>,
+    address: Option<Spanned<String>>,
+    local: Option<Spanned<bool>>,
+    layers: Option<Spanned<toml::Value>>,
+    memory: Option<Spanned<toml::Value>>,
+    threads: Option<Spanned<i64>>,
+}
+
+/// Reads and checks a cluster file.
+pub fn load(path: &Path) -> Result<ClusterConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read cluster file {}", path.display()))?;
+    parse_str(&text, path)
+}
+
+/// Parses and checks cluster file text; `path` names the file in messages and is the base for
+/// the relative `model` and `key` paths.
+pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
+    let src = Source {
+        text,
+        file: path.display().to_string(),
+    };
+    let raw: RawCluster = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
+    let base = path.parent().unwrap_or_else(|| Path::new(""));
+
+    let model = required_path(&src, raw.model, "model", "\"models/my-model.gguf\"", base)?;
+    let key_file = required_path(&src, raw.key, "key", "\"cluster.key\"", base)?;
+    let ctx = match raw.ctx {
+        None => None,
+        Some(v) => Some(positive(&src, &v, "", "ctx", "ctx = 2048")?),
+    };
+    let activations = match raw.activations {
+        None => DEFAULT_ACTIVATIONS.to_string(),
+        Some(v) => {
+            let a = v.get_ref().trim().to_ascii_lowercase();
+            match a.as_str() {
+                "f32" => a,
+                "f16" | "bf16" | "q8" | "q8_0" => {
+                    let msg = format!(
+                        "field `activations` \"{}\" is not supported yet — only \"f32\" works \
+                         for now (f16, bf16 and q8 are planned); write activations = \"f32\" or \
+                         remove the line",
+                        v.get_ref()
+                    );
+                    return Err(src.err(&v, msg));
+                }
+                _ => {
+                    return Err(src.err(
+                        &v,
+                        format!(
+                            "field `activations` \"{}\" is not an activation type — write \
+                             activations = \"f32\" (the only one supported for now)",
+                            v.get_ref()
+                        ),
+                    ))
+                }
+            }
+        }
+    };
+    let kv = match raw.kv {
+        None => DEFAULT_KV.to_string(),
+        Some(v) => {
+            let k = v.get_ref().trim().to_ascii_lowercase();
+            if k != "f32" && k != "f16" {
+                return Err(src.err(
+                    &v,
+                    format!(
+                        "field `kv` \"{}\" is not a KV cache type — write kv = \"f32\" (the \
+                         default) or kv = \"f16\"",
+                        v.get_ref()
+                    ),
+                ));
+            }
+            k
+        }
+    };
+    let (threads, memory) = match raw.coordinator {
+        None => (None, None),
+        Some(c) => {
+            let what = "[coordinator]: ";
+            let threads = match c.threads {
+                None => None,
+                Some(t) => Some(positive(&src, &t, what, "threads", "threads = 2")?),
+            };
+            let memory = match c.memory {
+                None => None,
+                Some(m) => Some(size_field(&src, &m, what)?),
+            };
+            (threads, memory)
+        }
+    };
+
+    if raw.node.is_empty() {
+        return Err(anyhow::anyhow!(
+            "{}: no [[node]] tables — add one per stage of the ring, e.g.\n[[node]]\nname = \"a\"\n\
+             address = \"192.168.1.20:7701\"",
+            src.file
+        ));
+    }
+    let headers = node_header_lines(text);
+    let mut stages = Vec::with_capacity(raw.node.len());
+    for (i, spanned) in raw.node.iter().enumerate() {
+        // The scan finds the headers of `[[node]]` tables; a file that spells the array another
+        // way (`node = [{ ... }]`) falls back to where toml says the table is.
+        let line = if headers.len() == raw.node.len() {
+            headers[i]
+        } else {
+            src.line_of(spanned.span().start)
+        };
+        stages.push(node(&src, spanned.get_ref(), i, line)?);
+    }
+    check_stages(&src, &stages)?;
+
+    Ok(ClusterConfig {
+        path: path.to_path_buf(),
+        model,
+        key_file,
+        ctx,
+        activations,
+        kv,
+        threads,
+        memory,
+        stages,
+    })
+}
+
+/// Parses an inclusive layer range as written in cluster files: `"0-8"` is `0..9`, `"5"` is
+/// `5..6`.
+pub fn parse_layers(s: &str) -> Result<Range<usize>, String> {
+    let t = s.trim();
+    let hint = "write first-last with layer numbers, inclusive, e.g. \"0-8\"";
+    if t.is_empty() {
+        return Err(format!("empty layer range — {hint}"));
+    }
+    let (a, b) = match t.split_once('-') {
+        Some((a, b)) => (a.trim(), b.trim()),
+        None => (t, t),
+    };
+    let number = |x: &str| -> Result<usize, String> {
+        x.parse::<usize>()
+            .map_err(|_| format!("\"{t}\" is not a layer range — {hint}"))
+    };
+    let first = number(a)?;
+    let last = number(b)?;
+    if last < first {
+        return Err(format!(
+            "layer range \"{t}\" ends before it starts — write the lower layer first, e.g. \
+             \"{last}-{first}\""
+        ));
+    }
+    let end = last
+        .checked_add(1)
+        .ok_or_else(|| format!("layer range \"{t}\" is too large"))?;
+    Ok(first..end)
+}
+
+/// Parses a size: a number with an optional unit, case-insensitive. `B` bytes; `KiB`, `MiB`,
+/// `GiB`, `TiB` and the bare `K`, `M`, `G`, `T` are powers of 1024; `KB`, `MB`, `GB`, `TB` are
+/// powers of 1000. Fractions are allowed with a unit larger than a byte (`"1.5G"`) and rounded to
+/// whole bytes; no unit means bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let hint = "write e.g. \"4GiB\", \"512 MiB\", \"2GB\" or a number of bytes";
+    if t.is_empty() {
+        return Err(format!("empty size — {hint}"));
+    }
+    if t.starts_with('-') {
+        return Err(format!("size \"{t}\" is negative — {hint}"));
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    if num.is_empty() {
+        return Err(format!("size \"{t}\" has no number — {hint}"));
+    }
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "size \"{t}\" has an unknown unit \"{unit}\" — use B, KiB, MiB, GiB, TiB (or K, \
+                 M, G, T; powers of 1024) or KB, MB, GB, TB (powers of 1000)"
+            ))
+        }
+    };
+    if num.contains('.') {
+        if mult == 1 {
+            return Err(format!("size \"{t}\" is a fraction of a byte — {hint}"));
+        }
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("size \"{t}\" is not a number — {hint}"))?;
+        let bytes = (v * mult as f64).round();
+        if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+            return Err(format!("size \"{t}\" is too large"));
+        }
+        return Ok(bytes as u64);
+    }
+    let v: u64 = num
+        .parse()
+        .map_err(|_| format!("size \"{t}\" is not a number — {hint}"))?;
+    v.checked_mul(mult)
+        .ok_or_else(|| format!("size \"{t}\" is too large"))
+}
+
+/// Inclusive `first-last` text of a range, as cluster files write it.
+fn layers_text(r: &Range<usize>) -> String {
+    format!("{}-{}", r.start, r.end.saturating_sub(1))
+}
+
+/// The text being parsed, for turning byte offsets into `file:line:` prefixes.
+struct Source<'a> {
+    text: &'a str,
+    file: String,
+}
+
+impl Source<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    }
+
+    fn at(&self, line: usize, msg: impl std::fmt::Display) -> anyhow::Error {
+        anyhow::anyhow!("{}:{}: {}", self.file, line, msg)
+    }
+
+    fn err<T>(&self, v: &Spanned<T>, msg: impl std::fmt::Display) -> anyhow::Error {
+        self.at(self.line_of(v.span().start), msg)
+    }
+
+    /// Text of a 1-based line, or "" past the end.
+    fn line_text(&self, line: usize) -> &str {
+        self.text.lines().nth(line.saturating_sub(1)).unwrap_or("")
+    }
+
+    /// Describes the table that holds `line`: the nearest header above it.
+    fn table_at(&self, line: usize) -> String {
+        for l in (1..=line).rev() {
+            let code = strip_comment(self.line_text(l));
+            if code.starts_with("[[") {
+                return format!("in the {code} table at line {l}: ");
+            }
+            if code.starts_with('[') {
+                return format!("in {code}: ");
+            }
+        }
+        String::new()
+    }
+
+    /// A TOML syntax, type or unknown-field error as `file:line: message`, naming the field.
+    fn toml_error(&self, e: &toml::de::Error) -> anyhow::Error {
+        let msg = e.message().trim_end();
+        let Some(span) = e.span() else {
+            return anyhow::anyhow!("{}: {}", self.file, msg);
+        };
+        let line = self.line_of(span.start);
+        if let Some(field) = between(msg, "unknown field `", "`") {
+            let expected = backticked(msg.split_once("expected").map_or("", |(_, rest)| rest));
+            let mut text = format!("{}unknown field `{field}`", self.table_at(line));
+            if let Some(best) = closest(field, &expected) {
+                text += &format!(" — did you mean `{best}`?");
+            } else if TOP_FIELDS.contains(&field) {
+                text += " — top-level settings must come before the first [table] header; move \
+                         the line up";
+            }
+            if !expected.is_empty() {
+                text += &format!(" (known fields: {})", expected.join(", "));
+            }
+            return self.at(line, text);
+        }
+        let code = strip_comment(self.line_text(line));
+        let mut text = match code.split_once('=') {
+            Some((k, _)) if !k.trim().is_empty() && !k.contains('[') => {
+                format!(
+                    "field `{}`: {}",
+                    k.trim().trim_matches('"'),
+                    plain_types(msg)
+                )
+            }
+            _ => plain_types(msg),
+        };
+        if msg.contains("expected a sequence") && code.starts_with('[') && !code.starts_with("[[") {
+            text += &format!(" — write [{code}] (double brackets) for each table of the list");
+        }
+        self.at(line, text)
+    }
+}
+
+/// Serde's Rust type names in words a cluster file's author knows.
+fn plain_types(msg: &str) -> String {
+    msg.replace("expected i64", "expected a whole number")
+        .replace("expected a boolean", "expected true or false")
+}
+
+/// `type_str` with its article: "an array", "a string".
+fn a_type(v: &toml::Value) -> String {
+    let t = v.type_str();
+    let article = if t.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("{article} {t}")
+}
+
+fn strip_comment(line: &str) -> &str {
+    line.split('#').next().unwrap_or("").trim()
+}
+
+/// 1-based lines that are `[[node]]` headers (spaces and a trailing comment allowed).
+fn node_header_lines(text: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let compact: String = strip_comment(l)
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            (compact == "[[node]]").then_some(i + 1)
+        })
+        .collect()
+}
+
+/// The text between the first `open` and the next `close` after it.
+fn between<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
+    let rest = &s[s.find(open)? + open.len()..];
+    Some(&rest[..rest.find(close)?])
+}
+
+/// Every `quoted` word of `s`.
+fn backticked(s: &str) -> Vec<&str> {
+    s.split('`').skip(1).step_by(2).collect()
+}
+
+/// The candidate nearest to `word` if within edit distance 2 (ties: the first).
+fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let w = word.to_ascii_lowercase();
+    candidates
+        .iter()
+        .map(|c| (edit_distance(&w, &c.to_ascii_lowercase()), *c))
+        .filter(|&(d, _)| d <= 2)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let up = row[j + 1];
+            row[j + 1] = (diag + usize::from(ca != cb)).min(up + 1).min(row[j] + 1);
+            diag = up;
+        }
+    }
+    row[b.len()]
+}
+
+fn required_path(
+    src: &Source,
+    v: Option<Spanned<String>>,
+    field: &str,
+    example: &str,
+    base: &Path,
+) -> Result<PathBuf> {
+    let Some(v) = v else {
+        return Err(anyhow::anyhow!(
+            "{}: missing required field `{field}` — add {field} = {example} at the top of the \
+             file, before any [table]",
+            src.file
+        ));
+    };
+    let p = v.get_ref().trim();
+    if p.is_empty() {
+        return Err(src.err(
+            &v,
+            format!("field `{field}` is empty — write e.g. {field} = {example}"),
+        ));
+    }
+    Ok(base.join(p))
+}
+
+/// A whole number field that must be at least 1.
+fn positive(
+    src: &Source,
+    v: &Spanned<i64>,
+    what: &str,
+    field: &str,
+    example: &str,
+) -> Result<usize> {
+    let n = *v.get_ref();
+    match usize::try_from(n) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(src.err(
+            v,
+            format!("{what}field `{field}` is {n} — it must be at least 1, e.g. {example}"),
+        )),
+    }
+}
+
+/// A `memory` field: a size string or a whole number of bytes, more than 0.
+fn size_field(src: &Source, v: &Spanned<toml::Value>, what: &str) -> Result<u64> {
+    let bytes = match v.get_ref() {
+        toml::Value::Integer(n) => u64::try_from(*n).map_err(|_| {
+            let msg = format!(
+                "{what}field `memory` is {n} — it must be a positive size, e.g. \
+                 memory = \"4GiB\""
+            );
+            src.err(v, msg)
+        })?,
+        toml::Value::String(s) => {
+            parse_size(s).map_err(|e| src.err(v, format!("{what}field `memory`: {e}")))?
+        }
+        other => {
+            return Err(src.err(
+                v,
+                format!(
+                    "{what}field `memory` is {} — write a size such as memory = \"4GiB\" or a \
+                     whole number of bytes",
+                    a_type(other)
+                ),
+            ))
+        }
+    };
+    if bytes == 0 {
+        let msg = format!(
+            "{what}field `memory` is 0 — give a size such as memory = \"4GiB\", or remove the \
+             line for no cap"
+        );
+        return Err(src.err(v, msg));
+    }
+    Ok(bytes)
+}
+
+fn node(src: &Source, raw: &RawNode, index: usize, line: usize) -> Result<StageConfig> {
+    let name = match &raw.name {
+        None => {
+            return Err(src.at(
+                line,
+                format!(
+                    "node #{}: missing required field `name` — add e.g. name = \"node{}\"",
+                    index + 1,
+                    index + 1
+                ),
+            ))
+        }
+        Some(n) if n.get_ref().trim().is_empty() => {
+            let msg = format!(
+                "node #{}: field `name` is empty — give the node a name, e.g. name = \"node{}\"",
+                index + 1,
+                index + 1
+            );
+            return Err(src.err(n, msg));
+        }
+        Some(n) => n.get_ref().trim().to_string(),
+    };
+    let what = format!("node \"{name}\": ");
+    let local = raw.local.as_ref().is_some_and(|l| *l.get_ref());
+    let address = match (&raw.address, local) {
+        (Some(a), true) => {
+            return Err(src.err(
+                a,
+                format!(
+                    "{what}field `address` is set on a local node — a node with local = true runs \
+                     inside the coordinator; remove `address` or `local`"
+                ),
+            ))
+        }
+        (None, true) => None,
+        (None, false) => {
+            return Err(src.at(
+                line,
+                format!(
+                    "{what}missing field `address` — write it as host:port, e.g. address = \
+                     \"192.168.1.20:7701\", or set local = true to run these layers in the \
+                     coordinator"
+                ),
+            ))
+        }
+        (Some(a), false) => {
+            let text = a.get_ref().trim();
+            check_address(text)
+                .map_err(|e| src.err(a, format!("{what}field `address` \"{text}\" {e}")))?;
+            Some(text.to_string())
+        }
+    };
+    let layers = match &raw.layers {
+        None => None,
+        Some(v) => Some(match v.get_ref() {
+            toml::Value::String(s) => {
+                parse_layers(s).map_err(|e| src.err(v, format!("{what}field `layers`: {e}")))?
+            }
+            toml::Value::Integer(n) => {
+                let l = usize::try_from(*n).map_err(|_| {
+                    let msg = format!(
+                        "{what}field `layers` is {n} — layer numbers start at 0; write e.g. \
+                         layers = \"0-8\""
+                    );
+                    src.err(v, msg)
+                })?;
+                l..l.saturating_add(1)
+            }
+            other => {
+                return Err(src.err(
+                    v,
+                    format!(
+                        "{what}field `layers` is {} — write an inclusive range as a string, e.g. \
+                         layers = \"0-8\"",
+                        a_type(other)
+                    ),
+                ))
+            }
+        }),
+    };
+    let memory = match &raw.memory {
+        None => None,
+        Some(m) => Some(size_field(src, m, &what)?),
+    };
+    let threads = match &raw.threads {
+        None => None,
+        Some(t) => Some(positive(src, t, &what, "threads", "threads = 1")?),
+    };
+    Ok(StageConfig {
+        name,
+        address,
+        local,
+        layers,
+        memory,
+        threads,
+        line,
+    })
+}
+
+/// Checks a `host:port` address; the error completes `field `address` "..." `.
+fn check_address(a: &str) -> Result<(), String> {
+    let example = "e.g. \"192.168.1.20:7701\"";
+    if a.is_empty() {
+        return Err(format!("is empty — write it as host:port, {example}"));
+    }
+    if a.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "contains spaces — write it as host:port, {example}"
+        ));
+    }
+    if let Some((_, rest)) = a.split_once("://") {
+        return Err(format!(
+            "has a scheme — write only host:port, e.g. \"{rest}\""
+        ));
+    }
+    let (host, port) = if let Some(inner) = a.strip_prefix('[') {
+        let Some((host, rest)) = inner.split_once(']') else {
+            return Err("has no closing ] — write an IPv6 address as \"[::1]:7701\"".to_string());
+        };
+        match rest.strip_prefix(':') {
+            Some(p) => (host, p),
+            None => {
+                return Err(format!(
+                    "has no port — write it as host:port, e.g. \"[{host}]:7701\""
+                ))
+            }
+        }
+    } else {
+        match a.rsplit_once(':') {
+            None => {
+                return Err(format!(
+                    "has no port — write it as host:port, e.g. \"{a}:7701\""
+                ))
+            }
+            Some((h, _)) if h.contains(':') => {
+                return Err(format!(
+                    "looks like an IPv6 address — put it in brackets before the port, e.g. \
+                     \"[{a}]:7701\""
+                ))
+            }
+            Some(hp) => hp,
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("has no host — write it as host:port, {example}"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p >= 1 => Ok(()),
+        _ if port.is_empty() => Err(format!(
+            "has no port — write it as host:port, e.g. \"{host}:7701\""
+        )),
+        _ => Err(format!(
+            "has port \"{port}\", which is not a number from 1 to 65535"
+        )),
+    }
+}
+
+/// Checks across stages: unique names and addresses, one local stage, pins in order.
+fn check_stages(src: &Source, stages: &[StageConfig]) -> Result<()> {
+    for (i, s) in stages.iter().enumerate() {
+        for prev in &stages[..i] {
+            if prev.name == s.name {
+                return Err(src.at(
+                    s.line,
+                    format!(
+                        "node \"{}\": field `name` is also used by the node at line {} — node \
+                         names must be unique",
+                        s.name, prev.line
+                    ),
+                ));
+            }
+            if let (Some(a), Some(b)) = (&prev.address, &s.address) {
+                if a.eq_ignore_ascii_case(b) {
+                    return Err(src.at(
+                        s.line,
+                        format!(
+                            "node \"{}\": field `address` \"{b}\" is also node \"{}\"'s (line \
+                             {}) — each node needs its own host:port",
+                            s.name, prev.name, prev.line
+                        ),
+                    ));
+                }
+            }
+            if prev.local && s.local {
+                return Err(src.at(
+                    s.line,
+                    format!(
+                        "node \"{}\": field `local` — node \"{}\" (line {}) is already the \
+                         local stage; at most one node may have local = true",
+                        s.name, prev.name, prev.line
+                    ),
+                ));
+            }
+        }
+    }
+
+    // Pins, in ring order: `prev` is the last pinned stage seen, `free` the unpinned stages since.
+    let mut prev: Option<&StageConfig> = None;
+    let mut free = 0usize;
+    for s in stages {
+        let Some(r) = &s.layers else {
+            free += 1;
+            continue;
+        };
+        let what = format!("node \"{}\": field `layers` \"{}\"", s.name, layers_text(r));
+        let start_at = match prev {
+            None => 0,
+            Some(p) => p.layers.as_ref().map_or(0, |pr| pr.end),
+        };
+        let after = match prev {
+            None => "the start of the ring".to_string(),
+            Some(p) => format!(
+                "node \"{}\" (line {}, layers \"{}\")",
+                p.name,
+                p.line,
+                p.layers.as_ref().map_or_else(String::new, layers_text)
+            ),
+        };
+        if let Some(p) = prev.filter(|_| r.start < start_at) {
+            let fix = if r.end <= p.layers.as_ref().map_or(0, |pr| pr.start) {
+                "the [[node]] tables are the ring order; list the nodes in layer order"
+            } else {
+                "each layer belongs to exactly one node"
+            };
+            return Err(src.at(
+                s.line,
+                format!("{what} overlaps or comes before {after} — {fix}"),
+            ));
+        }
+        let gap = r.start - start_at;
+        if free == 0 && gap > 0 && prev.is_none() {
+            return Err(src.at(
+                s.line,
+                format!(
+                    "{what} leaves layers {}-{} to no node — the first pinned node must start at \
+                     layer 0, or put a node without `layers` before it",
+                    start_at,
+                    r.start - 1
+                ),
+            ));
+        }
+        if free == 0 && gap > 0 {
+            return Err(src.at(
+                s.line,
+                format!(
+                    "{what} leaves layers {}-{} after {after} to no node — start at layer \
+                     {start_at}, or add a node without `layers` in between",
+                    start_at,
+                    r.start - 1
+                ),
+            ));
+        }
+        if gap < free {
+            return Err(src.at(
+                s.line,
+                format!(
+                    "{what} leaves {gap} layer(s) after {after} for the {free} node(s) without \
+                     `layers` in between — each node needs at least one layer; move the pins apart \
+                     or pin those nodes too"
+                ),
+            ));
+        }
+        prev = Some(s);
+        free = 0;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ClusterConfig> {
+        parse_str(text, Path::new("dir/cluster.toml"))
+    }
+
+    fn err(text: &str) -> String {
+        match parse(text) {
+            Ok(c) => panic!("expected an error, got {c:?}"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    /// Asserts the message names the file, the line and the field.
+    fn assert_names(msg: &str, line: usize, field: &str) {
+        let prefix = format!("dir/cluster.toml:{line}:");
+        assert!(
+            msg.starts_with(&prefix),
+            "{msg:?} should start with {prefix:?}"
+        );
+        assert!(
+            msg.contains(&format!("`{field}`")),
+            "{msg:?} should name field `{field}`"
+        );
+    }
+
+    const GOOD: &str = r#"model = "../models/m.gguf"
+key = "cluster.key"
+ctx = 2048
+kv = "f16"
+
+[coordinator]
+threads = 2
+memory = "4GiB"
+
+[[node]]
+name = "a"
+address = "127.0.0.1:7701"
+layers = "0-8"
+memory = "2 GiB"
+threads = 1
+
+[[node]]  # the second
+name = "b"
+address = "[::1]:7702"
+
+[[node]]
+name = "master"
+local = true
+"#;
+
+    #[test]
+    fn good_file() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.path, Path::new("dir/cluster.toml"));
+        assert_eq!(c.model, Path::new("dir/../models/m.gguf"));
+        assert_eq!(c.key_file, Path::new("dir/cluster.key"));
+        assert_eq!(c.ctx, Some(2048));
+        assert_eq!(c.activations, "f32");
+        assert_eq!(c.kv, "f16");
+        assert_eq!(c.threads, Some(2));
+        assert_eq!(c.memory, Some(4 << 30));
+        assert_eq!(c.stages.len(), 3);
+        let a = &c.stages[0];
+        assert_eq!(
+            a,
+            &StageConfig {
+                name: "a".into(),
+                address: Some("127.0.0.1:7701".into()),
+                local: false,
+                layers: Some(0..9),
+                memory: Some(2 << 30),
+                threads: Some(1),
+                line: 10,
+            }
+        );
+        assert_eq!(c.stages[1].line, 17);
+        assert_eq!(c.stages[1].layers, None);
+        assert_eq!(c.stages[2].line, 21);
+        assert!(c.stages[2].local);
+        assert_eq!(c.stages[2].address, None);
+    }
+
+    #[test]
+    fn minimal_file_defaults() {
+        let c = parse(
+            "model = \"/abs/m.gguf\"\nkey = \"k\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.model, Path::new("/abs/m.gguf"));
+        assert_eq!(c.ctx, None);
+        assert_eq!(c.activations, "f32");
+        assert_eq!(c.kv, "f32");
+        assert_eq!((c.threads, c.memory), (None, None));
+        assert_eq!(c.stages[0].line, 3);
+        assert!(c.stages.iter().all(|s| !s.local));
+    }
+
+    const HEAD: &str = "model = \"m.gguf\"\nkey = \"k\"\n";
+
+    #[test]
+    fn address_without_port() {
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"b\"\naddress = \"10.0.0.2\"\n"
+        ));
+        assert_names(&m, 5, "address");
+        assert!(m.contains("node \"b\""), "{m}");
+        assert!(
+            m.contains("has no port — write it as host:port, e.g. \"10.0.0.2:7701\""),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn bad_addresses() {
+        for (addr, want) in [
+            ("10.0.0.2:0", "from 1 to 65535"),
+            ("10.0.0.2:70000", "from 1 to 65535"),
+            ("10.0.0.2:", "has no port"),
+            (":7701", "has no host"),
+            ("::1", "brackets"),
+            ("http://h:7701", "scheme"),
+            ("h :7701", "spaces"),
+            ("", "is empty"),
+        ] {
+            let m = err(&format!(
+                "{HEAD}[[node]]\nname = \"b\"\naddress = \"{addr}\"\n"
+            ));
+            assert_names(&m, 5, "address");
+            assert!(m.contains(want), "{addr:?}: {m}");
+        }
+    }
+
+    #[test]
+    fn missing_address_and_name() {
+        let m = err(&format!("{HEAD}\n[[node]]\nname = \"b\"\n"));
+        assert_names(&m, 4, "address");
+        assert!(m.contains("local = true"), "{m}");
+        let m = err(&format!("{HEAD}[[node]]\naddress = \"h:1\"\n"));
+        assert_names(&m, 3, "name");
+    }
+
+    #[test]
+    fn missing_model_and_key() {
+        let m = err("key = \"k\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n");
+        assert!(
+            m.starts_with("dir/cluster.toml:") && m.contains("`model`"),
+            "{m}"
+        );
+        let m = err("model = \"m\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n");
+        assert!(
+            m.starts_with("dir/cluster.toml:") && m.contains("`key`"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn no_nodes() {
+        let m = err(HEAD);
+        assert!(
+            m.starts_with("dir/cluster.toml:") && m.contains("[[node]]"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn misspelled_field_suggests() {
+        let m = err(&format!("{HEAD}[[node]]\nname = \"b\"\nadress = \"h:1\"\n"));
+        assert_names(&m, 5, "adress");
+        assert!(m.contains("did you mean `address`?"), "{m}");
+        let m = err("model = \"m\"\nkey = \"k\"\nctxx = 5\n");
+        assert_names(&m, 3, "ctxx");
+        assert!(m.contains("did you mean `ctx`?"), "{m}");
+        let m = err(&format!("{HEAD}[coordinator]\nthreds = 2\n"));
+        assert_names(&m, 4, "threds");
+        assert!(
+            m.contains("did you mean `threads`?") && m.contains("[coordinator]"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn top_level_key_after_table() {
+        let m = err("key = \"k\"\n[coordinator]\nthreads = 1\nmodel = \"m\"\n");
+        assert_names(&m, 4, "model");
+        assert!(m.contains("before the first [table]"), "{m}");
+    }
+
+    #[test]
+    fn syntax_and_type_errors_have_lines() {
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"b\"\naddress = \"h:1\"\nthreads = \"two\"\n"
+        ));
+        assert_names(&m, 6, "threads");
+        let m = err(&format!("{HEAD}[[node]]\nname = = \"b\"\n"));
+        assert!(m.starts_with("dir/cluster.toml:4:"), "{m}");
+        let m = err(&format!("{HEAD}[node]\nname = \"b\"\n"));
+        assert!(
+            m.starts_with("dir/cluster.toml:3:") && m.contains("[[node]]"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn duplicate_names_and_addresses() {
+        let m = err(&format!("{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n[[node]]\nname = \"a\"\naddress = \"h:2\"\n"));
+        assert_names(&m, 6, "name");
+        assert!(m.contains("line 3"), "{m}");
+        let m = err(&format!("{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n[[node]]\nname = \"b\"\naddress = \"H:1\"\n"));
+        assert_names(&m, 6, "address");
+    }
+
+    #[test]
+    fn local_rules() {
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"a\"\nlocal = true\naddress = \"h:1\"\n"
+        ));
+        assert_names(&m, 6, "address");
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"a\"\nlocal = true\n[[node]]\nname = \"b\"\nlocal = true\n"
+        ));
+        assert_names(&m, 6, "local");
+    }
+
+    #[test]
+    fn numbers_must_be_positive() {
+        let m = err(&format!(
+            "ctx = 0\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+        ));
+        assert_names(&m, 1, "ctx");
+        let m = err(&format!(
+            "{HEAD}[coordinator]\nthreads = 0\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+        ));
+        assert_names(&m, 4, "threads");
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\nthreads = -1\n"
+        ));
+        assert_names(&m, 6, "threads");
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\nmemory = \"2 parsecs\"\n"
+        ));
+        assert_names(&m, 6, "memory");
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\nmemory = 0\n"
+        ));
+        assert_names(&m, 6, "memory");
+        let m = err(&format!("{HEAD}[coordinator]\nmemory = true\n"));
+        assert_names(&m, 4, "memory");
+    }
+
+    #[test]
+    fn activations_and_kv() {
+        let m = err(&format!(
+            "activations = \"f16\"\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+        ));
+        assert_names(&m, 1, "activations");
+        assert!(m.contains("not supported yet"), "{m}");
+        let m = err(&format!(
+            "kv = \"q4\"\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+        ));
+        assert_names(&m, 1, "kv");
+    }
+
+    fn pins(layers: &[Option<&str>]) -> Result<ClusterConfig> {
+        let mut t = HEAD.to_string();
+        for (i, l) in layers.iter().enumerate() {
+            t += &format!("[[node]]\nname = \"n{i}\"\naddress = \"h:{}\"\n", i + 1);
+            if let Some(l) = l {
+                t += &format!("layers = \"{l}\"\n");
+            }
+        }
+        parse(&t)
+    }
+
+    #[test]
+    fn good_pins() {
+        let c = pins(&[Some("0-3"), Some("4-9"), Some("10-29")]).unwrap();
+        let got: Vec<_> = c.stages.iter().map(|s| s.layers.clone()).collect();
+        assert_eq!(got, vec![Some(0..4), Some(4..10), Some(10..30)]);
+        pins(&[Some("0-3"), None, Some("6-9"), None]).unwrap();
+        pins(&[None, None, Some("2-9")]).unwrap();
+        pins(&[Some("0-3"), None]).unwrap();
+    }
+
+    #[test]
+    fn bad_pins() {
+        // Overlap: the second [[node]] is on line 7 of the generated text.
+        let m = format!("{:#}", pins(&[Some("0-4"), Some("3-8")]).unwrap_err());
+        assert_names(&m, 7, "layers");
+        assert!(
+            m.contains("node \"n1\"") && m.contains("node \"n0\""),
+            "{m}"
+        );
+        // Out of order.
+        let m = format!("{:#}", pins(&[None, Some("5-9"), Some("0-3")]).unwrap_err());
+        assert_names(&m, 10, "layers");
+        assert!(m.contains("layer order"), "{m}");
+        // A hole between two adjacent pins.
+        let m = format!("{:#}", pins(&[Some("0-4"), Some("6-9")]).unwrap_err());
+        assert_names(&m, 7, "layers");
+        assert!(m.contains("layers 5-5"), "{m}");
+        // The first pin must start at 0.
+        let m = format!("{:#}", pins(&[Some("1-4")]).unwrap_err());
+        assert_names(&m, 3, "layers");
+        assert!(m.contains("start at layer 0"), "{m}");
+        // No room for the unpinned node in between.
+        let m = format!("{:#}", pins(&[Some("0-4"), None, Some("5-9")]).unwrap_err());
+        assert_names(&m, 10, "layers");
+        assert!(m.contains("at least one layer"), "{m}");
+        // Bad syntax.
+        let m = format!("{:#}", pins(&[Some("8-0")]).unwrap_err());
+        assert_names(&m, 6, "layers");
+    }
+
+    #[test]
+    fn inline_node_array_lines() {
+        let c = parse(&format!("{HEAD}node = [\n  {{ name = \"a\", address = \"h:1\" }},\n  {{ name = \"b\", address = \"h:2\" }},\n]\n")).unwrap();
+        assert_eq!(c.stages.len(), 2);
+        assert!(
+            c.stages.iter().all(|s| (3..=5).contains(&s.line)),
+            "{:?}",
+            c.stages
+        );
+    }
+
+    #[test]
+    fn layers_syntax() {
+        assert_eq!(parse_layers("0-8"), Ok(0..9));
+        assert_eq!(parse_layers(" 3 - 5 "), Ok(3..6));
+        assert_eq!(parse_layers("5"), Ok(5..6));
+        assert_eq!(parse_layers("0-0"), Ok(0..1));
+        for bad in ["8-0", "a-b", "", "-3", "3-", "0..8", "1-2-3"] {
+            assert!(parse_layers(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_layers("8-0").unwrap_err().contains("\"0-8\""));
+    }
+
+    #[test]
+    fn size_syntax() {
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("123456"), Ok(123_456));
+        assert_eq!(parse_size("10b"), Ok(10));
+        assert_eq!(parse_size("1k"), Ok(1024));
+        assert_eq!(parse_size("1kb"), Ok(1000));
+        assert_eq!(parse_size("1KIB"), Ok(1024));
+        assert_eq!(parse_size("3m"), Ok(3 << 20));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert_eq!(parse_size("1TB"), Ok(1_000_000_000_000));
+        assert_eq!(parse_size("0.5 KiB"), Ok(512));
+        for bad in [
+            "",
+            "GiB",
+            "-1G",
+            "1.5",
+            "1.2.3G",
+            "4 parsecs",
+            "99999999999999999999",
+            "20000000T",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("adress", "address"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(closest("memroy", &["name", "memory"]), Some("memory"));
+        assert_eq!(closest("zzzzzz", &["name", "memory"]), None);
+    }
+
+    #[test]
+    fn shipped_cluster_configs_parse() {
+        for (name, text) in [
+            (
+                "loopback-2.toml",
+                include_str!("../../cluster-configs/loopback-2.toml"),
+            ),
+            (
+                "loopback-3.toml",
+                include_str!("../../cluster-configs/loopback-3.toml"),
+            ),
+            (
+                "netns-3.toml",
+                include_str!("../../cluster-configs/netns-3.toml"),
+            ),
+            (
+                "homelab.example.toml",
+                include_str!("../../cluster-configs/homelab.example.toml"),
+            ),
+        ] {
+            let path = Path::new("cluster-configs").join(name);
+            let c = parse_str(text, &path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert!(!c.stages.is_empty(), "{name}");
+            assert_eq!(c.activations, "f32", "{name}");
+            if name != "homelab.example.toml" {
+                assert_eq!(
+                    c.key_file,
+                    Path::new("cluster-configs/../tests/fixtures/test-cluster.key"),
+                    "{name}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,1216 @@
+//! Layer planner: which stage of the ring runs which layers. Pure arithmetic, no I/O.
+//!
+//! # Model of a decoded token
+//!
+//! Decoding reads every weight once per token, so a stage's time per token is the bytes of
+//! weights it holds divided by the weight-read speed measured on that machine
+//! ([`StageInput::bytes_per_s`]). A token goes coordinator → stage 0 → … → last stage →
+//! coordinator, so the predicted time per token is the sum of
+//!
+//! - every stage's compute time (the last stage's includes the output head when it holds it);
+//! - the coordinator's head time, `head_bytes / CoordinatorInput::bytes_per_s`, when the head is
+//!   on the coordinator (reading one embedding row is left out: it is a few KiB);
+//! - the link latency, [`Plan::link_s`]: half a round trip per hop — coordinator → first stage,
+//!   stage → next stage (the mean of the two stages' half round trips), last stage →
+//!   coordinator. A local stage runs inside the coordinator, so a hop to or from it costs the
+//!   other end's half round trip (0 between the coordinator and the local stage);
+//! - the wire time, [`Plan::transfer_s`], at an **assumed 1 Gbit/s (125e6 bytes/s)**
+//!   ([`ASSUMED_LINK_BYTES_PER_S`]): one hidden state (`hidden_bytes`) per network hop, except
+//!   that when the last stage holds the head it sends the f16 logits (`logits_bytes_f16`) back
+//!   to the coordinator instead.
+//!
+//! # Where the head goes
+//!
+//! The coordinator always holds the token embedding, and the output head too when embedding +
+//! head fit in its budget (counted once when they are one tied tensor). Otherwise the head goes
+//! to the last stage ([`HeadPlace::LastNode`]), whose memory and compute then include it. The
+//! coordinator's budget does not include the local stage's: the local stage has its own
+//! [`StageInput::memory_budget`], and a caller with one budget for the whole coordinator process
+//! splits it between the two.
+//!
+//! # How layers are split
+//!
+//! Every stage gets one contiguous range of at least one layer, in stage order. Pinned stages
+//! keep their pins. The free layers are shared by the other stages so that their times per
+//! token are balanced — layer counts in proportion to speed — within each stage's memory: a
+//! stage at its cap keeps what fits and the rest goes to the others, again in proportion to
+//! speed (water-filling). Exactly: among all splits into contiguous ranges that fit, the planner
+//! takes the one minimising `Σ time_i² · speed_i` (`= Σ weight_bytes_i² / speed_i`). Without caps
+//! the continuous minimum is `weight_bytes_i ∝ speed_i`; with caps it is water-filling; and as a
+//! search over cut points (a dynamic program over stages × layers) it also handles layers of
+//! different sizes exactly. Ties go to the split with the earliest cuts, so the output is
+//! deterministic.
+//!
+//! Balanced times are what a pipeline of several requests wants, and every stage the user listed
+//! gets work; a single request alone would finish sooner with everything on the fastest machine
+//! that could hold it.
+//!
+//! A speed that is 0, negative, NaN or infinite is taken as [`MIN_BYTES_PER_S`] (1 byte/s):
+//! such a stage gets as few layers as the constraints allow and the prediction says it is slow.
+//! A round trip that is negative or not finite is taken as 0.
+
+use std::fmt;
+use std::ops::Range;
+
+/// Link speed the plan assumes for wire time: 1 Gbit/s.
+pub const ASSUMED_LINK_BYTES_PER_S: f64 = 125e6;
+/// Stand-in for a speed that is 0, negative or not a finite number.
+pub const MIN_BYTES_PER_S: f64 = 1.0;
+
+/// Sizes of the model, in bytes, at the configured context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelCost {
+    pub n_layer: usize,
+    /// Per layer: bytes of weights (also the bytes read per decoded token).
+    pub layer_weight_bytes: Vec<u64>,
+    /// Per layer: KV cache bytes at the configured context.
+    pub layer_kv_bytes: Vec<u64>,
+    /// Output head + final norm weights (read per token by whoever computes the logits).
+    pub head_bytes: u64,
+    /// Token embedding (held by the coordinator; one row read per token).
+    pub embedding_bytes: u64,
+    /// Head and embedding are one tensor (then its memory is counted once).
+    pub tied_head: bool,
+    /// One token's hidden state on the wire.
+    pub hidden_bytes: u64,
+    /// `vocab × 2`: what a stage holding the head sends back per token.
+    pub logits_bytes_f16: u64,
+}
+
+/// One stage of the ring, in ring order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageInput {
+    pub name: String,
+    /// For display; "local" for the local stage.
+    pub address: String,
+    /// Runs inside the coordinator process.
+    pub local: bool,
+    /// Bytes available for weights + KV (headroom already taken off).
+    pub memory_budget: u64,
+    /// Measured weight-read speed of a quantized matvec on that machine.
+    pub bytes_per_s: f64,
+    /// Measured round trip coordinator ↔ stage, seconds (0 for the local stage).
+    pub link_rtt_s: f64,
+    /// Manual split, if the cluster file pins one.
+    pub pinned: Option<Range<usize>>,
+}
+
+/// The coordinator's own resources.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CoordinatorInput {
+    /// Bytes for the embedding and (if it fits) the head; see the module docs.
+    pub memory_budget: u64,
+    /// Weight-read speed of the coordinator (for the head).
+    pub bytes_per_s: f64,
+}
+
+/// Who computes the logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum HeadPlace {
+    Coordinator,
+    LastNode,
+}
+
+/// What one stage runs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StagePlan {
+    pub name: String,
+    pub address: String,
+    pub local: bool,
+    pub layers: Range<usize>,
+    /// Weights of the layers, plus the head's when `holds_head`.
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub memory_budget: u64,
+    /// Predicted time per token, seconds (with the head's when `holds_head`).
+    pub compute_s: f64,
+    pub holds_head: bool,
+}
+
+/// A split of the model over the ring and what it should cost per token.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Plan {
+    /// One per input stage, same order, each with at least one layer.
+    pub stages: Vec<StagePlan>,
+    pub head: HeadPlace,
+    /// Head time per token on the coordinator (0 with [`HeadPlace::LastNode`]).
+    pub coordinator_s: f64,
+    /// Sum of the one-way link latencies around the ring per token.
+    pub link_s: f64,
+    /// Wire time per token at [`ASSUMED_LINK_BYTES_PER_S`]: hidden states, and the f16 logits
+    /// when the last stage holds the head.
+    pub transfer_s: f64,
+    /// Stage compute + `coordinator_s` + `link_s` + `transfer_s`.
+    pub predicted_s_per_token: f64,
+    pub predicted_tokens_per_s: f64,
+}
+
+impl Plan {
+    /// A plan with no stages and nothing predicted: a placeholder until the ring is planned.
+    pub fn empty() -> Plan {
+        Plan {
+            stages: Vec::new(),
+            head: HeadPlace::Coordinator,
+            coordinator_s: 0.0,
+            link_s: 0.0,
+            transfer_s: 0.0,
+            predicted_s_per_token: 0.0,
+            predicted_tokens_per_s: 0.0,
+        }
+    }
+}
+
+/// Why no plan can be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// The model (or a pinned slice, or the coordinator's part) needs more memory than there is.
+    #[error("{}", does_not_fit(*.needed, *.available, .detail))]
+    DoesNotFit {
+        needed: u64,
+        available: u64,
+        detail: String,
+    },
+    /// Pinned ranges out of order, overlapping, outside the model or leaving layers to no one.
+    #[error("the layers pinned in the cluster file do not work: {detail}")]
+    BadPin { detail: String },
+    /// The inputs cannot describe a ring: no stages, more stages than layers, or sizes that
+    /// disagree with `n_layer`.
+    #[error("cannot plan: {detail}")]
+    BadInput { detail: String },
+}
+
+fn does_not_fit(needed: u64, available: u64, detail: &str) -> String {
+    if needed > available {
+        format!(
+            "the model does not fit: it needs {} but there are {} — {} short. {detail}",
+            format_bytes(needed),
+            format_bytes(available),
+            format_bytes(needed - available)
+        )
+    } else {
+        format!(
+            "the model does not fit: {detail} (needs {} in all, {} available)",
+            format_bytes(needed),
+            format_bytes(available)
+        )
+    }
+}
+
+/// Bytes in binary units: "1.50 GiB", "312.4 MiB", "12.0 KiB", "512 B".
+pub fn format_bytes(b: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let x = b as f64;
+    if x >= KIB.powi(4) {
+        format!("{:.2} TiB", x / KIB.powi(4))
+    } else if x >= KIB.powi(3) {
+        format!("{:.2} GiB", x / KIB.powi(3))
+    } else if x >= KIB.powi(2) {
+        format!("{:.1} MiB", x / KIB.powi(2))
+    } else if x >= KIB {
+        format!("{:.1} KiB", x / KIB)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// Inclusive `first-last`, the cluster file's syntax.
+pub fn format_layers(r: &Range<usize>) -> String {
+    if r.is_empty() {
+        "-".to_string()
+    } else {
+        format!("{}-{}", r.start, r.end - 1)
+    }
+}
+
+fn speed(s: f64) -> f64 {
+    if s.is_finite() && s > 0.0 {
+        s.max(MIN_BYTES_PER_S)
+    } else {
+        MIN_BYTES_PER_S
+    }
+}
+
+fn rtt(s: f64) -> f64 {
+    if s.is_finite() && s > 0.0 {
+        s
+    } else {
+        0.0
+    }
+}
+
+/// Prefix sums: `p[i]` is the sum of `v[..i]`.
+fn prefix(v: &[u64]) -> Vec<u64> {
+    let mut p = Vec::with_capacity(v.len() + 1);
+    let mut sum = 0u64;
+    p.push(0);
+    for &x in v {
+        sum = sum.saturating_add(x);
+        p.push(sum);
+    }
+    p
+}
+
+/// Splits the model over the stages; see the module docs.
+pub fn plan(
+    model: &ModelCost,
+    coord: &CoordinatorInput,
+    stages: &[StageInput],
+) -> Result<Plan, PlanError> {
+    let n = model.n_layer;
+    let k = stages.len();
+    check_input(model, stages)?;
+    check_pins(n, stages)?;
+
+    // The head: on the coordinator when embedding + head fit there.
+    let coord_need = if model.tied_head {
+        model.embedding_bytes.max(model.head_bytes)
+    } else {
+        model.embedding_bytes.saturating_add(model.head_bytes)
+    };
+    let head = if coord_need <= coord.memory_budget {
+        HeadPlace::Coordinator
+    } else if model.embedding_bytes <= coord.memory_budget {
+        HeadPlace::LastNode
+    } else {
+        return Err(PlanError::DoesNotFit {
+            needed: model.embedding_bytes,
+            available: coord.memory_budget,
+            detail: format!(
+                "The coordinator holds the token embedding ({}) but its budget is {}; give it more \
+                 memory ([coordinator] memory in the cluster file).",
+                format_bytes(model.embedding_bytes),
+                format_bytes(coord.memory_budget)
+            ),
+        });
+    };
+    let last = k - 1;
+    let head_on = |i: usize| head == HeadPlace::LastNode && i == last;
+    let head_mem = |i: usize| if head_on(i) { model.head_bytes } else { 0 };
+
+    let pw = prefix(&model.layer_weight_bytes);
+    let pkv = prefix(&model.layer_kv_bytes);
+    let weights = |r: &Range<usize>| pw[r.end] - pw[r.start];
+    let kv = |r: &Range<usize>| pkv[r.end] - pkv[r.start];
+    let memory =
+        |i: usize, r: &Range<usize>| weights(r).saturating_add(kv(r)).saturating_add(head_mem(i));
+    let compute = |i: usize, r: &Range<usize>| {
+        weights(r).saturating_add(head_mem(i)) as f64 / speed(stages[i].bytes_per_s)
+    };
+
+    // Up-front memory checks with a message about one stage.
+    for (i, s) in stages.iter().enumerate() {
+        let head_note = if head_on(i) {
+            format!(
+                " (plus the output head, {}, as the coordinator has no room for it)",
+                format_bytes(model.head_bytes)
+            )
+        } else {
+            String::new()
+        };
+        if let Some(pin) = &s.pinned {
+            let need = memory(i, pin);
+            if need > s.memory_budget {
+                return Err(PlanError::DoesNotFit {
+                    needed: need,
+                    available: s.memory_budget,
+                    detail: format!(
+                        "Stage \"{}\" is pinned to layers {}, which{head_note} need {} but its \
+                         budget is {}; pin fewer layers to it or raise its memory.",
+                        s.name,
+                        format_layers(pin),
+                        format_bytes(need),
+                        format_bytes(s.memory_budget)
+                    ),
+                });
+            }
+        } else {
+            let smallest = (0..n).map(|l| memory(i, &(l..l + 1))).min().unwrap_or(0);
+            if smallest > s.memory_budget {
+                return Err(PlanError::DoesNotFit {
+                    needed: smallest,
+                    available: s.memory_budget,
+                    detail: format!(
+                        "Stage \"{}\" cannot hold even one layer{head_note}: the smallest needs {} \
+                         and its budget is {}; raise its memory or remove it from the ring.",
+                        s.name,
+                        format_bytes(smallest),
+                        format_bytes(s.memory_budget)
+                    ),
+                });
+            }
+        }
+    }
+
+    // best[i][e]: the least Σ time²·speed over stages 0..=i covering layers 0..e, stage i ending
+    // at e; from[i][e]: where stage i starts in that split.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; k];
+    let mut from = vec![vec![0usize; n + 1]; k];
+    for i in 0..k {
+        let s = speed(stages[i].bytes_per_s);
+        // Stage i ends after at least i+1 layers and leaves one for each later stage.
+        for e in (i + 1)..=(n - (last - i)) {
+            let starts = match &stages[i].pinned {
+                Some(pin) if pin.end != e => continue,
+                Some(pin) => pin.start..pin.start + 1,
+                None if i == 0 => 0..1,
+                None => i..e,
+            };
+            for b in starts {
+                let before = if i == 0 {
+                    if b == 0 {
+                        0.0
+                    } else {
+                        f64::INFINITY
+                    }
+                } else {
+                    best[i - 1][b]
+                };
+                if !before.is_finite() {
+                    continue;
+                }
+                let r = b..e;
+                if memory(i, &r) > stages[i].memory_budget {
+                    continue;
+                }
+                let t = compute(i, &r);
+                let total = before + t * t * s;
+                if total < best[i][e] {
+                    best[i][e] = total;
+                    from[i][e] = b;
+                }
+            }
+        }
+    }
+    if !best[last][n].is_finite() {
+        return Err(no_split(model, stages, head, &memory));
+    }
+    let mut ranges = vec![0..0; k];
+    let mut e = n;
+    for i in (0..k).rev() {
+        let b = from[i][e];
+        ranges[i] = b..e;
+        e = b;
+    }
+
+    let stage_plans: Vec<StagePlan> = stages
+        .iter()
+        .zip(ranges)
+        .enumerate()
+        .map(|(i, (s, r))| StagePlan {
+            name: s.name.clone(),
+            address: s.address.clone(),
+            local: s.local,
+            weight_bytes: weights(&r).saturating_add(head_mem(i)),
+            kv_bytes: kv(&r),
+            memory_budget: s.memory_budget,
+            compute_s: compute(i, &r),
+            holds_head: head_on(i),
+            layers: r,
+        })
+        .collect();
+
+    let coordinator_s = match head {
+        HeadPlace::Coordinator => model.head_bytes as f64 / speed(coord.bytes_per_s),
+        HeadPlace::LastNode => 0.0,
+    };
+    // Hops: coordinator → 0, i → i+1, last → coordinator. One-way latency of a stage's link is
+    // half its round trip; a local stage is the coordinator itself.
+    let half = |i: usize| {
+        if stages[i].local {
+            0.0
+        } else {
+            rtt(stages[i].link_rtt_s) / 2.0
+        }
+    };
+    let mut link_s = half(0) + half(last);
+    let mut network_hops = usize::from(!stages[0].local);
+    for i in 0..last {
+        let (a, b) = (&stages[i], &stages[i + 1]);
+        link_s += match (a.local, b.local) {
+            (true, true) => 0.0,
+            (true, false) => half(i + 1),
+            (false, true) => half(i),
+            (false, false) => (half(i) + half(i + 1)) / 2.0,
+        };
+        network_hops += usize::from(!(a.local && b.local));
+    }
+    let mut transfer_bytes = model.hidden_bytes as f64 * network_hops as f64;
+    if !stages[last].local {
+        transfer_bytes += match head {
+            HeadPlace::Coordinator => model.hidden_bytes as f64,
+            HeadPlace::LastNode => model.logits_bytes_f16 as f64,
+        };
+    }
+    let transfer_s = transfer_bytes / ASSUMED_LINK_BYTES_PER_S;
+    let compute_s: f64 = stage_plans.iter().map(|s| s.compute_s).sum();
+    let predicted_s_per_token = compute_s + coordinator_s + link_s + transfer_s;
+    let predicted_tokens_per_s = if predicted_s_per_token > 0.0 {
+        1.0 / predicted_s_per_token
+    } else {
+        f64::INFINITY
+    };
+    Ok(Plan {
+        stages: stage_plans,
+        head,
+        coordinator_s,
+        link_s,
+        transfer_s,
+        predicted_s_per_token,
+        predicted_tokens_per_s,
+    })
+}
+
+fn check_input(model: &ModelCost, stages: &[StageInput]) -> Result<(), PlanError> {
+    let n = model.n_layer;
+    let bad = |detail: String| Err(PlanError::BadInput { detail });
+    if n == 0 {
+        return bad("the model has no layers".to_string());
+    }
+    if model.layer_weight_bytes.len() != n || model.layer_kv_bytes.len() != n {
+        return bad(format!(
+            "the model has {n} layers but sizes for {} (weights) and {} (KV)",
+            model.layer_weight_bytes.len(),
+            model.layer_kv_bytes.len()
+        ));
+    }
+    if stages.is_empty() {
+        return bad(
+            "the ring has no stages; list at least one [[node]] in the cluster file".to_string(),
+        );
+    }
+    if stages.len() > n {
+        return bad(format!(
+            "the ring has {} stages but the model has only {n} layers, and every stage needs at \
+             least one; remove {} node(s)",
+            stages.len(),
+            stages.len() - n
+        ));
+    }
+    Ok(())
+}
+
+/// Pins in stage order, inside the model, non-overlapping, and leaving at least one layer for
+/// each unpinned stage around them (so all pinned ⇒ they cover `0..n` exactly).
+fn check_pins(n: usize, stages: &[StageInput]) -> Result<(), PlanError> {
+    let bad = |detail: String| Err(PlanError::BadPin { detail });
+    let mut prev: Option<&StageInput> = None;
+    let mut next_free = 0usize; // first layer after the previous pin
+    let mut free = 0usize; // unpinned stages since the previous pin
+    for s in stages {
+        let Some(pin) = &s.pinned else {
+            free += 1;
+            continue;
+        };
+        let after = prev.map_or_else(
+            || "the start of the ring".to_string(),
+            |p| {
+                format!(
+                    "stage \"{}\" (layers {})",
+                    p.name,
+                    p.pinned.as_ref().map_or_else(String::new, format_layers)
+                )
+            },
+        );
+        if pin.is_empty() {
+            return bad(format!("stage \"{}\" is pinned to no layers", s.name));
+        }
+        if pin.end > n {
+            return bad(format!(
+                "stage \"{}\" is pinned to layers {} but the model has {n} layers (0-{})",
+                s.name,
+                format_layers(pin),
+                n - 1
+            ));
+        }
+        if pin.start < next_free {
+            return bad(format!(
+                "stage \"{}\" is pinned to layers {}, which overlap or come before {after}; pins \
+                 must follow ring order without overlapping",
+                s.name,
+                format_layers(pin)
+            ));
+        }
+        let gap = pin.start - next_free;
+        if gap < free || (free == 0 && gap > 0) {
+            return bad(format!(
+                "stage \"{}\" is pinned to layers {}, leaving {gap} layer(s) after {after} for {free} \
+                 unpinned stage(s) in between; each stage needs at least one layer and every \
+                 layer a stage",
+                s.name,
+                format_layers(pin)
+            ));
+        }
+        prev = Some(s);
+        next_free = pin.end;
+        free = 0;
+    }
+    if prev.is_some() {
+        let gap = n - next_free;
+        if gap < free || (free == 0 && gap > 0) {
+            let p = prev.map_or("", |p| p.name.as_str());
+            return bad(format!(
+                "the pins end at layer {} (stage \"{p}\") but the model has {n} layers (0-{}), \
+                 leaving {gap} layer(s) for {free} unpinned stage(s) after it; extend the last pin \
+                 to {} or add a stage without a pin",
+                next_free.saturating_sub(1),
+                n - 1,
+                n - 1
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The error when no split fits: totals, and what each stage could hold.
+fn no_split(
+    model: &ModelCost,
+    stages: &[StageInput],
+    head: HeadPlace,
+    memory: &dyn Fn(usize, &Range<usize>) -> u64,
+) -> PlanError {
+    let n = model.n_layer;
+    // All layers on the last stage: with the head exactly when the last stage holds it.
+    let needed = memory(stages.len() - 1, &(0..n));
+    let available = stages
+        .iter()
+        .fold(0u64, |a, s| a.saturating_add(s.memory_budget));
+    // The most consecutive layers (from the start) each stage could hold, as a rough picture.
+    let each: Vec<String> = stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let fit = (1..=n)
+                .take_while(|&c| memory(i, &(0..c)) <= s.memory_budget)
+                .count();
+            let pin_note = if s.pinned.is_some() { ", pinned" } else { "" };
+            format!(
+                "\"{}\" {} (about {fit} layers{pin_note})",
+                s.name,
+                format_bytes(s.memory_budget)
+            )
+        })
+        .collect();
+    let head_note = if head == HeadPlace::LastNode {
+        format!(
+            " The last stage also holds the output head ({}).",
+            format_bytes(model.head_bytes)
+        )
+    } else {
+        String::new()
+    };
+    let detail = if needed > available {
+        format!(
+            "All {n} layers with their KV cache need more than the stages' budgets add up to: {}.{head_note} \
+             Add a node, raise memory caps, or use a smaller context or kv = \"f16\".",
+            each.join(", ")
+        )
+    } else {
+        format!(
+            "The budgets add up, but the layers cannot be cut into consecutive ranges that fit \
+             each stage (every stage needs at least one whole layer, pins stay put): {}.{head_note} \
+             Raise the memory of the full stages or change the pins.",
+            each.join(", ")
+        )
+    };
+    PlanError::DoesNotFit {
+        needed,
+        available,
+        detail,
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: u64| format!("{:.1}", b as f64 / (1024.0 * 1024.0));
+        let header = [
+            "stage",
+            "address",
+            "layers",
+            "weights MiB",
+            "KV MiB",
+            "budget MiB",
+            "ms/token",
+        ];
+        let rows: Vec<[String; 7]> = self
+            .stages
+            .iter()
+            .map(|s| {
+                let name = if s.holds_head {
+                    format!("{} (+head)", s.name)
+                } else {
+                    s.name.clone()
+                };
+                [
+                    name,
+                    s.address.clone(),
+                    format_layers(&s.layers),
+                    mib(s.weight_bytes),
+                    mib(s.kv_bytes),
+                    mib(s.memory_budget),
+                    format!("{:.2}", s.compute_s * 1e3),
+                ]
+            })
+            .collect();
+        let mut width = header.map(str::len);
+        for r in &rows {
+            for (w, c) in width.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 7]| -> fmt::Result {
+            // Text columns left-aligned, numbers right-aligned.
+            for (j, c) in cells.iter().enumerate() {
+                let sep = if j == 0 { "" } else { "  " };
+                if j < 3 {
+                    write!(f, "{sep}{c:<w$}", w = width[j])?;
+                } else {
+                    write!(f, "{sep}{c:>w$}", w = width[j])?;
+                }
+            }
+            writeln!(f)
+        };
+        line(f, header)?;
+        for r in &rows {
+            line(f, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]])?;
+        }
+        match self.head {
+            HeadPlace::Coordinator => writeln!(
+                f,
+                "head: on the coordinator, {:.2} ms/token",
+                self.coordinator_s * 1e3
+            )?,
+            HeadPlace::LastNode => {
+                let (name, local) = self
+                    .stages
+                    .last()
+                    .map_or(("", false), |s| (s.name.as_str(), s.local));
+                let back = if local {
+                    ""
+                } else {
+                    "; its logits come back as f16"
+                };
+                writeln!(
+                    f,
+                    "head: on the last stage \"{name}\" (no room in the coordinator's budget){back}"
+                )?
+            }
+        }
+        writeln!(
+            f,
+            "links: {:.2} ms/token latency + {:.3} ms/token on the wire (assuming 1 Gbit/s)",
+            self.link_s * 1e3,
+            self.transfer_s * 1e3
+        )?;
+        write!(
+            f,
+            "predicted: {:.2} ms/token, {:.1} tokens/s",
+            self.predicted_s_per_token * 1e3,
+            self.predicted_tokens_per_s
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// `n` equal layers of `w` weight bytes and `kv` KV bytes, untied 8 MiB head and embedding.
+    fn model(n: usize, w: u64, kv: u64) -> ModelCost {
+        ModelCost {
+            n_layer: n,
+            layer_weight_bytes: vec![w; n],
+            layer_kv_bytes: vec![kv; n],
+            head_bytes: 8 * MIB,
+            embedding_bytes: 8 * MIB,
+            tied_head: false,
+            hidden_bytes: 2304,
+            logits_bytes_f16: 2 * 49152,
+        }
+    }
+
+    fn coord() -> CoordinatorInput {
+        CoordinatorInput {
+            memory_budget: GIB,
+            bytes_per_s: 1e9,
+        }
+    }
+
+    fn stage(name: &str, budget: u64, speed: f64) -> StageInput {
+        StageInput {
+            name: name.to_string(),
+            address: format!("{name}:7701"),
+            local: false,
+            memory_budget: budget,
+            bytes_per_s: speed,
+            link_rtt_s: 0.0002,
+            pinned: None,
+        }
+    }
+
+    fn pinned(mut s: StageInput, r: Range<usize>) -> StageInput {
+        s.pinned = Some(r);
+        s
+    }
+
+    fn counts(p: &Plan) -> Vec<usize> {
+        p.stages.iter().map(|s| s.layers.len()).collect()
+    }
+
+    /// Ranges are consecutive, start at 0, end at n, none empty.
+    fn assert_covers(p: &Plan, n: usize) {
+        let mut next = 0;
+        for s in &p.stages {
+            assert_eq!(s.layers.start, next, "{p}");
+            assert!(!s.layers.is_empty(), "{p}");
+            next = s.layers.end;
+        }
+        assert_eq!(next, n, "{p}");
+    }
+
+    #[test]
+    fn homogeneous_even_split() {
+        let m = model(30, 4 * MIB, MIB);
+        let p = plan(&m, &coord(), &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+        assert_eq!(counts(&p), vec![15, 15]);
+        assert_eq!(p.stages[0].layers, 0..15);
+        assert_eq!(p.head, HeadPlace::Coordinator);
+        let p = plan(
+            &m,
+            &coord(),
+            &[
+                stage("a", GIB, 1e9),
+                stage("b", GIB, 1e9),
+                stage("c", GIB, 1e9),
+            ],
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![10, 10, 10]);
+        assert_covers(&p, 30);
+        assert_eq!(p.stages[1].weight_bytes, 40 * MIB);
+        assert_eq!(p.stages[1].kv_bytes, 10 * MIB);
+        assert!(p.stages.iter().all(|s| !s.holds_head));
+    }
+
+    #[test]
+    fn uneven_count_is_deterministic() {
+        let m = model(10, MIB, 0);
+        let s = [
+            stage("a", GIB, 1e9),
+            stage("b", GIB, 1e9),
+            stage("c", GIB, 1e9),
+        ];
+        let p = plan(&m, &coord(), &s).unwrap();
+        let mut c = counts(&p);
+        c.sort_unstable();
+        assert_eq!(c, vec![3, 3, 4]);
+        assert_eq!(plan(&m, &coord(), &s).unwrap(), p);
+    }
+
+    #[test]
+    fn faster_node_gets_more_layers() {
+        let m = model(30, 4 * MIB, MIB);
+        let p = plan(
+            &m,
+            &coord(),
+            &[stage("fast", GIB, 2e9), stage("slow", GIB, 1e9)],
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![20, 10]);
+        // Balanced: both stages take the same time.
+        assert!(
+            (p.stages[0].compute_s - p.stages[1].compute_s).abs() < 1e-12,
+            "{p}"
+        );
+        let p = plan(
+            &m,
+            &coord(),
+            &[
+                stage("a", GIB, 1e9),
+                stage("b", GIB, 3e9),
+                stage("c", GIB, 2e9),
+            ],
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![5, 15, 10]);
+    }
+
+    #[test]
+    fn memory_cap_water_fills() {
+        let m = model(30, 4 * MIB, MIB); // 5 MiB per layer
+        let s = [
+            stage("a", GIB, 1e9),
+            stage("small", 26 * MIB, 1e9),
+            stage("c", GIB, 1e9),
+        ];
+        let p = plan(&m, &coord(), &s).unwrap();
+        assert_eq!(p.stages[1].layers.len(), 5, "{p}");
+        assert!(p.stages[1].weight_bytes + p.stages[1].kv_bytes <= 26 * MIB);
+        let c = counts(&p);
+        assert_eq!(c[0] + c[2], 25);
+        assert!(c[0].abs_diff(c[2]) <= 1, "{p}");
+        assert_covers(&p, 30);
+        // The rest goes in proportion to speed.
+        let s = [
+            stage("a", GIB, 2e9),
+            stage("small", 26 * MIB, 1e9),
+            stage("c", GIB, 1e9),
+        ];
+        let p = plan(&m, &coord(), &s).unwrap();
+        assert_eq!(counts(&p), vec![17, 5, 8], "{p}");
+    }
+
+    #[test]
+    fn layers_of_different_sizes() {
+        // Gemma-like: every sixth layer has a larger KV cache; weights differ too.
+        let mut m = model(12, 4 * MIB, MIB);
+        m.layer_weight_bytes[0] = 12 * MIB;
+        m.layer_kv_bytes[5] = 16 * MIB;
+        let p = plan(&m, &coord(), &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+        assert_covers(&p, 12);
+        // Weights 52 MiB in all; the even split of weights puts the cut after layer 4 (28/24 MiB).
+        assert_eq!(p.stages[0].layers, 0..5, "{p}");
+    }
+
+    #[test]
+    fn impossible_fit() {
+        let m = model(30, 40 * MIB, 10 * MIB); // 1500 MiB in all
+        let e = plan(
+            &m,
+            &coord(),
+            &[stage("a", 500 * MIB, 1e9), stage("b", 500 * MIB, 1e9)],
+        )
+        .unwrap_err();
+        match &e {
+            PlanError::DoesNotFit {
+                needed, available, ..
+            } => {
+                assert_eq!(*needed, 1500 * MIB);
+                assert_eq!(*available, 1000 * MIB);
+            }
+            other => panic!("{other:?}"),
+        }
+        let msg = e.to_string();
+        assert!(
+            msg.contains("1.46 GiB")
+                && msg.contains("1000.0 MiB")
+                && msg.contains("500.0 MiB short"),
+            "{msg}"
+        );
+        assert!(msg.contains("\"a\"") && msg.contains("\"b\""), "{msg}");
+    }
+
+    #[test]
+    fn fragmented_fit_is_explained() {
+        // 3 layers of 10 MiB; budgets 15 + 15 + 5: 35 MiB ≥ 30 but c cannot hold one layer.
+        let m = model(3, 10 * MIB, 0);
+        let e = plan(
+            &m,
+            &coord(),
+            &[
+                stage("a", 15 * MIB, 1e9),
+                stage("b", 15 * MIB, 1e9),
+                stage("c", 5 * MIB, 1e9),
+            ],
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, PlanError::DoesNotFit { .. })
+                && msg.contains("\"c\"")
+                && msg.contains("one layer"),
+            "{msg}"
+        );
+        // 4 layers of 10 MiB; budgets 15 + 25: 40 MiB ≥ 40 but a holds 1, b holds 2 → 3 < 4.
+        let m = model(4, 10 * MIB, 0);
+        let e = plan(
+            &m,
+            &coord(),
+            &[stage("a", 15 * MIB, 1e9), stage("b", 25 * MIB, 1e9)],
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("consecutive ranges"), "{msg}");
+    }
+
+    #[test]
+    fn head_moves_to_last_node() {
+        let m = model(30, 4 * MIB, MIB);
+        let small = CoordinatorInput {
+            memory_budget: 12 * MIB,
+            bytes_per_s: 1e9,
+        };
+        let p = plan(&m, &small, &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+        assert_eq!(p.head, HeadPlace::LastNode);
+        assert_eq!(p.coordinator_s, 0.0);
+        assert!(p.stages[1].holds_head && !p.stages[0].holds_head);
+        // The head's 8 MiB is worth two 4 MiB layers: b takes two fewer.
+        assert_eq!(counts(&p), vec![16, 14], "{p}");
+        assert_eq!(p.stages[1].weight_bytes, 14 * 4 * MIB + 8 * MIB);
+        assert!(p.to_string().contains("last stage \"b\""));
+        // The embedding alone does not fit: error.
+        let tiny = CoordinatorInput {
+            memory_budget: 4 * MIB,
+            bytes_per_s: 1e9,
+        };
+        let e = plan(&m, &tiny, &[stage("a", GIB, 1e9)]).unwrap_err();
+        assert!(e.to_string().contains("embedding"), "{e}");
+        // Tied: head and embedding counted once, so 8 MiB is enough.
+        let mut tied = m.clone();
+        tied.tied_head = true;
+        let eight = CoordinatorInput {
+            memory_budget: 8 * MIB,
+            bytes_per_s: 1e9,
+        };
+        assert_eq!(
+            plan(&tied, &eight, &[stage("a", GIB, 1e9)]).unwrap().head,
+            HeadPlace::Coordinator
+        );
+    }
+
+    #[test]
+    fn pins_are_honoured() {
+        let m = model(30, 4 * MIB, MIB);
+        let s = [
+            pinned(stage("a", GIB, 1e9), 0..5),
+            stage("b", GIB, 1e9),
+            stage("c", GIB, 1e9),
+        ];
+        let p = plan(&m, &coord(), &s).unwrap();
+        assert_eq!(p.stages[0].layers, 0..5);
+        assert_eq!(counts(&p)[1..], [12, 13]);
+        let s = [
+            stage("a", GIB, 1e9),
+            pinned(stage("b", GIB, 1e9), 10..20),
+            stage("c", GIB, 1e9),
+        ];
+        let p = plan(&m, &coord(), &s).unwrap();
+        assert_eq!(
+            p.stages
+                .iter()
+                .map(|s| s.layers.clone())
+                .collect::<Vec<_>>(),
+            vec![0..10, 10..20, 20..30]
+        );
+        let s = [
+            pinned(stage("a", GIB, 1e9), 0..7),
+            pinned(stage("b", GIB, 1e9), 7..30),
+        ];
+        let p = plan(&m, &coord(), &s).unwrap();
+        assert_eq!(counts(&p), vec![7, 23]);
+    }
+
+    #[test]
+    fn bad_pins_rejected() {
+        let m = model(30, 4 * MIB, MIB);
+        let cases: Vec<(Vec<StageInput>, &str)> = vec![
+            (
+                vec![
+                    pinned(stage("a", GIB, 1e9), 0..5),
+                    pinned(stage("b", GIB, 1e9), 4..30),
+                ],
+                "overlap",
+            ),
+            (
+                vec![
+                    pinned(stage("a", GIB, 1e9), 0..5),
+                    pinned(stage("b", GIB, 1e9), 6..30),
+                ],
+                "leaving 1 layer",
+            ),
+            (
+                vec![
+                    pinned(stage("a", GIB, 1e9), 0..5),
+                    pinned(stage("b", GIB, 1e9), 5..29),
+                ],
+                "extend the last pin",
+            ),
+            (vec![pinned(stage("a", GIB, 1e9), 0..31)], "has 30 layers"),
+            (vec![pinned(stage("a", GIB, 1e9), 1..30)], "leaving 1 layer"),
+            (
+                vec![
+                    pinned(stage("a", GIB, 1e9), 0..5),
+                    stage("b", GIB, 1e9),
+                    pinned(stage("c", GIB, 1e9), 5..30),
+                ],
+                "leaving 0 layer",
+            ),
+            (
+                vec![pinned(stage("a", GIB, 1e9), 0..30), stage("b", GIB, 1e9)],
+                "unpinned",
+            ),
+            (
+                vec![
+                    stage("a", GIB, 1e9),
+                    pinned(stage("b", GIB, 1e9), 10..20),
+                    pinned(stage("c", GIB, 1e9), 0..10),
+                ],
+                "come before",
+            ),
+        ];
+        for (s, want) in cases {
+            let e = plan(&m, &coord(), &s).unwrap_err();
+            assert!(matches!(e, PlanError::BadPin { .. }), "{e:?}");
+            assert!(e.to_string().contains(want), "{want:?}: {e}");
+        }
+        // A pin that does not fit its stage's memory.
+        let s = [
+            pinned(stage("a", 10 * MIB, 1e9), 0..5),
+            stage("b", GIB, 1e9),
+        ];
+        let e = plan(&m, &coord(), &s).unwrap_err();
+        assert!(
+            matches!(e, PlanError::DoesNotFit { .. })
+                && e.to_string().contains("pinned to layers 0-4"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_input_rejected() {
+        let m = model(2, MIB, 0);
+        assert!(matches!(
+            plan(&m, &coord(), &[]),
+            Err(PlanError::BadInput { .. })
+        ));
+        let s = [
+            stage("a", GIB, 1e9),
+            stage("b", GIB, 1e9),
+            stage("c", GIB, 1e9),
+        ];
+        let e = plan(&m, &coord(), &s).unwrap_err();
+        assert!(e.to_string().contains("remove 1 node"), "{e}");
+        let mut bad = model(3, MIB, 0);
+        bad.layer_kv_bytes.pop();
+        assert!(matches!(
+            plan(&bad, &coord(), &s),
+            Err(PlanError::BadInput { .. })
+        ));
+    }
+
+    #[test]
+    fn local_stage() {
+        let m = model(30, 4 * MIB, MIB);
+        let mut master = stage("master", GIB, 1e9);
+        master.local = true;
+        master.address = "local".to_string();
+        master.link_rtt_s = 0.0;
+        let s = [master, stage("b", GIB, 1e9)];
+        let p = plan(&m, &coord(), &s).unwrap();
+        assert_eq!(counts(&p), vec![15, 15]);
+        assert!(p.stages[0].local);
+        // coordinator → master: 0; master → b: b's half rtt; b → coordinator: half rtt.
+        assert!((p.link_s - 0.0002).abs() < 1e-15, "{}", p.link_s);
+        // Hidden states cross the network twice: master → b, b → coordinator.
+        assert!(
+            (p.transfer_s - 2.0 * 2304.0 / 125e6).abs() < 1e-15,
+            "{}",
+            p.transfer_s
+        );
+        assert!(p.to_string().contains("local"));
+    }
+
+    #[test]
+    fn prediction_arithmetic() {
+        // 4 layers of 1e6 bytes, two stages at 1e9 B/s: 2 ms each. Head 1e6 B at 1e9: 1 ms.
+        // Links (rtt 1 ms each): 0.5 + (0.5 + 0.5) / 2 + 0.5 = 1.5 ms.
+        // Wire: three hops of 1250 B at 125e6 B/s = 0.03 ms. Total 6.53 ms.
+        let m = ModelCost {
+            n_layer: 4,
+            layer_weight_bytes: vec![1_000_000; 4],
+            layer_kv_bytes: vec![0; 4],
+            head_bytes: 1_000_000,
+            embedding_bytes: 1_000_000,
+            tied_head: false,
+            hidden_bytes: 1250,
+            logits_bytes_f16: 250_000,
+        };
+        let mut a = stage("a", GIB, 1e9);
+        a.link_rtt_s = 0.001;
+        let mut b = stage("b", GIB, 1e9);
+        b.link_rtt_s = 0.001;
+        let p = plan(&m, &coord(), &[a.clone(), b.clone()]).unwrap();
+        let close = |x: f64, y: f64| (x - y).abs() < 1e-12;
+        assert!(close(p.stages[0].compute_s, 0.002) && close(p.stages[1].compute_s, 0.002));
+        assert!(close(p.coordinator_s, 0.001));
+        assert!(close(p.link_s, 0.0015));
+        assert!(close(p.transfer_s, 0.00003));
+        assert!(
+            close(p.predicted_s_per_token, 0.00653),
+            "{}",
+            p.predicted_s_per_token
+        );
+        assert!((p.predicted_tokens_per_s - 1.0 / 0.00653).abs() < 1e-6);
+        // Five layers and no room for the head on the coordinator: b holds the head, worth one
+        // layer, so a takes 3 layers (3 ms) and b 2 layers + head (3 ms). The wire carries one
+        // hidden state twice and the f16 logits (250 kB, 2 ms) once: 2.02 ms. Total 9.52 ms.
+        let mut m5 = m.clone();
+        m5.n_layer = 5;
+        m5.layer_weight_bytes = vec![1_000_000; 5];
+        m5.layer_kv_bytes = vec![0; 5];
+        let small = CoordinatorInput {
+            memory_budget: 1_500_000,
+            bytes_per_s: 1e9,
+        };
+        let p = plan(&m5, &small, &[a, b]).unwrap();
+        assert_eq!(p.head, HeadPlace::LastNode);
+        assert_eq!(counts(&p), vec![3, 2]);
+        assert!(close(p.stages[0].compute_s, 0.003) && close(p.stages[1].compute_s, 0.003));
+        assert_eq!(p.stages[1].weight_bytes, 3_000_000);
+        assert!(close(p.coordinator_s, 0.0));
+        assert!(close(p.transfer_s, 0.00202), "{}", p.transfer_s);
+        assert!(
+            close(p.predicted_s_per_token, 0.00952),
+            "{}",
+            p.predicted_s_per_token
+        );
+    }
+
+    #[test]
+    fn bad_speeds_are_guarded() {
+        let m = model(30, 4 * MIB, MIB);
+        let p = plan(
+            &m,
+            &coord(),
+            &[
+                stage("a", GIB, 1e9),
+                stage("zero", GIB, 0.0),
+                stage("nan", GIB, f64::NAN),
+            ],
+        )
+        .unwrap();
+        assert_eq!(counts(&p), vec![28, 1, 1]);
+        assert!(p.predicted_tokens_per_s.is_finite() && p.predicted_tokens_per_s > 0.0);
+    }
+
+    #[test]
+    fn display_shows_ranges() {
+        let m = model(30, 4 * MIB, MIB);
+        let p = plan(&m, &coord(), &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+        let text = p.to_string();
+        assert!(text.contains("0-14") && text.contains("15-29"), "{text}");
+        assert!(
+            text.contains("a:7701")
+                && text.contains("tokens/s")
+                && text.contains("head: on the coordinator"),
+            "{text}"
+        );
+        assert!(
+            text.lines().next().is_some_and(|l| l.starts_with("stage")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bytes_format() {
+        assert_eq!(format_bytes(3 * GIB / 2), "1.50 GiB");
+        assert_eq!(format_bytes(312 * MIB + 400 * 1024), "312.4 MiB");
+        assert_eq!(format_bytes(12 * 1024), "12.0 KiB");
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(2 << 40), "2.00 TiB");
+        assert_eq!(format_layers(&(0..9)), "0-8");
+        assert_eq!(format_layers(&(5..6)), "5-5");
+    }
+}

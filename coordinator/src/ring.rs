@@ -1,0 +1,784 @@
+//! The coordinator's side of the ring: connects to every node, authenticates, gathers
+//! capabilities and measures links, plans the split, assigns slices, then moves hidden states
+//! around the ring for the engine. Failure of any node or link surfaces as an error naming it
+//! within `HEARTBEAT_TIMEOUT`.
+
+use crate::planner::{self, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput};
+use anyhow::{anyhow, bail, Context, Result};
+use ringllm_node::daemon::model_identity;
+use ringllm_node::gguf::GgufFile;
+use ringllm_node::{sys, KvCache, KvType, LoadOptions, Model};
+use ringllm_protocol::control::{
+    Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
+};
+use ringllm_protocol::frame::{f32_to_le_bytes, le_bytes_to_f32};
+use ringllm_protocol::tcp::{self, control_of};
+use ringllm_protocol::{ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// A node silent for this long is declared lost.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Loading a slice may take a while (page-in from disk).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
+/// Memory kept free on every machine beyond weights and KV.
+pub const HEADROOM: u64 = 256 << 20;
+
+/// One stage of the ring as configured: a node at an address, or the coordinator itself.
+#[derive(Clone, Debug)]
+pub struct StageSpec {
+    pub name: String,
+    /// `None`: the stage runs inside the coordinator.
+    pub address: Option<String>,
+    pub layers: Option<Range<usize>>,
+    pub memory: Option<u64>,
+    pub threads: Option<usize>,
+}
+
+/// Everything needed to build a ring.
+#[derive(Clone, Debug)]
+pub struct RingSpec {
+    pub key: ClusterKey,
+    pub stages: Vec<StageSpec>,
+    pub coordinator_memory: Option<u64>,
+    pub activations: Dtype,
+}
+
+type Outgoing = (FrameHeader, Vec<u8>);
+
+enum Event {
+    Frame {
+        node: usize,
+        h: FrameHeader,
+        payload: Vec<u8>,
+    },
+    Control {
+        node: usize,
+        msg: Control,
+    },
+    Lost {
+        node: usize,
+        why: String,
+    },
+}
+
+struct RemoteNode {
+    name: String,
+    address: String,
+    out: mpsc::Sender<Outgoing>,
+    caps: Capabilities,
+    rtt_s: f64,
+    /// Milliseconds since `Ring::t0` at which the node was last heard from.
+    last_seen: Arc<AtomicU64>,
+    counters: Arc<LinkCounters>,
+}
+
+/// A stage of the planned ring.
+#[derive(Clone, Debug)]
+pub enum Stage {
+    Local {
+        layers: Range<usize>,
+    },
+    /// Consecutive remote nodes `first..=last` (indices into the ring's nodes).
+    Segment {
+        first: usize,
+        last: usize,
+    },
+}
+
+pub struct Ring {
+    rt: tokio::runtime::Runtime,
+    nodes: Vec<RemoteNode>,
+    events: mpsc::UnboundedReceiver<Event>,
+    t0: Instant,
+    pub plan: Plan,
+    pub stages: Vec<Stage>,
+    pub head_on_node: bool,
+    pub session: u64,
+    /// Every node's `Ready`, in node order.
+    pub ready: Vec<Ready>,
+    vocab: usize,
+    /// Coordinator's own link counters (bytes it sent and received per node).
+    scratch: Vec<u8>,
+}
+
+/// Sizes the planner needs, from the model's tensor table.
+pub fn model_cost(
+    file: &Arc<GgufFile>,
+    ctx: usize,
+    max_batch: usize,
+    kv: KvType,
+    act: Dtype,
+) -> Result<(ModelCost, ringllm_node::Hparams)> {
+    let m = Model::load(Arc::clone(file), &LoadOptions::default())?;
+    let hp = m.hp.clone();
+    let layer_weight_bytes: Vec<u64> = m
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                .iter()
+                .map(|w| w.bytes() as u64)
+                .sum()
+        })
+        .collect();
+    let layer_kv_bytes = (0..hp.n_layer)
+        .map(|il| KvCache::bytes_for(&hp, il..il + 1, ctx, max_batch, kv) as u64)
+        .collect();
+    let embd = m.tok_embd.as_ref().map_or(0, |w| w.bytes() as u64);
+    let head = m.output.as_ref().map_or(0, |w| w.bytes() as u64);
+    let tied = match (&m.tok_embd, &m.output) {
+        (Some(a), Some(b)) => a.name == b.name,
+        _ => false,
+    };
+    let hidden_bytes = act.bytes_for(hp.d_model).ok_or_else(|| {
+        anyhow!(
+            "activation type {} does not fit d = {}",
+            act.name(),
+            hp.d_model
+        )
+    })? as u64;
+    Ok((
+        ModelCost {
+            n_layer: hp.n_layer,
+            layer_weight_bytes,
+            layer_kv_bytes,
+            head_bytes: head + 4 * hp.d_model as u64,
+            embedding_bytes: embd,
+            tied_head: tied,
+            hidden_bytes,
+            logits_bytes_f16: 2 * hp.vocab as u64,
+        },
+        hp,
+    ))
+}
+
+impl Ring {
+    /// Connects to every node of `spec`, measures, plans. With `assign`, also loads the
+    /// slices and starts the ring; without, returns after planning (`ringllm plan`).
+    pub fn connect(
+        spec: &RingSpec,
+        model_path: &Path,
+        file: &Arc<GgufFile>,
+        ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+        coordinator_threads: usize,
+    ) -> Result<Ring> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .context("starting the I/O runtime")?;
+        let t0 = Instant::now();
+        let (ev_tx, events) = mpsc::unbounded_channel();
+        let remote: Vec<&StageSpec> = spec.stages.iter().filter(|s| s.address.is_some()).collect();
+        // Connect to every node at once.
+        let links = rt.block_on(async {
+            let mut tasks = Vec::new();
+            for s in &remote {
+                let addr = s.address.clone().unwrap_or_default();
+                let key = spec.key.clone();
+                tasks.push(tokio::spawn(async move {
+                    tcp::connect(
+                        &addr,
+                        &key,
+                        Role::Coordinator,
+                        "coordinator",
+                        CONNECT_TIMEOUT,
+                        64 << 20,
+                    )
+                    .await
+                }));
+            }
+            let mut out = Vec::new();
+            for (t, s) in tasks.into_iter().zip(&remote) {
+                let who = format!(
+                    "node '{}' at {}",
+                    s.name,
+                    s.address.as_deref().unwrap_or("")
+                );
+                let link = t
+                    .await
+                    .map_err(|e| anyhow!("{who}: {e}"))?
+                    .map_err(|e| anyhow!("cannot connect to {who}: {e}"))?;
+                out.push(link);
+            }
+            Ok::<_, anyhow::Error>(out)
+        })?;
+        let mut nodes = Vec::new();
+        for (i, (link, s)) in links.into_iter().zip(&remote).enumerate() {
+            let last_seen = Arc::new(AtomicU64::new(t0.elapsed().as_millis() as u64));
+            let counters = Arc::clone(&link.counters);
+            let ringllm_protocol::Link { mut tx, mut rx, .. } = link;
+            let (qtx, mut qrx) = mpsc::channel::<Outgoing>(256);
+            let ev = ev_tx.clone();
+            let name = s.name.clone();
+            let _g = rt.enter();
+            tokio::spawn(async move {
+                while let Some((h, p)) = qrx.recv().await {
+                    if let Err(e) = tx.send(&h, &p).await {
+                        let _ = ev.send(Event::Lost {
+                            node: i,
+                            why: format!("sending failed: {e}"),
+                        });
+                        break;
+                    }
+                }
+            });
+            let ev = ev_tx.clone();
+            let seen = Arc::clone(&last_seen);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    match rx.recv(&mut buf).await {
+                        Ok(h) => {
+                            seen.store(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+                            let e = if h.kind == FrameKind::Control {
+                                match control_of(&h, &buf) {
+                                    Ok(Control::Heartbeat { reply: true, nonce }) => {
+                                        Event::Control {
+                                            node: i,
+                                            msg: Control::Heartbeat { nonce, reply: true },
+                                        }
+                                    }
+                                    Ok(msg) => Event::Control { node: i, msg },
+                                    Err(e) => Event::Lost {
+                                        node: i,
+                                        why: format!("sent a malformed message: {e}"),
+                                    },
+                                }
+                            } else {
+                                Event::Frame {
+                                    node: i,
+                                    h,
+                                    payload: std::mem::take(&mut buf),
+                                }
+                            };
+                            if ev.send(e).is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            let why = if e.is_closed() {
+                                "closed the connection (process stopped?)".to_string()
+                            } else {
+                                e.to_string()
+                            };
+                            let _ = ev.send(Event::Lost { node: i, why });
+                            break;
+                        }
+                    }
+                }
+            });
+            nodes.push(RemoteNode {
+                name,
+                address: s.address.clone().unwrap_or_default(),
+                out: qtx,
+                caps: Capabilities {
+                    node_name: String::new(),
+                    version: String::new(),
+                    memory_total: 0,
+                    memory_available: 0,
+                    threads: 0,
+                    cpu_features: Vec::new(),
+                    isa: String::new(),
+                    matvec_bytes_per_s: 0.0,
+                    models: Vec::new(),
+                },
+                rtt_s: 0.0,
+                last_seen,
+                counters,
+            });
+        }
+        let mut ring = Ring {
+            rt,
+            nodes,
+            events,
+            t0,
+            plan: Plan::empty(),
+            stages: Vec::new(),
+            head_on_node: false,
+            session: 0,
+            ready: Vec::new(),
+            vocab: 0,
+            scratch: Vec::new(),
+        };
+        // Capabilities arrive first on every connection.
+        let mut have = vec![false; ring.nodes.len()];
+        while have.iter().any(|h| !h) {
+            let (i, msg) = ring.next_control(Duration::from_secs(10), "capabilities")?;
+            match msg {
+                Control::Capabilities(c) => {
+                    ring.nodes[i].caps = c;
+                    have[i] = true;
+                }
+                Control::Error(e) => bail!("{}: {}", ring.who(i), e.message),
+                other => bail!(
+                    "{}: expected capabilities, got {}",
+                    ring.who(i),
+                    other.name()
+                ),
+            }
+        }
+        // Link round trips: best of a few heartbeats.
+        for i in 0..ring.nodes.len() {
+            let mut best = f64::MAX;
+            for k in 0..5u64 {
+                let t = Instant::now();
+                ring.send_control(
+                    i,
+                    &Control::Heartbeat {
+                        nonce: k,
+                        reply: false,
+                    },
+                )?;
+                loop {
+                    let (j, msg) = ring.next_control(CONNECT_TIMEOUT, "a heartbeat reply")?;
+                    if j == i
+                        && msg
+                            == (Control::Heartbeat {
+                                nonce: k,
+                                reply: true,
+                            })
+                    {
+                        break;
+                    }
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            ring.nodes[i].rtt_s = best;
+        }
+        // Plan.
+        let (cost, hp) = model_cost(file, ctx, max_batch, kv, spec.activations)?;
+        ring.vocab = hp.vocab;
+        let (_, avail) = sys::memory();
+        let coord_budget = spec
+            .coordinator_memory
+            .unwrap_or(avail.saturating_sub(HEADROOM));
+        let coord_speed = sys::matvec_speed(coordinator_threads, Duration::from_millis(150));
+        let coord_fixed = cost.embedding_bytes + if cost.tied_head { 0 } else { cost.head_bytes };
+        let mut inputs = Vec::new();
+        let mut ni = 0;
+        for s in &spec.stages {
+            match &s.address {
+                None => inputs.push(StageInput {
+                    name: s.name.clone(),
+                    address: "local".into(),
+                    local: true,
+                    memory_budget: s.memory.unwrap_or(coord_budget.saturating_sub(coord_fixed)),
+                    bytes_per_s: coord_speed,
+                    link_rtt_s: 0.0,
+                    pinned: s.layers.clone(),
+                }),
+                Some(a) => {
+                    let n = &ring.nodes[ni];
+                    let budget = n.caps.memory_available.saturating_sub(HEADROOM);
+                    inputs.push(StageInput {
+                        name: s.name.clone(),
+                        address: a.clone(),
+                        local: false,
+                        memory_budget: s.memory.map_or(budget, |m| m.min(budget)),
+                        bytes_per_s: n.caps.matvec_bytes_per_s,
+                        link_rtt_s: n.rtt_s,
+                        pinned: s.layers.clone(),
+                    });
+                    ni += 1;
+                }
+            }
+        }
+        let plan = planner::plan(
+            &cost,
+            &CoordinatorInput {
+                memory_budget: coord_budget,
+                bytes_per_s: coord_speed,
+            },
+            &inputs,
+        )
+        .map_err(|e| anyhow!("{e}"))?;
+        // Stages: local ranges and segments of consecutive remote nodes.
+        let mut stages = Vec::new();
+        let mut ni = 0;
+        for (s, p) in spec.stages.iter().zip(&plan.stages) {
+            if p.layers.is_empty() {
+                if s.address.is_some() {
+                    ni += 1;
+                }
+                continue;
+            }
+            match &s.address {
+                None => stages.push(Stage::Local {
+                    layers: p.layers.clone(),
+                }),
+                Some(_) => {
+                    match stages.last_mut() {
+                        Some(Stage::Segment { last, .. }) if *last + 1 == ni => *last = ni,
+                        _ => stages.push(Stage::Segment {
+                            first: ni,
+                            last: ni,
+                        }),
+                    }
+                    ni += 1;
+                }
+            }
+        }
+        ring.head_on_node = matches!(plan.head, HeadPlace::LastNode);
+        ring.plan = plan;
+        ring.stages = stages;
+        let _ = model_path;
+        Ok(ring)
+    }
+
+    /// Loads every node's slice and waits until all are ready.
+    pub fn assign(
+        &mut self,
+        spec: &RingSpec,
+        identity: &ModelIdentity,
+        ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<()> {
+        self.session =
+            (self.t0.elapsed().as_nanos() as u64) ^ ((std::process::id() as u64) << 40) ^ 0x5eed;
+        // Per remote node: its layers, input and next hop, from the plan in stage order.
+        let remote_plans: Vec<(usize, &planner::StagePlan)> = spec
+            .stages
+            .iter()
+            .zip(&self.plan.stages)
+            .filter(|(s, _)| s.address.is_some())
+            .map(|(_, p)| p)
+            .enumerate()
+            .collect();
+        let mut assigned = Vec::new();
+        for seg in &self.stages {
+            let Stage::Segment { first, last } = *seg else {
+                continue;
+            };
+            for (i, &(_, p)) in remote_plans.iter().enumerate().take(last + 1).skip(first) {
+                let next_hop = if i == last {
+                    NextHop::Coordinator
+                } else {
+                    NextHop::Node {
+                        name: self.nodes[i + 1].name.clone(),
+                        address: self.nodes[i + 1].address.clone(),
+                    }
+                };
+                let a = Assignment {
+                    session: self.session,
+                    model: identity.clone(),
+                    layer_start: p.layers.start as u32,
+                    layer_end: p.layers.end as u32,
+                    head: p.holds_head,
+                    input: if i == first {
+                        Input::Coordinator
+                    } else {
+                        Input::Upstream
+                    },
+                    next_hop,
+                    activations: spec.activations,
+                    kv_ctx: ctx as u32,
+                    kv_type: kv.name().to_string(),
+                    max_batch: max_batch as u32,
+                    threads: spec
+                        .stages
+                        .iter()
+                        .filter(|s| s.address.is_some())
+                        .nth(i)
+                        .and_then(|s| s.threads)
+                        .unwrap_or(0) as u32,
+                };
+                assigned.push(i);
+                self.send_control(i, &Control::Assign(a))?;
+            }
+        }
+        // Assign the last nodes first? Nodes connect to their next hop while loading; the next
+        // hop waits for its own assignment (TAKEOVER_WAIT), so any order works.
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_message(format!("loading slices on {} node(s)", assigned.len()));
+        bar.enable_steady_tick(Duration::from_millis(120));
+        let mut ready: Vec<Option<Ready>> = vec![None; self.nodes.len()];
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while assigned.iter().any(|&i| ready[i].is_none()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (i, msg) = self.next_control(left, "the nodes to load their slices")?;
+            match msg {
+                Control::Ready(r) if r.session == self.session => {
+                    bar.println(format!(
+                        "  {:<12} {:<22} layers {:>2}-{:<2} weights {:>7.1} MiB  kv {:>6.1} MiB  rss {:>7.1} MiB  load {} ms",
+                        self.nodes[i].name,
+                        self.nodes[i].address,
+                        r.layer_start,
+                        r.layer_end.saturating_sub(1),
+                        r.weight_bytes as f64 / 1048576.0,
+                        r.kv_bytes as f64 / 1048576.0,
+                        r.rss_bytes as f64 / 1048576.0,
+                        r.load_ms
+                    ));
+                    ready[i] = Some(r);
+                }
+                Control::Error(e) => {
+                    bar.finish_and_clear();
+                    bail!("{}: {}", self.who(i), e.message)
+                }
+                _ => {}
+            }
+        }
+        bar.finish_and_clear();
+        self.ready = ready.into_iter().flatten().collect();
+        // Heartbeats from now on.
+        let _g = self.rt.enter();
+        for n in &self.nodes {
+            let out = n.out.clone();
+            tokio::spawn(async move {
+                let mut nonce = 1000u64;
+                loop {
+                    tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+                    nonce += 1;
+                    let Ok(f) = (Control::Heartbeat {
+                        nonce,
+                        reply: false,
+                    })
+                    .to_frame() else {
+                        break;
+                    };
+                    if out.send(f).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+
+    pub fn who(&self, i: usize) -> String {
+        match self.nodes.get(i) {
+            Some(n) => format!("node '{}' ({})", n.name, n.address),
+            None => format!("node #{i}"),
+        }
+    }
+
+    pub fn node_names(&self) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.address.clone()))
+            .collect()
+    }
+
+    pub fn rtts(&self) -> Vec<f64> {
+        self.nodes.iter().map(|n| n.rtt_s).collect()
+    }
+
+    pub fn capabilities(&self) -> Vec<Capabilities> {
+        self.nodes.iter().map(|n| n.caps.clone()).collect()
+    }
+
+    /// Bytes and frames the coordinator sent to / received from each node.
+    pub fn link_counters(&self) -> Vec<(u64, u64, u64, u64)> {
+        self.nodes.iter().map(|n| n.counters.snapshot()).collect()
+    }
+
+    fn send_control(&self, i: usize, msg: &Control) -> Result<()> {
+        let f = msg.to_frame()?;
+        self.nodes[i]
+            .out
+            .try_send(f)
+            .map_err(|_| anyhow!("{}: the link is gone", self.who(i)))
+    }
+
+    /// The next control message from any node, failing on a lost node or after `timeout`.
+    fn next_control(&mut self, timeout: Duration, what: &str) -> Result<(usize, Control)> {
+        let deadline = Instant::now() + timeout;
+        match self.next_event(deadline, what)? {
+            Event::Control { node, msg } => Ok((node, msg)),
+            Event::Frame { node, h, .. } => bail!(
+                "{}: unexpected {:?} frame while waiting for {what}",
+                self.who(node),
+                h.kind
+            ),
+            Event::Lost { node, why } => bail!("{} {why}", self.who(node)),
+        }
+    }
+
+    /// The next event, watching heartbeats meanwhile.
+    fn next_event(&mut self, deadline: Instant, what: &str) -> Result<Event> {
+        let t0 = self.t0;
+        let nodes: Vec<(String, Arc<AtomicU64>)> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    format!("node '{}' ({})", n.name, n.address),
+                    Arc::clone(&n.last_seen),
+                )
+            })
+            .collect();
+        let check_heartbeats = !self.ready.is_empty();
+        let events = &mut self.events;
+        self.rt.block_on(async {
+            loop {
+                let now = Instant::now();
+                if now >= deadline {
+                    bail!("timed out waiting for {what}");
+                }
+                let slice = (deadline - now).min(Duration::from_millis(250));
+                match tokio::time::timeout(slice, events.recv()).await {
+                    Ok(Some(e)) => return Ok(e),
+                    Ok(None) => bail!("every link is closed"),
+                    Err(_) => {}
+                }
+                if check_heartbeats {
+                    let now_ms = t0.elapsed().as_millis() as u64;
+                    for (who, seen) in &nodes {
+                        let silent = now_ms.saturating_sub(seen.load(Ordering::Relaxed));
+                        if silent > HEARTBEAT_TIMEOUT.as_millis() as u64 {
+                            bail!(
+                                "{who} stopped answering: nothing heard for {:.1} s (link cut, machine down or process frozen)",
+                                silent as f64 / 1000.0
+                            );
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Runs one chunk through the ring: `x` holds `n` embedded rows of `d`; on return it holds
+    /// the last stage's hidden states, or (head on a node) `logits` holds the last token's
+    /// logits. `local` runs the coordinator's own layers when its stage comes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &mut self,
+        seq: u64,
+        pos: usize,
+        x: &mut [f32],
+        n: usize,
+        d: usize,
+        logits: &mut [f32],
+        local: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let stages = self.stages.clone();
+        for st in &stages {
+            match st {
+                Stage::Local { .. } => local(x)?,
+                Stage::Segment { first, last } => {
+                    let mut payload = std::mem::take(&mut self.scratch);
+                    payload.clear();
+                    f32_to_le_bytes(&x[..n * d], &mut payload);
+                    let h = FrameHeader::new(
+                        FrameKind::Hidden,
+                        Dtype::F32,
+                        seq,
+                        pos as u32,
+                        n as u32,
+                        0,
+                        &payload,
+                    )?;
+                    self.nodes[*first]
+                        .out
+                        .try_send((h, payload))
+                        .map_err(|_| anyhow!("{}: the link is gone", self.who(*first)))?;
+                    let deadline = Instant::now() + Duration::from_secs(24 * 3600);
+                    loop {
+                        match self.next_event(deadline, "the ring's output")? {
+                            Event::Frame { node, h, payload } => {
+                                if node != *last {
+                                    bail!(
+                                        "{}: unexpected data frame (the ring's output comes from {})",
+                                        self.who(node),
+                                        self.who(*last)
+                                    );
+                                }
+                                if h.seq != seq || h.pos as usize != pos {
+                                    bail!(
+                                        "{}: output for sequence {} position {}, expected {seq} at {pos}",
+                                        self.who(node),
+                                        h.seq,
+                                        h.pos
+                                    );
+                                }
+                                match h.kind {
+                                    FrameKind::Hidden => {
+                                        le_bytes_to_f32(&payload, &mut x[..n * d])
+                                            .with_context(|| self.who(node))?;
+                                    }
+                                    FrameKind::Logits => {
+                                        let v = self.vocab;
+                                        if payload.len() != v * 2 || logits.len() < v {
+                                            bail!(
+                                                "{}: logits frame of {} bytes, expected {}",
+                                                self.who(node),
+                                                payload.len(),
+                                                v * 2
+                                            );
+                                        }
+                                        for (o, c) in logits.iter_mut().zip(payload.chunks_exact(2))
+                                        {
+                                            *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                                        }
+                                    }
+                                    FrameKind::Control => {}
+                                }
+                                self.scratch = payload;
+                                break;
+                            }
+                            Event::Control { node, msg } => match msg {
+                                Control::Error(e) => bail!("{}: {}", self.who(node), e.message),
+                                Control::Heartbeat { .. } | Control::Stats(_) => {}
+                                other => tracing::debug!(
+                                    "{}: ignoring {} during generation",
+                                    self.who(node),
+                                    other.name()
+                                ),
+                            },
+                            Event::Lost { node, why } => bail!("{} {why}", self.who(node)),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every node's counters.
+    pub fn stats(&mut self) -> Result<Vec<Stats>> {
+        for i in 0..self.nodes.len() {
+            self.send_control(i, &Control::GetStats)?;
+        }
+        let mut out: Vec<Option<Stats>> = vec![None; self.nodes.len()];
+        while out.iter().any(|s| s.is_none()) {
+            let (i, msg) = self.next_control(Duration::from_secs(5), "node statistics")?;
+            if let Control::Stats(s) = msg {
+                out[i] = Some(s);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Tells every node the session is over and closes the links.
+    pub fn shutdown(self, reason: &str) {
+        for i in 0..self.nodes.len() {
+            let _ = self.send_control(
+                i,
+                &Control::Shutdown {
+                    reason: reason.to_string(),
+                },
+            );
+        }
+        // Give the writer tasks a moment to flush.
+        self.rt.block_on(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+        self.rt.shutdown_timeout(Duration::from_millis(200));
+    }
+}
+
+/// Identity of the coordinator's model file, as nodes check it.
+pub fn identity_of(path: &Path, file: &GgufFile) -> ModelIdentity {
+    model_identity(path, file)
+}

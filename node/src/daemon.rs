@@ -1,0 +1,945 @@
+//! The node daemon (`ringllm node`): listens, authenticates every connection, takes an
+//! assignment from one coordinator at a time, maps only its slice of the model, and runs its
+//! layers on every frame that reaches it, forwarding the result to its next hop.
+//!
+//! Tasks and threads:
+//! - the tokio runtime runs the listener, one task per connection (reading), and one writer
+//!   task per outgoing link (fed by a channel, so compute never waits on a socket);
+//! - one compute thread per assignment owns the `Runner` and the KV cache and takes frames
+//!   from a channel in arrival order.
+//!
+//! Connections by role (from the handshake): the coordinator's (control messages, and data
+//! frames when this is the first stage of a segment; results go back on it when this is the
+//! last stage), and an upstream node's (data frames from the previous stage).
+
+use crate::gguf::GgufFile;
+use crate::model::{LoadOptions, Model};
+use crate::sys;
+use crate::{KvCache, KvType, Runner};
+use ringllm_protocol::control::{
+    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, ModelIdentity, NextHop, Ready,
+    Stats,
+};
+use ringllm_protocol::frame::{le_bytes_to_f32, FLAG_ALL_TOKENS};
+use ringllm_protocol::tcp::{self, control_of};
+use ringllm_protocol::{ClusterKey, Dtype, FrameHeader, FrameKind, Link, Role, TransportError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+use tracing::{debug, info, warn};
+
+/// How long a connection may take to authenticate.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a new coordinator waits for the previous one's connection to go away.
+pub const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
+/// Largest data payload a node accepts (a 512-token prefill of a d = 16384 model in f32).
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+
+pub struct NodeOptions {
+    pub listen: String,
+    pub key: ClusterKey,
+    pub name: String,
+    /// Worker threads for compute (an assignment may ask for fewer).
+    pub threads: usize,
+    pub models_dir: PathBuf,
+}
+
+type Outgoing = (FrameHeader, Vec<u8>);
+
+enum Job {
+    Frame { h: FrameHeader, payload: Vec<u8> },
+    Release { seq: u64 },
+}
+
+#[derive(Default)]
+struct SessionStats {
+    frames_in: AtomicU64,
+    frames_out: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    tokens: AtomicU64,
+    compute_us: AtomicU64,
+    busy_us: AtomicU64,
+}
+
+struct SessionHandle {
+    id: u64,
+    conn_id: u64,
+    input: Input,
+    jobs: std::sync::mpsc::Sender<Job>,
+    coord_out: mpsc::Sender<Outgoing>,
+    stats: Arc<SessionStats>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Connection id and address of the coordinator being served.
+    coordinator: Option<(u64, String)>,
+    session: Option<SessionHandle>,
+    /// The last model file opened, kept mapped for the next assignment.
+    cache: Option<(ModelIdentity, Arc<GgufFile>)>,
+}
+
+struct Node {
+    opts: NodeOptions,
+    caps: Capabilities,
+    state: Mutex<State>,
+    changed: Notify,
+    next_conn: AtomicU64,
+}
+
+impl Node {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Identity of a model file (what assignments name).
+pub fn model_identity(path: &Path, file: &GgufFile) -> ModelIdentity {
+    ModelIdentity {
+        file_name: path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        size: file.bytes().len() as u64,
+        header_hash: file.header_hash(),
+    }
+}
+
+fn scan_models(dir: &Path) -> Vec<ModelIdentity> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        warn!(dir = %dir.display(), "models directory is not readable");
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().and_then(|s| s.to_str()) != Some("gguf") {
+            continue;
+        }
+        match GgufFile::open(&p) {
+            Ok(f) => out.push(model_identity(&p, &f)),
+            Err(err) => warn!(file = %p.display(), "skipping unreadable model: {err}"),
+        }
+    }
+    out.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+    out
+}
+
+/// Runs the daemon until the process is killed. Fails only if the address cannot be bound.
+pub fn serve(opts: NodeOptions) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the I/O runtime: {e}"))?;
+    rt.block_on(async move {
+        let addr: std::net::SocketAddr = tokio::net::lookup_host(&opts.listen)
+            .await
+            .map_err(|e| format!("--listen {}: {e}", opts.listen))?
+            .next()
+            .ok_or_else(|| format!("--listen {}: no address", opts.listen))?;
+        let listener = tcp::listen(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        eprintln!(
+            "ringllm node '{}' listening on {addr} (cluster {})",
+            opts.name,
+            opts.key.id_hex()
+        );
+        let threads = opts.threads.max(1);
+        let dir = opts.models_dir.clone();
+        let (speed, models) = tokio::task::spawn_blocking(move || {
+            (
+                sys::matvec_speed(threads, Duration::from_millis(200)),
+                scan_models(&dir),
+            )
+        })
+        .await
+        .map_err(|e| format!("start-up probe failed: {e}"))?;
+        let (total, avail) = sys::memory();
+        let caps = Capabilities {
+            node_name: opts.name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            memory_total: total,
+            memory_available: avail,
+            threads: threads as u32,
+            cpu_features: sys::cpu_features(),
+            isa: ringllm_kernels::isa().name().to_string(),
+            matvec_bytes_per_s: speed,
+            models,
+        };
+        info!(
+            speed_gbs = speed / 1e9,
+            models = caps.models.len(),
+            "node ready"
+        );
+        let node = Arc::new(Node {
+            opts,
+            caps,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            next_conn: AtomicU64::new(1),
+        });
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let node = Arc::clone(&node);
+            tokio::spawn(async move {
+                let link = match tcp::accept(
+                    stream,
+                    &node.opts.key,
+                    &node.opts.name,
+                    HANDSHAKE_TIMEOUT,
+                    MAX_PAYLOAD,
+                )
+                .await
+                {
+                    Ok(l) => l,
+                    Err(e) => {
+                        warn!("refused connection from {peer}: {e}");
+                        return;
+                    }
+                };
+                let conn_id = node.next_conn.fetch_add(1, Ordering::Relaxed);
+                match link.session.peer.role {
+                    Role::Coordinator => coordinator_conn(node, link, conn_id).await,
+                    Role::Upstream => upstream_conn(node, link).await,
+                    Role::Node => {
+                        warn!("refused connection from {peer}: a node answering, not connecting")
+                    }
+                }
+            });
+        }
+    })
+}
+
+fn error_frame(code: ErrorCode, seq: Option<u64>, message: String) -> Option<Outgoing> {
+    Control::Error(ErrorMsg { code, seq, message })
+        .to_frame()
+        .ok()
+}
+
+/// Spawns a task that writes every queued frame to `tx`; returns the queue.
+fn spawn_writer(
+    mut tx: Box<dyn ringllm_protocol::FrameSender>,
+    what: String,
+    on_error: Option<(mpsc::Sender<Outgoing>, String)>,
+) -> mpsc::Sender<Outgoing> {
+    let (qtx, mut qrx) = mpsc::channel::<Outgoing>(256);
+    tokio::spawn(async move {
+        while let Some((h, p)) = qrx.recv().await {
+            if let Err(e) = tx.send(&h, &p).await {
+                warn!("{what}: send failed: {e}");
+                if let Some((coord, msg)) = &on_error {
+                    if let Some(f) = error_frame(
+                        ErrorCode::NextHopUnreachable,
+                        Some(h.seq),
+                        format!("{msg}: {e}"),
+                    ) {
+                        let _ = coord.send(f).await;
+                    }
+                }
+                break;
+            }
+        }
+    });
+    qtx
+}
+
+async fn queue_control(q: &mpsc::Sender<Outgoing>, msg: Control) {
+    match msg.to_frame() {
+        Ok(f) => {
+            let _ = q.send(f).await;
+        }
+        Err(e) => warn!("cannot encode {}: {e}", msg.name()),
+    }
+}
+
+async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
+    let who = format!(
+        "coordinator '{}' ({})",
+        link.session.peer.name, link.peer_addr
+    );
+    let Link { tx, mut rx, .. } = link;
+    let out = spawn_writer(tx, who.clone(), None);
+    // One coordinator at a time: wait for the previous connection to go away.
+    let deadline = Instant::now() + TAKEOVER_WAIT;
+    loop {
+        let notified = node.changed.notified();
+        let busy = {
+            let mut st = node.lock();
+            match &st.coordinator {
+                None => {
+                    st.coordinator = Some((conn_id, who.clone()));
+                    None
+                }
+                Some(c) => Some(c.1.clone()),
+            }
+        };
+        let Some(busy) = busy else { break };
+        if Instant::now() >= deadline {
+            warn!("refused {who}: still serving {busy}");
+            if let Some(f) = error_frame(
+                ErrorCode::Busy,
+                None,
+                format!("node '{}' is serving {busy}", node.opts.name),
+            ) {
+                let _ = out.send(f).await;
+            }
+            return;
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    info!("serving {who}");
+    let _slot = SlotGuard {
+        node: Arc::clone(&node),
+        conn_id,
+    };
+    queue_control(&out, Control::Capabilities(node.caps.clone())).await;
+    let mut buf = Vec::new();
+    loop {
+        let h = match rx.recv(&mut buf).await {
+            Ok(h) => h,
+            Err(TransportError::Closed) => {
+                info!("{who} closed the connection");
+                break;
+            }
+            Err(e) => {
+                warn!("{who}: {e}; closing");
+                if let Some(f) = error_frame(ErrorCode::BadRequest, None, e.to_string()) {
+                    let _ = out.send(f).await;
+                }
+                break;
+            }
+        };
+        match h.kind {
+            FrameKind::Control => {
+                let msg = match control_of(&h, &buf) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        warn!("{who}: {e}");
+                        if let Some(f) = error_frame(ErrorCode::BadRequest, None, e.to_string()) {
+                            let _ = out.send(f).await;
+                        }
+                        continue;
+                    }
+                };
+                debug!("{who}: {}", msg.name());
+                match msg {
+                    Control::Assign(a) => {
+                        let reply = match assign(&node, a, conn_id, out.clone()).await {
+                            Ok(r) => Control::Ready(r),
+                            Err((code, message)) => {
+                                warn!("assignment failed: {message}");
+                                Control::Error(ErrorMsg {
+                                    code,
+                                    seq: None,
+                                    message,
+                                })
+                            }
+                        };
+                        queue_control(&out, reply).await;
+                    }
+                    Control::Heartbeat {
+                        nonce,
+                        reply: false,
+                    } => {
+                        queue_control(&out, Control::Heartbeat { nonce, reply: true }).await;
+                    }
+                    Control::Heartbeat { reply: true, .. } => {}
+                    Control::GetStats => {
+                        let stats = node_stats(&node);
+                        queue_control(&out, Control::Stats(stats)).await;
+                    }
+                    Control::ReleaseSequence { seq } => {
+                        let st = node.lock();
+                        if let Some(s) = st.session.as_ref().filter(|s| s.conn_id == conn_id) {
+                            let _ = s.jobs.send(Job::Release { seq });
+                        }
+                    }
+                    Control::Shutdown { reason } => {
+                        info!("{who} ended the session: {reason}");
+                        break;
+                    }
+                    other => {
+                        let m = format!("unexpected {} message from a coordinator", other.name());
+                        warn!("{who}: {m}");
+                        queue_control(
+                            &out,
+                            Control::Error(ErrorMsg {
+                                code: ErrorCode::BadRequest,
+                                seq: None,
+                                message: m,
+                            }),
+                        )
+                        .await;
+                    }
+                }
+            }
+            FrameKind::Hidden | FrameKind::Logits => {
+                let sent = {
+                    let st = node.lock();
+                    match st.session.as_ref() {
+                        Some(s) if s.conn_id == conn_id && s.input == Input::Coordinator => {
+                            s.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                            s.stats
+                                .bytes_in
+                                .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
+                            s.jobs
+                                .send(Job::Frame {
+                                    h,
+                                    payload: std::mem::take(&mut buf),
+                                })
+                                .is_ok()
+                        }
+                        _ => false,
+                    }
+                };
+                if !sent {
+                    let m = format!(
+                        "node '{}' got a data frame but has no assignment taking input from the coordinator",
+                        node.opts.name
+                    );
+                    if let Some(f) = error_frame(ErrorCode::BadRequest, Some(h.seq), m) {
+                        let _ = out.send(f).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Frees the coordinator slot (and its session) when the connection task ends.
+struct SlotGuard {
+    node: Arc<Node>,
+    conn_id: u64,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let mut st = self.node.lock();
+        if st.coordinator.as_ref().is_some_and(|c| c.0 == self.conn_id) {
+            st.coordinator = None;
+        }
+        if st
+            .session
+            .as_ref()
+            .is_some_and(|s| s.conn_id == self.conn_id)
+        {
+            st.session = None; // the compute thread ends when its queue closes
+        }
+        drop(st);
+        self.node.changed.notify_waiters();
+    }
+}
+
+fn node_stats(node: &Node) -> Stats {
+    let st = node.lock();
+    let mut out = Stats {
+        rss_bytes: sys::rss_bytes(),
+        ..Stats::default()
+    };
+    if let Some(s) = st.session.as_ref() {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.session = s.id;
+        out.frames_in = g(&s.stats.frames_in);
+        out.frames_out = g(&s.stats.frames_out);
+        out.bytes_in = g(&s.stats.bytes_in);
+        out.bytes_out = g(&s.stats.bytes_out);
+        out.tokens = g(&s.stats.tokens);
+        out.compute_us = g(&s.stats.compute_us);
+        out.busy_us = g(&s.stats.busy_us);
+    }
+    out
+}
+
+type AssignError = (ErrorCode, String);
+
+async fn assign(
+    node: &Arc<Node>,
+    a: Assignment,
+    conn_id: u64,
+    coord_out: mpsc::Sender<Outgoing>,
+) -> Result<Ready, AssignError> {
+    let t0 = Instant::now();
+    let name = node.opts.name.clone();
+    // A new assignment replaces this connection's previous one.
+    node.lock().session = None;
+    if a.activations != Dtype::F32 {
+        return Err((
+            ErrorCode::BadRequest,
+            format!(
+                "node '{name}': activations in {} are not supported yet (use f32)",
+                a.activations.name()
+            ),
+        ));
+    }
+    let kv_type = KvType::from_name(&a.kv_type).ok_or_else(|| {
+        (
+            ErrorCode::BadRequest,
+            format!("node '{name}': unknown KV type '{}'", a.kv_type),
+        )
+    })?;
+    let fname = a.model.file_name.clone();
+    if fname.is_empty() || fname.contains('/') || fname.contains('\\') || fname.starts_with('.') {
+        return Err((
+            ErrorCode::BadRequest,
+            format!("node '{name}': invalid model file name '{fname}'"),
+        ));
+    }
+    let path = node.opts.models_dir.join(&fname);
+    let cached = node
+        .lock()
+        .cache
+        .as_ref()
+        .filter(|(id, _)| *id == a.model)
+        .map(|(_, f)| Arc::clone(f));
+    let file = match cached {
+        Some(f) => f,
+        None => {
+            if !path.exists() {
+                return Err((
+                    ErrorCode::ModelMissing,
+                    format!(
+                        "node '{name}' has no model file {fname} in {} (copy the file there, or start the node with --models DIR)",
+                        node.opts.models_dir.display()
+                    ),
+                ));
+            }
+            let p = path.clone();
+            let f = tokio::task::spawn_blocking(move || GgufFile::open(&p))
+                .await
+                .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+                .map_err(|e| {
+                    (
+                        ErrorCode::ModelMissing,
+                        format!("node '{name}': cannot read {}: {e}", path.display()),
+                    )
+                })?;
+            let f = Arc::new(f);
+            let id = model_identity(&path, &f);
+            if id != a.model {
+                return Err((
+                    ErrorCode::ModelMismatch,
+                    format!(
+                        "node '{name}': {} is not the coordinator's model (size {} vs {}, header hash {:016x} vs {:016x}); copy the same file to every machine",
+                        path.display(), id.size, a.model.size, id.header_hash, a.model.header_hash
+                    ),
+                ));
+            }
+            node.lock().cache = Some((id, Arc::clone(&f)));
+            f
+        }
+    };
+    let range = a.layer_start as usize..a.layer_end as usize;
+    let head = a.head;
+    let threads = if a.threads == 0 {
+        node.opts.threads
+    } else {
+        a.threads as usize
+    }
+    .max(1);
+    let (ctx, max_batch) = (a.kv_ctx.max(1) as usize, a.max_batch.max(1) as usize);
+    let n2 = name.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let model = Model::load(
+            file,
+            &LoadOptions {
+                layers: Some(range),
+                embedding: false,
+                head,
+            },
+        )
+        .map_err(|e| (ErrorCode::BadRequest, format!("node '{n2}': {e}")))?;
+        let kv_bytes = KvCache::bytes_for(
+            &model.hp,
+            model.layer_range.clone(),
+            ctx,
+            max_batch,
+            kv_type,
+        ) as u64;
+        let weights = model.prefault() as u64;
+        let (_, avail) = sys::memory();
+        if avail > 0 && kv_bytes > avail {
+            return Err((
+                ErrorCode::OutOfMemory,
+                format!(
+                    "node '{n2}': the KV cache needs {} MiB but only {} MiB are available",
+                    kv_bytes >> 20,
+                    avail >> 20
+                ),
+            ));
+        }
+        let runner = Runner::new(Arc::new(model), threads, max_batch, ctx);
+        let kv = runner.new_cache(ctx, kv_type);
+        Ok((runner, kv, weights, kv_bytes))
+    })
+    .await
+    .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
+    let (runner, kv, weight_bytes, kv_bytes) = loaded;
+    let stats = Arc::new(SessionStats::default());
+    // Where results go.
+    let out = match &a.next_hop {
+        NextHop::Coordinator => coord_out.clone(),
+        NextHop::Node {
+            name: next,
+            address,
+        } => {
+            let what = format!("node '{name}' → next hop '{next}' ({address})");
+            let link = tcp::connect(
+                address,
+                &node.opts.key,
+                Role::Upstream,
+                &name,
+                HANDSHAKE_TIMEOUT,
+                MAX_PAYLOAD,
+            )
+            .await
+            .map_err(|e| {
+                (
+                    ErrorCode::NextHopUnreachable,
+                    format!("node '{name}' cannot reach its next hop '{next}' at {address}: {e}"),
+                )
+            })?;
+            let Link { tx, mut rx, .. } = link;
+            let q = spawn_writer(tx, what.clone(), Some((coord_out.clone(), what.clone())));
+            queue_control(
+                &q,
+                Control::Attach {
+                    session: a.session,
+                    from: name.clone(),
+                },
+            )
+            .await;
+            // The next hop sends nothing back but errors; a close means the link is gone.
+            let coord = coord_out.clone();
+            let (q2, session) = (q.clone(), a.session);
+            let n3 = name.clone();
+            let next = next.clone();
+            let address = address.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let why = loop {
+                    match rx.recv(&mut buf).await {
+                        Ok(h) if h.kind == FrameKind::Control => {
+                            if let Ok(Control::Error(e)) = control_of(&h, &buf) {
+                                break format!("next hop '{next}' reported: {}", e.message);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => break format!("{e}"),
+                    }
+                };
+                if q2.is_closed() {
+                    return; // the session ended first
+                }
+                warn!(session, "link to next hop '{next}' ({address}) lost: {why}");
+                if let Some(f) = error_frame(
+                    ErrorCode::NextHopUnreachable,
+                    None,
+                    format!("node '{n3}' lost its link to next hop '{next}' ({address}): {why}"),
+                ) {
+                    let _ = coord.send(f).await;
+                }
+            });
+            q
+        }
+    };
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
+    let worker = Worker {
+        name: name.clone(),
+        runner,
+        kv,
+        head,
+        out,
+        coord: coord_out.clone(),
+        stats: Arc::clone(&stats),
+        seq: None,
+    };
+    std::thread::Builder::new()
+        .name(format!("compute-{}", a.session))
+        .spawn(move || worker.run(jobs_rx))
+        .map_err(|e| {
+            (
+                ErrorCode::Internal,
+                format!("cannot start compute thread: {e}"),
+            )
+        })?;
+    let ready = Ready {
+        session: a.session,
+        layer_start: a.layer_start,
+        layer_end: a.layer_end,
+        weight_bytes,
+        kv_bytes,
+        rss_bytes: sys::rss_bytes(),
+        load_ms: t0.elapsed().as_millis() as u64,
+    };
+    info!(
+        session = a.session,
+        layers = ?(a.layer_start..a.layer_end),
+        weights_mib = weight_bytes >> 20,
+        kv_mib = kv_bytes >> 20,
+        rss_mib = ready.rss_bytes >> 20,
+        "assignment loaded"
+    );
+    node.lock().session = Some(SessionHandle {
+        id: a.session,
+        conn_id,
+        input: a.input,
+        jobs: jobs_tx,
+        coord_out,
+        stats,
+    });
+    node.changed.notify_waiters();
+    Ok(ready)
+}
+
+async fn upstream_conn(node: Arc<Node>, link: Link) {
+    let who = format!("upstream '{}' ({})", link.session.peer.name, link.peer_addr);
+    let Link { tx, mut rx, .. } = link;
+    let mut buf = Vec::new();
+    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, rx.recv(&mut buf)).await;
+    let session = match first {
+        Ok(Ok(h)) => match control_of(&h, &buf) {
+            Ok(Control::Attach { session, .. }) => session,
+            Ok(other) => {
+                warn!("{who}: expected attach, got {}", other.name());
+                return;
+            }
+            Err(e) => {
+                warn!("{who}: {e}");
+                return;
+            }
+        },
+        Ok(Err(e)) => {
+            warn!("{who}: {e}");
+            return;
+        }
+        Err(_) => {
+            warn!("{who}: no attach message within {HANDSHAKE_TIMEOUT:?}");
+            return;
+        }
+    };
+    // The assignment may still be loading on our side: wait a little for it.
+    let deadline = Instant::now() + TAKEOVER_WAIT;
+    let (jobs, coord, stats) = loop {
+        let notified = node.changed.notified();
+        {
+            let st = node.lock();
+            if let Some(s) = st
+                .session
+                .as_ref()
+                .filter(|s| s.id == session && s.input == Input::Upstream)
+            {
+                break (s.jobs.clone(), s.coord_out.clone(), Arc::clone(&s.stats));
+            }
+        }
+        if Instant::now() >= deadline {
+            warn!("{who}: no session {session} takes input from upstream here");
+            let out = spawn_writer(tx, who.clone(), None);
+            if let Some(f) = error_frame(
+                ErrorCode::BadRequest,
+                None,
+                format!(
+                    "node '{}' has no session {session} expecting input",
+                    node.opts.name
+                ),
+            ) {
+                let _ = out.send(f).await;
+            }
+            return;
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    };
+    info!("{who} attached to session {session}");
+    let _keep_tx = tx; // closing it would tell upstream we are gone
+    loop {
+        let h = match rx.recv(&mut buf).await {
+            Ok(h) => h,
+            Err(e) => {
+                if coord.is_closed() {
+                    return;
+                }
+                let why = if e.is_closed() {
+                    "closed the link".to_string()
+                } else {
+                    e.to_string()
+                };
+                warn!("{who}: {why}");
+                if let Some(f) = error_frame(
+                    ErrorCode::NextHopUnreachable,
+                    None,
+                    format!("node '{}': link from {who} failed: {why}", node.opts.name),
+                ) {
+                    let _ = coord.send(f).await;
+                }
+                return;
+            }
+        };
+        if h.kind != FrameKind::Hidden {
+            warn!("{who}: unexpected {:?} frame", h.kind);
+            continue;
+        }
+        stats.frames_in.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_in
+            .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
+        if jobs
+            .send(Job::Frame {
+                h,
+                payload: std::mem::take(&mut buf),
+            })
+            .is_err()
+        {
+            return; // session ended
+        }
+    }
+}
+
+/// The compute thread of one assignment.
+struct Worker {
+    name: String,
+    runner: Runner,
+    kv: KvCache,
+    head: bool,
+    out: mpsc::Sender<Outgoing>,
+    coord: mpsc::Sender<Outgoing>,
+    stats: Arc<SessionStats>,
+    seq: Option<u64>,
+}
+
+impl Worker {
+    fn run(mut self, jobs: std::sync::mpsc::Receiver<Job>) {
+        let mut x: Vec<f32> = Vec::new();
+        while let Ok(job) = jobs.recv() {
+            match job {
+                Job::Release { seq } => {
+                    if self.seq == Some(seq) {
+                        self.kv.truncate(0);
+                        self.seq = None;
+                    }
+                }
+                Job::Frame { h, payload } => {
+                    let t0 = Instant::now();
+                    match self.process(&h, &payload, &mut x) {
+                        Ok(frame) => {
+                            let n = frame.1.len() as u64 + 40;
+                            if self.out.blocking_send(frame).is_err() {
+                                break;
+                            }
+                            self.stats.frames_out.fetch_add(1, Ordering::Relaxed);
+                            self.stats.bytes_out.fetch_add(n, Ordering::Relaxed);
+                            self.stats
+                                .busy_us
+                                .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        }
+                        Err(msg) => {
+                            warn!("{msg}");
+                            if let Some(f) = error_frame(ErrorCode::Compute, Some(h.seq), msg) {
+                                let _ = self.coord.blocking_send(f);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        debug!("compute thread of node '{}' ends", self.name);
+    }
+
+    fn process(
+        &mut self,
+        h: &FrameHeader,
+        payload: &[u8],
+        x: &mut Vec<f32>,
+    ) -> Result<Outgoing, String> {
+        let name = &self.name;
+        let d = self.runner.model.hp.d_model;
+        let n = h.n_tokens as usize;
+        if h.dtype != Dtype::F32 || h.bytes_per_token() != d * 4 {
+            return Err(format!(
+                "node '{name}': frame of {} bytes per token in {}, expected {} (f32 × d = {d})",
+                h.bytes_per_token(),
+                h.dtype.name(),
+                d * 4
+            ));
+        }
+        if n > self.runner.max_batch() {
+            return Err(format!(
+                "node '{name}': frame of {n} tokens exceeds the batch limit {}",
+                self.runner.max_batch()
+            ));
+        }
+        let pos = h.pos as usize;
+        if self.seq != Some(h.seq) {
+            // A new sequence replaces the old one (one sequence at a time for now).
+            self.kv.truncate(0);
+            self.seq = Some(h.seq);
+        }
+        if pos < self.kv.len {
+            if !self.kv.can_truncate_to(pos) {
+                return Err(format!(
+                    "node '{name}': cannot rewind sequence {} to position {pos} (sliding-window cache)",
+                    h.seq
+                ));
+            }
+            self.kv.truncate(pos);
+        } else if pos > self.kv.len {
+            return Err(format!(
+                "node '{name}': frame at position {pos} but the cache holds {} positions of sequence {}",
+                self.kv.len, h.seq
+            ));
+        }
+        x.resize(n * d, 0.0);
+        le_bytes_to_f32(payload, &mut x[..n * d]).map_err(|e| format!("node '{name}': {e}"))?;
+        let t = Instant::now();
+        self.runner
+            .layers(&mut x[..n * d], n, &mut self.kv, None)
+            .map_err(|e| format!("node '{name}': {e}"))?;
+        let mut bytes = Vec::new();
+        let (kind, dtype, n_out) = if self.head {
+            let rows = if h.flags & FLAG_ALL_TOKENS != 0 {
+                0..n
+            } else {
+                n - 1..n
+            };
+            let vocab = self.runner.model.hp.vocab;
+            let xs = &mut x[rows.start * d..rows.end * d];
+            self.runner
+                .final_norm(xs, rows.len())
+                .map_err(|e| format!("node '{name}': {e}"))?;
+            let mut logits = vec![0f32; rows.len() * vocab];
+            self.runner
+                .logits(xs, rows.len(), &mut logits)
+                .map_err(|e| format!("node '{name}': {e}"))?;
+            bytes.reserve(logits.len() * 2);
+            for v in &logits {
+                bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+            (FrameKind::Logits, Dtype::F16, rows.len())
+        } else {
+            ringllm_protocol::frame::f32_to_le_bytes(&x[..n * d], &mut bytes);
+            (FrameKind::Hidden, Dtype::F32, n)
+        };
+        self.stats
+            .compute_us
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.stats.tokens.fetch_add(n as u64, Ordering::Relaxed);
+        let out = FrameHeader::new(kind, dtype, h.seq, h.pos, n_out as u32, h.flags, &bytes)
+            .map_err(|e| format!("node '{name}': {e}"))?;
+        Ok((out, bytes))
+    }
+}

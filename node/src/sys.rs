@@ -1,0 +1,94 @@
+//! Machine facts a node reports: memory, resident set size, CPU features, and a measured
+//! matrix × vector speed (the planner's input, measured rather than assumed).
+
+use ringllm_kernels::matmul::{matmul, ActBuffer, QMatrix};
+use ringllm_kernels::{kernels, GgmlType, ThreadPool};
+use std::time::{Duration, Instant};
+
+/// (total, available) memory in bytes from /proc/meminfo (0, 0 when unreadable).
+pub fn memory() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("MemTotal:"), field("MemAvailable:"))
+}
+
+/// Resident set size of this process in bytes (0 when unreadable).
+pub fn rss_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// CPU features the kernels care about.
+pub fn cpu_features() -> Vec<String> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! f {
+            ($($name:tt),*) => {$(
+                if std::arch::is_x86_feature_detected!($name) { v.push($name.to_string()); }
+            )*};
+        }
+        f!(
+            "sse4.2",
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512vnni"
+        );
+    }
+    v
+}
+
+/// Bytes of quantized weights a `threads`-thread matrix × vector reads per second: a Q8_0
+/// matrix of `rows × 2048`, multiplied for at least `budget`. Best of the passes.
+pub fn matvec_speed(threads: usize, budget: Duration) -> f64 {
+    let (rows, cols) = (2048usize, 2048usize);
+    let ty = GgmlType::Q8_0;
+    let src: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+        .collect();
+    let row_bytes = cols / 32 * 34;
+    let mut data = vec![0u8; rows * row_bytes];
+    for r in 0..rows {
+        (kernels(ty).quantize)(
+            &src[r * cols..(r + 1) * cols],
+            &mut data[r * row_bytes..(r + 1) * row_bytes],
+        );
+    }
+    let w = QMatrix {
+        ty,
+        n_in: cols,
+        n_out: rows,
+        data: &data,
+    };
+    let x: Vec<f32> = (0..cols).map(|i| (i % 13) as f32 * 0.1).collect();
+    let mut out = vec![0f32; rows];
+    let mut acts = ActBuffer::new();
+    acts.reserve(cols, 1);
+    let pool = ThreadPool::new(threads.max(1));
+    let start = Instant::now();
+    let mut best = 0f64;
+    while start.elapsed() < budget || best == 0.0 {
+        let t = Instant::now();
+        for _ in 0..8 {
+            matmul(&pool, &w, &x, 1, &mut out, &mut acts);
+        }
+        let s = t.elapsed().as_secs_f64();
+        best = best.max(8.0 * data.len() as f64 / s.max(1e-9));
+    }
+    best
+}

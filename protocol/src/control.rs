@@ -1,0 +1,215 @@
+//! Control messages: a closed set, serialized with serde + bincode (standard configuration,
+//! little-endian varints) into the payload of a `Control` frame, at most `MAX_CONTROL_LEN`
+//! bytes. Decoding is bounded by the same limit, so a hostile length inside a message cannot
+//! make the receiver allocate more. Variant order is part of the wire format: append new
+//! variants at the end and never reorder (the tests pin every discriminant).
+
+use crate::error::ProtocolError;
+use crate::frame::{Dtype, FrameHeader, FrameKind, MAX_CONTROL_LEN};
+use serde::{Deserialize, Serialize};
+
+/// Identity of a model file: its size and a hash of its header and tensor table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    /// File name (no directories): what a node looks for in its models directory.
+    pub file_name: String,
+    pub size: u64,
+    pub header_hash: u64,
+}
+
+/// What a node reports right after the handshake.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    pub node_name: String,
+    pub version: String,
+    pub memory_total: u64,
+    pub memory_available: u64,
+    pub threads: u32,
+    /// CPU features the kernels use (e.g. "avx2", "fma").
+    pub cpu_features: Vec<String>,
+    /// Kernel set in use ("avx2", "scalar").
+    pub isa: String,
+    /// Measured weight-read speed of a quantized matrix × vector, bytes of weights per second.
+    pub matvec_bytes_per_s: f64,
+    /// Model files found in the node's models directory.
+    pub models: Vec<ModelIdentity>,
+}
+
+/// Where a stage's input comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Input {
+    /// Frames arrive on the coordinator's connection.
+    Coordinator,
+    /// Frames arrive from the previous node, which connects to us.
+    Upstream,
+}
+
+/// Where a stage sends its output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NextHop {
+    /// Back on the coordinator's connection.
+    Coordinator,
+    /// To another node, which we connect to.
+    Node { name: String, address: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Distinguishes this ring from earlier ones (a new coordinator, a re-plan).
+    pub session: u64,
+    pub model: ModelIdentity,
+    /// Layers `start..end` of the model.
+    pub layer_start: u32,
+    pub layer_end: u32,
+    /// Compute the final norm and output head and send logits (f16) instead of hidden states.
+    pub head: bool,
+    pub input: Input,
+    pub next_hop: NextHop,
+    /// Dtype of hidden states on the wire.
+    pub activations: Dtype,
+    /// KV cache: context positions, element type ("f32"/"f16"), largest batch per frame.
+    pub kv_ctx: u32,
+    pub kv_type: String,
+    pub max_batch: u32,
+    /// Worker threads for this stage (0: the node's own default).
+    pub threads: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ready {
+    pub session: u64,
+    pub layer_start: u32,
+    pub layer_end: u32,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    /// Resident set size of the node process once the slice is loaded.
+    pub rss_bytes: u64,
+    pub load_ms: u64,
+}
+
+/// Counters of one node since its assignment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub session: u64,
+    pub frames_in: u64,
+    pub frames_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub tokens: u64,
+    /// Time spent computing layers.
+    pub compute_us: u64,
+    /// Time from a frame's arrival to its output being queued (compute + queueing).
+    pub busy_us: u64,
+    pub rss_bytes: u64,
+}
+
+/// Error codes (stable numbers for machines; the message is for people).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    BadRequest,
+    ModelMissing,
+    ModelMismatch,
+    OutOfMemory,
+    NextHopUnreachable,
+    Busy,
+    Compute,
+    Internal,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorMsg {
+    pub code: ErrorCode,
+    /// Sequence the error concerns, if any.
+    pub seq: Option<u64>,
+    pub message: String,
+}
+
+/// The control messages. Do not reorder: the variant index is on the wire.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Control {
+    Capabilities(Capabilities),
+    Assign(Assignment),
+    Ready(Ready),
+    /// Liveness probe; the receiver answers with `reply = true` and the same nonce.
+    Heartbeat {
+        nonce: u64,
+        reply: bool,
+    },
+    Stats(Stats),
+    /// Forget a sequence's KV cache.
+    ReleaseSequence {
+        seq: u64,
+    },
+    Error(ErrorMsg),
+    Shutdown {
+        reason: String,
+    },
+    /// Ask for `Stats`.
+    GetStats,
+    /// First message of a node connecting to its next hop: which ring it belongs to.
+    Attach {
+        session: u64,
+        from: String,
+    },
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<{ MAX_CONTROL_LEN as usize }>()
+}
+
+impl Control {
+    pub fn encode(&self) -> Result<Vec<u8>, ProtocolError> {
+        let v = bincode::serde::encode_to_vec(self, config())
+            .map_err(|e| ProtocolError::Control(format!("cannot encode: {e}")))?;
+        if v.len() > MAX_CONTROL_LEN as usize {
+            return Err(ProtocolError::TooLarge {
+                what: "control message",
+                len: v.len() as u64,
+                max: MAX_CONTROL_LEN as u64,
+            });
+        }
+        Ok(v)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Control, ProtocolError> {
+        if bytes.len() > MAX_CONTROL_LEN as usize {
+            return Err(ProtocolError::TooLarge {
+                what: "control message",
+                len: bytes.len() as u64,
+                max: MAX_CONTROL_LEN as u64,
+            });
+        }
+        let (msg, used): (Control, usize) = bincode::serde::decode_from_slice(bytes, config())
+            .map_err(|e| ProtocolError::Control(e.to_string()))?;
+        if used != bytes.len() {
+            return Err(ProtocolError::Control(format!(
+                "{} trailing bytes after the message",
+                bytes.len() - used
+            )));
+        }
+        Ok(msg)
+    }
+
+    /// The message as a frame: header and payload.
+    pub fn to_frame(&self) -> Result<(FrameHeader, Vec<u8>), ProtocolError> {
+        let payload = self.encode()?;
+        let h = FrameHeader::new(FrameKind::Control, Dtype::Bytes, 0, 0, 0, 0, &payload)?;
+        Ok((h, payload))
+    }
+
+    /// Short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Capabilities(_) => "capabilities",
+            Control::Assign(_) => "assign",
+            Control::Ready(_) => "ready",
+            Control::Heartbeat { .. } => "heartbeat",
+            Control::Stats(_) => "stats",
+            Control::ReleaseSequence { .. } => "release-sequence",
+            Control::Error(_) => "error",
+            Control::Shutdown { .. } => "shutdown",
+            Control::GetStats => "get-stats",
+            Control::Attach { .. } => "attach",
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The cluster key: any non-empty file; its bytes (trailing whitespace ignored) are the key.
+//! Every link proves knowledge of it with HMAC-SHA256; the cluster id shown in logs is derived
+//! from it and reveals nothing useful about it.
+
+use crate::error::ProtocolError;
+use hmac::{KeyInit, Mac};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+pub type HmacSha256 = hmac::Hmac<Sha256>;
+
+#[derive(Clone)]
+pub struct ClusterKey {
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClusterKey(id {})", self.id_hex())
+    }
+}
+
+impl ClusterKey {
+    pub fn from_bytes(raw: &[u8]) -> Result<ClusterKey, ProtocolError> {
+        let end = raw
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        if end == 0 {
+            return Err(ProtocolError::Key(
+                "the key is empty (write one with `ringllm keygen FILE`)".into(),
+            ));
+        }
+        Ok(ClusterKey {
+            bytes: raw[..end].to_vec(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<ClusterKey, ProtocolError> {
+        let raw = std::fs::read(path).map_err(|e| {
+            ProtocolError::Key(format!(
+                "cannot read key file {}: {e} (create one with `ringllm keygen {}`)",
+                path.display(),
+                path.display()
+            ))
+        })?;
+        ClusterKey::from_bytes(&raw)
+            .map_err(|e| ProtocolError::Key(format!("key file {}: {e}", path.display())))
+    }
+
+    /// A fresh random key as 64 hex characters and a newline.
+    pub fn generate_text() -> Result<String, ProtocolError> {
+        let mut b = [0u8; 32];
+        getrandom::fill(&mut b)
+            .map_err(|e| ProtocolError::Key(format!("no randomness from the OS: {e}")))?;
+        Ok(format!("{}\n", hex(&b)))
+    }
+
+    /// The 8-byte cluster id: a hash of the key, safe to show and send in the clear.
+    pub fn id(&self) -> [u8; 8] {
+        let mut h = Sha256::new();
+        h.update(b"ringllm cluster id v1\0");
+        h.update(&self.bytes);
+        let d = h.finalize();
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&d[..8]);
+        id
+    }
+
+    pub fn id_hex(&self) -> String {
+        hex(&self.id())
+    }
+
+    /// HMAC-SHA256 of the concatenated `parts` under the key.
+    pub fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
+        // HMAC accepts keys of any length; the error branch cannot happen for Hmac<Sha256>.
+        let mut m = match <HmacSha256 as KeyInit>::new_from_slice(&self.bytes) {
+            Ok(m) => m,
+            Err(_) => unreachable!("HMAC takes keys of any length"),
+        };
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Constant-time equality of two MACs.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailing_whitespace_is_ignored_and_empty_is_refused() {
+        let a = ClusterKey::from_bytes(b"secret\n").unwrap();
+        let b = ClusterKey::from_bytes(b"secret  \r\n\t").unwrap();
+        assert_eq!(a.id(), b.id());
+        assert_eq!(a.mac(&[b"x"]), b.mac(&[b"x"]));
+        let c = ClusterKey::from_bytes(b"Secret").unwrap();
+        assert_ne!(a.id(), c.id());
+        assert!(ClusterKey::from_bytes(b"").is_err());
+        assert!(ClusterKey::from_bytes(b" \n\n").is_err());
+    }
+
+    #[test]
+    fn hmac_matches_rfc4231_case_2() {
+        // RFC 4231 test case 2: key "Jefe", data "what do ya want for nothing?".
+        let k = ClusterKey::from_bytes(b"Jefe").unwrap();
+        let m = k.mac(&[b"what do ya want ", b"for nothing?"]);
+        assert_eq!(
+            hex(&m),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn generated_keys_differ_and_load() {
+        let a = ClusterKey::generate_text().unwrap();
+        let b = ClusterKey::generate_text().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 65);
+        assert!(ClusterKey::from_bytes(a.as_bytes()).is_ok());
+    }
+}

@@ -1,0 +1,285 @@
+//! TCP transport on tokio: TCP_NODELAY, large socket buffers (socket2), the frame header and
+//! payload in one vectored write, reads through a small buffer so a decode-sized frame costs
+//! one `read` call.
+
+use crate::control::Control;
+use crate::error::{ProtocolError, TransportError};
+use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
+use crate::handshake::{ClientHandshake, HsMsg, Role, ServerHandshake, ServerStep, MSG_HEADER_LEN};
+use crate::key::ClusterKey;
+use crate::transport::{BoxFut, FrameReceiver, FrameSender, Link, LinkCounters};
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Socket buffer size asked of the kernel (it may grant less).
+pub const SOCKET_BUFFER: usize = 4 << 20;
+const READ_BUFFER: usize = 64 << 10;
+
+fn tune(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let s = socket2::SockRef::from(stream);
+    // Best effort: a kernel limit (net.core.wmem_max) may cap these.
+    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    s.set_keepalive(true)?;
+    Ok(())
+}
+
+/// Binds a listening socket (SO_REUSEADDR, so a restarted node gets its port back at once).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    s.bind(&addr.into())?;
+    s.listen(128)?;
+    s.set_nonblocking(true)?;
+    TcpListener::from_std(s.into())
+}
+
+async fn read_hs<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, TransportError> {
+    let mut head = [0u8; MSG_HEADER_LEN];
+    read_exact_or_closed(r, &mut head).await?;
+    let (_, len) = HsMsg::decode_header(&head)?;
+    let mut msg = head.to_vec();
+    msg.resize(MSG_HEADER_LEN + len, 0);
+    r.read_exact(&mut msg[MSG_HEADER_LEN..]).await?;
+    Ok(msg)
+}
+
+async fn read_exact_or_closed<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut [u8],
+) -> Result<(), TransportError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = r.read(&mut buf[got..]).await?;
+        if n == 0 {
+            return Err(if got == 0 {
+                TransportError::Closed
+            } else {
+                TransportError::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("connection closed after {got} of {} bytes", buf.len()),
+                ))
+            });
+        }
+        got += n;
+    }
+    Ok(())
+}
+
+/// Runs the client side of the handshake over any stream.
+pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    key: &ClusterKey,
+    role: Role,
+    name: &str,
+) -> Result<crate::handshake::Session, TransportError> {
+    let (mut hs, hello) = ClientHandshake::start(key, role, name)?;
+    s.write_all(&hello).await?;
+    let server_hello = read_hs(s).await?;
+    if let Err(e) = hs.on_hello(&server_hello) {
+        let _ = s.write_all(&HsMsg::Reject(e.to_string()).encode()).await;
+        return Err(e.into());
+    }
+    let proof = read_hs(s).await?;
+    let mine = match hs.on_proof(&proof) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = s.write_all(&HsMsg::Reject(e.to_string()).encode()).await;
+            return Err(e.into());
+        }
+    };
+    s.write_all(&mine).await?;
+    let verdict = read_hs(s).await?;
+    Ok(hs.on_verdict(&verdict)?)
+}
+
+/// Runs the server side of the handshake over any stream.
+pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    key: &ClusterKey,
+    name: &str,
+) -> Result<crate::handshake::Session, TransportError> {
+    let hello = read_hs(s).await?;
+    let hs = match ServerHandshake::on_hello(key, name, &hello)? {
+        ServerStep::Continue(hs, out) => {
+            s.write_all(&out).await?;
+            hs
+        }
+        ServerStep::Refuse(out, e) => {
+            let _ = s.write_all(&out).await;
+            return Err(e.into());
+        }
+    };
+    let proof = read_hs(s).await?;
+    match hs.on_proof(&proof) {
+        Ok((session, accept)) => {
+            s.write_all(&accept).await?;
+            Ok(session)
+        }
+        Err((reject, e)) => {
+            if !reject.is_empty() {
+                let _ = s.write_all(&reject).await;
+            }
+            Err(e.into())
+        }
+    }
+}
+
+pub struct TcpSender {
+    w: OwnedWriteHalf,
+    counters: Arc<LinkCounters>,
+}
+
+pub struct TcpReceiver {
+    r: BufReader<OwnedReadHalf>,
+    max_payload: u32,
+    counters: Arc<LinkCounters>,
+}
+
+impl FrameSender for TcpSender {
+    fn send<'a>(
+        &'a mut self,
+        header: &'a FrameHeader,
+        payload: &'a [u8],
+    ) -> BoxFut<'a, Result<(), TransportError>> {
+        Box::pin(async move {
+            let head = header.encode();
+            write_all_vectored(&mut self.w, &head, payload).await?;
+            self.counters.sent(HEADER_LEN + payload.len());
+            Ok(())
+        })
+    }
+}
+
+/// Writes `a` then `b` with as few `writev` calls as the socket allows.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    a: &[u8],
+    b: &[u8],
+) -> std::io::Result<()> {
+    let total = a.len() + b.len();
+    let mut done = 0;
+    while done < total {
+        let n = if done < a.len() {
+            let bufs = [IoSlice::new(&a[done..]), IoSlice::new(b)];
+            w.write_vectored(&bufs).await?
+        } else {
+            w.write(&b[done - a.len()..]).await?
+        };
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "the socket accepted no bytes",
+            ));
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+impl FrameReceiver for TcpReceiver {
+    fn recv<'a>(
+        &'a mut self,
+        buf: &'a mut Vec<u8>,
+    ) -> BoxFut<'a, Result<FrameHeader, TransportError>> {
+        Box::pin(async move {
+            let mut head = [0u8; HEADER_LEN];
+            read_exact_or_closed(&mut self.r, &mut head).await?;
+            let h = FrameHeader::decode(&head, self.max_payload)?;
+            buf.clear();
+            buf.resize(h.len as usize, 0);
+            self.r.read_exact(buf).await?;
+            h.verify(buf)?;
+            self.counters.received(HEADER_LEN + buf.len());
+            Ok(h)
+        })
+    }
+}
+
+fn link_from(
+    stream: TcpStream,
+    session: crate::handshake::Session,
+    peer_addr: String,
+    max_payload: u32,
+) -> Link {
+    let (r, w) = stream.into_split();
+    let counters = Arc::new(LinkCounters::default());
+    Link {
+        tx: Box::new(TcpSender {
+            w,
+            counters: Arc::clone(&counters),
+        }),
+        rx: Box::new(TcpReceiver {
+            r: BufReader::with_capacity(READ_BUFFER, r),
+            max_payload,
+            counters: Arc::clone(&counters),
+        }),
+        session,
+        peer_addr,
+        counters,
+    }
+}
+
+/// Connects to `addr` and authenticates (both directions) within `timeout`.
+pub async fn connect(
+    addr: &str,
+    key: &ClusterKey,
+    role: Role,
+    name: &str,
+    timeout: Duration,
+    max_payload: u32,
+) -> Result<Link, TransportError> {
+    let fut = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        tune(&stream)?;
+        let session = client_handshake(&mut stream, key, role, name).await?;
+        Ok::<_, TransportError>(link_from(stream, session, addr.to_string(), max_payload))
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| TransportError::Timeout(timeout, "connecting and authenticating"))?
+}
+
+/// Authenticates an accepted connection within `timeout`.
+pub async fn accept(
+    mut stream: TcpStream,
+    key: &ClusterKey,
+    name: &str,
+    timeout: Duration,
+    max_payload: u32,
+) -> Result<Link, TransportError> {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    tune(&stream)?;
+    let session = tokio::time::timeout(timeout, server_handshake(&mut stream, key, name))
+        .await
+        .map_err(|_| TransportError::Timeout(timeout, "waiting for the handshake"))??;
+    Ok(link_from(stream, session, peer, max_payload))
+}
+
+/// Sends a control message on a link.
+pub async fn send_control(tx: &mut dyn FrameSender, msg: &Control) -> Result<(), TransportError> {
+    let (h, payload) = msg.to_frame()?;
+    tx.send(&h, &payload).await
+}
+
+/// Decodes a received control frame.
+pub fn control_of(h: &FrameHeader, payload: &[u8]) -> Result<Control, ProtocolError> {
+    if h.kind != FrameKind::Control {
+        return Err(ProtocolError::Inconsistent(format!(
+            "expected a control message, got a {:?} frame",
+            h.kind
+        )));
+    }
+    Control::decode(payload)
+}

@@ -1,0 +1,119 @@
+"""Helpers for ring tests: start real `ringllm node` processes, find free ports, compare a ring
+run with the single-process run."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+from conftest import FIXTURES, MODELS, ROOT, _bin
+
+KEY = FIXTURES / "test-cluster.key"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(host, port, proc=None, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"node on {host}:{port} exited early ({proc.returncode}):\n{proc.stderr.read()}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return time.monotonic()
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout} s")
+
+
+class Nodes:
+    """Starts `ringllm node` processes on loopback; kills them on exit."""
+
+    def __init__(self, count, key=KEY, threads=1, models=MODELS, log_dir=None):
+        self.procs = []
+        self.ports = []
+        self.names = []
+        self.logs = []
+        self.count = count
+        self.key = key
+        self.threads = threads
+        self.models = models
+        self.log_dir = pathlib.Path(log_dir) if log_dir else None
+
+    def start_one(self, i, port=None):
+        port = port or free_port()
+        name = f"node{i + 1}"
+        log = open(self.log_dir / f"{name}.log", "w+") if self.log_dir else subprocess.DEVNULL
+        p = subprocess.Popen(
+            [str(_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
+             "--models", str(self.models), "--name", name, "--threads", str(self.threads)],
+            stdout=subprocess.DEVNULL, stderr=log, text=True)
+        wait_port("127.0.0.1", port, timeout=15)
+        return p, port, name, log
+
+    def __enter__(self):
+        for i in range(self.count):
+            p, port, name, log = self.start_one(i)
+            self.procs.append(p)
+            self.ports.append(port)
+            self.names.append(name)
+            self.logs.append(log)
+        return self
+
+    def addrs(self):
+        return [f"127.0.0.1:{p}" for p in self.ports]
+
+    def node_flags(self):
+        out = []
+        for a in self.addrs():
+            out += ["--node", a]
+        return out
+
+    def log(self, i):
+        f = self.logs[i]
+        if f is subprocess.DEVNULL:
+            return ""
+        f.flush()
+        return pathlib.Path(f.name).read_text()
+
+    def alive(self, i):
+        return self.procs[i].poll() is None
+
+    def kill(self, i):
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait(timeout=10)
+
+    def restart(self, i):
+        p, port, name, log = self.start_one(i, port=self.ports[i])
+        self.procs[i] = p
+        self.logs[i] = log
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def ringllm(args, timeout=300, check=True, **kw):
+    r = subprocess.run([str(_bin()), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and r.returncode != 0:
+        raise AssertionError(f"ringllm {' '.join(map(str, args))} exited {r.returncode}:\n{r.stderr}")
+    return r
+
+
+def generation(args, logits_path):
+    """Runs `run`/`up` with --json and --logits-out; returns (json, logits bytes)."""
+    r = ringllm([*args, "--json", "--logits-out", logits_path])
+    return json.loads(r.stdout), pathlib.Path(logits_path).read_bytes(), r.stderr
