@@ -242,7 +242,10 @@ fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
         let mut e = Engine::load(&margs)?;
         measure(&mut e, args)?
     };
-    eprintln!("ring of {} stage(s), coordinator {threads} thread(s)", s.spec.stages.len());
+    eprintln!(
+        "ring of {} stage(s), coordinator {threads} thread(s)",
+        s.spec.stages.len()
+    );
     let mut e = Engine::load_ring(&margs, s.spec.clone())?;
     let ring_plain = measure(&mut e, args)?;
     // A separate decode pass with counters read before and after.
@@ -345,7 +348,10 @@ fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
             a.0, a.1, a.2, b.1, b.2, r.1
         );
     }
-    println!("predicted by the planner: {:.1} tokens/s", report.predicted_tokens_per_s);
+    println!(
+        "predicted by the planner: {:.1} tokens/s",
+        report.predicted_tokens_per_s
+    );
     println!(
         "decode overhead of the ring: {:.3} ms/token over {} hops = {:.3} ms per hop",
         report.overhead_ms_per_token,
