@@ -171,8 +171,9 @@ impl Ring {
         kv: KvType,
         coordinator_threads: usize,
     ) -> Result<Ring> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+        // A current-thread runtime: the reader and writer tasks run on this thread whenever it
+        // waits for the ring, so a frame's arrival wakes no other thread.
+        let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("starting the I/O runtime")?;
@@ -362,7 +363,18 @@ impl Ring {
         let coord_budget = spec
             .coordinator_memory
             .unwrap_or(avail.saturating_sub(HEADROOM));
-        let coord_speed = sys::matvec_speed(coordinator_threads, Duration::from_millis(150));
+        // Calibration: the probe's speed against this model's real layers and head, measured
+        // here; every node's probe speed is scaled by the same factor.
+        let coord_probe = sys::matvec_speed(coordinator_threads, Duration::from_millis(150));
+        let (layer_speed, head_speed) = calibrate(file, coordinator_threads)?;
+        let factor = (layer_speed / coord_probe.max(1.0)).clamp(0.01, 10.0);
+        tracing::info!(
+            probe_gbs = coord_probe / 1e9,
+            layer_gbs = layer_speed / 1e9,
+            head_gbs = head_speed / 1e9,
+            "planner calibration"
+        );
+        let coord_speed = layer_speed;
         let coord_fixed = cost.embedding_bytes + if cost.tied_head { 0 } else { cost.head_bytes };
         let mut inputs = Vec::new();
         let mut ni = 0;
@@ -385,7 +397,7 @@ impl Ring {
                         address: a.clone(),
                         local: false,
                         memory_budget: s.memory.map_or(budget, |m| m.min(budget)),
-                        bytes_per_s: n.caps.matvec_bytes_per_s,
+                        bytes_per_s: n.caps.matvec_bytes_per_s * factor,
                         link_rtt_s: n.rtt_s,
                         pinned: s.layers.clone(),
                     });
@@ -397,7 +409,7 @@ impl Ring {
             &cost,
             &CoordinatorInput {
                 memory_budget: coord_budget,
-                bytes_per_s: coord_speed,
+                bytes_per_s: head_speed,
             },
             &inputs,
         )
@@ -776,6 +788,69 @@ impl Ring {
         });
         self.rt.shutdown_timeout(Duration::from_millis(200));
     }
+}
+
+/// Decode speed of this model's real layers and output head on this machine, in weight bytes
+/// per second: a few layers and the head run on one token at a time for a short while.
+fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
+    let hp = Model::load(
+        Arc::clone(file),
+        &LoadOptions {
+            layers: Some(0..0),
+            embedding: false,
+            head: false,
+        },
+    )?
+    .hp;
+    let k = hp.n_layer.min(4);
+    let model = Arc::new(Model::load(
+        Arc::clone(file),
+        &LoadOptions {
+            layers: Some(0..k),
+            embedding: true,
+            head: true,
+        },
+    )?);
+    let layer_bytes: usize = model
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                .iter()
+                .map(|w| w.bytes())
+                .sum::<usize>()
+        })
+        .sum();
+    let head_bytes = model.output.as_ref().map_or(0, |w| w.bytes());
+    let d = hp.d_model;
+    let mut runner = ringllm_node::Runner::new(Arc::clone(&model), threads, 1, 64);
+    let mut kv = runner.new_cache(64, KvType::F32);
+    let mut x = vec![0f32; d];
+    let mut logits = vec![0f32; hp.vocab];
+    let (mut t_layers, mut t_head, mut n) = (0f64, 0f64, 0usize);
+    let start = Instant::now();
+    while n < 3 || (start.elapsed() < Duration::from_millis(300) && n < 60) {
+        if kv.len + 1 >= 64 {
+            kv.truncate(0);
+        }
+        runner.embed(&[(n % 100 + 10) as u32], &mut x)?;
+        let t = Instant::now();
+        runner.layers(&mut x, 1, &mut kv, None)?;
+        let t1 = Instant::now();
+        runner.final_norm(&mut x, 1)?;
+        runner.logits(&x, 1, &mut logits)?;
+        if n > 0 {
+            // the first pass pages the weights in
+            t_layers += (t1 - t).as_secs_f64();
+            t_head += t1.elapsed().as_secs_f64();
+        }
+        n += 1;
+    }
+    let runs = (n - 1).max(1) as f64;
+    Ok((
+        layer_bytes as f64 * runs / t_layers.max(1e-9),
+        head_bytes as f64 * runs / t_head.max(1e-9),
+    ))
 }
 
 /// Identity of the coordinator's model file, as nodes check it.
