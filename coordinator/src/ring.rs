@@ -13,7 +13,9 @@ use ringllm_protocol::control::{
 };
 use ringllm_protocol::frame::{f32_to_le_bytes, le_bytes_to_f32};
 use ringllm_protocol::tcp::{self, control_of};
-use ringllm_protocol::{ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role};
+use ringllm_protocol::{
+    ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TcpDataLink,
+};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,10 +55,10 @@ pub struct RingSpec {
 type Outgoing = (FrameHeader, Vec<u8>);
 
 enum Event {
+    /// A data frame on a control connection (a protocol violation).
     Frame {
         node: usize,
         h: FrameHeader,
-        payload: Vec<u8>,
     },
     Control {
         node: usize,
@@ -92,9 +94,18 @@ pub enum Stage {
     },
 }
 
+/// The coordinator's data links of one segment: where its input goes, and where its output
+/// comes from (`None`: the same link).
+struct SegmentLinks {
+    input: TcpDataLink,
+    output: Option<TcpDataLink>,
+}
+
 pub struct Ring {
     rt: tokio::runtime::Runtime,
     nodes: Vec<RemoteNode>,
+    /// One per `Stage::Segment`, in order.
+    links: Vec<SegmentLinks>,
     events: mpsc::UnboundedReceiver<Event>,
     t0: Instant,
     pub plan: Plan,
@@ -171,9 +182,10 @@ impl Ring {
         kv: KvType,
         coordinator_threads: usize,
     ) -> Result<Ring> {
-        // A current-thread runtime: the reader and writer tasks run on this thread whenever it
-        // waits for the ring, so a frame's arrival wakes no other thread.
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // The control plane (heartbeats, errors) runs on one worker thread; the data plane
+        // (hidden states) uses blocking links on the caller's thread.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .context("starting the I/O runtime")?;
@@ -256,11 +268,7 @@ impl Ring {
                                     },
                                 }
                             } else {
-                                Event::Frame {
-                                    node: i,
-                                    h,
-                                    payload: std::mem::take(&mut buf),
-                                }
+                                Event::Frame { node: i, h }
                             };
                             if ev.send(e).is_err() {
                                 break;
@@ -301,6 +309,7 @@ impl Ring {
         let mut ring = Ring {
             rt,
             nodes,
+            links: Vec::new(),
             events,
             t0,
             plan: Plan::empty(),
@@ -543,6 +552,36 @@ impl Ring {
         }
         bar.finish_and_clear();
         self.ready = ready.into_iter().flatten().collect();
+        // Data links: into each segment's first node, out of its last.
+        let mut links = Vec::new();
+        for seg in &self.stages {
+            let Stage::Segment { first, last } = *seg else {
+                continue;
+            };
+            let connect = |i: usize, input: bool, output: bool| {
+                let n = &self.nodes[i];
+                self.rt
+                    .block_on(tcp::connect_data(
+                        &n.address,
+                        &spec.key,
+                        "coordinator",
+                        CONNECT_TIMEOUT,
+                        64 << 20,
+                        self.session,
+                        input,
+                        output,
+                    ))
+                    .map_err(|e| anyhow!("{}: data link: {e}", self.who(i)))
+            };
+            let input = connect(first, true, first == last)?;
+            let output = if first == last {
+                None
+            } else {
+                Some(connect(last, false, true)?)
+            };
+            links.push(SegmentLinks { input, output });
+        }
+        self.links = links;
         // Heartbeats from now on.
         let _g = self.rt.enter();
         for n in &self.nodes {
@@ -592,7 +631,27 @@ impl Ring {
 
     /// Bytes and frames the coordinator sent to / received from each node.
     pub fn link_counters(&self) -> Vec<(u64, u64, u64, u64)> {
-        self.nodes.iter().map(|n| n.counters.snapshot()).collect()
+        let mut out: Vec<(u64, u64, u64, u64)> =
+            self.nodes.iter().map(|n| n.counters.snapshot()).collect();
+        let mut seg = 0;
+        for st in &self.stages {
+            let Stage::Segment { first, last } = *st else {
+                continue;
+            };
+            let l = &self.links[seg];
+            let add = |o: &mut (u64, u64, u64, u64), c: (u64, u64, u64, u64)| {
+                o.0 += c.0;
+                o.1 += c.1;
+                o.2 += c.2;
+                o.3 += c.3;
+            };
+            add(&mut out[first], l.input.counters().snapshot());
+            if let Some(o) = &l.output {
+                add(&mut out[last], o.counters().snapshot());
+            }
+            seg += 1;
+        }
+        out
     }
 
     fn send_control(&self, i: usize, msg: &Control) -> Result<()> {
@@ -675,6 +734,7 @@ impl Ring {
         local: &mut dyn FnMut(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
         let stages = self.stages.clone();
+        let mut seg = 0usize;
         for st in &stages {
             match st {
                 Stage::Local { .. } => local(x)?,
@@ -691,67 +751,91 @@ impl Ring {
                         0,
                         &payload,
                     )?;
-                    self.nodes[*first]
-                        .out
-                        .try_send((h, payload))
-                        .map_err(|_| anyhow!("{}: the link is gone", self.who(*first)))?;
-                    let deadline = Instant::now() + Duration::from_secs(24 * 3600);
-                    loop {
-                        match self.next_event(deadline, "the ring's output")? {
-                            Event::Frame { node, h, payload } => {
-                                if node != *last {
-                                    bail!(
-                                        "{}: unexpected data frame (the ring's output comes from {})",
-                                        self.who(node),
-                                        self.who(*last)
-                                    );
-                                }
-                                if h.seq != seq || h.pos as usize != pos {
-                                    bail!(
-                                        "{}: output for sequence {} position {}, expected {seq} at {pos}",
-                                        self.who(node),
-                                        h.seq,
-                                        h.pos
-                                    );
-                                }
-                                match h.kind {
-                                    FrameKind::Hidden => {
-                                        le_bytes_to_f32(&payload, &mut x[..n * d])
-                                            .with_context(|| self.who(node))?;
-                                    }
-                                    FrameKind::Logits => {
-                                        let v = self.vocab;
-                                        if payload.len() != v * 2 || logits.len() < v {
-                                            bail!(
-                                                "{}: logits frame of {} bytes, expected {}",
-                                                self.who(node),
-                                                payload.len(),
-                                                v * 2
-                                            );
-                                        }
-                                        for (o, c) in logits.iter_mut().zip(payload.chunks_exact(2))
-                                        {
-                                            *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-                                        }
-                                    }
-                                    FrameKind::Control => {}
-                                }
-                                self.scratch = payload;
-                                break;
+                    let who_first = self.who(*first);
+                    let who_last = self.who(*last);
+                    let links = self
+                        .links
+                        .get_mut(seg)
+                        .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
+                    links.input.send(&h, &payload).map_err(|e| {
+                        anyhow!("{who_first}: sending the hidden state failed: {e}")
+                    })?;
+                    seg += 1;
+                    let h = loop {
+                        let links = &mut self.links[seg - 1];
+                        let out = links.output.as_mut().unwrap_or(&mut links.input);
+                        match out.recv_timeout(&mut payload, Duration::from_millis(250)) {
+                            Ok(Some(h)) => break h,
+                            Ok(None) => self.check_health()?,
+                            Err(e) => {
+                                // A closed data link usually means the node died: its control
+                                // connection says more, if it has already noticed.
+                                self.check_health()?;
+                                let why = if e.is_closed() {
+                                    "closed the data link (process stopped?)".to_string()
+                                } else {
+                                    e.to_string()
+                                };
+                                bail!("{who_last} {why}");
                             }
-                            Event::Control { node, msg } => match msg {
-                                Control::Error(e) => bail!("{}: {}", self.who(node), e.message),
-                                Control::Heartbeat { .. } | Control::Stats(_) => {}
-                                other => tracing::debug!(
-                                    "{}: ignoring {} during generation",
-                                    self.who(node),
-                                    other.name()
-                                ),
-                            },
-                            Event::Lost { node, why } => bail!("{} {why}", self.who(node)),
                         }
+                    };
+                    if h.seq != seq || h.pos as usize != pos {
+                        bail!(
+                            "{who_last}: output for sequence {} position {}, expected {seq} at {pos}",
+                            h.seq,
+                            h.pos
+                        );
                     }
+                    match h.kind {
+                        FrameKind::Hidden => {
+                            le_bytes_to_f32(&payload, &mut x[..n * d])
+                                .with_context(|| who_last.clone())?;
+                        }
+                        FrameKind::Logits => {
+                            let v = self.vocab;
+                            if payload.len() != v * 2 || logits.len() < v {
+                                bail!(
+                                    "{who_last}: logits frame of {} bytes, expected {}",
+                                    payload.len(),
+                                    v * 2
+                                );
+                            }
+                            for (o, c) in logits.iter_mut().zip(payload.chunks_exact(2)) {
+                                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                            }
+                        }
+                        FrameKind::Control => bail!("{who_last}: control frame on a data link"),
+                    }
+                    self.scratch = payload;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails if any node was lost, reported an error, or went silent.
+    fn check_health(&mut self) -> Result<()> {
+        loop {
+            match self.events.try_recv() {
+                Ok(Event::Lost { node, why }) => bail!("{} {why}", self.who(node)),
+                Ok(Event::Control {
+                    node,
+                    msg: Control::Error(e),
+                }) => bail!("{}: {}", self.who(node), e.message),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let now_ms = self.t0.elapsed().as_millis() as u64;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let silent = now_ms.saturating_sub(n.last_seen.load(Ordering::Relaxed));
+            if silent > HEARTBEAT_TIMEOUT.as_millis() as u64 {
+                bail!(
+                    "{} stopped answering: nothing heard for {:.1} s (link cut, machine down or process frozen)",
+                    self.who(i),
+                    silent as f64 / 1000.0
+                );
             }
         }
         Ok(())

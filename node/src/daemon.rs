@@ -17,14 +17,16 @@ use crate::model::{LoadOptions, Model};
 use crate::sys;
 use crate::{KvCache, KvType, Runner};
 use ringllm_protocol::control::{
-    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, ModelIdentity, NextHop, Ready,
-    Stats,
+    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready, Stats,
 };
 use ringllm_protocol::frame::{le_bytes_to_f32, FLAG_ALL_TOKENS};
 use ringllm_protocol::tcp::{self, control_of};
-use ringllm_protocol::{ClusterKey, Dtype, FrameHeader, FrameKind, Link, Role, TransportError};
+use ringllm_protocol::{
+    ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TcpDataLink,
+    TransportError,
+};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
@@ -48,9 +50,12 @@ pub struct NodeOptions {
 
 type Outgoing = (FrameHeader, Vec<u8>);
 
-enum Job {
-    Frame { h: FrameHeader, payload: Vec<u8> },
-    Release { seq: u64 },
+/// A data link handed to a session's compute thread.
+struct Attached {
+    link: TcpDataLink,
+    input: bool,
+    output: bool,
+    from: String,
 }
 
 #[derive(Default)]
@@ -67,10 +72,27 @@ struct SessionStats {
 struct SessionHandle {
     id: u64,
     conn_id: u64,
-    input: Input,
-    jobs: std::sync::mpsc::Sender<Job>,
-    coord_out: mpsc::Sender<Outgoing>,
+    attach: std::sync::mpsc::Sender<Attached>,
     stats: Arc<SessionStats>,
+    stop: Arc<AtomicBool>,
+    /// Closers of the session's data links: dropping the session unblocks its thread.
+    closers: Arc<Mutex<Vec<LinkCloser>>>,
+    /// A sequence the coordinator released (`u64::MAX`: none).
+    release: Arc<AtomicU64>,
+}
+
+impl Drop for SessionHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for c in self
+            .closers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            c.close();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -193,25 +215,28 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
             };
             let node = Arc::clone(&node);
             tokio::spawn(async move {
-                let link = match tcp::accept(
-                    stream,
+                let mut stream = stream;
+                let session = match tcp::accept_stream(
+                    &mut stream,
                     &node.opts.key,
                     &node.opts.name,
                     HANDSHAKE_TIMEOUT,
-                    MAX_PAYLOAD,
                 )
                 .await
                 {
-                    Ok(l) => l,
+                    Ok(s) => s,
                     Err(e) => {
                         warn!("refused connection from {peer}: {e}");
                         return;
                     }
                 };
                 let conn_id = node.next_conn.fetch_add(1, Ordering::Relaxed);
-                match link.session.peer.role {
-                    Role::Coordinator => coordinator_conn(node, link, conn_id).await,
-                    Role::Upstream => upstream_conn(node, link).await,
+                match session.peer.role {
+                    Role::Coordinator => {
+                        let link = tcp::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
+                        coordinator_conn(node, link, conn_id).await
+                    }
+                    Role::Upstream => data_conn(node, stream, session.peer.name, peer).await,
                     Role::Node => {
                         warn!("refused connection from {peer}: a node answering, not connecting")
                     }
@@ -365,7 +390,7 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
                     Control::ReleaseSequence { seq } => {
                         let st = node.lock();
                         if let Some(s) = st.session.as_ref().filter(|s| s.conn_id == conn_id) {
-                            let _ = s.jobs.send(Job::Release { seq });
+                            s.release.store(seq, Ordering::SeqCst);
                         }
                     }
                     Control::Shutdown { reason } => {
@@ -388,32 +413,13 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
                 }
             }
             FrameKind::Hidden | FrameKind::Logits => {
-                let sent = {
-                    let st = node.lock();
-                    match st.session.as_ref() {
-                        Some(s) if s.conn_id == conn_id && s.input == Input::Coordinator => {
-                            s.stats.frames_in.fetch_add(1, Ordering::Relaxed);
-                            s.stats
-                                .bytes_in
-                                .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
-                            s.jobs
-                                .send(Job::Frame {
-                                    h,
-                                    payload: std::mem::take(&mut buf),
-                                })
-                                .is_ok()
-                        }
-                        _ => false,
-                    }
-                };
-                if !sent {
-                    let m = format!(
-                        "node '{}' got a data frame but has no assignment taking input from the coordinator",
-                        node.opts.name
-                    );
-                    if let Some(f) = error_frame(ErrorCode::BadRequest, Some(h.seq), m) {
-                        let _ = out.send(f).await;
-                    }
+                let m = format!(
+                    "node '{}' got a data frame on the control connection (data travels on its own link)",
+                    node.opts.name
+                );
+                warn!("{who}: {m}");
+                if let Some(f) = error_frame(ErrorCode::BadRequest, Some(h.seq), m) {
+                    let _ = out.send(f).await;
                 }
             }
         }
@@ -589,21 +595,22 @@ async fn assign(
     .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
     let (runner, kv, weight_bytes, kv_bytes) = loaded;
     let stats = Arc::new(SessionStats::default());
-    // Where results go.
-    let out = match &a.next_hop {
-        NextHop::Coordinator => coord_out.clone(),
+    // The link to the next node, if the output does not go back to the coordinator.
+    let next = match &a.next_hop {
+        NextHop::Coordinator => None,
         NextHop::Node {
             name: next,
             address,
-        } => {
-            let what = format!("node '{name}' → next hop '{next}' ({address})");
-            let link = tcp::connect(
+        } => Some(
+            tcp::connect_data(
                 address,
                 &node.opts.key,
-                Role::Upstream,
                 &name,
                 HANDSHAKE_TIMEOUT,
                 MAX_PAYLOAD,
+                a.session,
+                true,
+                false,
             )
             .await
             .map_err(|e| {
@@ -611,65 +618,40 @@ async fn assign(
                     ErrorCode::NextHopUnreachable,
                     format!("node '{name}' cannot reach its next hop '{next}' at {address}: {e}"),
                 )
-            })?;
-            let Link { tx, mut rx, .. } = link;
-            let q = spawn_writer(tx, what.clone(), Some((coord_out.clone(), what.clone())));
-            queue_control(
-                &q,
-                Control::Attach {
-                    session: a.session,
-                    from: name.clone(),
-                },
-            )
-            .await;
-            // The next hop sends nothing back but errors; a close means the link is gone.
-            let coord = coord_out.clone();
-            let (q2, session) = (q.clone(), a.session);
-            let n3 = name.clone();
-            let next = next.clone();
-            let address = address.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let why = loop {
-                    match rx.recv(&mut buf).await {
-                        Ok(h) if h.kind == FrameKind::Control => {
-                            if let Ok(Control::Error(e)) = control_of(&h, &buf) {
-                                break format!("next hop '{next}' reported: {}", e.message);
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => break format!("{e}"),
-                    }
-                };
-                if q2.is_closed() {
-                    return; // the session ended first
-                }
-                warn!(session, "link to next hop '{next}' ({address}) lost: {why}");
-                if let Some(f) = error_frame(
-                    ErrorCode::NextHopUnreachable,
-                    None,
-                    format!("node '{n3}' lost its link to next hop '{next}' ({address}): {why}"),
-                ) {
-                    let _ = coord.send(f).await;
-                }
-            });
-            q
-        }
+            })?,
+        ),
     };
-    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Job>();
+    let next_name = match &a.next_hop {
+        NextHop::Coordinator => "the coordinator".to_string(),
+        NextHop::Node { name, address } => format!("next hop '{name}' ({address})"),
+    };
+    let closers = Arc::new(Mutex::new(Vec::new()));
+    if let Some(l) = &next {
+        if let Ok(c) = l.closer() {
+            closers.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(AtomicU64::new(u64::MAX));
+    let (attach_tx, attach_rx) = std::sync::mpsc::channel::<Attached>();
     let worker = Worker {
         name: name.clone(),
         runner,
         kv,
         head,
-        out,
         coord: coord_out.clone(),
         stats: Arc::clone(&stats),
         seq: None,
+        next,
+        next_name,
+        output_to_coordinator: a.next_hop == NextHop::Coordinator,
+        stop: Arc::clone(&stop),
+        closers: Arc::clone(&closers),
+        release: Arc::clone(&release),
     };
     std::thread::Builder::new()
         .name(format!("compute-{}", a.session))
-        .spawn(move || worker.run(jobs_rx))
+        .spawn(move || worker.run(attach_rx))
         .map_err(|e| {
             (
                 ErrorCode::Internal,
@@ -696,170 +678,264 @@ async fn assign(
     node.lock().session = Some(SessionHandle {
         id: a.session,
         conn_id,
-        input: a.input,
-        jobs: jobs_tx,
-        coord_out,
+        attach: attach_tx,
         stats,
+        stop,
+        closers,
+        release,
     });
     node.changed.notify_waiters();
     Ok(ready)
 }
 
-async fn upstream_conn(node: Arc<Node>, link: Link) {
-    let who = format!("upstream '{}' ({})", link.session.peer.name, link.peer_addr);
-    let Link { tx, mut rx, .. } = link;
-    let mut buf = Vec::new();
-    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, rx.recv(&mut buf)).await;
-    let session = match first {
-        Ok(Ok(h)) => match control_of(&h, &buf) {
-            Ok(Control::Attach { session, .. }) => session,
-            Ok(other) => {
-                warn!("{who}: expected attach, got {}", other.name());
-                return;
-            }
-            Err(e) => {
-                warn!("{who}: {e}");
-                return;
-            }
-        },
-        Ok(Err(e)) => {
+/// A data link: reads its `Attach` and hands it to the session's compute thread.
+async fn data_conn(
+    node: Arc<Node>,
+    stream: tokio::net::TcpStream,
+    peer_name: String,
+    peer: std::net::SocketAddr,
+) {
+    let who = format!("data link from '{peer_name}' ({peer})");
+    let link = match stream
+        .into_std()
+        .map_err(TransportError::from)
+        .and_then(|s| TcpDataLink::new(s, MAX_PAYLOAD))
+    {
+        Ok(l) => l,
+        Err(e) => {
             warn!("{who}: {e}");
             return;
         }
-        Err(_) => {
+    };
+    let first = tokio::task::spawn_blocking(move || {
+        let mut link = link;
+        let mut buf = Vec::new();
+        let r = link.recv_timeout(&mut buf, HANDSHAKE_TIMEOUT);
+        (link, r.map(|h| h.map(|h| control_of(&h, &buf))))
+    })
+    .await;
+    let (link, attach) = match first {
+        Ok((
+            link,
+            Ok(Some(Ok(Control::Attach {
+                session,
+                input,
+                output,
+                from,
+            }))),
+        )) => (link, (session, input, output, from)),
+        Ok((_, Ok(Some(Ok(other))))) => {
+            warn!("{who}: expected attach, got {}", other.name());
+            return;
+        }
+        Ok((_, Ok(Some(Err(e))))) => {
+            warn!("{who}: {e}");
+            return;
+        }
+        Ok((_, Ok(None))) => {
             warn!("{who}: no attach message within {HANDSHAKE_TIMEOUT:?}");
             return;
         }
+        Ok((_, Err(e))) => {
+            warn!("{who}: {e}");
+            return;
+        }
+        Err(e) => {
+            warn!("{who}: {e}");
+            return;
+        }
     };
-    // The assignment may still be loading on our side: wait a little for it.
+    let (session, input, output, from) = attach;
+    let mut link = Some(link);
+    // The assignment may still be loading here: wait a little for it.
     let deadline = Instant::now() + TAKEOVER_WAIT;
-    let (jobs, coord, stats) = loop {
+    loop {
         let notified = node.changed.notified();
-        {
+        let sent = {
             let st = node.lock();
-            if let Some(s) = st
-                .session
-                .as_ref()
-                .filter(|s| s.id == session && s.input == Input::Upstream)
-            {
-                break (s.jobs.clone(), s.coord_out.clone(), Arc::clone(&s.stats));
+            match (st.session.as_ref().filter(|s| s.id == session), link.take()) {
+                (Some(s), Some(link)) => {
+                    let _ = s.attach.send(Attached {
+                        link,
+                        input,
+                        output,
+                        from: from.clone(),
+                    });
+                    true
+                }
+                (_, l) => {
+                    link = l;
+                    false
+                }
             }
+        };
+        if sent {
+            info!("{who} attached to session {session} (input {input}, output {output})");
+            return;
         }
         if Instant::now() >= deadline {
-            warn!("{who}: no session {session} takes input from upstream here");
-            let out = spawn_writer(tx, who.clone(), None);
-            if let Some(f) = error_frame(
-                ErrorCode::BadRequest,
-                None,
-                format!(
-                    "node '{}' has no session {session} expecting input",
-                    node.opts.name
-                ),
-            ) {
-                let _ = out.send(f).await;
-            }
+            warn!("{who}: no session {session} here");
             return;
         }
         tokio::select! {
             _ = notified => {}
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
-    };
-    info!("{who} attached to session {session}");
-    let _keep_tx = tx; // closing it would tell upstream we are gone
-    loop {
-        let h = match rx.recv(&mut buf).await {
-            Ok(h) => h,
-            Err(e) => {
-                if coord.is_closed() {
-                    return;
-                }
-                let why = if e.is_closed() {
-                    "closed the link".to_string()
-                } else {
-                    e.to_string()
-                };
-                warn!("{who}: {why}");
-                if let Some(f) = error_frame(
-                    ErrorCode::NextHopUnreachable,
-                    None,
-                    format!("node '{}': link from {who} failed: {why}", node.opts.name),
-                ) {
-                    let _ = coord.send(f).await;
-                }
-                return;
-            }
-        };
-        if h.kind != FrameKind::Hidden {
-            warn!("{who}: unexpected {:?} frame", h.kind);
-            continue;
-        }
-        stats.frames_in.fetch_add(1, Ordering::Relaxed);
-        stats
-            .bytes_in
-            .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
-        if jobs
-            .send(Job::Frame {
-                h,
-                payload: std::mem::take(&mut buf),
-            })
-            .is_err()
-        {
-            return; // session ended
-        }
     }
 }
 
-/// The compute thread of one assignment.
+/// The compute thread of one assignment: reads its input link, runs its layers, writes its
+/// output link, all on this thread.
 struct Worker {
     name: String,
     runner: Runner,
     kv: KvCache,
     head: bool,
-    out: mpsc::Sender<Outgoing>,
     coord: mpsc::Sender<Outgoing>,
     stats: Arc<SessionStats>,
     seq: Option<u64>,
+    next: Option<TcpDataLink>,
+    next_name: String,
+    output_to_coordinator: bool,
+    stop: Arc<AtomicBool>,
+    closers: Arc<Mutex<Vec<LinkCloser>>>,
+    release: Arc<AtomicU64>,
+}
+
+/// The input link, and the output link when it is a different one.
+struct Io {
+    input: TcpDataLink,
+    input_from: String,
+    output: Option<TcpDataLink>,
 }
 
 impl Worker {
-    fn run(mut self, jobs: std::sync::mpsc::Receiver<Job>) {
+    fn report(&self, code: ErrorCode, seq: Option<u64>, msg: String) {
+        warn!("{msg}");
+        if let Some(f) = error_frame(code, seq, msg) {
+            let _ = self.coord.blocking_send(f);
+        }
+    }
+
+    /// Waits for the data links this stage needs.
+    fn links(&mut self, attach: &std::sync::mpsc::Receiver<Attached>) -> Option<Io> {
+        let mut input: Option<(TcpDataLink, String)> = None;
+        let mut output = self.next.take();
+        let mut same = false;
+        let want_output = self.output_to_coordinator;
+        loop {
+            if input.is_some() && (same || output.is_some() || !want_output) {
+                break;
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            let a = match attach.recv_timeout(Duration::from_millis(100)) {
+                Ok(a) => a,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(_) => return None,
+            };
+            if let Ok(c) = a.link.closer() {
+                self.closers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(c);
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            match (a.input, a.output) {
+                (true, true) => {
+                    same = true;
+                    input = Some((a.link, a.from));
+                }
+                (true, false) => input = Some((a.link, a.from)),
+                (false, true) => output = Some(a.link),
+                (false, false) => {}
+            }
+        }
+        let (input, input_from) = input?;
+        Some(Io {
+            input,
+            input_from,
+            output: if same { None } else { output },
+        })
+    }
+
+    fn run(mut self, attach: std::sync::mpsc::Receiver<Attached>) {
+        let Some(mut io) = self.links(&attach) else {
+            return;
+        };
+        debug!("node '{}': data links ready", self.name);
+        let mut buf = Vec::new();
         let mut x: Vec<f32> = Vec::new();
-        while let Ok(job) = jobs.recv() {
-            match job {
-                Job::Release { seq } => {
-                    if self.seq == Some(seq) {
-                        self.kv.truncate(0);
-                        self.seq = None;
+        loop {
+            let h = match io.input.recv(&mut buf) {
+                Ok(h) => h,
+                Err(e) => {
+                    if !self.stop.load(Ordering::SeqCst) {
+                        let why = if e.is_closed() {
+                            "closed".to_string()
+                        } else {
+                            e.to_string()
+                        };
+                        self.report(
+                            ErrorCode::NextHopUnreachable,
+                            None,
+                            format!(
+                                "node '{}': input link from '{}' {why}",
+                                self.name, io.input_from
+                            ),
+                        );
                     }
+                    break;
                 }
-                Job::Frame { h, payload } => {
-                    let t0 = Instant::now();
-                    match self.process(&h, &payload, &mut x) {
-                        Ok(frame) => {
-                            let n = frame.1.len() as u64 + 40;
-                            if self.out.blocking_send(frame).is_err() {
-                                break;
-                            }
-                            self.stats.frames_out.fetch_add(1, Ordering::Relaxed);
-                            self.stats.bytes_out.fetch_add(n, Ordering::Relaxed);
-                            self.stats
-                                .busy_us
-                                .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+            };
+            if h.kind == FrameKind::Control {
+                continue; // nothing is expected here; the control connection carries control
+            }
+            let t0 = Instant::now();
+            self.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .bytes_in
+                .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
+            let released = self.release.swap(u64::MAX, Ordering::SeqCst);
+            if Some(released) == self.seq {
+                self.kv.truncate(0);
+                self.seq = None;
+            }
+            match self.process(&h, &buf, &mut x) {
+                Ok((oh, payload)) => {
+                    let out = match io.output.as_mut() {
+                        Some(o) => o,
+                        None => &mut io.input,
+                    };
+                    if let Err(e) = out.send(&oh, &payload) {
+                        if !self.stop.load(Ordering::SeqCst) {
+                            self.report(
+                                ErrorCode::NextHopUnreachable,
+                                Some(h.seq),
+                                format!(
+                                    "node '{}' cannot send to {}: {e}",
+                                    self.name, self.next_name
+                                ),
+                            );
                         }
-                        Err(msg) => {
-                            warn!("{msg}");
-                            if let Some(f) = error_frame(ErrorCode::Compute, Some(h.seq), msg) {
-                                let _ = self.coord.blocking_send(f);
-                            }
-                        }
+                        break;
                     }
+                    self.stats.frames_out.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .bytes_out
+                        .fetch_add(payload.len() as u64 + 40, Ordering::Relaxed);
+                    self.stats
+                        .busy_us
+                        .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
                 }
+                Err(msg) => self.report(ErrorCode::Compute, Some(h.seq), msg),
             }
         }
         debug!("compute thread of node '{}' ends", self.name);
     }
-
     fn process(
         &mut self,
         h: &FrameHeader,

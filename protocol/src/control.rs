@@ -146,10 +146,14 @@ pub enum Control {
     },
     /// Ask for `Stats`.
     GetStats,
-    /// First message of a node connecting to its next hop: which ring it belongs to.
+    /// First message on a data link (from the coordinator, or from a node to its next hop):
+    /// which ring it belongs to, and whether it carries the receiver's input, its output
+    /// (back to the coordinator), or both.
     Attach {
         session: u64,
         from: String,
+        input: bool,
+        output: bool,
     },
 }
 

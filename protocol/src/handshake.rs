@@ -40,7 +40,7 @@ const T_REJECT: u8 = 4;
 pub enum Role {
     /// The coordinator, connecting to a node it will assign work to.
     Coordinator = 1,
-    /// A node connecting to its next hop in the ring.
+    /// A data link of a ring: the coordinator's, or a node's to its next hop.
     Upstream = 2,
     /// A node answering a connection.
     Node = 3,

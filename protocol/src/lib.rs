@@ -1,6 +1,7 @@
 //! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`)
 //! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits.
 
+pub mod blocking;
 pub mod control;
 pub mod error;
 pub mod frame;
@@ -9,6 +10,7 @@ pub mod key;
 pub mod tcp;
 pub mod transport;
 
+pub use blocking::{DataLink, LinkCloser, TcpDataLink};
 pub use control::Control;
 pub use error::{ProtocolError, TransportError};
 pub use frame::{Dtype, FrameHeader, FrameKind, HEADER_LEN};

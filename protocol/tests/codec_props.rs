@@ -276,7 +276,14 @@ fn control() -> impl Strategy<Value = Control> {
         error_msg().prop_map(Control::Error),
         text().prop_map(|reason| Control::Shutdown { reason }),
         Just(Control::GetStats),
-        (any::<u64>(), text()).prop_map(|(session, from)| Control::Attach { session, from }),
+        (any::<u64>(), text(), any::<bool>(), any::<bool>()).prop_map(
+            |(session, from, input, output)| Control::Attach {
+                session,
+                from,
+                input,
+                output
+            }
+        ),
     ]
 }
 
@@ -762,6 +769,8 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
             Control::Attach {
                 session: 1,
                 from: "a".into(),
+                input: true,
+                output: false,
             },
             9,
         ),

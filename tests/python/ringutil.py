@@ -56,6 +56,9 @@ class Nodes:
              "--models", str(self.models), "--name", name, "--threads", str(self.threads)],
             stdout=subprocess.DEVNULL, stderr=log, text=True)
         wait_port("127.0.0.1", port, timeout=15)
+        time.sleep(0.05)
+        if p.poll() is not None:
+            raise RuntimeError(f"{name} exited at start ({p.returncode}); is port {port} taken by another process?")
         return p, port, name, log
 
     def __enter__(self):
