@@ -218,3 +218,44 @@ def test_chat_survives_a_node_death_by_replanning(tmp_path):
     assert "node2" in err and f"127.0.0.1:{nodes.ports[1]}" in err, err
     assert "rebuilding the ring" in err
     assert third.strip() or second.strip(), err
+
+
+def test_head_on_the_last_node_when_the_coordinator_lacks_memory(tmp_path):
+    """An untied model whose head does not fit the coordinator's budget: the last node computes
+    the logits and sends them as f16; tokens equal the single process's, logits within f16."""
+    import numpy as np
+
+    model = tmp_path / "synth.gguf"
+    ringllm(["debug", "synth", "--arch", "llama", "--type", "q8_0", "-o", model])
+    one = ["--temp", "0", "-n", "1", "--threads", "1", "-c", "256"]
+    want, want_logits, _ = generation(["run", "-m", model, "-p", "hello world", *one], tmp_path / "s.f32")
+    with Nodes(2, models=tmp_path) as nodes:
+        a, b = nodes.addrs()
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f"""
+model = "{model}"
+key = "{KEY}"
+[coordinator]
+memory = "200KiB"
+[[node]]
+name = "first"
+address = "{a}"
+[[node]]
+name = "last"
+address = "{b}"
+""")
+        plan = json.loads(ringllm(["plan", cfg, "--json"]).stdout)
+        assert [s["holds_head"] for s in plan["stages"]] == [False, True], plan
+        got, logits, err = generation(["up", cfg, "-p", "hello world", *one], tmp_path / "r.f32")
+        # A longer generation runs through the f16 logits path too.
+        longer, _, _ = generation(["up", cfg, "-p", "hello world", *GEN], tmp_path / "r2.f32")
+        assert len(longer["token_ids"]) == 12
+    x = np.frombuffer(want_logits, dtype="<f4")
+    y = np.frombuffer(logits, dtype="<f4")
+    assert x.shape == y.shape
+    err_max = np.abs(x - y).max()
+    assert err_max <= 1e-3 * np.abs(x).max() + 1e-6, err_max  # f16: 2^-11 relative
+    assert err_max > 0  # they did travel as f16
+    top2 = np.sort(x)[-2:]
+    if top2[1] - top2[0] > 2 * err_max:
+        assert got["token_ids"] == want["token_ids"]
