@@ -128,26 +128,33 @@ pub struct GenArgs {
     pub logits_out: Option<PathBuf>,
 }
 
-/// `ringllm up`: the coordinator of a ring.
+/// Where a ring is described: a cluster file, or flags.
 #[derive(Args, Debug, Clone)]
-pub struct UpArgs {
+pub struct ClusterSource {
     /// Cluster file (TOML); see cluster-configs/homelab.example.toml.
     pub cluster: Option<PathBuf>,
     /// GGUF model file (without a cluster file, or to override its `model`).
     #[arg(short, long)]
     pub model: Option<PathBuf>,
-    /// Cluster key file (without a cluster file).
+    /// Cluster key file (without a cluster file, or to override its `key`).
     #[arg(long)]
     pub key: Option<PathBuf>,
     /// A node's HOST:PORT, in ring order (repeatable; without a cluster file).
     #[arg(long = "node")]
     pub nodes: Vec<String>,
-    /// Threads for the coordinator's own work (embedding, output head, local layers).
-    #[arg(short, long)]
-    pub threads: Option<usize>,
     /// Context size in tokens (default: the cluster file's, else the model's capped at 4096).
     #[arg(short = 'c', long)]
     pub ctx: Option<usize>,
+}
+
+/// `ringllm up`: the coordinator of a ring.
+#[derive(Args, Debug, Clone)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub source: ClusterSource,
+    /// Threads for the coordinator's own work (embedding, output head, local layers).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
     /// Tokens per prefill batch (one frame per hop).
     #[arg(short, long, default_value_t = 512)]
     pub batch: usize,
@@ -162,16 +169,8 @@ pub struct UpArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct PlanArgs {
-    /// Cluster file (TOML).
-    pub cluster: Option<PathBuf>,
-    #[arg(short, long)]
-    pub model: Option<PathBuf>,
-    #[arg(long)]
-    pub key: Option<PathBuf>,
-    #[arg(long = "node")]
-    pub nodes: Vec<String>,
-    #[arg(short = 'c', long)]
-    pub ctx: Option<usize>,
+    #[command(flatten)]
+    pub source: ClusterSource,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,

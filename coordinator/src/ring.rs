@@ -129,16 +129,7 @@ pub fn model_cost(
 ) -> Result<(ModelCost, ringllm_node::Hparams)> {
     let m = Model::load(Arc::clone(file), &LoadOptions::default())?;
     let hp = m.hp.clone();
-    let layer_weight_bytes: Vec<u64> = m
-        .layers
-        .iter()
-        .map(|l| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                .iter()
-                .map(|w| w.bytes() as u64)
-                .sum()
-        })
-        .collect();
+    let layer_weight_bytes: Vec<u64> = m.layers.iter().map(|l| l.weight_bytes() as u64).collect();
     let layer_kv_bytes = (0..hp.n_layer)
         .map(|il| KvCache::bytes_for(&hp, il..il + 1, ctx, max_batch, kv) as u64)
         .collect();
@@ -895,16 +886,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
             head: true,
         },
     )?);
-    let layer_bytes: usize = model
-        .layers
-        .iter()
-        .map(|l| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                .iter()
-                .map(|w| w.bytes())
-                .sum::<usize>()
-        })
-        .sum();
+    let layer_bytes: usize = model.layers.iter().map(|l| l.weight_bytes()).sum();
     let head_bytes = model.output.as_ref().map_or(0, |w| w.bytes());
     let d = hp.d_model;
     let mut runner = ringllm_node::Runner::new(Arc::clone(&model), threads, 1, 64);

@@ -1,6 +1,6 @@
 //! `ringllm up`, `ringllm plan`, `ringllm node` and `ringllm keygen`: the ring's commands.
 
-use crate::cli::{KeygenArgs, ModelArgs, NodeArgs, PlanArgs, UpArgs};
+use crate::cli::{ClusterSource, KeygenArgs, ModelArgs, NodeArgs, PlanArgs, UpArgs};
 use crate::cluster::{self, ClusterConfig};
 use crate::engine::{default_threads, open_gguf, Engine};
 use crate::ring::{Ring, RingSpec, StageSpec};
@@ -21,15 +21,17 @@ pub struct Setup {
 
 /// The setup a cluster file describes.
 pub fn setup_cluster(path: &std::path::Path) -> Result<Setup> {
-    setup(&Some(path.to_path_buf()), &None, &None, &[])
+    setup(&ClusterSource {
+        cluster: Some(path.to_path_buf()),
+        model: None,
+        key: None,
+        nodes: Vec::new(),
+        ctx: None,
+    })
 }
 
-fn setup(
-    cluster: &Option<PathBuf>,
-    model: &Option<PathBuf>,
-    key: &Option<PathBuf>,
-    nodes: &[String],
-) -> Result<Setup> {
+fn setup(src: &ClusterSource) -> Result<Setup> {
+    let (cluster, model, key, nodes) = (&src.cluster, &src.model, &src.key, &src.nodes);
     match cluster {
         Some(path) => {
             if !nodes.is_empty() {
@@ -110,11 +112,11 @@ fn setup(
 }
 
 pub fn up(args: UpArgs) -> Result<ExitCode> {
-    let s = setup(&args.cluster, &args.model, &args.key, &args.nodes)?;
+    let s = setup(&args.source)?;
     let model = ModelArgs {
         model: s.model.clone(),
         threads: args.threads.or(s.threads),
-        ctx: args.ctx.or(s.ctx),
+        ctx: args.source.ctx.or(s.ctx),
         batch: args.batch,
         kv: args
             .kv
@@ -133,9 +135,9 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
 }
 
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {
-    let s = setup(&args.cluster, &args.model, &args.key, &args.nodes)?;
+    let s = setup(&args.source)?;
     let file = open_gguf(&s.model)?;
-    let ctx = args.ctx.or(s.ctx).unwrap_or(4096).max(1);
+    let ctx = args.source.ctx.or(s.ctx).unwrap_or(4096).max(1);
     let kv = KvType::from_name(s.kv.as_deref().unwrap_or("f32"))
         .ok_or_else(|| anyhow!("kv must be f32 or f16"))?;
     let threads = s.threads.unwrap_or_else(default_threads).max(1);

@@ -46,6 +46,20 @@ pub struct Layer {
     pub post_ffw_norm: Option<Vec<f32>>,
 }
 
+impl Layer {
+    /// The layer's weight matrices.
+    pub fn matrices(&self) -> [&Weight; 7] {
+        [
+            &self.wq, &self.wk, &self.wv, &self.wo, &self.gate, &self.up, &self.down,
+        ]
+    }
+
+    /// Bytes of weight matrices (what one decoded token reads).
+    pub fn weight_bytes(&self) -> usize {
+        self.matrices().iter().map(|w| w.bytes()).sum()
+    }
+}
+
 /// What part of the model to load.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -186,7 +200,7 @@ impl Model {
         let weights = self
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .flat_map(|l| l.matrices())
             .chain(self.tok_embd.iter())
             .chain(self.output.iter());
         for w in weights {
@@ -203,16 +217,7 @@ impl Model {
     /// Bytes of weights read per decoded token by the loaded part of the model (every layer
     /// matrix plus the output head; one embedding row is negligible).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|w| w.bytes())
-                    .sum::<usize>()
-            })
-            .sum();
+        let layers: usize = self.layers.iter().map(Layer::weight_bytes).sum();
         layers + self.output.as_ref().map_or(0, |w| w.bytes())
     }
 }

@@ -126,7 +126,7 @@ def test_killed_node_fails_the_request_quickly_and_names_it(tmp_path):
         took = time.monotonic() - t0
         err = p.stderr.read()
     assert p.returncode != 0
-    assert took < 6, f"took {took:.1f} s to notice"
+    assert took < 10, f"took {took:.1f} s to notice"
     assert "node2" in err and f"127.0.0.1:{nodes.ports[1]}" in err, err
 
 
