@@ -521,7 +521,8 @@ impl Ring {
             let (i, msg) = self.next_control(left, "the nodes to load their slices")?;
             match msg {
                 Control::Ready(r) if r.session == self.session => {
-                    bar.println(format!(
+                    bar.suspend(|| {
+                        eprintln!(
                         "  {:<12} {:<22} layers {:>2}-{:<2} weights {:>7.1} MiB  kv {:>6.1} MiB  rss {:>7.1} MiB  load {} ms",
                         self.nodes[i].name,
                         self.nodes[i].address,
@@ -531,7 +532,8 @@ impl Ring {
                         r.kv_bytes as f64 / 1048576.0,
                         r.rss_bytes as f64 / 1048576.0,
                         r.load_ms
-                    ));
+                        )
+                    });
                     ready[i] = Some(r);
                 }
                 Control::Error(e) => {

@@ -142,7 +142,7 @@ fn scan_models(dir: &Path) -> Vec<ModelIdentity> {
         if p.extension().and_then(|s| s.to_str()) != Some("gguf") {
             continue;
         }
-        match GgufFile::open(&p) {
+        match GgufFile::open_lean(&p) {
             Ok(f) => out.push(model_identity(&p, &f)),
             Err(err) => warn!(file = %p.display(), "skipping unreadable model: {err}"),
         }
@@ -524,7 +524,7 @@ async fn assign(
                 ));
             }
             let p = path.clone();
-            let f = tokio::task::spawn_blocking(move || GgufFile::open(&p))
+            let f = tokio::task::spawn_blocking(move || GgufFile::open_lean(&p))
                 .await
                 .map_err(|e| (ErrorCode::Internal, e.to_string()))?
                 .map_err(|e| {

@@ -121,18 +121,34 @@ impl GgufFile {
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
             Storage::Mmap(map)
         };
-        let mut f = GgufFile::parse(storage)?;
+        let mut f = GgufFile::parse(storage, false)?;
+        f.path = Some(path.to_path_buf());
+        Ok(f)
+    }
+
+    /// Like `open`, but the tokenizer's arrays (vocabulary, scores, merges) are checked and
+    /// skipped instead of kept: what a node, which never tokenizes, opens (Gemma 3's 262,144
+    /// tokens would otherwise cost tens of MiB of heap). The header hash is the same.
+    pub fn open_lean(path: &Path) -> Result<GgufFile, GgufError> {
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: as in `open`.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let mut f = GgufFile::parse(Storage::Mmap(map), true)?;
         f.path = Some(path.to_path_buf());
         Ok(f)
     }
 
     /// Parses and validates a GGUF held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        GgufFile::parse(Storage::Bytes(bytes))
+        GgufFile::parse(Storage::Bytes(bytes), false)
     }
 
-    fn parse(storage: Storage) -> Result<GgufFile, GgufError> {
-        let p = parse(storage.bytes())?;
+    fn parse(storage: Storage, lean: bool) -> Result<GgufFile, GgufError> {
+        let p = parse(storage.bytes(), lean)?;
         let index = p
             .tensors
             .iter()
@@ -433,7 +449,42 @@ fn read_array(c: &mut Cursor, key: &str, depth: u32) -> Result<Array, GgufError>
     })
 }
 
-fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
+/// Checks an array's structure and moves past it without keeping anything.
+fn skip_array(c: &mut Cursor, key: &str, depth: u32) -> Result<(), GgufError> {
+    let at = c.pos;
+    let ty = c.u32(&|| format!("array element type of key '{key}'"))?;
+    let count = c.u64(&|| format!("array length of key '{key}'"))?;
+    let what = || format!("array of key '{key}'");
+    match ty {
+        type_id::STRING => {
+            for i in 0..count {
+                let len = c.u64(&|| format!("length of element {i} of array '{key}'"))?;
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                c.take(len, &what)?;
+            }
+        }
+        type_id::ARRAY if depth < MAX_ARRAY_DEPTH => {
+            for _ in 0..count {
+                skip_array(c, key, depth + 1)?;
+            }
+        }
+        t => {
+            let size = fixed_size(t).ok_or(GgufError::UnknownValueType {
+                key: key.to_string(),
+                id: t,
+                offset: at as u64,
+            })?;
+            let n = count
+                .checked_mul(size as u64)
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(usize::MAX);
+            c.take(n, &what)?;
+        }
+    }
+    Ok(())
+}
+
+fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
     let mut c = Cursor { buf, pos: 0 };
     let magic: [u8; 4] = c.array(&|| "magic".to_string())?;
     if magic != GGUF_MAGIC {
@@ -500,6 +551,10 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
         let key = c.name(&|| format!("key of metadata entry {i}"))?;
         let ty_at = c.pos;
         let ty = c.u32(&|| format!("value type of key '{key}'"))?;
+        if lean && ty == type_id::ARRAY && key.starts_with("tokenizer.") {
+            skip_array(&mut c, &key, 1)?;
+            continue;
+        }
         let value = read_value(&mut c, ty, &key, ty_at)?;
         if metadata.get(&key).is_some() {
             return Err(GgufError::DuplicateKey {

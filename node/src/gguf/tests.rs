@@ -272,3 +272,32 @@ fn check_layout(f: &GgufFile) {
     assert_eq!(&kv_only[..8], &f.bytes()[..8]);
     assert_eq!(&kv_only[16..kv_end], &f.bytes()[16..kv_end]);
 }
+
+#[test]
+fn lean_open_skips_the_vocabulary_and_keeps_everything_else() {
+    let dir = std::env::temp_dir().join(format!("ringllm-gguf-lean-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("gemma.gguf");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("models")
+        .join("gemma-3-270m-q4_k_m.gguf");
+    let full = model("gemma-3-270m-q4_k_m.gguf");
+    let lean = GgufFile::open_lean(&src).unwrap();
+    assert_eq!(lean.header_hash(), full.header_hash());
+    assert_eq!(lean.tensors(), full.tensors());
+    assert_eq!(lean.data_offset(), full.data_offset());
+    assert!(full.metadata().get("tokenizer.ggml.tokens").is_some());
+    assert!(lean.metadata().get("tokenizer.ggml.tokens").is_none());
+    assert!(lean.metadata().get("tokenizer.ggml.scores").is_none());
+    assert_eq!(
+        lean.metadata().str("general.architecture").unwrap(),
+        "gemma3"
+    );
+    // A truncated file is refused in lean mode too, inside the skipped vocabulary.
+    let bytes = full.bytes();
+    std::fs::write(&p, &bytes[..full.header_len() / 2]).unwrap();
+    let e = GgufFile::open_lean(&p).unwrap_err().to_string();
+    assert!(e.contains("tokenizer.ggml"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
