@@ -126,6 +126,28 @@ pub struct GenArgs {
     /// Write the logits of the last token fed (raw little-endian f32) to this file.
     #[arg(long, hide = true)]
     pub logits_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// `--serve`: an OpenAI-compatible HTTP API instead of one prompt.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Serve the OpenAI-compatible API on HOST:PORT (e.g. 127.0.0.1:8080).
+    #[arg(long)]
+    pub serve: Option<String>,
+    /// Sequences decoded at once (KV slots).
+    #[arg(long, default_value_t = 8)]
+    pub parallel: usize,
+    /// Requests that may wait for a slot before new ones get 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Most prompt tokens fed in one step, so a long prompt does not stall other streams.
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// Require `Authorization: Bearer KEY` (do set one when binding beyond loopback).
+    #[arg(long, env = "RINGLLM_API_KEY")]
+    pub api_key: Option<String>,
 }
 
 /// Where a ring is described: a cluster file, or flags.
@@ -216,7 +238,7 @@ pub struct InfoArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// GGUF model file.
-    #[arg(short, long, required_unless_present = "cluster")]
+    #[arg(short, long, required_unless_present_any = ["cluster", "serve"])]
     pub model: Option<PathBuf>,
     /// Prompt lengths to measure prefill at.
     #[arg(short = 'p', long, value_delimiter = ',', default_values_t = vec![64usize, 512])]
@@ -236,6 +258,16 @@ pub struct BenchArgs {
     /// Benchmark a ring (cluster file) next to the single process, in the same run.
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// Load-test a running server (http://HOST:PORT): streaming completions at each
+    /// `--concurrency`, `-n` tokens each, `-r` requests per client.
+    #[arg(long)]
+    pub serve: Option<String>,
+    /// Concurrent clients for --serve.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 4, 8])]
+    pub concurrency: Vec<usize>,
+    /// API key for --serve.
+    #[arg(long, env = "RINGLLM_API_KEY")]
+    pub api_key: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]

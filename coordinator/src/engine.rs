@@ -39,7 +39,6 @@ pub struct RingMode {
     pub file: Arc<GgufFile>,
     /// `None` after a failure, until `recover` rebuilds the ring.
     pub ring: Option<Ring>,
-    pub seq: u64,
     pub hp: ringllm_node::Hparams,
 }
 
@@ -122,10 +121,9 @@ impl Engine {
             },
             file,
             ring: None,
-            seq: 1,
             hp,
         };
-        let (runner, kv) = mode.build(false)?;
+        let (runner, kv) = mode.build(false, 1)?;
         let vocab = mode.hp.vocab;
         let d = mode.hp.d_model;
         Ok(Engine {
@@ -150,11 +148,10 @@ impl Engine {
         if let Some(old) = mode.ring.take() {
             old.shutdown("recovering");
         }
-        let (runner, kv) = mode.build(true)?;
+        let (runner, kv) = mode.build(true, 1)?;
         self.runner = runner;
         self.kv = kv;
         self.history.clear();
-        mode.seq += 1;
         Ok(())
     }
 
@@ -264,7 +261,7 @@ impl Engine {
             Ok(())
         };
         ring.forward(
-            mode.seq,
+            0,
             pos,
             &mut self.x[..n * d],
             n,
@@ -289,7 +286,8 @@ impl Engine {
 
 impl RingMode {
     /// Connects, plans, assigns; returns the coordinator's runner and cache for its part.
-    fn build(&mut self, probe: bool) -> Result<(Runner, KvCache)> {
+    /// With `slots` sequences per node (serving) or 1 (one conversation).
+    pub fn build(&mut self, probe: bool, slots: usize) -> Result<(Runner, KvCache)> {
         let args = &self.args;
         let ctx = args.ctx.unwrap_or(4096);
         let kv_type = KvType::from_name(&args.kv)
@@ -340,7 +338,7 @@ impl RingMode {
         )?;
         eprint!("{}", ring.plan);
         let identity = crate::ring::identity_of(&args.model, &self.file);
-        ring.assign(&spec, &identity, ctx, args.batch, kv_type)?;
+        ring.assign(&spec, &identity, ctx, args.batch, kv_type, slots)?;
         let local = ring
             .stages
             .iter()

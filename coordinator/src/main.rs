@@ -7,11 +7,13 @@ mod cluster;
 mod debug;
 mod engine;
 mod info;
+mod loadgen;
 mod perplexity;
 mod planner;
 mod proxy;
 mod ring;
 mod run;
+mod serve;
 mod up;
 
 use clap::Parser;

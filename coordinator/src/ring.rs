@@ -11,7 +11,7 @@ use ringllm_node::{sys, KvCache, KvType, LoadOptions, Model};
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
 };
-use ringllm_protocol::frame::{f32_to_le_bytes, le_bytes_to_f32};
+use ringllm_protocol::frame::{f32_to_le_bytes, le_bytes_to_f32, FLAG_MORE};
 use ringllm_protocol::tcp::{self, control_of};
 use ringllm_protocol::{
     ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TcpDataLink,
@@ -115,6 +115,7 @@ pub struct Ring {
     /// Every node's `Ready`, in node order.
     pub ready: Vec<Ready>,
     vocab: usize,
+    logits_buf: Vec<f32>,
     /// Coordinator's own link counters (bytes it sent and received per node).
     scratch: Vec<u8>,
 }
@@ -309,6 +310,7 @@ impl Ring {
             session: 0,
             ready: Vec::new(),
             vocab: 0,
+            logits_buf: Vec::new(),
             scratch: Vec::new(),
         };
         // Capabilities arrive first on every connection.
@@ -455,6 +457,7 @@ impl Ring {
         ctx: usize,
         max_batch: usize,
         kv: KvType,
+        slots: usize,
     ) -> Result<()> {
         self.session =
             (self.t0.elapsed().as_nanos() as u64) ^ ((std::process::id() as u64) << 40) ^ 0x5eed;
@@ -504,6 +507,7 @@ impl Ring {
                         .nth(i)
                         .and_then(|s| s.threads)
                         .unwrap_or(0) as u32,
+                    kv_slots: slots.max(1) as u32,
                 };
                 assigned.push(i);
                 self.send_control(i, &Control::Assign(a))?;
@@ -726,84 +730,186 @@ impl Ring {
         logits: &mut [f32],
         local: &mut dyn FnMut(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
+        let mut l = std::mem::take(&mut self.logits_buf);
+        let r = self.forward_multi(&[(seq, pos, n)], x, d, &mut l, local);
+        if r.is_ok() && self.head_on_node {
+            let v = self.vocab;
+            logits[..v].copy_from_slice(&l[..v]);
+        }
+        self.logits_buf = l;
+        r
+    }
+
+    /// Runs a batch of sequences through the ring as one pass per stage: `parts[i]` is
+    /// (sequence id, position, tokens), and `x` holds their embedded rows in order. On return
+    /// `x` holds the last stage's hidden states, or (head on a node) `logits` holds each
+    /// part's last-token logits, in order.
+    pub fn forward_multi(
+        &mut self,
+        parts: &[(u64, usize, usize)],
+        x: &mut [f32],
+        d: usize,
+        logits: &mut Vec<f32>,
+        local: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let n: usize = parts.iter().map(|p| p.2).sum();
         let stages = self.stages.clone();
         let mut seg = 0usize;
         for st in &stages {
             match st {
-                Stage::Local { .. } => local(x)?,
+                Stage::Local { .. } => local(&mut x[..n * d])?,
                 Stage::Segment { first, last } => {
-                    let mut payload = std::mem::take(&mut self.scratch);
-                    payload.clear();
-                    f32_to_le_bytes(&x[..n * d], &mut payload);
-                    let h = FrameHeader::new(
-                        FrameKind::Hidden,
-                        Dtype::F32,
-                        seq,
-                        pos as u32,
-                        n as u32,
-                        0,
-                        &payload,
-                    )?;
-                    let who_first = self.who(*first);
-                    let who_last = self.who(*last);
-                    let links = self
-                        .links
-                        .get_mut(seg)
-                        .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
-                    links.input.send(&h, &payload).map_err(|e| {
-                        anyhow!("{who_first}: sending the hidden state failed: {e}")
-                    })?;
+                    self.send_segment(seg, *first, parts, x, d)?;
+                    self.recv_segment(seg, *last, parts, x, d, logits)?;
                     seg += 1;
-                    let h = loop {
-                        let links = &mut self.links[seg - 1];
-                        let out = links.output.as_mut().unwrap_or(&mut links.input);
-                        match out.recv_timeout(&mut payload, Duration::from_millis(250)) {
-                            Ok(Some(h)) => break h,
-                            Ok(None) => self.check_health()?,
-                            Err(e) => {
-                                // A closed data link usually means the node died: its control
-                                // connection says more, if it has already noticed.
-                                self.check_health()?;
-                                let why = if e.is_closed() {
-                                    "closed the data link (process stopped?)".to_string()
-                                } else {
-                                    e.to_string()
-                                };
-                                bail!("{who_last} {why}");
-                            }
-                        }
-                    };
-                    if h.seq != seq || h.pos as usize != pos {
-                        bail!(
-                            "{who_last}: output for sequence {} position {}, expected {seq} at {pos}",
-                            h.seq,
-                            h.pos
-                        );
-                    }
-                    match h.kind {
-                        FrameKind::Hidden => {
-                            le_bytes_to_f32(&payload, &mut x[..n * d])
-                                .with_context(|| who_last.clone())?;
-                        }
-                        FrameKind::Logits => {
-                            let v = self.vocab;
-                            if payload.len() != v * 2 || logits.len() < v {
-                                bail!(
-                                    "{who_last}: logits frame of {} bytes, expected {}",
-                                    payload.len(),
-                                    v * 2
-                                );
-                            }
-                            for (o, c) in logits.iter_mut().zip(payload.chunks_exact(2)) {
-                                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-                            }
-                        }
-                        FrameKind::Control => bail!("{who_last}: control frame on a data link"),
-                    }
-                    self.scratch = payload;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// True when the ring is one run of nodes (no local layers): then a batch can be sent
+    /// with `send_batch` and its result taken later with `recv_batch`, and several batches
+    /// can be in the ring at once.
+    pub fn pipelinable(&self) -> bool {
+        matches!(self.stages.as_slice(), [Stage::Segment { .. }])
+    }
+
+    /// Sends a batch into a pipelinable ring.
+    pub fn send_batch(&mut self, parts: &[(u64, usize, usize)], x: &[f32], d: usize) -> Result<()> {
+        match self.stages.first() {
+            Some(&Stage::Segment { first, .. }) if self.stages.len() == 1 => {
+                self.send_segment(0, first, parts, x, d)
+            }
+            _ => bail!("this ring has local layers: batches cannot be pipelined"),
+        }
+    }
+
+    /// Takes the result of the oldest batch sent with `send_batch`.
+    pub fn recv_batch(
+        &mut self,
+        parts: &[(u64, usize, usize)],
+        x: &mut [f32],
+        d: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        match self.stages.first() {
+            Some(&Stage::Segment { last, .. }) if self.stages.len() == 1 => {
+                self.recv_segment(0, last, parts, x, d, logits)
+            }
+            _ => bail!("this ring has local layers: batches cannot be pipelined"),
+        }
+    }
+
+    /// Writes one frame per part into segment `seg` (all but the last flagged MORE).
+    fn send_segment(
+        &mut self,
+        seg: usize,
+        first: usize,
+        parts: &[(u64, usize, usize)],
+        x: &[f32],
+        d: usize,
+    ) -> Result<()> {
+        let who_first = self.who(first);
+        let mut payload = std::mem::take(&mut self.scratch);
+        let mut row = 0;
+        for (k, &(seq, pos, m)) in parts.iter().enumerate() {
+            payload.clear();
+            f32_to_le_bytes(&x[row * d..(row + m) * d], &mut payload);
+            row += m;
+            let flags = if k + 1 < parts.len() { FLAG_MORE } else { 0 };
+            let h = FrameHeader::new(
+                FrameKind::Hidden,
+                Dtype::F32,
+                seq,
+                pos as u32,
+                m as u32,
+                flags,
+                &payload,
+            )?;
+            let links = self
+                .links
+                .get_mut(seg)
+                .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
+            links
+                .input
+                .send(&h, &payload)
+                .map_err(|e| anyhow!("{who_first}: sending the hidden state failed: {e}"))?;
+        }
+        self.scratch = payload;
+        Ok(())
+    }
+
+    /// Reads segment `seg`'s output for `parts` into `x` (or `logits`).
+    fn recv_segment(
+        &mut self,
+        seg: usize,
+        last: usize,
+        parts: &[(u64, usize, usize)],
+        x: &mut [f32],
+        d: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let who_last = self.who(last);
+        let mut payload = std::mem::take(&mut self.scratch);
+        let mut row = 0;
+        for (k, &(seq, pos, m)) in parts.iter().enumerate() {
+            let h = loop {
+                let links = self
+                    .links
+                    .get_mut(seg)
+                    .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
+                let out = links.output.as_mut().unwrap_or(&mut links.input);
+                match out.recv_timeout(&mut payload, Duration::from_millis(250)) {
+                    Ok(Some(h)) => break h,
+                    Ok(None) => self.check_health()?,
+                    Err(e) => {
+                        // A closed data link usually means the node died: its control
+                        // connection says more, if already noticed.
+                        self.check_health()?;
+                        let why = if e.is_closed() {
+                            "closed the data link (process stopped?)".to_string()
+                        } else {
+                            e.to_string()
+                        };
+                        bail!("{who_last} {why}");
+                    }
+                }
+            };
+            if h.seq != seq || h.pos as usize != pos {
+                bail!(
+                    "{who_last}: output for sequence {} position {}, expected {seq} at {pos}",
+                    h.seq,
+                    h.pos
+                );
+            }
+            match h.kind {
+                FrameKind::Hidden => {
+                    le_bytes_to_f32(&payload, &mut x[row * d..(row + m) * d])
+                        .with_context(|| who_last.clone())?;
+                }
+                FrameKind::Logits => {
+                    let v = self.vocab;
+                    if payload.len() != v * 2 {
+                        bail!(
+                            "{who_last}: logits frame of {} bytes, expected {}",
+                            payload.len(),
+                            v * 2
+                        );
+                    }
+                    logits.resize((k + 1) * v, 0.0);
+                    for (o, c) in logits[k * v..(k + 1) * v]
+                        .iter_mut()
+                        .zip(payload.chunks_exact(2))
+                    {
+                        *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                    }
+                }
+                FrameKind::Control => bail!("{who_last}: control frame on a data link"),
+            }
+            row += m;
+        }
+        self.scratch = payload;
         Ok(())
     }
 

@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
+    if args.gen.serve.serve.is_some() {
+        return crate::serve::serve_local(&args.model, &args.gen);
+    }
     let model = args.model.clone();
     session(
         &|| Engine::load(&model),
@@ -34,6 +37,9 @@ pub fn session(
     };
     if args.gen.chat {
         return chat(args, load);
+    }
+    if args.gen.serve.serve.is_some() {
+        bail!("internal: --serve is handled before a session starts");
     }
     let prompt = match &args.gen.prompt {
         Some(p) => p.clone(),
@@ -78,6 +84,40 @@ pub fn session(
     }
     engine.close();
     Ok(ExitCode::SUCCESS)
+}
+
+/// The chat template: `--template NAME`, else the model's own; `None` when neither exists.
+pub fn resolve_template(
+    name: &Option<String>,
+    spec: &ringllm::tokenizer::TokenizerSpec,
+    tokenizer: &ringllm::tokenizer::Tokenizer,
+    model: &std::path::Path,
+) -> Result<Option<ChatTemplate>> {
+    let source = match (name, &spec.chat_template) {
+        (Some(name), _) => builtin(name)
+            .ok_or_else(|| {
+                anyhow!(
+                    "unknown template '{name}' (built-in: {})",
+                    ringllm::template::builtin_names().join(", ")
+                )
+            })?
+            .to_string(),
+        (None, Some(t)) => t.clone(),
+        (None, None) => return Ok(None),
+    };
+    let bos = tokenizer
+        .bos()
+        .and_then(|id| tokenizer.id_to_piece(id))
+        .unwrap_or("")
+        .to_string();
+    let eos = spec
+        .eos
+        .and_then(|id| tokenizer.id_to_piece(id))
+        .unwrap_or("")
+        .to_string();
+    let t = ChatTemplate::new(&source, &bos, &eos)
+        .with_context(|| format!("chat template of {}", model.display()))?;
+    Ok(Some(t))
 }
 
 struct Args<'a> {
@@ -137,35 +177,19 @@ fn install_ctrlc(cancel: Arc<AtomicBool>, presses: Option<Arc<AtomicUsize>>) -> 
 
 fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
     let mut engine = load()?;
-    let source = match (&args.gen.template, &engine.spec.chat_template) {
-        (Some(name), _) => builtin(name)
-            .ok_or_else(|| {
-                anyhow!(
-                    "unknown template '{name}' (built-in: {})",
-                    ringllm::template::builtin_names().join(", ")
-                )
-            })?
-            .to_string(),
-        (None, Some(t)) => t.clone(),
-        (None, None) => bail!(
+    let template = resolve_template(
+        &args.gen.template,
+        &engine.spec,
+        &engine.tokenizer,
+        &args.model.model,
+    )?
+    .ok_or_else(|| {
+        anyhow!(
             "{} has no chat template; pick one with --template ({})",
             args.model.model.display(),
             ringllm::template::builtin_names().join(", ")
-        ),
-    };
-    let bos = engine
-        .tokenizer
-        .bos()
-        .and_then(|id| engine.tokenizer.id_to_piece(id))
-        .unwrap_or("")
-        .to_string();
-    let eos = engine
-        .spec
-        .eos
-        .and_then(|id| engine.tokenizer.id_to_piece(id))
-        .unwrap_or("")
-        .to_string();
-    let template = ChatTemplate::new(&source, &bos, &eos)?;
+        )
+    })?;
     let mut sampler = Sampler::new(&sampler_params(args.sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     let presses = Arc::new(AtomicUsize::new(0));

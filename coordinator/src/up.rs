@@ -124,6 +124,9 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
             .or(s.kv.clone())
             .unwrap_or_else(|| "f32".into()),
     };
+    if args.gen.serve.serve.is_some() {
+        return crate::serve::serve_ring(&model, s.spec.clone(), &args.gen);
+    }
     let spec = s.spec.clone();
     let m2 = model.clone();
     crate::run::session(

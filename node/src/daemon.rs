@@ -19,7 +19,7 @@ use crate::{KvCache, KvType, Runner};
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready, Stats,
 };
-use ringllm_protocol::frame::{le_bytes_to_f32, FLAG_ALL_TOKENS};
+use ringllm_protocol::frame::{le_bytes_to_f32, FLAG_ALL_TOKENS, FLAG_MORE};
 use ringllm_protocol::tcp::{self, control_of};
 use ringllm_protocol::{
     ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TcpDataLink,
@@ -78,7 +78,7 @@ struct SessionHandle {
     /// Closers of the session's data links: dropping the session unblocks its thread.
     closers: Arc<Mutex<Vec<LinkCloser>>>,
     /// A sequence the coordinator released (`u64::MAX`: none).
-    release: Arc<AtomicU64>,
+    release: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Drop for SessionHandle {
@@ -390,7 +390,10 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
                     Control::ReleaseSequence { seq } => {
                         let st = node.lock();
                         if let Some(s) = st.session.as_ref().filter(|s| s.conn_id == conn_id) {
-                            s.release.store(seq, Ordering::SeqCst);
+                            s.release
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(seq);
                         }
                     }
                     Control::Shutdown { reason } => {
@@ -557,6 +560,7 @@ async fn assign(
     }
     .max(1);
     let (ctx, max_batch) = (a.kv_ctx.max(1) as usize, a.max_batch.max(1) as usize);
+    let slots = a.kv_slots.clamp(1, 1024) as usize;
     let n2 = name.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         let model = Model::load(
@@ -574,7 +578,8 @@ async fn assign(
             ctx,
             max_batch,
             kv_type,
-        ) as u64;
+        ) as u64
+            * slots as u64;
         let weights = model.prefault() as u64;
         let (_, avail) = sys::memory();
         if avail > 0 && kv_bytes > avail {
@@ -588,12 +593,11 @@ async fn assign(
             ));
         }
         let runner = Runner::new(Arc::new(model), threads, max_batch, ctx);
-        let kv = runner.new_cache(ctx, kv_type);
-        Ok((runner, kv, weights, kv_bytes))
+        Ok((runner, weights, kv_bytes))
     })
     .await
     .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
-    let (runner, kv, weight_bytes, kv_bytes) = loaded;
+    let (runner, weight_bytes, kv_bytes) = loaded;
     let stats = Arc::new(SessionStats::default());
     // The link to the next node, if the output does not go back to the coordinator.
     let next = match &a.next_hop {
@@ -632,16 +636,17 @@ async fn assign(
         }
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let release = Arc::new(AtomicU64::new(u64::MAX));
+    let release = Arc::new(Mutex::new(Vec::new()));
     let (attach_tx, attach_rx) = std::sync::mpsc::channel::<Attached>();
     let worker = Worker {
         name: name.clone(),
         runner,
-        kv,
+        caches: (0..slots).map(|_| None).collect(),
+        kv_ctx: ctx,
+        kv_type,
         head,
         coord: coord_out.clone(),
         stats: Arc::clone(&stats),
-        seq: None,
         next,
         next_name,
         output_to_coordinator: a.next_hop == NextHop::Coordinator,
@@ -789,17 +794,19 @@ async fn data_conn(
 struct Worker {
     name: String,
     runner: Runner,
-    kv: KvCache,
+    /// One cache per sequence slot, made on first use.
+    caches: Vec<Option<KvCache>>,
+    kv_ctx: usize,
+    kv_type: KvType,
     head: bool,
     coord: mpsc::Sender<Outgoing>,
     stats: Arc<SessionStats>,
-    seq: Option<u64>,
     next: Option<TcpDataLink>,
     next_name: String,
     output_to_coordinator: bool,
     stop: Arc<AtomicBool>,
     closers: Arc<Mutex<Vec<LinkCloser>>>,
-    release: Arc<AtomicU64>,
+    release: Arc<Mutex<Vec<u64>>>,
 }
 
 /// The input link, and the output link when it is a different one.
@@ -867,155 +874,217 @@ impl Worker {
             return;
         };
         debug!("node '{}': data links ready", self.name);
-        let mut buf = Vec::new();
         let mut x: Vec<f32> = Vec::new();
-        loop {
-            let h = match io.input.recv(&mut buf) {
-                Ok(h) => h,
-                Err(e) => {
-                    if !self.stop.load(Ordering::SeqCst) {
-                        let why = if e.is_closed() {
-                            "closed".to_string()
-                        } else {
-                            e.to_string()
-                        };
-                        self.report(
-                            ErrorCode::NextHopUnreachable,
-                            None,
-                            format!(
-                                "node '{}': input link from '{}' {why}",
-                                self.name, io.input_from
-                            ),
-                        );
+        'serve: loop {
+            // A batch: frames up to the first without FLAG_MORE.
+            let mut batch: Vec<(FrameHeader, Vec<u8>)> = Vec::new();
+            loop {
+                let mut buf = Vec::new();
+                let h = match io.input.recv(&mut buf) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        if !self.stop.load(Ordering::SeqCst) {
+                            let why = if e.is_closed() {
+                                "closed".to_string()
+                            } else {
+                                e.to_string()
+                            };
+                            self.report(
+                                ErrorCode::NextHopUnreachable,
+                                None,
+                                format!(
+                                    "node '{}': input link from '{}' {why}",
+                                    self.name, io.input_from
+                                ),
+                            );
+                        }
+                        break 'serve;
                     }
+                };
+                if h.kind == FrameKind::Control {
+                    continue; // the control connection carries control
+                }
+                self.stats.frames_in.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .bytes_in
+                    .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
+                let more = h.flags & FLAG_MORE != 0;
+                batch.push((h, buf));
+                if !more || batch.len() >= self.caches.len() {
                     break;
                 }
-            };
-            if h.kind == FrameKind::Control {
-                continue; // nothing is expected here; the control connection carries control
             }
             let t0 = Instant::now();
-            self.stats.frames_in.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .bytes_in
-                .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
-            let released = self.release.swap(u64::MAX, Ordering::SeqCst);
-            if Some(released) == self.seq {
-                self.kv.truncate(0);
-                self.seq = None;
+            let released: Vec<u64> =
+                std::mem::take(&mut *self.release.lock().unwrap_or_else(|e| e.into_inner()));
+            for seq in released {
+                if let Some(Some(c)) = self.caches.get_mut(seq as usize) {
+                    c.truncate(0);
+                }
             }
-            match self.process(&h, &buf, &mut x) {
-                Ok((oh, payload)) => {
+            match self.process(&batch, &mut x) {
+                Ok(outs) => {
                     let out = match io.output.as_mut() {
                         Some(o) => o,
                         None => &mut io.input,
                     };
-                    if let Err(e) = out.send(&oh, &payload) {
-                        if !self.stop.load(Ordering::SeqCst) {
-                            self.report(
-                                ErrorCode::NextHopUnreachable,
-                                Some(h.seq),
-                                format!(
-                                    "node '{}' cannot send to {}: {e}",
-                                    self.name, self.next_name
-                                ),
-                            );
+                    for (oh, payload) in &outs {
+                        if let Err(e) = out.send(oh, payload) {
+                            if !self.stop.load(Ordering::SeqCst) {
+                                self.report(
+                                    ErrorCode::NextHopUnreachable,
+                                    Some(oh.seq),
+                                    format!(
+                                        "node '{}' cannot send to {}: {e}",
+                                        self.name, self.next_name
+                                    ),
+                                );
+                            }
+                            break 'serve;
                         }
-                        break;
+                        self.stats.frames_out.fetch_add(1, Ordering::Relaxed);
+                        self.stats
+                            .bytes_out
+                            .fetch_add(payload.len() as u64 + 40, Ordering::Relaxed);
                     }
-                    self.stats.frames_out.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .bytes_out
-                        .fetch_add(payload.len() as u64 + 40, Ordering::Relaxed);
                     self.stats
                         .busy_us
                         .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
                 }
-                Err(msg) => self.report(ErrorCode::Compute, Some(h.seq), msg),
+                Err(msg) => {
+                    let seq = batch.first().map(|b| b.0.seq);
+                    self.report(ErrorCode::Compute, seq, msg)
+                }
             }
         }
         debug!("compute thread of node '{}' ends", self.name);
     }
+    /// Runs a batch of frames (one per sequence) through this stage's layers as one pass.
     fn process(
         &mut self,
-        h: &FrameHeader,
-        payload: &[u8],
+        batch: &[(FrameHeader, Vec<u8>)],
         x: &mut Vec<f32>,
-    ) -> Result<Outgoing, String> {
-        let name = &self.name;
+    ) -> Result<Vec<Outgoing>, String> {
+        let name = self.name.clone();
         let d = self.runner.model.hp.d_model;
-        let n = h.n_tokens as usize;
-        if h.dtype != Dtype::F32 || h.bytes_per_token() != d * 4 {
-            return Err(format!(
-                "node '{name}': frame of {} bytes per token in {}, expected {} (f32 × d = {d})",
-                h.bytes_per_token(),
-                h.dtype.name(),
-                d * 4
-            ));
-        }
+        let n: usize = batch.iter().map(|(h, _)| h.n_tokens as usize).sum();
         if n > self.runner.max_batch() {
             return Err(format!(
-                "node '{name}': frame of {n} tokens exceeds the batch limit {}",
+                "node '{name}': a batch of {n} tokens exceeds the limit {}",
                 self.runner.max_batch()
             ));
         }
-        let pos = h.pos as usize;
-        if self.seq != Some(h.seq) {
-            // A new sequence replaces the old one (one sequence at a time for now).
-            self.kv.truncate(0);
-            self.seq = Some(h.seq);
-        }
-        if pos < self.kv.len {
-            if !self.kv.can_truncate_to(pos) {
+        let mut seen = vec![false; self.caches.len()];
+        for (h, _) in batch {
+            if h.dtype != Dtype::F32 || h.bytes_per_token() != d * 4 {
                 return Err(format!(
-                    "node '{name}': cannot rewind sequence {} to position {pos} (sliding-window cache)",
+                    "node '{name}': frame of {} bytes per token in {}, expected {} (f32 × d = {d})",
+                    h.bytes_per_token(),
+                    h.dtype.name(),
+                    d * 4
+                ));
+            }
+            let slot = h.seq as usize;
+            if slot >= self.caches.len() {
+                return Err(format!(
+                    "node '{name}': sequence {} is beyond the {} slots assigned",
+                    h.seq,
+                    self.caches.len()
+                ));
+            }
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(format!(
+                    "node '{name}': sequence {} twice in one batch",
                     h.seq
                 ));
             }
-            self.kv.truncate(pos);
-        } else if pos > self.kv.len {
-            return Err(format!(
-                "node '{name}': frame at position {pos} but the cache holds {} positions of sequence {}",
-                self.kv.len, h.seq
-            ));
+            let (ctx, ty) = (self.kv_ctx, self.kv_type);
+            let cache = self.caches[slot].get_or_insert_with(|| self.runner.new_cache(ctx, ty));
+            let pos = h.pos as usize;
+            if pos < cache.len {
+                if !cache.can_truncate_to(pos) {
+                    return Err(format!(
+                        "node '{name}': cannot rewind sequence {} to position {pos} (sliding-window cache)",
+                        h.seq
+                    ));
+                }
+                cache.truncate(pos);
+            } else if pos > cache.len {
+                return Err(format!(
+                    "node '{name}': frame at position {pos} but the cache holds {} positions of sequence {}",
+                    cache.len, h.seq
+                ));
+            }
         }
         x.resize(n * d, 0.0);
-        le_bytes_to_f32(payload, &mut x[..n * d]).map_err(|e| format!("node '{name}': {e}"))?;
+        let mut row = 0;
+        for (h, payload) in batch {
+            let k = h.n_tokens as usize;
+            le_bytes_to_f32(payload, &mut x[row * d..(row + k) * d])
+                .map_err(|e| format!("node '{name}': {e}"))?;
+            row += k;
+        }
         let t = Instant::now();
-        self.runner
-            .layers(&mut x[..n * d], n, &mut self.kv, None)
-            .map_err(|e| format!("node '{name}': {e}"))?;
-        let mut bytes = Vec::new();
-        let (kind, dtype, n_out) = if self.head {
-            let rows = if h.flags & FLAG_ALL_TOKENS != 0 {
-                0..n
-            } else {
-                n - 1..n
-            };
-            let vocab = self.runner.model.hp.vocab;
-            let xs = &mut x[rows.start * d..rows.end * d];
-            self.runner
-                .final_norm(xs, rows.len())
-                .map_err(|e| format!("node '{name}': {e}"))?;
-            let mut logits = vec![0f32; rows.len() * vocab];
-            self.runner
-                .logits(xs, rows.len(), &mut logits)
-                .map_err(|e| format!("node '{name}': {e}"))?;
-            bytes.reserve(logits.len() * 2);
-            for v in &logits {
-                bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+        {
+            let mut taken: Vec<(usize, KvCache)> = Vec::with_capacity(batch.len());
+            for (h, _) in batch {
+                let slot = h.seq as usize;
+                let c = self.caches[slot]
+                    .take()
+                    .ok_or_else(|| format!("node '{name}': no cache for sequence {}", h.seq))?;
+                taken.push((slot, c));
             }
-            (FrameKind::Logits, Dtype::F16, rows.len())
-        } else {
-            ringllm_protocol::frame::f32_to_le_bytes(&x[..n * d], &mut bytes);
-            (FrameKind::Hidden, Dtype::F32, n)
-        };
+            let mut parts: Vec<(&mut KvCache, usize)> = taken
+                .iter_mut()
+                .zip(batch)
+                .map(|((_, c), (h, _))| (c, h.n_tokens as usize))
+                .collect();
+            let r = self.runner.layers_multi(&mut x[..n * d], &mut parts, None);
+            drop(parts);
+            for (slot, c) in taken {
+                self.caches[slot] = Some(c);
+            }
+            r.map_err(|e| format!("node '{name}': {e}"))?;
+        }
+        let mut outs = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for (h, _) in batch {
+            let k = h.n_tokens as usize;
+            let xs = &mut x[row * d..(row + k) * d];
+            row += k;
+            let mut bytes = Vec::new();
+            let (kind, dtype, n_out) = if self.head {
+                let rows = if h.flags & FLAG_ALL_TOKENS != 0 {
+                    0..k
+                } else {
+                    k - 1..k
+                };
+                let vocab = self.runner.model.hp.vocab;
+                let xr = &mut xs[rows.start * d..rows.end * d];
+                self.runner
+                    .final_norm(xr, rows.len())
+                    .map_err(|e| format!("node '{name}': {e}"))?;
+                let mut logits = vec![0f32; rows.len() * vocab];
+                self.runner
+                    .logits(xr, rows.len(), &mut logits)
+                    .map_err(|e| format!("node '{name}': {e}"))?;
+                bytes.reserve(logits.len() * 2);
+                for v in &logits {
+                    bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+                }
+                (FrameKind::Logits, Dtype::F16, rows.len())
+            } else {
+                ringllm_protocol::frame::f32_to_le_bytes(xs, &mut bytes);
+                (FrameKind::Hidden, Dtype::F32, k)
+            };
+            let oh = FrameHeader::new(kind, dtype, h.seq, h.pos, n_out as u32, h.flags, &bytes)
+                .map_err(|e| format!("node '{name}': {e}"))?;
+            outs.push((oh, bytes));
+        }
         self.stats
             .compute_us
             .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.stats.tokens.fetch_add(n as u64, Ordering::Relaxed);
-        let out = FrameHeader::new(kind, dtype, h.seq, h.pos, n_out as u32, h.flags, &bytes)
-            .map_err(|e| format!("node '{name}': {e}"))?;
-        Ok((out, bytes))
+        Ok(outs)
     }
 }

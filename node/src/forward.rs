@@ -142,15 +142,35 @@ impl Runner {
         x: &mut [f32],
         n: usize,
         kv: &mut KvCache,
+        observer: Option<LayerObserver<'_>>,
+    ) -> Result<(), ModelError> {
+        self.layers_multi(x, &mut [(kv, n)], observer)
+    }
+
+    /// Runs this runner's layers on several sequences at once: `parts[i]` is a sequence's
+    /// cache and how many of its tokens `x` holds, in order (rows of `x` follow `parts`). The
+    /// matrix products see every row together; attention, RoPE and the KV writes are per
+    /// sequence. Every cache advances by its token count.
+    pub fn layers_multi(
+        &mut self,
+        x: &mut [f32],
+        parts: &mut [(&mut KvCache, usize)],
         mut observer: Option<LayerObserver<'_>>,
     ) -> Result<(), ModelError> {
-        let pos = kv.len;
-        if pos + n > kv.ctx {
-            return Err(ModelError::ContextFull {
-                pos,
-                n,
-                ctx: kv.ctx,
-            });
+        let n: usize = parts.iter().map(|p| p.1).sum();
+        for (kv, k) in parts.iter() {
+            if kv.len + k > kv.ctx {
+                return Err(ModelError::ContextFull {
+                    pos: kv.len,
+                    n: *k,
+                    ctx: kv.ctx,
+                });
+            }
+            if kv.layers.len() != self.model.layers.len() {
+                return Err(ModelError::Invalid(
+                    "a KV cache made for other layers".into(),
+                ));
+            }
         }
         if n > self.max_batch {
             return Err(ModelError::Invalid(format!(
@@ -158,28 +178,36 @@ impl Runner {
                 self.max_batch
             )));
         }
+        if n == 0 {
+            return Ok(());
+        }
         let model = Arc::clone(&self.model);
         let d = model.hp.d_model;
         for (i, layer) in model.layers.iter().enumerate() {
             let il = model.layer_range.start + i;
-            self.layer(
-                &model,
-                il,
-                layer,
-                &mut x[..n * d],
-                n,
-                pos,
-                &mut kv.layers[i],
-            );
+            let mut segs: Vec<Seg> = Vec::with_capacity(parts.len());
+            let mut row = 0;
+            for (kv, k) in parts.iter_mut() {
+                let pos = kv.len;
+                segs.push(Seg {
+                    row,
+                    n: *k,
+                    pos,
+                    kv: &mut kv.layers[i],
+                });
+                row += *k;
+            }
+            self.layer(&model, il, layer, &mut x[..n * d], n, &mut segs);
             if let Some(obs) = observer.as_mut() {
                 obs(il, &x[..n * d]);
             }
         }
-        kv.len = pos + n;
+        for (kv, k) in parts.iter_mut() {
+            kv.len += *k;
+        }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
         m: &Model,
@@ -187,8 +215,7 @@ impl Runner {
         l: &Layer,
         x: &mut [f32],
         n: usize,
-        pos: usize,
-        kv: &mut LayerKv,
+        segs: &mut [Seg<'_>],
     ) {
         let hp = &m.hp;
         let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
@@ -241,56 +268,66 @@ impl Runner {
         } else {
             &self.inv_freq_global
         };
-        for t in 0..n {
-            let cs = &mut s.rope[t * half..(t + 1) * half];
-            ops::rope_cos_sin(pos + t, inv, cs);
-            for head in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                ops::rope_apply(head, cs, hp.rope_style);
-            }
-            for head in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                ops::rope_apply(head, cs, hp.rope_style);
+        for seg in segs.iter() {
+            for t in seg.row..seg.row + seg.n {
+                let cs = &mut s.rope[t * half..(t + 1) * half];
+                ops::rope_cos_sin(seg.pos + t - seg.row, inv, cs);
+                for head in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                    ops::rope_apply(head, cs, hp.rope_style);
+                }
+                for head in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                    ops::rope_apply(head, cs, hp.rope_style);
+                }
             }
         }
-        // Store K and V.
-        for t in 0..n {
-            let slot = kv.slot(pos + t);
-            let (ks, vs) = (&s.k[t * kvd..(t + 1) * kvd], &s.v[t * kvd..(t + 1) * kvd]);
-            match (&mut kv.k, &mut kv.v) {
+        for seg in segs.iter_mut() {
+            let kv = &mut *seg.kv;
+            // Store K and V.
+            for t in 0..seg.n {
+                let slot = kv.slot(seg.pos + t);
+                let r = seg.row + t;
+                let (ks, vs) = (&s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
+                match (&mut kv.k, &mut kv.v) {
+                    (KvBuf::F32(kb), KvBuf::F32(vb)) => {
+                        kb[slot * kvd..(slot + 1) * kvd].copy_from_slice(ks);
+                        vb[slot * kvd..(slot + 1) * kvd].copy_from_slice(vs);
+                    }
+                    (KvBuf::F16(kb), KvBuf::F16(vb)) => {
+                        for (dst, src) in kb[slot * kvd..(slot + 1) * kvd].iter_mut().zip(ks) {
+                            *dst = half::f16::from_f32(*src);
+                        }
+                        for (dst, src) in vb[slot * kvd..(slot + 1) * kvd].iter_mut().zip(vs) {
+                            *dst = half::f16::from_f32(*src);
+                        }
+                    }
+                    _ => unreachable!("K and V buffers share one type"),
+                }
+            }
+            let args = AttnArgs {
+                n: seg.n,
+                pos: seg.pos,
+                n_head: hp.n_head,
+                group: hp.n_head / hp.n_head_kv,
+                head_dim: hd,
+                qd,
+                kvd,
+                scale: hp.query_scale,
+                kv,
+                scores_stride: self.scores_stride,
+            };
+            let (q, att) = (
+                &s.q[seg.row * qd..(seg.row + seg.n) * qd],
+                &mut s.att[seg.row * qd..(seg.row + seg.n) * qd],
+            );
+            match (&args.kv.k, &args.kv.v) {
                 (KvBuf::F32(kb), KvBuf::F32(vb)) => {
-                    kb[slot * kvd..(slot + 1) * kvd].copy_from_slice(ks);
-                    vb[slot * kvd..(slot + 1) * kvd].copy_from_slice(vs);
+                    attention(pool, &args, kb, vb, q, att, &mut s.scores)
                 }
                 (KvBuf::F16(kb), KvBuf::F16(vb)) => {
-                    for (dst, src) in kb[slot * kvd..(slot + 1) * kvd].iter_mut().zip(ks) {
-                        *dst = half::f16::from_f32(*src);
-                    }
-                    for (dst, src) in vb[slot * kvd..(slot + 1) * kvd].iter_mut().zip(vs) {
-                        *dst = half::f16::from_f32(*src);
-                    }
+                    attention(pool, &args, kb, vb, q, att, &mut s.scores)
                 }
                 _ => unreachable!("K and V buffers share one type"),
             }
-        }
-        let args = AttnArgs {
-            n,
-            pos,
-            n_head: hp.n_head,
-            group: hp.n_head / hp.n_head_kv,
-            head_dim: hd,
-            qd,
-            kvd,
-            scale: hp.query_scale,
-            kv,
-            scores_stride: self.scores_stride,
-        };
-        match (&args.kv.k, &args.kv.v) {
-            (KvBuf::F32(kb), KvBuf::F32(vb)) => {
-                attention(pool, &args, kb, vb, &s.q, &mut s.att, &mut s.scores)
-            }
-            (KvBuf::F16(kb), KvBuf::F16(vb)) => {
-                attention(pool, &args, kb, vb, &s.q, &mut s.att, &mut s.scores)
-            }
-            _ => unreachable!("K and V buffers share one type"),
         }
         matmul(
             pool,
@@ -425,6 +462,14 @@ fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: fn(f32) ->
             }
         }
     });
+}
+
+/// One sequence's rows within a multi-sequence batch, and its cache for the current layer.
+struct Seg<'a> {
+    row: usize,
+    n: usize,
+    pos: usize,
+    kv: &'a mut LayerKv,
 }
 
 struct AttnArgs<'a> {

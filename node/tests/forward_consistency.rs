@@ -129,3 +129,78 @@ fn context_overflow_is_an_error() {
         .expect_err("token past the vocabulary");
     assert!(bad.to_string().contains("outside the vocabulary"), "{bad}");
 }
+
+/// Three sequences of different lengths, prefilled together and then decoded together (one
+/// token each per step, at different positions), give the logits each gets alone.
+#[test]
+fn several_sequences_in_one_batch_match_each_alone() {
+    for arch in [SynthArch::Llama, SynthArch::Gemma3] {
+        for ty in [GgmlType::F32, GgmlType::Q8_0] {
+            let m = model(arch, ty);
+            let (d, vocab) = (m.hp.d_model, m.hp.vocab);
+            let seqs: Vec<Vec<u32>> = [5usize, 11, 3]
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| {
+                    (0..n)
+                        .map(|i| (3 + (i * 37 + k * 101) % (vocab - 3)) as u32)
+                        .collect()
+                })
+                .collect();
+            let steps = 12; // decode steps: past the synthetic Gemma's window of 8
+                            // Alone: prompt, then one token at a time (the token fed is fixed, not sampled).
+            let alone: Vec<Vec<f32>> = seqs
+                .iter()
+                .map(|s| {
+                    let mut all = s.clone();
+                    all.extend((0..steps).map(|i| (7 + i * 13) as u32 % vocab as u32));
+                    let l = logits_all(&m, &all, 1, 1, KvType::F32);
+                    l[(s.len() - 1) * vocab..].to_vec()
+                })
+                .collect();
+            // Together.
+            let mut r = Runner::new(Arc::clone(&m), 2, 32, 64);
+            let mut caches: Vec<_> = (0..3).map(|_| r.new_cache(64, KvType::F32)).collect();
+            let mut got: Vec<Vec<f32>> = vec![Vec::new(); 3];
+            for step in 0..=steps {
+                let feed: Vec<Vec<u32>> = if step == 0 {
+                    seqs.clone()
+                } else {
+                    (0..3)
+                        .map(|_| vec![(7 + (step - 1) * 13) as u32 % vocab as u32])
+                        .collect()
+                };
+                let n: usize = feed.iter().map(|f| f.len()).sum();
+                let flat: Vec<u32> = feed.iter().flatten().copied().collect();
+                let mut x = vec![0f32; n * d];
+                r.embed(&flat, &mut x).expect("embed");
+                {
+                    let mut parts: Vec<(&mut ringllm_node::KvCache, usize)> = caches
+                        .iter_mut()
+                        .zip(&feed)
+                        .map(|(c, f)| (c, f.len()))
+                        .collect();
+                    r.layers_multi(&mut x, &mut parts, None).expect("layers");
+                }
+                // The last row of each sequence.
+                let mut row = 0;
+                for (k, f) in feed.iter().enumerate() {
+                    row += f.len();
+                    let mut last = x[(row - 1) * d..row * d].to_vec();
+                    r.final_norm(&mut last, 1).expect("norm");
+                    let mut l = vec![0f32; vocab];
+                    r.logits(&last, 1, &mut l).expect("logits");
+                    got[k].extend(l);
+                }
+            }
+            for k in 0..3 {
+                assert_eq!(got[k].len(), alone[k].len());
+                // Every row's products and attention are computed as they are alone: equal
+                // to the bit.
+                let e = max_rel(&got[k], &alone[k]);
+                assert!(got[k] == alone[k], "{arch:?} {ty:?} sequence {k}: {e}");
+                assert_eq!(caches[k].len, seqs[k].len() + steps);
+            }
+        }
+    }
+}

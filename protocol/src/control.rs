@@ -73,6 +73,8 @@ pub struct Assignment {
     pub max_batch: u32,
     /// Worker threads for this stage (0: the node's own default).
     pub threads: u32,
+    /// Sequences this stage keeps a KV cache for at once; frames carry sequence ids below it.
+    pub kv_slots: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

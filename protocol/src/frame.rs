@@ -30,7 +30,11 @@ pub const DEFAULT_MAX_PAYLOAD: u32 = 256 << 20;
 
 /// Ask the last stage to return the output of every token, not only the last one.
 pub const FLAG_ALL_TOKENS: u32 = 1;
-const KNOWN_FLAGS: u32 = FLAG_ALL_TOKENS;
+/// More frames of the same batch follow: a node runs every frame up to the first one without
+/// this flag as one batch, and marks its outputs the same way.
+pub const FLAG_MORE: u32 = 2;
+/// Every flag this version knows.
+pub const KNOWN_FLAGS: u32 = FLAG_ALL_TOKENS | FLAG_MORE;
 
 /// What a frame carries. Discriminants are part of the wire format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,7 +7,9 @@ use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, ModelIdentity, NextHop, Ready,
     Stats,
 };
-use ringllm_protocol::frame::{FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, MAX_CONTROL_LEN};
+use ringllm_protocol::frame::{
+    FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, KNOWN_FLAGS, MAX_CONTROL_LEN,
+};
 use ringllm_protocol::handshake::{Hello, HsMsg, MAX_BODY, MAX_NAME, MSG_HEADER_LEN};
 use ringllm_protocol::{Dtype, FrameHeader, FrameKind, ProtocolError, Role, HEADER_LEN};
 
@@ -29,7 +31,7 @@ fn any_dtype() -> impl Strategy<Value = Dtype> {
 }
 
 fn flags() -> impl Strategy<Value = u32> {
-    prop_oneof![Just(0), Just(FLAG_ALL_TOKENS)]
+    prop_oneof![Just(0), Just(FLAG_ALL_TOKENS), Just(KNOWN_FLAGS)]
 }
 
 /// Any header `decode` must accept (with `max_payload = u32::MAX`), with an arbitrary CRC.
@@ -183,13 +185,19 @@ fn assignment() -> impl Strategy<Value = Assignment> {
             next_hop(),
             any_dtype(),
         ),
-        (any::<u32>(), text(), any::<u32>(), any::<u32>()),
+        (
+            any::<u32>(),
+            text(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+        ),
     )
         .prop_map(
             |(
                 (session, model, layer_start, layer_end),
                 (head, input, next_hop, activations),
-                (kv_ctx, kv_type, max_batch, threads),
+                (kv_ctx, kv_type, max_batch, threads, kv_slots),
             )| Assignment {
                 session,
                 model,
@@ -203,6 +211,7 @@ fn assignment() -> impl Strategy<Value = Assignment> {
                 kv_type,
                 max_batch,
                 threads,
+                kv_slots,
             },
         )
 }
@@ -455,7 +464,7 @@ proptest! {
         b[28..32].copy_from_slice(&flags.to_le_bytes());
         b[32..36].copy_from_slice(&reserved.to_le_bytes());
         if let Ok(h) = FrameHeader::decode(&b, max) {
-            prop_assert_eq!(h.flags & !FLAG_ALL_TOKENS, 0);
+            prop_assert_eq!(h.flags & !KNOWN_FLAGS, 0);
             prop_assert_eq!(u32::from_le_bytes([b[32], b[33], b[34], b[35]]), 0);
             if h.kind == FrameKind::Control {
                 prop_assert!(h.len <= MAX_CONTROL_LEN);
@@ -510,7 +519,7 @@ proptest! {
     }
 
     #[test]
-    fn unknown_flags_and_reserved_bits_are_refused(flag_bit in 1u32..32, reserved in 1u32..) {
+    fn unknown_flags_and_reserved_bits_are_refused(flag_bit in 2u32..32, reserved in 1u32..) {
         let f = FrameHeader::decode(&raw_header(2, 1, 1, 4, 1 << flag_bit, 0), u32::MAX);
         prop_assert!(
             matches!(f, Err(ProtocolError::BadField { field: "frame flags", .. })),
@@ -726,6 +735,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 kv_type: "f16".into(),
                 max_batch: 32,
                 threads: 0,
+                kv_slots: 8,
             }),
             1,
         ),

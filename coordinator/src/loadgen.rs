@@ -1,0 +1,204 @@
+//! `ringllm bench --serve URL --concurrency 1,2,4,8`: a load generator for a running server.
+//! Each client sends streaming completions one after another; per concurrency level it
+//! reports the aggregate decode tokens/s, the mean per-request tokens/s, and time to first
+//! token (p50/p99). Plain HTTP/1.1 over a socket: no client library between us and the server.
+
+use crate::cli::BenchArgs;
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Serialize)]
+struct Level {
+    concurrency: usize,
+    requests: usize,
+    aggregate_tokens_per_s: f64,
+    per_request_tokens_per_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p99_ms: f64,
+}
+
+struct One {
+    ttft: Duration,
+    tokens: usize,
+    decode: Duration,
+}
+
+fn host_port(url: &str) -> Result<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("--serve takes http://HOST:PORT, not '{url}'"))?;
+    Ok(rest
+        .trim_end_matches('/')
+        .trim_end_matches("/v1")
+        .to_string())
+}
+
+/// One streaming completion; returns time to first token, tokens and the decode time after it.
+fn request(
+    addr: &str,
+    key: Option<&str>,
+    model: &str,
+    prompt: &str,
+    max_tokens: usize,
+) -> Result<One> {
+    let body = serde_json::json!({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
+        "temperature": 0.8, "seed": 1, "stream_options": {"include_usage": true},
+    })
+    .to_string();
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut r = BufReader::new(s);
+    let mut status = String::new();
+    r.read_line(&mut status)?;
+    if !status.contains(" 200 ") {
+        bail!("server answered {}", status.trim());
+    }
+    let mut first: Option<Instant> = None;
+    let mut tokens = 0usize;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            break;
+        }
+        let Some(data) = line.trim_end().strip_prefix("data: ") else {
+            continue; // headers, chunk sizes, blank lines
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+        if let Some(u) = v.get("usage").and_then(|u| u.get("completion_tokens")) {
+            tokens = u.as_u64().unwrap_or(0) as usize;
+        }
+        let has_text = v["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty());
+        if has_text && first.is_none() {
+            first = Some(Instant::now());
+        }
+    }
+    let end = Instant::now();
+    let first = first.unwrap_or(end);
+    Ok(One {
+        ttft: first - t0,
+        tokens,
+        decode: end - first,
+    })
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
+    let addr = host_port(url)?;
+    // The model id from /v1/models.
+    let model = {
+        let mut s = TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
+        let auth = args
+            .api_key
+            .as_deref()
+            .map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+        write!(
+            s,
+            "GET /v1/models HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text)?;
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+        let v: serde_json::Value =
+            serde_json::from_str(body).map_err(|e| anyhow!("GET /v1/models: not JSON ({e})"))?;
+        v["data"][0]["id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("GET /v1/models lists no model"))?
+            .to_string()
+    };
+    let gen = args.gen.first().copied().unwrap_or(64).max(1);
+    let per_client = args.repeat.max(1);
+    let mut levels = Vec::new();
+    for &c in &args.concurrency {
+        let c = c.max(1);
+        let t0 = Instant::now();
+        let results: Vec<Result<Vec<One>>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..c)
+                .map(|i| {
+                    let (addr, model) = (&addr, &model);
+                    let key = args.api_key.as_deref();
+                    sc.spawn(move || {
+                        (0..per_client)
+                            .map(|j| {
+                                let prompt = format!("Story {i}-{j}: once upon a time");
+                                request(addr, key, model, &prompt, gen)
+                            })
+                            .collect::<Result<Vec<One>>>()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow!("client thread panicked")))
+                })
+                .collect()
+        });
+        let wall = t0.elapsed().as_secs_f64();
+        let mut all = Vec::new();
+        for r in results {
+            all.extend(r?);
+        }
+        let tokens: usize = all.iter().map(|o| o.tokens).sum();
+        let mut ttft: Vec<f64> = all.iter().map(|o| o.ttft.as_secs_f64() * 1e3).collect();
+        let per_req: Vec<f64> = all
+            .iter()
+            .filter(|o| o.tokens > 1)
+            .map(|o| (o.tokens - 1) as f64 / o.decode.as_secs_f64().max(1e-9))
+            .collect();
+        levels.push(Level {
+            concurrency: c,
+            requests: all.len(),
+            aggregate_tokens_per_s: tokens as f64 / wall,
+            per_request_tokens_per_s: per_req.iter().sum::<f64>() / per_req.len().max(1) as f64,
+            ttft_p50_ms: percentile(&mut ttft, 0.5),
+            ttft_p99_ms: percentile(&mut ttft, 0.99),
+        });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&levels)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let base = levels.first().map_or(1.0, |l| l.aggregate_tokens_per_s);
+    println!("| clients | requests | aggregate t/s | vs 1 client | per request t/s | TTFT p50 ms | TTFT p99 ms |");
+    println!("| ------: | -------: | ------------: | ----------: | --------------: | ----------: | ----------: |");
+    for l in &levels {
+        println!(
+            "| {:>7} | {:>8} | {:>13.1} | {:>10.2}x | {:>15.1} | {:>11.0} | {:>11.0} |",
+            l.concurrency,
+            l.requests,
+            l.aggregate_tokens_per_s,
+            l.aggregate_tokens_per_s / base.max(1e-9),
+            l.per_request_tokens_per_s,
+            l.ttft_p50_ms,
+            l.ttft_p99_ms
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

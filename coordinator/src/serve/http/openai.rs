@@ -1,0 +1,608 @@
+//! OpenAI's wire format: request bodies and their checks, response objects, SSE chunks.
+
+use super::{ApiError, CancelOnDrop, Collected};
+use crate::serve::{Finish, GenEvent, Sampling, TokenLogprob};
+use axum::body::Bytes;
+use ringllm::template::Message;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+
+/// Most stop strings per request.
+const MAX_STOP: usize = 16;
+/// Most alternatives per token: 20 for chat (`top_logprobs`), 5 for the legacy `logprobs`.
+const MAX_TOP_LOGPROBS_CHAT: u64 = 20;
+const MAX_LOGPROBS_COMPLETION: u64 = 5;
+
+/// The body of both generation endpoints; unknown fields are ignored (front ends send many).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct Body {
+    pub model: Option<String>,
+    /// Chat only.
+    pub messages: Option<Vec<InMessage>>,
+    /// Completions only: a string, an array of one string, or token ids.
+    pub prompt: Option<Value>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u64>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// llama.cpp's name for `repetition_penalty`.
+    pub repeat_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<serde_json::Number>,
+    pub stop: Option<Value>,
+    pub n: Option<u64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Chat: a bool; completions: an integer (how many alternatives).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct InMessage {
+    pub role: String,
+    /// A string, an array of `{type: "text", text}` parts, or null.
+    #[serde(default)]
+    pub content: Option<Value>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Chat,
+    Completion,
+}
+
+impl Kind {
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Completion => "prompt",
+        }
+    }
+}
+
+/// A request's checked settings.
+#[derive(Debug)]
+pub(super) struct Params {
+    pub kind: Kind,
+    /// `None`: as many as the context leaves.
+    pub max_tokens: Option<u64>,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn bad(param: &'static str, message: String) -> ApiError {
+    ApiError::invalid(message).param(param)
+}
+
+/// `v` (or `default`) when within `lo..=hi`.
+fn within(
+    v: Option<f32>,
+    param: &'static str,
+    lo: f32,
+    hi: f32,
+    default: f32,
+) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if (lo..=hi).contains(&x) => Ok(x),
+        Some(x) => Err(bad(
+            param,
+            format!("`{param}` must be between {lo} and {hi}, not {x}"),
+        )),
+    }
+}
+
+impl Params {
+    pub fn from_body(b: &Body, kind: Kind) -> Result<Params, ApiError> {
+        if let Some(n) = b.n.filter(|&n| n != 1) {
+            return Err(bad("n", format!("only n = 1 is supported, not {n}")));
+        }
+        if kind == Kind::Completion {
+            if b.echo == Some(true) {
+                return Err(bad("echo", "`echo` is not supported".into()));
+            }
+            if b.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+                return Err(bad("suffix", "`suffix` is not supported".into()));
+            }
+            if let Some(n) = b.best_of.filter(|&n| n > 1) {
+                return Err(bad(
+                    "best_of",
+                    format!("only best_of = 1 is supported, not {n}"),
+                ));
+            }
+        }
+        let (max_param, max_tokens) = match b.max_completion_tokens {
+            Some(m) => ("max_completion_tokens", Some(m)),
+            None => ("max_tokens", b.max_tokens),
+        };
+        if max_tokens == Some(0) {
+            return Err(bad(max_param, format!("`{max_param}` must be at least 1")));
+        }
+        let (rep_param, rep) = match b.repetition_penalty {
+            Some(r) => ("repetition_penalty", Some(r)),
+            None => ("repeat_penalty", b.repeat_penalty),
+        };
+        let seed = match &b.seed {
+            None => None,
+            Some(n) => Some(
+                n.as_u64()
+                    .or_else(|| n.as_i64().map(|i| i as u64))
+                    .ok_or_else(|| bad("seed", format!("`seed` must be an integer, not {n}")))?,
+            ),
+        };
+        let sampling = Sampling {
+            temperature: within(b.temperature, "temperature", 0.0, 2.0, 1.0)?,
+            top_p: within(b.top_p, "top_p", 0.0, 1.0, 1.0)?,
+            // vLLM and others send -1 for "off".
+            top_k: b.top_k.map_or(0, |k| k.max(0) as usize),
+            min_p: within(b.min_p, "min_p", 0.0, 1.0, 0.0)?,
+            repetition_penalty: match rep {
+                Some(r) if !(r > 0.0 && r <= 10.0) => {
+                    return Err(bad(
+                        rep_param,
+                        format!("`{rep_param}` must be in (0, 10], not {r}"),
+                    ))
+                }
+                r => r.unwrap_or(1.0),
+            },
+            frequency_penalty: within(b.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
+            presence_penalty: within(b.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
+            seed,
+        };
+        let stream = b.stream.unwrap_or(false);
+        Ok(Params {
+            kind,
+            max_tokens,
+            sampling,
+            stop: stop_strings(b.stop.as_ref())?,
+            logprobs: logprobs(b, kind)?,
+            stream,
+            include_usage: stream
+                && b.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
+        })
+    }
+}
+
+fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let all = match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                bad(
+                    "stop",
+                    "`stop` must be a string or an array of strings".into(),
+                )
+            })?,
+        Some(_) => {
+            return Err(bad(
+                "stop",
+                "`stop` must be a string or an array of strings".into(),
+            ))
+        }
+    };
+    if all.len() > MAX_STOP {
+        return Err(bad(
+            "stop",
+            format!("at most {MAX_STOP} stop strings, not {}", all.len()),
+        ));
+    }
+    Ok(all.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+fn logprobs(b: &Body, kind: Kind) -> Result<Option<usize>, ApiError> {
+    if let Some(k) = b.top_logprobs.filter(|&k| k > MAX_TOP_LOGPROBS_CHAT) {
+        return Err(bad(
+            "top_logprobs",
+            format!("`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS_CHAT}, not {k}"),
+        ));
+    }
+    match (kind, &b.logprobs) {
+        (_, None | Some(Value::Null) | Some(Value::Bool(false))) => Ok(None),
+        (Kind::Chat, Some(Value::Bool(true))) => Ok(Some(b.top_logprobs.unwrap_or(0) as usize)),
+        (Kind::Chat, Some(_)) => Err(bad("logprobs", "`logprobs` must be true or false".into())),
+        (Kind::Completion, Some(Value::Bool(true))) => Ok(Some(0)),
+        (Kind::Completion, Some(v)) => match v.as_u64() {
+            Some(k) if k <= MAX_LOGPROBS_COMPLETION => Ok(Some(k as usize)),
+            _ => Err(bad(
+                "logprobs",
+                format!("`logprobs` must be an integer between 0 and {MAX_LOGPROBS_COMPLETION}, not {v}"),
+            )),
+        },
+    }
+}
+
+/// The conversation for the template: roles checked, content parts joined.
+pub(super) fn chat_messages(messages: Option<Vec<InMessage>>) -> Result<Vec<Message>, ApiError> {
+    let messages = messages.ok_or_else(|| bad("messages", "`messages` is missing".into()))?;
+    if messages.is_empty() {
+        return Err(bad("messages", "`messages` is empty".into()));
+    }
+    messages
+        .into_iter()
+        .map(|m| {
+            let role = match m.role.as_str() {
+                "system" | "user" | "assistant" => m.role,
+                // OpenAI's newer name for the system prompt.
+                "developer" => "system".into(),
+                other => {
+                    return Err(bad(
+                        "messages",
+                        format!("role `{other}` is not supported (system, user, assistant)"),
+                    ))
+                }
+            };
+            let content = match m.content {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s,
+                Some(Value::Array(parts)) => {
+                    let texts = parts
+                        .iter()
+                        .map(|p| match p.get("type").and_then(Value::as_str) {
+                            Some("text") => {
+                                p.get("text").and_then(Value::as_str).ok_or_else(|| {
+                                    bad("messages", "a text part has no `text` string".into())
+                                })
+                            }
+                            Some(t) => Err(bad(
+                                "messages",
+                                format!(
+                                    "content parts of type `{t}` are not supported (only text)"
+                                ),
+                            )),
+                            None => Err(bad("messages", "a content part has no `type`".into())),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    texts.join("\n")
+                }
+                Some(_) => {
+                    return Err(bad(
+                        "messages",
+                        "`content` must be a string or an array of text parts".into(),
+                    ))
+                }
+            };
+            Ok(Message { role, content })
+        })
+        .collect()
+}
+
+pub(super) enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// `/v1/completions`' prompt: a string, `[string]`, `[id, …]` or `[[id, …]]`.
+pub(super) fn completion_prompt(v: Option<Value>) -> Result<PromptInput, ApiError> {
+    let wrong = || {
+        bad(
+            "prompt",
+            "`prompt` must be a string, an array of one string, or an array of token ids".into(),
+        )
+    };
+    let ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items
+            .iter()
+            .map(|i| i.as_u64().and_then(|x| u32::try_from(x).ok()))
+            .collect()
+    };
+    match v {
+        None | Some(Value::Null) => Err(bad("prompt", "`prompt` is missing".into())),
+        Some(Value::String(s)) => Ok(PromptInput::Text(s)),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => Err(bad("prompt", "`prompt` is empty".into())),
+            [Value::String(s)] => Ok(PromptInput::Text(s.clone())),
+            [Value::Array(inner)] => ids(inner).map(PromptInput::Tokens).ok_or_else(wrong),
+            [Value::String(_) | Value::Array(_), ..] => Err(bad(
+                "prompt",
+                format!(
+                    "only one prompt per request is supported, not {}",
+                    items.len()
+                ),
+            )),
+            _ => ids(&items).map(PromptInput::Tokens).ok_or_else(wrong),
+        },
+        Some(_) => Err(wrong()),
+    }
+}
+
+pub(crate) struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+}
+
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// OpenAI has no "cancelled": a request cut short by a shutdown reads as truncated.
+fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length | Finish::Cancelled => "length",
+    }
+}
+
+/// Builds the response objects of one request.
+pub(super) struct Reply {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+    include_usage: bool,
+}
+
+impl Reply {
+    pub fn new(p: &Params, model: String) -> Reply {
+        let prefix = match p.kind {
+            Kind::Chat => "chatcmpl-",
+            Kind::Completion => "cmpl-",
+        };
+        Reply {
+            kind: p.kind,
+            id: format!("{prefix}{:032x}", rand::random::<u128>()),
+            created: unix_now(),
+            model,
+            logprobs: p.logprobs.is_some(),
+            include_usage: p.include_usage,
+        }
+    }
+
+    fn object(&self, streamed: bool) -> &'static str {
+        match (self.kind, streamed) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// `logprobs` of a choice for these tokens (with their text offsets).
+    fn logprobs_json(&self, items: &[(TokenLogprob, usize)]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = items
+                    .iter()
+                    .map(|(lp, _)| {
+                        json!({
+                            "token": lp.token,
+                            "logprob": lp.logprob,
+                            "bytes": lp.bytes,
+                            "top_logprobs": lp.top,
+                        })
+                    })
+                    .collect();
+                json!({ "content": content })
+            }
+            Kind::Completion => {
+                let top: Vec<Value> = items
+                    .iter()
+                    .map(|(lp, _)| {
+                        let m: serde_json::Map<String, Value> = lp
+                            .top
+                            .iter()
+                            .map(|t| (t.token.clone(), json!(t.logprob)))
+                            .collect();
+                        Value::Object(m)
+                    })
+                    .collect();
+                json!({
+                    "tokens": items.iter().map(|(lp, _)| &lp.token).collect::<Vec<_>>(),
+                    "token_logprobs": items.iter().map(|(lp, _)| lp.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": items.iter().map(|(_, o)| *o).collect::<Vec<_>>(),
+                })
+            }
+        }
+    }
+
+    /// The non-streamed response.
+    pub fn whole(&self, c: &Collected) -> Value {
+        let mut choice = json!({
+            "index": 0,
+            "logprobs": self.logprobs_json(&c.logprobs),
+            "finish_reason": finish_reason(c.finish),
+        });
+        match self.kind {
+            Kind::Chat => {
+                choice["message"] = json!({"role": "assistant", "content": c.text});
+            }
+            Kind::Completion => choice["text"] = json!(c.text),
+        }
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": c.usage.json(),
+        })
+    }
+
+    /// One streamed chunk: `text` (chat: the delta's content), optionally the role, the
+    /// tokens' log-probabilities, and the finish reason.
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        role: bool,
+        logprobs: Value,
+        finish: Option<Finish>,
+    ) -> Value {
+        let mut choice = json!({
+            "index": 0,
+            "logprobs": logprobs,
+            "finish_reason": finish.map(finish_reason),
+        });
+        match self.kind {
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                choice["delta"] = Value::Object(delta);
+            }
+            Kind::Completion => choice["text"] = json!(text.unwrap_or("")),
+        }
+        self.envelope(json!([choice]), Value::Null)
+    }
+
+    fn envelope(&self, choices: Value, usage: Value) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            v["usage"] = usage;
+        }
+        v
+    }
+}
+
+fn event(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+const DONE: &str = "data: [DONE]\n\n";
+
+/// Turns a request's events into SSE text; owns the cancel guard, so dropping the stream
+/// (the client went away) cancels the request.
+struct Streamer {
+    reply: Reply,
+    rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    guard: CancelOnDrop,
+    started: bool,
+    ended: bool,
+    /// Characters sent so far (the legacy `text_offset`).
+    chars: usize,
+}
+
+impl Streamer {
+    async fn next(&mut self) -> Option<String> {
+        if self.ended {
+            return None;
+        }
+        if !self.started {
+            self.started = true;
+            if self.reply.kind == Kind::Chat {
+                return Some(event(&self.reply.chunk(Some(""), true, Value::Null, None)));
+            }
+        }
+        loop {
+            match self.rx.recv().await {
+                Some(GenEvent::Token { text, logprob, .. }) => {
+                    if text.is_empty() && logprob.is_none() {
+                        continue;
+                    }
+                    let lp = match logprob {
+                        Some(lp) => self.reply.logprobs_json(&[(lp, self.chars)]),
+                        None => Value::Null,
+                    };
+                    self.chars += text.chars().count();
+                    return Some(event(&self.reply.chunk(Some(&text), false, lp, None)));
+                }
+                Some(GenEvent::Done {
+                    finish,
+                    text,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                }) => {
+                    self.guard.disarm();
+                    self.ended = true;
+                    let mut out = String::new();
+                    if !text.is_empty() {
+                        out += &event(&self.reply.chunk(Some(&text), false, Value::Null, None));
+                    }
+                    out += &event(&self.reply.chunk(None, false, Value::Null, Some(finish)));
+                    if self.reply.include_usage {
+                        let usage = Usage {
+                            prompt_tokens,
+                            completion_tokens,
+                            cached_tokens,
+                        };
+                        out += &event(&self.reply.envelope(json!([]), usage.json()));
+                    }
+                    out += DONE;
+                    return Some(out);
+                }
+                Some(GenEvent::Error { message }) => return Some(self.fail(message)),
+                None => {
+                    return Some(
+                        self.fail("the engine stopped before finishing the request".into()),
+                    )
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, message: String) -> String {
+        self.guard.disarm();
+        self.ended = true;
+        event(&ApiError::server(message).body()) + DONE
+    }
+}
+
+/// The SSE body of a streamed request.
+pub(super) fn sse(
+    reply: Reply,
+    rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    guard: CancelOnDrop,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+    let s = Streamer {
+        reply,
+        rx,
+        guard,
+        started: false,
+        ended: false,
+        chars: 0,
+    };
+    futures_util::stream::unfold(s, |mut s| async move {
+        let text = s.next().await?;
+        Some((Ok(Bytes::from(text)), s))
+    })
+}

@@ -1,0 +1,286 @@
+//! Serving: an OpenAI-compatible HTTP API (`http`) in front of a batching scheduler
+//! (`scheduler`) that keeps many sequences in flight. The two meet at `Backend`.
+
+pub mod http;
+pub mod ring_step;
+pub mod scheduler;
+
+use ringllm::template::ChatTemplate;
+use ringllm::tokenizer::Tokenizer;
+use serde::Serialize;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Sampling settings of one request (OpenAI names; the scheduler maps them to its sampler).
+#[derive(Clone, Debug)]
+pub struct Sampling {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1 = off (llama.cpp-style multiplicative penalty over the last 64 tokens).
+    pub repetition_penalty: f32,
+    /// OpenAI's additive penalties over the generated tokens; 0 = off.
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub seed: Option<u64>,
+}
+
+/// One generation request, already tokenized.
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    /// Upper bound on generated tokens (the scheduler also stops at the context's end).
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Stop strings: never part of the output; matched across streamed pieces.
+    pub stop: Vec<String>,
+    /// `None`: no log-probabilities; `Some(k)`: the chosen token's and the top `k` (0..=20).
+    pub logprobs: Option<usize>,
+    /// Where the scheduler sends this request's events (tokens, then exactly one `Done` or
+    /// `Error`).
+    pub events: tokio::sync::mpsc::UnboundedSender<GenEvent>,
+    /// Set by the HTTP layer when the client goes away: the scheduler stops the sequence and
+    /// frees its slot.
+    pub cancel: Arc<AtomicBool>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TokenLogprob {
+    /// The chosen token's text (its own piece, not the released text).
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Clone, Debug, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    Stop,
+    Length,
+    /// The client went away or the server is shutting down.
+    Cancelled,
+}
+
+#[derive(Clone, Debug)]
+pub enum GenEvent {
+    /// One generated token. `text` is what may be shown now: stop-string look-ahead may hold
+    /// text back (empty `text`) and release it with a later token, and incomplete UTF-8 is
+    /// held until complete.
+    Token {
+        /// The token id (the HTTP layer shows text; tests and tools read ids).
+        #[allow(dead_code)]
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end. `text` is any held-back text released at the end.
+    Done {
+        finish: Finish,
+        text: String,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        /// Prompt tokens whose KV came from an earlier request (prefix reuse).
+        cached_tokens: usize,
+    },
+    Error {
+        message: String,
+    },
+}
+
+/// Why a request was not queued.
+#[derive(Clone, Debug)]
+pub enum SubmitError {
+    /// Every slot is busy and the queue is full.
+    QueueFull {
+        retry_after_s: u64,
+    },
+    ShuttingDown,
+    /// The request cannot be served at all (message for a 400).
+    Invalid(String),
+}
+
+/// Counters for `/metrics`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Metrics {
+    pub requests_total: u64,
+    pub requests_failed: u64,
+    pub prompt_tokens_total: u64,
+    pub completion_tokens_total: u64,
+    pub queue_depth: u64,
+    pub slots_total: u64,
+    pub slots_busy: u64,
+    /// Decode tokens per second over the last few seconds, all sequences together.
+    pub decode_tokens_per_s: f64,
+    /// (node name, mean ms per hop of the last frames); empty on one machine.
+    pub node_latency_ms: Vec<(String, f64)>,
+}
+
+/// What the HTTP layer needs from an engine.
+pub trait Backend: Send + Sync + 'static {
+    /// Queues a request; its events arrive on `req.events`.
+    fn submit(&self, req: GenRequest) -> Result<(), SubmitError>;
+    /// The model's id in `/v1/models` (the file name without `.gguf`).
+    fn model_id(&self) -> String;
+    fn tokenizer(&self) -> &Tokenizer;
+    /// The chat template, if the model has one (or `--template` gave one).
+    fn template(&self) -> Option<&ChatTemplate>;
+    /// Whether raw prompts (`/v1/completions`) get BOS.
+    fn add_bos(&self) -> bool;
+    /// Context size: prompt + max_tokens beyond it is trimmed to it, a prompt that does not
+    /// fit is a 400.
+    fn ctx(&self) -> usize;
+    fn metrics(&self) -> Metrics;
+    /// Stop taking requests; cancel or finish what runs, then return.
+    fn shutdown(&self);
+}
+
+/// `ringllm run -m MODEL --serve ADDR`: the whole model in this process behind the API.
+pub fn serve_local(
+    margs: &crate::cli::ModelArgs,
+    gen: &crate::cli::GenArgs,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::{anyhow, Context};
+    let addr = gen
+        .serve
+        .serve
+        .clone()
+        .ok_or_else(|| anyhow!("--serve ADDR is needed"))?;
+    let file = crate::engine::open_gguf(&margs.model)?;
+    let spec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())
+        .with_context(|| format!("tokenizer of {}", margs.model.display()))?;
+    let tokenizer = Arc::new(Tokenizer::new(&spec)?);
+    let template = crate::run::resolve_template(&gen.template, &spec, &tokenizer, &margs.model)?;
+    let model = ringllm_node::Model::load(file, &ringllm_node::LoadOptions::default())
+        .with_context(|| format!("cannot load {}", margs.model.display()))?;
+    let ctx = margs.ctx.unwrap_or(model.hp.ctx_train.min(4096)).max(2);
+    let kv = ringllm_node::KvType::from_name(&margs.kv)
+        .ok_or_else(|| anyhow!("--kv must be f32 or f16, not '{}'", margs.kv))?;
+    let threads = margs
+        .threads
+        .unwrap_or_else(crate::engine::default_threads)
+        .max(1);
+    let s = &gen.serve;
+    if s.parallel == 0 || s.prefill_chunk == 0 {
+        anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
+    }
+    let runner =
+        ringllm_node::Runner::new(Arc::new(model), threads, s.prefill_chunk + s.parallel, ctx);
+    let stepper = scheduler::LocalStepper::new(runner, s.parallel, ctx, kv);
+    let backend = scheduler::SchedBackend::start(
+        Box::new(stepper),
+        Arc::clone(&tokenizer),
+        template,
+        model_id(&margs.model),
+        tokenizer.add_bos_default(),
+        scheduler::SchedulerOptions {
+            queue: s.queue,
+            prefill_chunk: s.prefill_chunk,
+            ctx,
+        },
+    )?;
+    eprintln!(
+        "serving {} on http://{addr}/v1 ({} slots, context {ctx}, {threads} threads)",
+        margs.model.display(),
+        s.parallel
+    );
+    http::serve(
+        backend,
+        http::ServeOptions {
+            addr,
+            api_key: s.api_key.clone(),
+            cors: true,
+        },
+    )?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The id `/v1/models` lists: the file name without `.gguf`.
+pub fn model_id(path: &std::path::Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// `ringllm up … --serve ADDR`: the ring behind the API.
+pub fn serve_ring(
+    margs: &crate::cli::ModelArgs,
+    spec: crate::ring::RingSpec,
+    gen: &crate::cli::GenArgs,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::{anyhow, Context};
+    let addr = gen
+        .serve
+        .serve
+        .clone()
+        .ok_or_else(|| anyhow!("--serve ADDR is needed"))?;
+    let s = &gen.serve;
+    if s.parallel == 0 || s.prefill_chunk == 0 {
+        anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
+    }
+    let file = crate::engine::open_gguf(&margs.model)?;
+    let tspec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())
+        .with_context(|| format!("tokenizer of {}", margs.model.display()))?;
+    let tokenizer = Arc::new(Tokenizer::new(&tspec)?);
+    let template = crate::run::resolve_template(&gen.template, &tspec, &tokenizer, &margs.model)?;
+    let hp = ringllm_node::Model::load(
+        Arc::clone(&file),
+        &ringllm_node::LoadOptions {
+            layers: Some(0..0),
+            embedding: false,
+            head: false,
+        },
+    )?
+    .hp;
+    let ctx = margs.ctx.unwrap_or(hp.ctx_train.min(4096)).max(2);
+    let args = crate::cli::ModelArgs {
+        ctx: Some(ctx),
+        batch: s.prefill_chunk + s.parallel,
+        ..margs.clone()
+    };
+    let mode = crate::engine::RingMode {
+        spec,
+        args,
+        file,
+        ring: None,
+        hp,
+    };
+    let stepper = ring_step::RingStepper::new(mode, s.parallel)?;
+    let backend = scheduler::SchedBackend::start(
+        Box::new(stepper),
+        Arc::clone(&tokenizer),
+        template,
+        model_id(&margs.model),
+        tokenizer.add_bos_default(),
+        scheduler::SchedulerOptions {
+            queue: s.queue,
+            prefill_chunk: s.prefill_chunk,
+            ctx,
+        },
+    )?;
+    eprintln!(
+        "serving {} over the ring on http://{addr}/v1 ({} slots, context {ctx})",
+        margs.model.display(),
+        s.parallel
+    );
+    http::serve(
+        backend,
+        http::ServeOptions {
+            addr,
+            api_key: s.api_key.clone(),
+            cors: true,
+        },
+    )?;
+    Ok(std::process::ExitCode::SUCCESS)
+}

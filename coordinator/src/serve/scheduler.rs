@@ -1,0 +1,1020 @@
+//! The batching scheduler: one thread owns the model (or the ring) and a fixed number of KV
+//! slots. Every step it takes the decode token of every running sequence plus at most one
+//! prefill chunk (so a long prompt never stalls the others), runs them as one batch (one
+//! matrix × matrix pass over the weights), computes the logits of every sequence that needs
+//! a token in one batched head product, samples each with its own sampler, and streams text
+//! back. Requests wait first come, first served in a bounded queue; a finished sequence keeps
+//! its slot's cache so a conversation that comes back with its history reuses the prefix.
+
+use super::{
+    Backend, Finish, GenEvent, GenRequest, Metrics, SubmitError, TokenLogprob, TopLogprob,
+};
+use anyhow::Result;
+use ringllm::sampler::{Sampler, SamplerParams, StopStrings};
+use ringllm::template::ChatTemplate;
+use ringllm::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Tokens fed for one sequence in one step.
+pub struct Feed<'a> {
+    pub slot: usize,
+    pub tokens: &'a [u32],
+    /// Whether the logits after the last of these tokens are wanted.
+    pub want_logits: bool,
+}
+
+/// What runs the model: the whole model in this process, or a ring.
+pub trait Stepper: Send {
+    /// Runs `feeds` at each slot's current length (advancing it) and writes, for each feed
+    /// that wants logits, in order, `vocab` logits into `logits`.
+    fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()>;
+    /// Positions a slot's cache holds.
+    fn len(&self, slot: usize) -> usize;
+    /// Shortens a slot's cache; false when it cannot (a sliding window already moved on).
+    fn truncate(&mut self, slot: usize, len: usize) -> bool;
+    fn vocab(&self) -> usize;
+    fn slots(&self) -> usize;
+    /// Most tokens one step may carry.
+    fn max_batch(&self) -> usize;
+    /// Per-node latency for /metrics (empty on one machine).
+    fn node_latency_ms(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+    /// How many batches may be in flight at once (a ring pipelines: while one node works on
+    /// one batch, the next works on another). 1: only `step` is used.
+    fn depth(&self) -> usize {
+        1
+    }
+    /// Starts a batch (depth > 1 only); its logits come from `collect`, oldest first.
+    fn submit(&mut self, feeds: &[Feed]) -> Result<()> {
+        let _ = feeds;
+        anyhow::bail!("this stepper does not pipeline")
+    }
+    fn collect(&mut self, logits: &mut Vec<f32>) -> Result<()> {
+        let _ = logits;
+        anyhow::bail!("this stepper does not pipeline")
+    }
+    /// Forgets batches in flight after a failure.
+    fn abort(&mut self) {}
+}
+
+/// The whole model in this process.
+pub struct LocalStepper {
+    runner: ringllm_node::Runner,
+    caches: Vec<ringllm_node::KvCache>,
+    x: Vec<f32>,
+    rows: Vec<f32>,
+}
+
+impl LocalStepper {
+    pub fn new(
+        runner: ringllm_node::Runner,
+        slots: usize,
+        ctx: usize,
+        kv: ringllm_node::KvType,
+    ) -> LocalStepper {
+        let caches = (0..slots.max(1))
+            .map(|_| runner.new_cache(ctx, kv))
+            .collect();
+        LocalStepper {
+            runner,
+            caches,
+            x: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+}
+
+impl Stepper for LocalStepper {
+    fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()> {
+        let d = self.runner.model.hp.d_model;
+        let vocab = self.runner.model.hp.vocab;
+        let n: usize = feeds.iter().map(|f| f.tokens.len()).sum();
+        self.x.resize(n * d, 0.0);
+        let flat: Vec<u32> = feeds
+            .iter()
+            .flat_map(|f| f.tokens.iter().copied())
+            .collect();
+        self.runner.embed(&flat, &mut self.x[..n * d])?;
+        {
+            // One &mut per slot, in feed order (slots in a step are distinct).
+            let mut refs: Vec<Option<&mut ringllm_node::KvCache>> =
+                self.caches.iter_mut().map(Some).collect();
+            let mut parts = Vec::with_capacity(feeds.len());
+            for f in feeds {
+                let c = refs
+                    .get_mut(f.slot)
+                    .and_then(|c| c.take())
+                    .ok_or_else(|| anyhow::anyhow!("slot {} twice in one step", f.slot))?;
+                parts.push((c, f.tokens.len()));
+            }
+            self.runner
+                .layers_multi(&mut self.x[..n * d], &mut parts, None)?;
+        }
+        // The last row of every feed that wants logits, normed, in one head product.
+        self.rows.clear();
+        let mut row = 0;
+        for f in feeds {
+            row += f.tokens.len();
+            if f.want_logits {
+                self.rows.extend_from_slice(&self.x[(row - 1) * d..row * d]);
+            }
+        }
+        let k = self.rows.len() / d;
+        if k > 0 {
+            self.runner.final_norm(&mut self.rows, k)?;
+            logits.resize(k * vocab, 0.0);
+            self.runner.logits(&self.rows, k, logits)?;
+        }
+        Ok(())
+    }
+
+    fn len(&self, slot: usize) -> usize {
+        self.caches.get(slot).map_or(0, |c| c.len)
+    }
+
+    fn truncate(&mut self, slot: usize, len: usize) -> bool {
+        match self.caches.get_mut(slot) {
+            Some(c) if c.can_truncate_to(len) => {
+                c.truncate(len);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        self.runner.model.hp.vocab
+    }
+
+    fn slots(&self) -> usize {
+        self.caches.len()
+    }
+
+    fn max_batch(&self) -> usize {
+        self.runner.max_batch()
+    }
+}
+
+pub struct SchedulerOptions {
+    /// Requests waiting for a slot before new ones get 429.
+    pub queue: usize,
+    /// Most prompt tokens fed in one step (one sequence's chunk).
+    pub prefill_chunk: usize,
+    pub ctx: usize,
+}
+
+/// Counters shared with the HTTP side.
+#[derive(Default)]
+struct Shared {
+    accepting: AtomicBool,
+    queued: AtomicU64,
+    busy: AtomicU64,
+    requests: AtomicU64,
+    failed: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    /// Decode tokens/s × 1000, over the last window.
+    rate_milli: AtomicU64,
+    node_latency: Mutex<Vec<(String, f64)>>,
+}
+
+enum Msg {
+    Submit(Box<GenRequest>),
+    Shutdown,
+}
+
+/// A `Backend` over a scheduler thread.
+pub struct SchedBackend {
+    tx: Mutex<Sender<Msg>>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    model_id: String,
+    add_bos: bool,
+    ctx: usize,
+    slots: usize,
+    queue: usize,
+}
+
+impl SchedBackend {
+    pub fn start(
+        stepper: Box<dyn Stepper>,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        model_id: String,
+        add_bos: bool,
+        opts: SchedulerOptions,
+    ) -> Result<Arc<SchedBackend>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        shared.accepting.store(true, Ordering::SeqCst);
+        let slots = stepper.slots();
+        let ctx = opts.ctx;
+        let queue = opts.queue;
+        let sched = Scheduler::new(stepper, Arc::clone(&tokenizer), Arc::clone(&shared), opts);
+        let thread = std::thread::Builder::new()
+            .name("scheduler".into())
+            .spawn(move || sched.run(rx))?;
+        Ok(Arc::new(SchedBackend {
+            tx: Mutex::new(tx),
+            shared,
+            thread: Mutex::new(Some(thread)),
+            tokenizer,
+            template,
+            model_id,
+            add_bos,
+            ctx,
+            slots,
+            queue,
+        }))
+    }
+}
+
+impl Backend for SchedBackend {
+    fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
+        if !self.shared.accepting.load(Ordering::SeqCst) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if req.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if req.prompt.len() >= self.ctx {
+            return Err(SubmitError::Invalid(format!(
+                "the prompt has {} tokens; the context holds {}",
+                req.prompt.len(),
+                self.ctx
+            )));
+        }
+        // Waiting beyond the free slots is capped.
+        let waiting = self.shared.queued.load(Ordering::SeqCst);
+        let busy = self.shared.busy.load(Ordering::SeqCst);
+        if busy + waiting >= (self.slots + self.queue) as u64 {
+            return Err(SubmitError::QueueFull { retry_after_s: 1 });
+        }
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        tx.send(Msg::Submit(Box::new(req))).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::ShuttingDown
+        })
+    }
+
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+
+    fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    fn metrics(&self) -> Metrics {
+        let s = &self.shared;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Metrics {
+            requests_total: g(&s.requests),
+            requests_failed: g(&s.failed),
+            prompt_tokens_total: g(&s.prompt_tokens),
+            completion_tokens_total: g(&s.completion_tokens),
+            queue_depth: g(&s.queued),
+            slots_total: self.slots as u64,
+            slots_busy: g(&s.busy),
+            decode_tokens_per_s: g(&s.rate_milli) as f64 / 1000.0,
+            node_latency_ms: s.node_latency.lock().map(|v| v.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shared.accepting.store(false, Ordering::SeqCst);
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Msg::Shutdown);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A running sequence.
+struct Active {
+    req: Box<GenRequest>,
+    /// Tokens still to feed (prompt rest, or the last sampled token).
+    pending: Vec<u32>,
+    sampler: Sampler,
+    stop: StopStrings,
+    decoder: StreamDecoder,
+    /// Prompt and generated tokens (for penalties).
+    history: Vec<u32>,
+    generated: usize,
+    counts: std::collections::HashMap<u32, u32>,
+    cached: usize,
+    /// Part of a batch in flight (pipelined ring).
+    in_flight: bool,
+}
+
+struct Slot {
+    /// Tokens whose keys and values the slot's cache holds (for prefix reuse).
+    tokens: Vec<u32>,
+    active: Option<Active>,
+    last_used: u64,
+}
+
+struct Scheduler {
+    stepper: Box<dyn Stepper>,
+    tokenizer: Arc<Tokenizer>,
+    shared: Arc<Shared>,
+    opts: SchedulerOptions,
+    slots: Vec<Slot>,
+    queue: VecDeque<Box<GenRequest>>,
+    eog: Vec<u32>,
+    logits: Vec<f32>,
+    clock: u64,
+    /// (time, tokens) of recent decode steps for the rate.
+    recent: VecDeque<(Instant, usize)>,
+    /// Batches in flight, oldest first: (slot, tokens fed) each.
+    inflight: VecDeque<Vec<(usize, usize)>>,
+}
+
+impl Scheduler {
+    fn new(
+        stepper: Box<dyn Stepper>,
+        tokenizer: Arc<Tokenizer>,
+        shared: Arc<Shared>,
+        opts: SchedulerOptions,
+    ) -> Scheduler {
+        let slots = (0..stepper.slots())
+            .map(|_| Slot {
+                tokens: Vec::new(),
+                active: None,
+                last_used: 0,
+            })
+            .collect();
+        let eog = tokenizer.eog_ids();
+        Scheduler {
+            stepper,
+            tokenizer,
+            shared,
+            opts,
+            slots,
+            queue: VecDeque::new(),
+            eog,
+            logits: Vec::new(),
+            clock: 0,
+            recent: VecDeque::new(),
+            inflight: VecDeque::new(),
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            // Take new requests: wait when idle, else just look.
+            let idle = self.slots.iter().all(|s| s.active.is_none()) && self.queue.is_empty();
+            let first = if idle {
+                match rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                rx.try_recv().ok()
+            };
+            let mut msgs: Vec<Msg> = first.into_iter().collect();
+            while let Ok(m) = rx.try_recv() {
+                msgs.push(m);
+            }
+            for m in msgs {
+                match m {
+                    Msg::Submit(r) => self.queue.push_back(r),
+                    Msg::Shutdown => {
+                        self.shutdown();
+                        return;
+                    }
+                }
+            }
+            self.admit();
+            self.reap_cancelled();
+            if let Err(e) = self.step() {
+                // The engine failed (e.g. a node was lost): every running request fails.
+                let msg = format!("{e:#}");
+                tracing::warn!("step failed: {msg}");
+                self.inflight.clear();
+                self.stepper.abort();
+                for i in 0..self.slots.len() {
+                    if let Some(a) = self.slots[i].active.take() {
+                        self.shared.failed.fetch_add(1, Ordering::Relaxed);
+                        let _ = a.req.events.send(GenEvent::Error {
+                            message: msg.clone(),
+                        });
+                        self.shared.busy.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    self.slots[i].tokens.clear();
+                    self.stepper.truncate(i, 0);
+                }
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        while let Some(r) = self.queue.pop_front() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            let _ = r.events.send(GenEvent::Done {
+                finish: Finish::Cancelled,
+                text: String::new(),
+                prompt_tokens: r.prompt.len(),
+                completion_tokens: 0,
+                cached_tokens: 0,
+            });
+        }
+        for i in 0..self.slots.len() {
+            self.finish(i, Finish::Cancelled);
+        }
+    }
+
+    /// Gives waiting requests free slots, preferring the slot whose cache shares the longest
+    /// prefix with the prompt.
+    fn admit(&mut self) {
+        while let Some(req) = self.queue.front() {
+            let free: Vec<usize> = (0..self.slots.len())
+                .filter(|&i| self.slots[i].active.is_none())
+                .collect();
+            if free.is_empty() {
+                break;
+            }
+            let prompt = &req.prompt;
+            let common = |i: usize| {
+                self.slots[i]
+                    .tokens
+                    .iter()
+                    .zip(prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(prompt.len() - 1)
+            };
+            let best = free
+                .iter()
+                .copied()
+                .max_by_key(|&i| (common(i), u64::MAX - self.slots[i].last_used))
+                .unwrap_or(free[0]);
+            let mut keep = common(best);
+            if !self.stepper.truncate(best, keep) {
+                keep = 0;
+                self.stepper.truncate(best, 0);
+            }
+            let Some(req) = self.queue.pop_front() else {
+                break;
+            };
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            self.shared.busy.fetch_add(1, Ordering::SeqCst);
+            self.shared.requests.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .prompt_tokens
+                .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
+            let s = &req.sampling;
+            let seed = s.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64)
+            });
+            let sampler = Sampler::new(&SamplerParams {
+                temperature: s.temperature,
+                top_k: s.top_k,
+                top_p: s.top_p,
+                min_p: s.min_p,
+                repeat_penalty: s.repetition_penalty,
+                repeat_last_n: 64,
+                seed,
+            });
+            let slot = &mut self.slots[best];
+            slot.tokens.truncate(keep);
+            self.clock += 1;
+            slot.last_used = self.clock;
+            slot.active = Some(Active {
+                pending: req.prompt[keep..].to_vec(),
+                sampler,
+                stop: StopStrings::new(req.stop.clone()),
+                decoder: StreamDecoder::new(),
+                history: req.prompt.clone(),
+                generated: 0,
+                counts: Default::default(),
+                cached: keep,
+                in_flight: false,
+                req,
+            });
+        }
+    }
+
+    fn reap_cancelled(&mut self) {
+        for i in 0..self.slots.len() {
+            let gone = self.slots[i].active.as_ref().is_some_and(|a| {
+                !a.in_flight && (a.req.cancel.load(Ordering::Relaxed) || a.req.events.is_closed())
+            });
+            if gone {
+                self.finish(i, Finish::Cancelled);
+            }
+        }
+    }
+
+    /// Ends slot `i`'s sequence with `finish`, releasing held-back text.
+    fn finish(&mut self, i: usize, finish: Finish) {
+        let Some(mut a) = self.slots[i].active.take() else {
+            return;
+        };
+        let mut text = String::new();
+        if finish != Finish::Stop || a.stop.is_empty() {
+            let rest = a.decoder.finish();
+            let (safe, _) = a.stop.push(&rest);
+            text.push_str(&safe);
+            if finish != Finish::Stop {
+                text.push_str(&a.stop.flush());
+            }
+        }
+        self.shared.busy.fetch_sub(1, Ordering::SeqCst);
+        self.shared
+            .completion_tokens
+            .fetch_add(a.generated as u64, Ordering::Relaxed);
+        let _ = a.req.events.send(GenEvent::Done {
+            finish,
+            text,
+            prompt_tokens: a.req.prompt.len(),
+            completion_tokens: a.generated,
+            cached_tokens: a.cached,
+        });
+    }
+
+    /// A batch of runnable sequences (not in flight): one decode token each, then at most
+    /// one prefill chunk; at most `cap` sequences. Empty when nothing can run.
+    fn form_group(&mut self, cap: usize) -> Vec<(usize, usize)> {
+        let max_batch = self.stepper.max_batch();
+        let mut plan: Vec<(usize, usize)> = Vec::new(); // (slot, tokens to feed)
+        let mut total = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(a) = &s.active {
+                if !a.in_flight && a.pending.len() == 1 && total < max_batch && plan.len() < cap {
+                    plan.push((i, 1));
+                    total += 1;
+                }
+            }
+        }
+        let budget = self.opts.prefill_chunk.min(max_batch.saturating_sub(total));
+        if budget > 0 && plan.len() < cap.max(1) {
+            // The prefill that has waited longest (lowest last_used) goes first.
+            let mut waiting: Vec<usize> = (0..self.slots.len())
+                .filter(|&i| {
+                    self.slots[i]
+                        .active
+                        .as_ref()
+                        .is_some_and(|a| !a.in_flight && a.pending.len() > 1)
+                })
+                .collect();
+            waiting.sort_by_key(|&i| self.slots[i].last_used);
+            if let Some(&i) = waiting.first() {
+                let n = self.slots[i]
+                    .active
+                    .as_ref()
+                    .map_or(0, |a| a.pending.len())
+                    .min(budget);
+                plan.push((i, n));
+            }
+        }
+        plan
+    }
+
+    fn feeds<'a>(slots: &'a [Slot], plan: &[(usize, usize)]) -> Vec<Feed<'a>> {
+        plan.iter()
+            .map(|&(i, n)| {
+                let a = slots[i].active.as_ref();
+                Feed {
+                    slot: i,
+                    tokens: a.map_or(&[][..], |a| &a.pending[..n]),
+                    want_logits: a.is_some_and(|a| a.pending.len() == n),
+                }
+            })
+            .collect()
+    }
+
+    /// One round: a synchronous step, or (pipelined) keep the ring full and complete the
+    /// oldest batch.
+    fn step(&mut self) -> Result<()> {
+        let depth = self.stepper.depth();
+        if depth <= 1 {
+            let plan = self.form_group(usize::MAX);
+            if plan.is_empty() {
+                return Ok(());
+            }
+            let mut logits = std::mem::take(&mut self.logits);
+            let feeds = Self::feeds(&self.slots, &plan);
+            let r = self.stepper.step(&feeds, &mut logits);
+            drop(feeds);
+            r?;
+            self.complete(&plan, &mut logits);
+            self.logits = logits;
+            return Ok(());
+        }
+        // Spread the runnable sequences over `depth` batches.
+        let active = self.slots.iter().filter(|s| s.active.is_some()).count();
+        let cap = active.div_ceil(depth).max(1);
+        while self.inflight.len() < depth {
+            let plan = self.form_group(cap);
+            if plan.is_empty() {
+                break;
+            }
+            let feeds = Self::feeds(&self.slots, &plan);
+            let r = self.stepper.submit(&feeds);
+            drop(feeds);
+            r?;
+            for &(i, _) in &plan {
+                if let Some(a) = self.slots[i].active.as_mut() {
+                    a.in_flight = true;
+                }
+            }
+            self.inflight.push_back(plan);
+        }
+        let Some(plan) = self.inflight.pop_front() else {
+            return Ok(());
+        };
+        let mut logits = std::mem::take(&mut self.logits);
+        self.stepper.collect(&mut logits)?;
+        for &(i, _) in &plan {
+            if let Some(a) = self.slots[i].active.as_mut() {
+                a.in_flight = false;
+            }
+        }
+        self.complete(&plan, &mut logits);
+        self.logits = logits;
+        Ok(())
+    }
+
+    /// After a batch: advance every sequence, sample those that got logits, finish any done.
+    fn complete(&mut self, plan: &[(usize, usize)], logits: &mut [f32]) {
+        let ctx = self.opts.ctx;
+        let t0 = Instant::now();
+        let vocab = self.stepper.vocab();
+        let mut row = 0;
+        let mut decoded = 0;
+        for &(i, n) in plan {
+            let len = self.stepper.len(i);
+            let slot = &mut self.slots[i];
+            let Some(a) = slot.active.as_mut() else {
+                continue;
+            };
+            let fed: Vec<u32> = a.pending.drain(..n).collect();
+            slot.tokens.extend_from_slice(&fed);
+            if !a.pending.is_empty() {
+                continue; // more prompt to feed
+            }
+            let lrow = &mut logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            decoded += 1;
+            if a.req.cancel.load(Ordering::Relaxed) || a.req.events.is_closed() {
+                self.finish(i, Finish::Cancelled);
+                continue;
+            }
+            let reason = sample_one(a, lrow, &self.tokenizer, &self.eog, len, ctx);
+            if let Some(f) = reason {
+                self.finish(i, f);
+            }
+        }
+        // Decode rate over the last 5 s.
+        let now = Instant::now();
+        self.recent.push_back((now, decoded));
+        while self
+            .recent
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(5))
+        {
+            self.recent.pop_front();
+        }
+        if let Some((t, _)) = self.recent.front() {
+            let span = now
+                .duration_since(*t)
+                .as_secs_f64()
+                .max(now.duration_since(t0).as_secs_f64());
+            let toks: usize = self.recent.iter().map(|r| r.1).sum();
+            self.shared.rate_milli.store(
+                (1000.0 * toks as f64 / span.max(1e-3)) as u64,
+                Ordering::Relaxed,
+            );
+        }
+        if let Ok(mut v) = self.shared.node_latency.lock() {
+            *v = self.stepper.node_latency_ms();
+        }
+    }
+}
+
+/// Samples the next token of `a` from `logits` (modified in place by penalties), streams it,
+/// and returns why the sequence ends, if it does.
+fn sample_one(
+    a: &mut Active,
+    logits: &mut [f32],
+    tok: &Tokenizer,
+    eog: &[u32],
+    cache_len: usize,
+    ctx: usize,
+) -> Option<Finish> {
+    let logprob_info = a.req.logprobs.map(|k| log_softmax_top(logits, k));
+    let s = &a.req.sampling;
+    if s.frequency_penalty != 0.0 || s.presence_penalty != 0.0 {
+        for (&t, &c) in &a.counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= s.frequency_penalty * c as f32 + s.presence_penalty;
+            }
+        }
+    }
+    let id = a.sampler.sample(logits, &a.history);
+    if eog.contains(&id) {
+        return Some(Finish::Stop);
+    }
+    a.generated += 1;
+    a.history.push(id);
+    *a.counts.entry(id).or_insert(0) += 1;
+    let piece = a.decoder.push(tok, id);
+    let (text, matched) = a.stop.push(&piece);
+    let logprob = logprob_info.map(|(lse, top)| {
+        let lp = logits_logprob(id, lse);
+        let bytes = tok.token_bytes(id, false);
+        TokenLogprob {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            logprob: lp.1,
+            bytes,
+            top: top
+                .into_iter()
+                .map(|(t, l)| {
+                    let b = tok.token_bytes(t, false);
+                    TopLogprob {
+                        token: String::from_utf8_lossy(&b).into_owned(),
+                        logprob: l,
+                        bytes: b,
+                    }
+                })
+                .collect(),
+        }
+    });
+    let _ = a.req.events.send(GenEvent::Token { id, text, logprob });
+    if matched {
+        return Some(Finish::Stop);
+    }
+    if a.generated >= a.req.max_tokens || cache_len + 1 >= ctx {
+        return Some(Finish::Length);
+    }
+    a.pending.push(id);
+    None
+}
+
+/// The raw logits' log-sum-exp with the chosen id's raw logit, and the top `k` ids with their
+/// log-probabilities (before any penalty or temperature: the model's own distribution).
+struct Lse {
+    lse: f32,
+    raw: Vec<f32>,
+}
+
+fn log_softmax_top(logits: &[f32], k: usize) -> (Lse, Vec<(u32, f32)>) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let sum: f64 = logits.iter().map(|&v| ((v - max) as f64).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(logits.len());
+    if k > 0 {
+        idx.select_nth_unstable_by(k - 1, |&a, &b| {
+            logits[b as usize]
+                .partial_cmp(&logits[a as usize])
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| {
+            logits[b as usize]
+                .partial_cmp(&logits[a as usize])
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+    } else {
+        idx.clear();
+    }
+    let top = idx
+        .into_iter()
+        .map(|i| (i, logits[i as usize] - lse))
+        .collect();
+    (
+        Lse {
+            lse,
+            raw: logits.to_vec(),
+        },
+        top,
+    )
+}
+
+fn logits_logprob(id: u32, l: Lse) -> (u32, f32) {
+    (
+        id,
+        l.raw
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |v| v - l.lse),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::Sampling;
+    use ringllm::tokenizer::TokenizerSpec;
+    use ringllm_node::gguf::GgufFile;
+    use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
+    use ringllm_node::{KvType, LoadOptions, Model, Runner};
+
+    fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
+        let bytes = synth_model(&SynthSpec::new(arch, ringllm_kernels::GgmlType::Q8_0, 7)).unwrap();
+        let file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+        let spec = TokenizerSpec::from_gguf(file.metadata()).unwrap();
+        let tok = Arc::new(Tokenizer::new(&spec).unwrap());
+        let model = Arc::new(Model::load(file, &LoadOptions::default()).unwrap());
+        let runner = Runner::new(model, 2, 16 + slots, 128);
+        let stepper = LocalStepper::new(runner, slots, 128, KvType::F32);
+        SchedBackend::start(
+            Box::new(stepper),
+            tok,
+            None,
+            "synth".into(),
+            true,
+            SchedulerOptions {
+                queue,
+                prefill_chunk: 16,
+                ctx: 128,
+            },
+        )
+        .unwrap()
+    }
+
+    fn greedy() -> Sampling {
+        Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: Some(1),
+        }
+    }
+
+    fn submit(
+        b: &SchedBackend,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<GenEvent> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        b.submit(GenRequest {
+            prompt,
+            max_tokens,
+            sampling: greedy(),
+            stop: Vec::new(),
+            logprobs: Some(2),
+            events: tx,
+            cancel: Arc::new(AtomicBool::new(false)),
+        })
+        .unwrap();
+        rx
+    }
+
+    /// Token ids and the finish of one request.
+    fn collect(
+        mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    ) -> (Vec<u32>, Finish, usize) {
+        let mut ids = Vec::new();
+        loop {
+            match rx.blocking_recv() {
+                Some(GenEvent::Token { id, logprob, .. }) => {
+                    let lp = logprob.unwrap();
+                    assert!(lp.logprob <= 0.0 && lp.top.len() == 2);
+                    assert!(
+                        (lp.top[0].logprob - lp.logprob).abs() < 1e-6,
+                        "greedy takes the best"
+                    );
+                    ids.push(id)
+                }
+                Some(GenEvent::Done {
+                    finish,
+                    cached_tokens,
+                    ..
+                }) => return (ids, finish, cached_tokens),
+                Some(GenEvent::Error { message }) => panic!("{message}"),
+                None => panic!("events ended without Done"),
+            }
+        }
+    }
+
+    fn prompts() -> Vec<Vec<u32>> {
+        (0..6)
+            .map(|k| {
+                (0..(3 + 7 * k))
+                    .map(|i| (5 + (i * 31 + k * 17) % 400) as u32)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Requests decoded together (and prefilled in chunks between decodes) give exactly the
+    /// tokens each gives alone.
+    #[test]
+    fn batched_sequences_equal_each_alone() {
+        for arch in [SynthArch::Llama, SynthArch::Gemma3] {
+            let b = backend(arch, 4, 16);
+            let alone: Vec<_> = prompts()
+                .into_iter()
+                .map(|p| collect(submit(&b, p, 20)).0)
+                .collect();
+            let rxs: Vec<_> = prompts().into_iter().map(|p| submit(&b, p, 20)).collect();
+            let together: Vec<_> = rxs.into_iter().map(|r| collect(r).0).collect();
+            assert_eq!(together, alone, "{arch:?}");
+            assert!(alone.iter().all(|t| t.len() == 20));
+            let m = b.metrics();
+            assert_eq!(m.slots_busy, 0);
+            assert_eq!(m.queue_depth, 0);
+            assert_eq!(m.requests_total, 12);
+            b.shutdown();
+        }
+    }
+
+    #[test]
+    fn a_conversation_that_comes_back_reuses_its_prefix() {
+        let b = backend(SynthArch::Llama, 2, 4);
+        let p: Vec<u32> = (0..20).map(|i| 10 + i).collect();
+        let (first, _, cached0) = collect(submit(&b, p.clone(), 5));
+        assert_eq!(cached0, 0);
+        let mut longer = p.clone();
+        longer.extend(&first);
+        longer.extend([7, 8, 9]);
+        let (_, _, cached) = collect(submit(&b, longer, 5));
+        assert_eq!(
+            cached,
+            p.len() + first.len() - 1,
+            "the cached prefix is reused"
+        );
+        b.shutdown();
+    }
+
+    #[test]
+    fn full_queue_and_cancel_and_shutdown() {
+        let b = backend(SynthArch::Llama, 1, 1);
+        let long: Vec<u32> = (0..10).map(|i| 20 + i).collect();
+        let r1 = submit(&b, long.clone(), 100);
+        let r2 = submit(&b, long.clone(), 100);
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let third = b.submit(GenRequest {
+            prompt: long.clone(),
+            max_tokens: 4,
+            sampling: greedy(),
+            stop: Vec::new(),
+            logprobs: None,
+            events: tx,
+            cancel: Arc::new(AtomicBool::new(false)),
+        });
+        assert!(matches!(third, Err(SubmitError::QueueFull { .. })));
+        // The client of the first goes away: its slot frees and the second runs.
+        drop(r1);
+        let (ids, finish, _) = collect(r2);
+        assert_eq!((ids.len(), finish), (100, Finish::Length));
+        let r3 = submit(&b, long, 1000);
+        b.shutdown();
+        let mut rx = r3;
+        let mut done = None;
+        while let Some(e) = rx.blocking_recv() {
+            if let GenEvent::Done { finish, .. } = e {
+                done = Some(finish);
+            }
+        }
+        assert!(matches!(
+            done,
+            Some(Finish::Cancelled) | Some(Finish::Length)
+        ));
+        assert!(matches!(
+            b.submit(GenRequest {
+                prompt: vec![1, 2],
+                max_tokens: 1,
+                sampling: greedy(),
+                stop: Vec::new(),
+                logprobs: None,
+                events: tokio::sync::mpsc::unbounded_channel().0,
+                cancel: Arc::new(AtomicBool::new(false)),
+            }),
+            Err(SubmitError::ShuttingDown)
+        ));
+    }
+}
