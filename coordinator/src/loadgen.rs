@@ -181,8 +181,54 @@ pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
             ttft_p99_ms: percentile(&mut ttft, 0.99),
         });
     }
+    // Time to first token of a short prompt, idle and while 4 long streams decode.
+    let short = |n: usize| -> Result<Vec<f64>> {
+        (0..n)
+            .map(|i| {
+                request(
+                    &addr,
+                    args.api_key.as_deref(),
+                    &model,
+                    &format!("Hi {i}"),
+                    1,
+                )
+                .map(|o| o.ttft.as_secs_f64() * 1e3)
+            })
+            .collect()
+    };
+    let mut idle = short(5)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let busy_ttft = std::thread::scope(|sc| -> Result<Vec<f64>> {
+        let bg: Vec<_> = (0..4)
+            .map(|i| {
+                let (addr, model, stop) = (&addr, &model, &stop);
+                let key = args.api_key.as_deref();
+                sc.spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = request(addr, key, model, &format!("Long story {i}:"), 256);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1500));
+        let r = short(5);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for h in bg {
+            let _ = h.join();
+        }
+        r
+    })?;
+    let mut busy = busy_ttft;
+    let (idle50, busy50) = (percentile(&mut idle, 0.5), percentile(&mut busy, 0.5));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&levels)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "levels": levels,
+                "ttft_idle_p50_ms": idle50,
+                "ttft_under_4_streams_p50_ms": busy50,
+            }))?
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let base = levels.first().map_or(1.0, |l| l.aggregate_tokens_per_s);
@@ -200,5 +246,9 @@ pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
             l.ttft_p99_ms
         );
     }
+    println!(
+        "time to first token of a short prompt: {idle50:.0} ms idle, {busy50:.0} ms while 4 streams decode ({:.2}x)",
+        busy50 / idle50.max(1e-9)
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -113,6 +113,9 @@ pub const MAX_JOBS: usize = 4;
 /// Rows of activations per register tile.
 const TILE: usize = 8;
 
+/// Batches up to this many rows use the decode kernel per row (see `rows_times_acts`).
+const SMALL_BATCH: usize = 8;
+
 /// Batches at most this size quantize their activations on the calling thread.
 const SERIAL_QUANTIZE_ROWS: usize = 4;
 
@@ -273,6 +276,21 @@ fn rows_times_acts(
             }
         }
         return;
+    }
+    if n_rows <= SMALL_BATCH {
+        if let Some(f) = k.vec_dot_rows {
+            // A few activation rows (decode of several sequences): the decode kernel once per
+            // activation row over this chunk of weight rows. The chunk is small enough to stay
+            // in L1/L2 after the first pass, so the weights still stream from memory once, and
+            // every row's result is bit-identical to its single-row decode.
+            let ws = &w.data[rows.start * rb..rows.end * rb];
+            for r in 0..n_rows {
+                // SAFETY: output rows `rows` of activation row r belong to this chunk alone.
+                let o = unsafe { out.slice(r * n_out + rows.start..r * n_out + rows.end) };
+                f(n_in, ws, rb, &a[r * a_stride..(r + 1) * a_stride], o);
+            }
+            return;
+        }
     }
     for o in rows {
         let wrow = &w.data[o * rb..(o + 1) * rb];

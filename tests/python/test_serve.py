@@ -359,3 +359,19 @@ def test_ring_serves_the_api_and_recovers_from_a_lost_node(tmp_path):
             assert s.metrics()["ringllm_slots_busy"] == 0
         finally:
             s.stop()
+
+
+def test_curl_streams_a_chat(smol):
+    body = json.dumps({"model": SMOL_ID, "messages": [{"role": "user", "content": "Say hello."}],
+                       "max_tokens": 8, "temperature": 0, "stream": True})
+    r = subprocess.run(["curl", "-sN", "--max-time", "60", f"http://127.0.0.1:{smol.port}/v1/chat/completions",
+                        "-H", "Content-Type: application/json", "-d", body], capture_output=True, text=True,
+                       timeout=90)
+    assert r.returncode == 0, r.stderr
+    events = [e for e in r.stdout.split("\n\n") if e.strip()]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    full = smol.client().chat.completions.create(model=SMOL_ID, temperature=0, max_tokens=8,
+                                                 messages=[{"role": "user", "content": "Say hello."}])
+    assert text == full.choices[0].message.content
