@@ -21,6 +21,22 @@ pub type VecDotMultiFn = fn(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: 
 /// decode shape, where amortizing the activation block and the call over several rows pays.
 pub type VecDotRowsFn = fn(n: usize, w: &[u8], w_stride: usize, a: &[u8], out: &mut [f32]);
 
+/// `n_w` weight rows (the o-th at `w[o * w_stride..]`) against `n_a` activation rows (the r-th
+/// at `a[r * a_stride..]`): `out[r * out_stride + o]`. Each weight block is decoded once for
+/// several activation rows and each activation block loaded once for several weight rows —
+/// the shape of decoding a few sequences at once.
+pub type VecDotTileFn = fn(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    n_w: usize,
+    a: &[u8],
+    a_stride: usize,
+    n_a: usize,
+    out: &mut [f32],
+    out_stride: usize,
+);
+
 /// Instruction set a kernel table was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -51,6 +67,8 @@ pub struct TypeKernels {
     pub vec_dot_multi: Option<VecDotMultiFn>,
     /// Several weight rows against one activation row, where the ISA has it.
     pub vec_dot_rows: Option<VecDotRowsFn>,
+    /// Several weight rows against a few activation rows, where the ISA has it.
+    pub vec_dot_tile: Option<VecDotTileFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {

@@ -113,7 +113,10 @@ pub const MAX_JOBS: usize = 4;
 /// Rows of activations per register tile.
 const TILE: usize = 8;
 
-/// Batches up to this many rows use the decode kernel per row (see `rows_times_acts`).
+/// Most weight rows a pool chunk holds.
+const MAX_CHUNK: usize = 64;
+
+/// Batches up to this many rows use the decode kernels (see `rows_times_acts`).
 const SMALL_BATCH: usize = 8;
 
 /// Batches at most this size quantize their activations on the calling thread.
@@ -220,7 +223,7 @@ pub fn matmul_many(
         });
         total += job.w.n_out;
     }
-    let chunk = (total / (pool.n_threads() * 16)).clamp(4, 64);
+    let chunk = (total / (pool.n_threads() * 16)).clamp(4, MAX_CHUNK);
     let chunks = Chunks::new(total, chunk);
     pool.run(&|_| {
         let mut tile = [0f32; TILE];
@@ -278,6 +281,33 @@ fn rows_times_acts(
         return;
     }
     if n_rows <= SMALL_BATCH {
+        match k.vec_dot_tile {
+            Some(f) if rows.len() <= MAX_CHUNK => {
+                // A few activation rows: 2 × 2 tiles share each weight block's unpacking and
+                // each activation block's load; bit-identical to the single-row decode kernel.
+                let ws = &w.data[rows.start * rb..rows.end * rb];
+                let m = rows.len();
+                let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
+                f(
+                    n_in,
+                    ws,
+                    rb,
+                    m,
+                    a,
+                    a_stride,
+                    n_rows,
+                    &mut buf[..n_rows * m],
+                    m,
+                );
+                for r in 0..n_rows {
+                    // SAFETY: output rows `rows` of activation row r belong to this chunk alone.
+                    let o = unsafe { out.slice(r * n_out + rows.start..r * n_out + rows.end) };
+                    o.copy_from_slice(&buf[r * m..(r + 1) * m]);
+                }
+                return;
+            }
+            _ => {}
+        }
         if let Some(f) = k.vec_dot_rows {
             // A few activation rows (decode of several sequences): the decode kernel once per
             // activation row over this chunk of weight rows. The chunk is small enough to stay

@@ -178,3 +178,43 @@ fn row_tiled_dot_equals_single_dots() {
         }
     }
 }
+
+#[test]
+fn weight_by_activation_tiles_equal_single_dots() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for ty in weight_types() {
+        let k = kernels(ty);
+        let Some(tile_fn) = k.vec_dot_tile else {
+            continue;
+        };
+        let n = row_len(ty);
+        let rb = ty.row_bytes(n).expect("whole blocks");
+        let ab = k.vec_dot_type.row_bytes(n).expect("whole blocks");
+        for (n_w, n_a) in [(1, 1), (2, 2), (3, 2), (5, 3), (7, 8), (4, 5)] {
+            let mut w = Vec::new();
+            for _ in 0..n_w {
+                w.extend(quantize(ty, &normal(&mut rng, n)));
+            }
+            let mut a = Vec::new();
+            for _ in 0..n_a {
+                a.extend(quantize(k.vec_dot_type, &normal(&mut rng, n)));
+            }
+            let stride = n_w + 3; // output rows wider than the tile
+            let mut out = vec![f32::NAN; n_a * stride];
+            tile_fn(n, &w, rb, n_w, &a, ab, n_a, &mut out, stride);
+            for r in 0..n_a {
+                for o in 0..n_w {
+                    let want = (k.vec_dot)(n, &w[o * rb..(o + 1) * rb], &a[r * ab..(r + 1) * ab]);
+                    assert_eq!(
+                        out[r * stride + o],
+                        want,
+                        "{ty}: weight row {o}, activation row {r}"
+                    );
+                }
+                assert!(out[r * stride + n_w..(r + 1) * stride]
+                    .iter()
+                    .all(|v| v.is_nan()));
+            }
+        }
+    }
+}

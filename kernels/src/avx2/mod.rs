@@ -77,6 +77,7 @@ fn legacy_entry<B: q8_0::Legacy>(entry: &mut TypeKernels) {
     entry.vec_dot = q8_0::vec_dot::<B>;
     entry.vec_dot_multi = Some(q8_0::vec_dot_multi::<B>);
     entry.vec_dot_rows = Some(q8_0::vec_dot_rows::<B>);
+    entry.vec_dot_tile = Some(q8_0::vec_dot_tile::<B>);
 }
 
 fn float_entry<F: float::FloatFormat>(entry: &mut TypeKernels) {

@@ -316,6 +316,170 @@ unsafe fn dot_wrows<B: Legacy, const R: usize>(
     out
 }
 
+/// Dots of `W` weight rows (`w_stride` apart) with `R` activation rows (`a_stride` apart):
+/// `[r][o]`. Every weight block is unpacked once for the `R` activation rows. Each pair sees
+/// the same operations as in `dot_rows`/`dot_wrows`, so results are bit-identical to them.
+///
+/// # Safety
+/// As `dot_wrows` for every weight row and `dot_rows` for every activation row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_tile<B: Legacy, const W: usize, const R: usize>(
+    nb: usize,
+    w: *const u8,
+    w_stride: usize,
+    a: *const u8,
+    a_stride: usize,
+) -> [[f32; W]; R] {
+    let zero = Acc {
+        v: [_mm256_setzero_ps(); 2],
+        off: _mm_setzero_ps(),
+    };
+    let mut acc = [[zero; W]; R];
+    let mut wrows = [w; W];
+    for (o, row) in wrows.iter_mut().enumerate() {
+        *row = w.wrapping_add(o * w_stride);
+    }
+    let mut arows = [a; R];
+    for (r, row) in arows.iter_mut().enumerate() {
+        *row = a.wrapping_add(r * a_stride);
+    }
+    let mut i = 0;
+    while i + 1 < nb {
+        // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
+        unsafe {
+            for (o, wrow) in wrows.iter().enumerate() {
+                // A hint only: prefetching past the end of a row is harmless.
+                _mm_prefetch::<_MM_HINT_T0>(
+                    wrow.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
+                );
+                let (qx, ax, hw) = weight_block::<B>(*wrow, i);
+                for (r, arow) in arows.iter().enumerate() {
+                    step::<B, 0>(&mut acc[r][o], *arow, i, qx, ax, hw);
+                }
+            }
+            for (o, wrow) in wrows.iter().enumerate() {
+                let (qx, ax, hw) = weight_block::<B>(*wrow, i + 1);
+                for (r, arow) in arows.iter().enumerate() {
+                    step::<B, 1>(&mut acc[r][o], *arow, i + 1, qx, ax, hw);
+                }
+            }
+        }
+        i += 2;
+    }
+    if i < nb {
+        // SAFETY: i < nb (caller).
+        unsafe {
+            for (o, wrow) in wrows.iter().enumerate() {
+                let (qx, ax, hw) = weight_block::<B>(*wrow, i);
+                for (r, arow) in arows.iter().enumerate() {
+                    step::<B, 0>(&mut acc[r][o], *arow, i, qx, ax, hw);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; W]; R];
+    for (orow, arow) in out.iter_mut().zip(&acc) {
+        for (o, s) in orow.iter_mut().zip(arow) {
+            *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
+            if !B::SIGNED {
+                *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
+            }
+        }
+    }
+    out
+}
+
+/// Safe entry: `n_w` weight rows against `n_a` activation rows, in 2 × 2 tiles (then the
+/// single-row kernels for what is left).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn vec_dot_tile<B: Legacy>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    n_w: usize,
+    a: &[u8],
+    a_stride: usize,
+    n_a: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    if n_w == 0 || n_a == 0 {
+        return;
+    }
+    // Bounds, checked once: the last weight and activation rows hold `nb` blocks.
+    let w_last = (n_w - 1)
+        .checked_mul(w_stride)
+        .unwrap_or_else(|| panic!("vec_dot_tile: weight stride {w_stride} overflows"));
+    let a_last = (n_a - 1)
+        .checked_mul(a_stride)
+        .unwrap_or_else(|| panic!("vec_dot_tile: activation stride {a_stride} overflows"));
+    assert!(
+        w_last <= w.len() && a_last <= a.len(),
+        "vec_dot_tile: rows do not fit"
+    );
+    let nb = check_dot(n, QK, &w[w_last..], B::BLOCK, &a[a_last..], B::ABLOCK);
+    assert!(
+        w_stride >= nb * B::BLOCK && (n_a == 1 || a_stride >= nb * B::ABLOCK),
+        "vec_dot_tile: a stride is shorter than a row"
+    );
+    assert!(
+        out.len() >= (n_a - 1) * out_stride + n_w,
+        "vec_dot_tile: output too small"
+    );
+    debug_assert!(super::available());
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut r = 0;
+    while r < n_a {
+        let mut o = 0;
+        if r + 2 <= n_a {
+            while o + 2 <= n_w {
+                // SAFETY: rows r, r+1 and o, o+1 exist and hold `nb` blocks (checked above);
+                // the CPU has the features (installed only after detection).
+                let v = unsafe {
+                    dot_tile::<B, 2, 2>(
+                        nb,
+                        wp.add(o * w_stride),
+                        w_stride,
+                        ap.add(r * a_stride),
+                        a_stride,
+                    )
+                };
+                out[r * out_stride + o..r * out_stride + o + 2].copy_from_slice(&v[0]);
+                out[(r + 1) * out_stride + o..(r + 1) * out_stride + o + 2].copy_from_slice(&v[1]);
+                o += 2;
+            }
+            if o < n_w {
+                // SAFETY: as above, one weight row.
+                let v = unsafe {
+                    dot_tile::<B, 1, 2>(
+                        nb,
+                        wp.add(o * w_stride),
+                        w_stride,
+                        ap.add(r * a_stride),
+                        a_stride,
+                    )
+                };
+                out[r * out_stride + o] = v[0][0];
+                out[(r + 1) * out_stride + o] = v[1][0];
+            }
+            r += 2;
+        } else {
+            // SAFETY: as above, one activation row.
+            unsafe {
+                dot_wmulti::<B>(
+                    nb,
+                    wp,
+                    w_stride,
+                    ap.add(r * a_stride),
+                    &mut out[r * out_stride..r * out_stride + n_w],
+                )
+            };
+            r += 1;
+        }
+    }
+}
+
 /// `out.len()` weight rows against one activation row: groups of 4, then 2, then 1.
 ///
 /// # Safety

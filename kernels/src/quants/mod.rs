@@ -30,6 +30,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
                 vec_dot: $m::vec_dot,
                 vec_dot_multi: None,
                 vec_dot_rows: None,
+                vec_dot_tile: None,
             }
         };
     }
@@ -43,6 +44,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot: float::vec_dot_f32,
             vec_dot_multi: None,
             vec_dot_rows: None,
+            vec_dot_tile: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -53,6 +55,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot: float::vec_dot_f16,
             vec_dot_multi: None,
             vec_dot_rows: None,
+            vec_dot_tile: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -63,6 +66,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot: float::vec_dot_bf16,
             vec_dot_multi: None,
             vec_dot_rows: None,
+            vec_dot_tile: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),
