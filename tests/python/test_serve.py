@@ -303,9 +303,11 @@ def test_disconnects_and_load_free_every_slot_and_keep_rss_steady(smol):
 
 def test_sigterm_drains_open_streams_and_exits_cleanly():
     s = Server(["run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "512", "--parallel", "2"])
-    stream = s.client().completions.create(model=SMOL_ID, prompt="Tell a long story.", max_tokens=400, stream=True)
+    stream = s.client().completions.create(model=SMOL_ID, prompt="1, 2, 3, 4, 5,", max_tokens=400, temperature=0,
+                                           stream=True)
     it = iter(stream)
-    next(it)
+    first = next(it)
+    assert first.choices[0].finish_reason is None  # still generating
     s.proc.send_signal(signal.SIGTERM)
     finish = None
     for ch in it:  # the stream ends properly (finish reason, [DONE]) instead of breaking
