@@ -178,11 +178,38 @@ pub fn serve_local(
     let runner =
         ringllm_node::Runner::new(Arc::new(model), threads, s.prefill_chunk + s.parallel, ctx);
     let stepper = scheduler::LocalStepper::new(runner, s.parallel, ctx, kv);
-    let backend = scheduler::SchedBackend::start(
+    eprintln!(
+        "serving {} on http://{addr}/v1 ({} slots, context {ctx}, {threads} threads)",
+        margs.model.display(),
+        s.parallel
+    );
+    start_and_serve(
         Box::new(stepper),
+        tokenizer,
+        template,
+        &margs.model,
+        ctx,
+        gen,
+        addr,
+    )
+}
+
+/// Starts the scheduler over `stepper` and serves the API until SIGTERM.
+fn start_and_serve(
+    stepper: Box<dyn scheduler::Stepper>,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    model: &std::path::Path,
+    ctx: usize,
+    gen: &crate::cli::GenArgs,
+    addr: String,
+) -> anyhow::Result<std::process::ExitCode> {
+    let s = &gen.serve;
+    let backend = scheduler::SchedBackend::start(
+        stepper,
         Arc::clone(&tokenizer),
         template,
-        model_id(&margs.model),
+        model_id(model),
         tokenizer.add_bos_default(),
         scheduler::SchedulerOptions {
             queue: s.queue,
@@ -190,11 +217,6 @@ pub fn serve_local(
             ctx,
         },
     )?;
-    eprintln!(
-        "serving {} on http://{addr}/v1 ({} slots, context {ctx}, {threads} threads)",
-        margs.model.display(),
-        s.parallel
-    );
     http::serve(
         backend,
         http::ServeOptions {
@@ -257,30 +279,18 @@ pub fn serve_ring(
         hp,
     };
     let stepper = ring_step::RingStepper::new(mode, s.parallel)?;
-    let backend = scheduler::SchedBackend::start(
-        Box::new(stepper),
-        Arc::clone(&tokenizer),
-        template,
-        model_id(&margs.model),
-        tokenizer.add_bos_default(),
-        scheduler::SchedulerOptions {
-            queue: s.queue,
-            prefill_chunk: s.prefill_chunk,
-            ctx,
-        },
-    )?;
     eprintln!(
         "serving {} over the ring on http://{addr}/v1 ({} slots, context {ctx})",
         margs.model.display(),
         s.parallel
     );
-    http::serve(
-        backend,
-        http::ServeOptions {
-            addr,
-            api_key: s.api_key.clone(),
-            cors: true,
-        },
-    )?;
-    Ok(std::process::ExitCode::SUCCESS)
+    start_and_serve(
+        Box::new(stepper),
+        tokenizer,
+        template,
+        &margs.model,
+        ctx,
+        gen,
+        addr,
+    )
 }

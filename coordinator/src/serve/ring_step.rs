@@ -3,7 +3,7 @@
 //! pass per node). After a failure the ring is rebuilt over the nodes still there on the next
 //! step.
 
-use super::scheduler::{Feed, Stepper};
+use super::scheduler::{head_logits, Feed, Stepper};
 use crate::engine::RingMode;
 use crate::ring::Ring;
 use anyhow::{anyhow, Result};
@@ -133,21 +133,13 @@ impl Stepper for RingStepper {
             }
             return Ok(());
         }
-        self.rows.clear();
-        let mut row = 0;
-        for f in feeds {
-            row += f.tokens.len();
-            if f.want_logits {
-                self.rows.extend_from_slice(&self.x[(row - 1) * d..row * d]);
-            }
-        }
-        let k = self.rows.len() / d;
-        if k > 0 {
-            self.runner.final_norm(&mut self.rows, k)?;
-            logits.resize(k * vocab, 0.0);
-            self.runner.logits(&self.rows, k, logits)?;
-        }
-        Ok(())
+        head_logits(
+            &mut self.runner,
+            &self.x[..n * d],
+            feeds.iter().map(|f| (f.tokens.len(), f.want_logits)),
+            &mut self.rows,
+            logits,
+        )
     }
 
     fn depth(&self) -> usize {
@@ -214,21 +206,13 @@ impl Stepper for RingStepper {
             }
             return Ok(());
         }
-        self.rows.clear();
-        let mut row = 0;
-        for (p, w) in parts.iter().zip(&want) {
-            row += p.2;
-            if *w {
-                self.rows.extend_from_slice(&x[(row - 1) * d..row * d]);
-            }
-        }
-        let k = self.rows.len() / d;
-        if k > 0 {
-            self.runner.final_norm(&mut self.rows, k)?;
-            logits.resize(k * vocab, 0.0);
-            self.runner.logits(&self.rows, k, logits)?;
-        }
-        Ok(())
+        head_logits(
+            &mut self.runner,
+            &x,
+            parts.iter().zip(&want).map(|(p, w)| (p.2, *w)),
+            &mut self.rows,
+            logits,
+        )
     }
 
     fn abort(&mut self) {

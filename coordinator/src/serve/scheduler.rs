@@ -62,6 +62,35 @@ pub trait Stepper: Send {
     fn abort(&mut self) {}
 }
 
+/// The output head over the last row of every part that wants logits: `parts` gives each
+/// part's row count and whether it wants logits, in the order of `x`'s rows; the logits land
+/// in `logits`, one `vocab` row per wanting part.
+pub fn head_logits(
+    runner: &mut ringllm_node::Runner,
+    x: &[f32],
+    parts: impl Iterator<Item = (usize, bool)>,
+    rows: &mut Vec<f32>,
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let d = runner.model.hp.d_model;
+    let vocab = runner.model.hp.vocab;
+    rows.clear();
+    let mut row = 0;
+    for (n, want) in parts {
+        row += n;
+        if want {
+            rows.extend_from_slice(&x[(row - 1) * d..row * d]);
+        }
+    }
+    let k = rows.len() / d;
+    if k > 0 {
+        runner.final_norm(rows, k)?;
+        logits.resize(k * vocab, 0.0);
+        runner.logits(rows, k, logits)?;
+    }
+    Ok(())
+}
+
 /// The whole model in this process.
 pub struct LocalStepper {
     runner: ringllm_node::Runner,
@@ -92,7 +121,6 @@ impl LocalStepper {
 impl Stepper for LocalStepper {
     fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()> {
         let d = self.runner.model.hp.d_model;
-        let vocab = self.runner.model.hp.vocab;
         let n: usize = feeds.iter().map(|f| f.tokens.len()).sum();
         self.x.resize(n * d, 0.0);
         let flat: Vec<u32> = feeds
@@ -116,20 +144,13 @@ impl Stepper for LocalStepper {
                 .layers_multi(&mut self.x[..n * d], &mut parts, None)?;
         }
         // The last row of every feed that wants logits, normed, in one head product.
-        self.rows.clear();
-        let mut row = 0;
-        for f in feeds {
-            row += f.tokens.len();
-            if f.want_logits {
-                self.rows.extend_from_slice(&self.x[(row - 1) * d..row * d]);
-            }
-        }
-        let k = self.rows.len() / d;
-        if k > 0 {
-            self.runner.final_norm(&mut self.rows, k)?;
-            logits.resize(k * vocab, 0.0);
-            self.runner.logits(&self.rows, k, logits)?;
-        }
+        head_logits(
+            &mut self.runner,
+            &self.x[..n * d],
+            feeds.iter().map(|f| (f.tokens.len(), f.want_logits)),
+            &mut self.rows,
+            logits,
+        )?;
         Ok(())
     }
 
