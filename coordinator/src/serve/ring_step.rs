@@ -3,7 +3,7 @@
 //! pass per node). After a failure the ring is rebuilt over the nodes still there on the next
 //! step.
 
-use super::scheduler::{head_logits, Feed, Stepper};
+use super::scheduler::{embed_feeds, head_logits, layers_for_feeds, Feed, Stepper};
 use crate::engine::RingMode;
 use crate::ring::Ring;
 use anyhow::{anyhow, Result};
@@ -75,31 +75,13 @@ impl Stepper for RingStepper {
         }
         let d = self.mode.hp.d_model;
         let vocab = self.mode.hp.vocab;
-        let n: usize = feeds.iter().map(|f| f.tokens.len()).sum();
-        self.x.resize(n * d, 0.0);
-        let flat: Vec<u32> = feeds
-            .iter()
-            .flat_map(|f| f.tokens.iter().copied())
-            .collect();
-        self.runner.embed(&flat, &mut self.x[..n * d])?;
+        let n = embed_feeds(&self.runner, feeds, &mut self.x)?;
         let parts: Vec<(u64, usize, usize)> = feeds
             .iter()
             .map(|f| (f.slot as u64, self.lens[f.slot], f.tokens.len()))
             .collect();
         let (runner, local) = (&mut self.runner, &mut self.local);
-        let mut run_local = |x: &mut [f32]| -> Result<()> {
-            let mut refs: Vec<Option<&mut KvCache>> = local.iter_mut().map(Some).collect();
-            let mut ps = Vec::with_capacity(feeds.len());
-            for f in feeds {
-                let c = refs
-                    .get_mut(f.slot)
-                    .and_then(|c| c.take())
-                    .ok_or_else(|| anyhow!("slot {} twice in one step", f.slot))?;
-                ps.push((c, f.tokens.len()));
-            }
-            runner.layers_multi(x, &mut ps, None)?;
-            Ok(())
-        };
+        let mut run_local = |x: &mut [f32]| layers_for_feeds(runner, local, feeds, x);
         let ring = self
             .ring
             .as_mut()
@@ -154,13 +136,8 @@ impl Stepper for RingStepper {
             self.rebuild()?;
         }
         let d = self.mode.hp.d_model;
-        let n: usize = feeds.iter().map(|f| f.tokens.len()).sum();
-        let mut x = vec![0f32; n * d];
-        let flat: Vec<u32> = feeds
-            .iter()
-            .flat_map(|f| f.tokens.iter().copied())
-            .collect();
-        self.runner.embed(&flat, &mut x)?;
+        let mut x = Vec::new();
+        embed_feeds(&self.runner, feeds, &mut x)?;
         let parts: Vec<(u64, usize, usize)> = feeds
             .iter()
             .map(|f| (f.slot as u64, self.lens[f.slot], f.tokens.len()))

@@ -91,6 +91,44 @@ pub fn head_logits(
     Ok(())
 }
 
+/// Embeds every feed's tokens, in order, into `x` (resized to the rows); returns the rows.
+pub fn embed_feeds(
+    runner: &ringllm_node::Runner,
+    feeds: &[Feed],
+    x: &mut Vec<f32>,
+) -> Result<usize> {
+    let d = runner.model.hp.d_model;
+    let n: usize = feeds.iter().map(|f| f.tokens.len()).sum();
+    x.resize(n * d, 0.0);
+    let flat: Vec<u32> = feeds
+        .iter()
+        .flat_map(|f| f.tokens.iter().copied())
+        .collect();
+    runner.embed(&flat, &mut x[..n * d])?;
+    Ok(n)
+}
+
+/// Runs `runner`'s layers over the feeds' rows of `x`, each with its slot's cache from
+/// `caches` (slots in one step are distinct).
+pub fn layers_for_feeds(
+    runner: &mut ringllm_node::Runner,
+    caches: &mut [ringllm_node::KvCache],
+    feeds: &[Feed],
+    x: &mut [f32],
+) -> Result<()> {
+    let mut refs: Vec<Option<&mut ringllm_node::KvCache>> = caches.iter_mut().map(Some).collect();
+    let mut parts = Vec::with_capacity(feeds.len());
+    for f in feeds {
+        let c = refs
+            .get_mut(f.slot)
+            .and_then(|c| c.take())
+            .ok_or_else(|| anyhow::anyhow!("slot {} twice in one step", f.slot))?;
+        parts.push((c, f.tokens.len()));
+    }
+    runner.layers_multi(x, &mut parts, None)?;
+    Ok(())
+}
+
 /// The whole model in this process.
 pub struct LocalStepper {
     runner: ringllm_node::Runner,
@@ -121,28 +159,13 @@ impl LocalStepper {
 impl Stepper for LocalStepper {
     fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()> {
         let d = self.runner.model.hp.d_model;
-        let n: usize = feeds.iter().map(|f| f.tokens.len()).sum();
-        self.x.resize(n * d, 0.0);
-        let flat: Vec<u32> = feeds
-            .iter()
-            .flat_map(|f| f.tokens.iter().copied())
-            .collect();
-        self.runner.embed(&flat, &mut self.x[..n * d])?;
-        {
-            // One &mut per slot, in feed order (slots in a step are distinct).
-            let mut refs: Vec<Option<&mut ringllm_node::KvCache>> =
-                self.caches.iter_mut().map(Some).collect();
-            let mut parts = Vec::with_capacity(feeds.len());
-            for f in feeds {
-                let c = refs
-                    .get_mut(f.slot)
-                    .and_then(|c| c.take())
-                    .ok_or_else(|| anyhow::anyhow!("slot {} twice in one step", f.slot))?;
-                parts.push((c, f.tokens.len()));
-            }
-            self.runner
-                .layers_multi(&mut self.x[..n * d], &mut parts, None)?;
-        }
+        let n = embed_feeds(&self.runner, feeds, &mut self.x)?;
+        layers_for_feeds(
+            &mut self.runner,
+            &mut self.caches,
+            feeds,
+            &mut self.x[..n * d],
+        )?;
         // The last row of every feed that wants logits, normed, in one head product.
         head_logits(
             &mut self.runner,
