@@ -787,17 +787,24 @@ fn sample_one(
     if eog.contains(&id) {
         return Some(Finish::Stop);
     }
+    // The chosen token's raw logit: undo the penalty subtracted above.
+    let raw_chosen =
+        logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |l| match a.counts.get(&id) {
+                Some(&c) => l + s.frequency_penalty * c as f32 + s.presence_penalty,
+                None => *l,
+            });
     a.generated += 1;
     a.history.push(id);
     *a.counts.entry(id).or_insert(0) += 1;
     let piece = a.decoder.push(tok, id);
     let (text, matched) = a.stop.push(&piece);
     let logprob = logprob_info.map(|(lse, top)| {
-        let lp = logits_logprob(id, lse);
         let bytes = tok.token_bytes(id, false);
         TokenLogprob {
             token: String::from_utf8_lossy(&bytes).into_owned(),
-            logprob: lp.1,
+            logprob: raw_chosen - lse,
             bytes,
             top: top
                 .into_iter()
@@ -823,31 +830,23 @@ fn sample_one(
     None
 }
 
-/// The raw logits' log-sum-exp with the chosen id's raw logit, and the top `k` ids with their
-/// log-probabilities (before any penalty or temperature: the model's own distribution).
-struct Lse {
-    lse: f32,
-    raw: Vec<f32>,
-}
-
-fn log_softmax_top(logits: &[f32], k: usize) -> (Lse, Vec<(u32, f32)>) {
+/// The raw logits' log-sum-exp and the top `k` ids with their log-probabilities (before any
+/// penalty or temperature: the model's own distribution).
+fn log_softmax_top(logits: &[f32], k: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let sum: f64 = logits.iter().map(|&v| ((v - max) as f64).exp()).sum();
     let lse = max + sum.ln() as f32;
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .partial_cmp(&logits[*a as usize])
+            .unwrap_or(std::cmp::Ordering::Equal)
+    };
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(logits.len());
     if k > 0 {
-        idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            logits[b as usize]
-                .partial_cmp(&logits[a as usize])
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
+        idx.select_nth_unstable_by(k - 1, by_logit);
         idx.truncate(k);
-        idx.sort_by(|&a, &b| {
-            logits[b as usize]
-                .partial_cmp(&logits[a as usize])
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
+        idx.sort_by(by_logit);
     } else {
         idx.clear();
     }
@@ -855,22 +854,7 @@ fn log_softmax_top(logits: &[f32], k: usize) -> (Lse, Vec<(u32, f32)>) {
         .into_iter()
         .map(|i| (i, logits[i as usize] - lse))
         .collect();
-    (
-        Lse {
-            lse,
-            raw: logits.to_vec(),
-        },
-        top,
-    )
-}
-
-fn logits_logprob(id: u32, l: Lse) -> (u32, f32) {
-    (
-        id,
-        l.raw
-            .get(id as usize)
-            .map_or(f32::NEG_INFINITY, |v| v - l.lse),
-    )
+    (lse, top)
 }
 
 #[cfg(test)]
