@@ -236,7 +236,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
                         let link = tcp::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
                         coordinator_conn(node, link, conn_id).await
                     }
-                    Role::Upstream => data_conn(node, stream, session.peer.name, peer).await,
+                    Role::Upstream => data_conn(node, stream, session, peer).await,
                     Role::Node => {
                         warn!("refused connection from {peer}: a node answering, not connecting")
                     }
@@ -697,14 +697,14 @@ async fn assign(
 async fn data_conn(
     node: Arc<Node>,
     stream: tokio::net::TcpStream,
-    peer_name: String,
+    hs: ringllm_protocol::handshake::Session,
     peer: std::net::SocketAddr,
 ) {
-    let who = format!("data link from '{peer_name}' ({peer})");
+    let who = format!("data link from '{}' ({peer})", hs.peer.name);
     let link = match stream
         .into_std()
         .map_err(TransportError::from)
-        .and_then(|s| TcpDataLink::new(s, MAX_PAYLOAD))
+        .and_then(|s| TcpDataLink::new(s, MAX_PAYLOAD, &hs.link_keys()))
     {
         Ok(l) => l,
         Err(e) => {

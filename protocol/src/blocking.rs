@@ -8,6 +8,7 @@
 
 use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, HEADER_LEN};
+use crate::seal::{LinkKeys, Opener, SealError, Sealer, SEAL_LEN};
 use crate::transport::LinkCounters;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -29,27 +30,49 @@ pub trait DataLink: Send {
     /// A handle that can close the link from another thread (unblocking `recv`).
     fn closer(&self) -> Result<LinkCloser, TransportError>;
     fn counters(&self) -> Arc<LinkCounters>;
+    /// The transport's name, for logs and stats.
+    fn transport(&self) -> &'static str;
 }
 
-/// Closes a link from another thread.
-pub struct LinkCloser(TcpStream);
+/// Closes a link from another thread: a blocked `recv` or `send` on it returns an error soon
+/// after.
+pub struct LinkCloser(Box<dyn Fn() + Send + Sync>);
 
 impl LinkCloser {
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> LinkCloser {
+        LinkCloser(Box::new(f))
+    }
+
+    /// A closer that shuts a TCP stream down both ways.
+    pub fn for_stream(s: TcpStream) -> LinkCloser {
+        LinkCloser::new(move || {
+            let _ = s.shutdown(Shutdown::Both);
+        })
+    }
+
     pub fn close(&self) {
-        let _ = self.0.shutdown(Shutdown::Both);
+        (self.0)()
     }
 }
 
+/// Data frames on a TCP stream: header, payload and the frame's seal (see `seal`).
 pub struct TcpDataLink {
     r: BufReader<TcpStream>,
     w: TcpStream,
     max_payload: u32,
+    sealer: Sealer,
+    opener: Opener,
     counters: Arc<LinkCounters>,
 }
 
 impl TcpDataLink {
-    /// Wraps a connected, authenticated stream (switched to blocking mode).
-    pub fn new(stream: TcpStream, max_payload: u32) -> Result<TcpDataLink, TransportError> {
+    /// Wraps a connected, authenticated stream (switched to blocking mode); `keys` come from
+    /// its handshake.
+    pub fn new(
+        stream: TcpStream,
+        max_payload: u32,
+        keys: &LinkKeys,
+    ) -> Result<TcpDataLink, TransportError> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         let w = stream.try_clone()?;
@@ -57,9 +80,67 @@ impl TcpDataLink {
             r: BufReader::with_capacity(64 << 10, stream),
             w,
             max_payload,
+            sealer: Sealer::new(&keys.send),
+            opener: Opener::new(&keys.recv),
             counters: Arc::new(LinkCounters::default()),
         })
     }
+
+    /// The underlying stream (for tests and for handing the socket to another engine).
+    pub fn stream(&self) -> &TcpStream {
+        &self.w
+    }
+}
+
+/// Checks a received stream frame's seal, counting failures.
+pub(crate) fn open_stream_frame(
+    opener: &mut Opener,
+    counters: &LinkCounters,
+    head: &[u8],
+    payload: &[u8],
+    seal: &[u8],
+) -> Result<(), TransportError> {
+    match opener.open_in_order(seal, &[head, payload]) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            match e {
+                SealError::BadMac => LinkCounters::bump(&counters.mac_failures),
+                _ => LinkCounters::bump(&counters.replays),
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Writes all of `parts` with as few `writev` calls as the socket allows.
+pub(crate) fn write_all_parts<W: Write>(w: &mut W, parts: &[&[u8]]) -> std::io::Result<()> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut done = 0;
+    while done < total {
+        // Skip the parts already written, and the written prefix of the current one.
+        let mut skip = done;
+        let mut slices = Vec::with_capacity(parts.len());
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            slices.push(IoSlice::new(&p[skip..]));
+            skip = 0;
+        }
+        match w.write_vectored(&slices) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    "the socket accepted no bytes",
+                ))
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn read_exact_or_closed<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<(), TransportError> {
@@ -87,28 +168,9 @@ fn read_exact_or_closed<R: Read>(r: &mut R, buf: &mut [u8]) -> Result<(), Transp
 impl DataLink for TcpDataLink {
     fn send(&mut self, header: &FrameHeader, payload: &[u8]) -> Result<(), TransportError> {
         let head = header.encode();
-        let total = HEADER_LEN + payload.len();
-        let mut done = 0;
-        while done < total {
-            let r = if done < HEADER_LEN {
-                self.w
-                    .write_vectored(&[IoSlice::new(&head[done..]), IoSlice::new(payload)])
-            } else {
-                self.w.write(&payload[done - HEADER_LEN..])
-            };
-            match r {
-                Ok(0) => {
-                    return Err(TransportError::Io(std::io::Error::new(
-                        std::io::ErrorKind::WriteZero,
-                        "the socket accepted no bytes",
-                    )))
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        self.counters.sent(total);
+        let seal = self.sealer.seal(&[&head, payload]);
+        write_all_parts(&mut self.w, &[&head, payload, &seal])?;
+        self.counters.sent(HEADER_LEN + payload.len() + SEAL_LEN);
         Ok(())
     }
 
@@ -118,14 +180,18 @@ impl DataLink for TcpDataLink {
         let h = FrameHeader::decode(&head, self.max_payload)?;
         buf.clear();
         buf.resize(h.len as usize, 0);
-        read_exact_or_closed(&mut self.r, buf).map_err(|e| match e {
-            TransportError::Closed => TransportError::Protocol(ProtocolError::Inconsistent(
-                "connection closed inside a frame".into(),
-            )),
-            e => e,
-        })?;
+        let mut seal = [0u8; SEAL_LEN];
+        read_exact_or_closed(&mut self.r, buf)
+            .and_then(|()| read_exact_or_closed(&mut self.r, &mut seal))
+            .map_err(|e| match e {
+                TransportError::Closed => TransportError::Protocol(ProtocolError::Inconsistent(
+                    "connection closed inside a frame".into(),
+                )),
+                e => e,
+            })?;
         h.verify(buf)?;
-        self.counters.received(HEADER_LEN + buf.len());
+        open_stream_frame(&mut self.opener, &self.counters, &head, buf, &seal)?;
+        self.counters.received(HEADER_LEN + buf.len() + SEAL_LEN);
         Ok(h)
     }
 
@@ -159,10 +225,14 @@ impl DataLink for TcpDataLink {
     }
 
     fn closer(&self) -> Result<LinkCloser, TransportError> {
-        Ok(LinkCloser(self.w.try_clone()?))
+        Ok(LinkCloser::for_stream(self.w.try_clone()?))
     }
 
     fn counters(&self) -> Arc<LinkCounters> {
         Arc::clone(&self.counters)
+    }
+
+    fn transport(&self) -> &'static str {
+        "tcp"
     }
 }

@@ -46,6 +46,8 @@ pub enum TransportError {
     Protocol(#[from] ProtocolError),
     #[error("the peer closed the connection")]
     Closed,
+    #[error("frame refused: {0}")]
+    Seal(#[from] crate::seal::SealError),
     #[error("timed out after {0:?} {1}")]
     Timeout(std::time::Duration, &'static str),
 }

@@ -225,6 +225,15 @@ pub struct Session {
     pub peer: Hello,
     /// A key for this connection only (MACs on later frames).
     pub session_key: [u8; 32],
+    /// True on the side that opened the connection (it sends with the client-to-server key).
+    pub initiator: bool,
+}
+
+impl Session {
+    /// The two per-direction MAC keys of this connection (see `seal`).
+    pub fn link_keys(&self) -> crate::seal::LinkKeys {
+        crate::seal::LinkKeys::derive(&self.session_key, self.initiator)
+    }
 }
 
 fn session_key(key: &ClusterKey, client_nonce: &[u8; 32], server_nonce: &[u8; 32]) -> [u8; 32] {
@@ -351,6 +360,7 @@ impl ClientHandshake {
         match HsMsg::decode(raw)? {
             HsMsg::Accept => Ok(Session {
                 session_key: session_key(&self.key, &self.hello.nonce, &server.nonce),
+                initiator: true,
                 peer: server,
             }),
             HsMsg::Reject(r) => Err(ProtocolError::Rejected(r)),
@@ -425,6 +435,7 @@ impl ServerHandshake {
                 }
                 let session = Session {
                     session_key: session_key(&self.key, &self.client.nonce, &self.hello.nonce),
+                    initiator: false,
                     peer: self.client,
                 };
                 Ok((session, HsMsg::Accept.encode()))

@@ -7,6 +7,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod key;
+pub mod seal;
 pub mod tcp;
 pub mod transport;
 

@@ -7,6 +7,7 @@ use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use crate::handshake::{ClientHandshake, HsMsg, Role, ServerHandshake, ServerStep, MSG_HEADER_LEN};
 use crate::key::ClusterKey;
+use crate::seal::{Opener, Sealer, SEAL_LEN};
 use crate::transport::{BoxFut, FrameReceiver, FrameSender, Link, LinkCounters};
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -144,12 +145,14 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
 
 pub struct TcpSender {
     w: OwnedWriteHalf,
+    sealer: Sealer,
     counters: Arc<LinkCounters>,
 }
 
 pub struct TcpReceiver {
     r: BufReader<OwnedReadHalf>,
     max_payload: u32,
+    opener: Opener,
     counters: Arc<LinkCounters>,
 }
 
@@ -161,8 +164,10 @@ impl FrameSender for TcpSender {
     ) -> BoxFut<'a, Result<(), TransportError>> {
         Box::pin(async move {
             let head = header.encode();
+            let seal = self.sealer.seal(&[&head, payload]);
             write_all_vectored(&mut self.w, &head, payload).await?;
-            self.counters.sent(HEADER_LEN + payload.len());
+            self.w.write_all(&seal).await?;
+            self.counters.sent(HEADER_LEN + payload.len() + SEAL_LEN);
             Ok(())
         })
     }
@@ -206,8 +211,17 @@ impl FrameReceiver for TcpReceiver {
             buf.clear();
             buf.resize(h.len as usize, 0);
             self.r.read_exact(buf).await?;
+            let mut seal = [0u8; SEAL_LEN];
+            self.r.read_exact(&mut seal).await?;
             h.verify(buf)?;
-            self.counters.received(HEADER_LEN + buf.len());
+            crate::blocking::open_stream_frame(
+                &mut self.opener,
+                &self.counters,
+                &head,
+                buf,
+                &seal,
+            )?;
+            self.counters.received(HEADER_LEN + buf.len() + SEAL_LEN);
             Ok(h)
         })
     }
@@ -222,14 +236,17 @@ pub fn link_from(
 ) -> Link {
     let (r, w) = stream.into_split();
     let counters = Arc::new(LinkCounters::default());
+    let keys = session.link_keys();
     Link {
         tx: Box::new(TcpSender {
             w,
+            sealer: Sealer::new(&keys.send),
             counters: Arc::clone(&counters),
         }),
         rx: Box::new(TcpReceiver {
             r: BufReader::with_capacity(READ_BUFFER, r),
             max_payload,
+            opener: Opener::new(&keys.recv),
             counters: Arc::clone(&counters),
         }),
         session,
@@ -267,28 +284,31 @@ pub async fn connect_data(
     name: &str,
     timeout: Duration,
     max_payload: u32,
-    session: u64,
+    ring_session: u64,
     input: bool,
     output: bool,
 ) -> Result<crate::blocking::TcpDataLink, TransportError> {
     let fut = async {
         let mut stream = TcpStream::connect(addr).await?;
         tune(&stream)?;
-        client_handshake(&mut stream, key, Role::Upstream, name).await?;
-        let (h, p) = Control::Attach {
-            session,
-            from: name.to_string(),
-            input,
-            output,
-        }
-        .to_frame()?;
-        write_all_vectored(&mut stream, &h.encode(), &p).await?;
-        Ok::<_, TransportError>(stream)
+        let session = client_handshake(&mut stream, key, Role::Upstream, name).await?;
+        Ok::<_, TransportError>((stream, session))
     };
-    let stream = tokio::time::timeout(timeout, fut)
+    let (stream, session) = tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| TransportError::Timeout(timeout, "connecting and authenticating"))??;
-    crate::blocking::TcpDataLink::new(stream.into_std()?, max_payload)
+    let mut link =
+        crate::blocking::TcpDataLink::new(stream.into_std()?, max_payload, &session.link_keys())?;
+    let (h, p) = Control::Attach {
+        session: ring_session,
+        from: name.to_string(),
+        input,
+        output,
+    }
+    .to_frame()?;
+    // A fresh socket's buffer takes this small frame without blocking.
+    crate::blocking::DataLink::send(&mut link, &h, &p)?;
+    Ok(link)
 }
 
 /// Tunes an accepted stream and runs the server side of the handshake within `timeout`.

@@ -31,13 +31,29 @@ pub trait FrameReceiver: Send {
     ) -> BoxFut<'a, Result<FrameHeader, TransportError>>;
 }
 
-/// Bytes and frames through a link, both directions.
+/// Bytes and frames through a link, both directions, and the events a transport must not
+/// hide: refused seals, retransmissions, which fast paths were taken.
 #[derive(Debug, Default)]
 pub struct LinkCounters {
     pub frames_out: AtomicU64,
     pub bytes_out: AtomicU64,
     pub frames_in: AtomicU64,
     pub bytes_in: AtomicU64,
+    /// Frames or datagrams whose MAC did not verify (dropped on datagram links; the link is
+    /// closed on stream links).
+    pub mac_failures: AtomicU64,
+    /// Datagrams (or stream frames) refused as replays or stale.
+    pub replays: AtomicU64,
+    /// Reliable UDP: chunks sent again after a loss.
+    pub retransmits: AtomicU64,
+    /// Reliable UDP: duplicate chunks received and dropped.
+    pub duplicates: AtomicU64,
+    /// io_uring: sends that went through IORING_OP_SEND_ZC.
+    pub zc_sends: AtomicU64,
+    /// io_uring: zero-copy sends the kernel completed by copying after all (loopback does).
+    pub zc_copied: AtomicU64,
+    /// io_uring: reads and writes on registered (fixed) buffers.
+    pub fixed_buf_ops: AtomicU64,
 }
 
 impl LinkCounters {
@@ -48,6 +64,25 @@ impl LinkCounters {
     pub fn received(&self, bytes: usize) {
         self.frames_in.fetch_add(1, Ordering::Relaxed);
         self.bytes_in.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    /// The non-zero event counters, for logs and stats ("mac_failures=2 retransmits=17").
+    pub fn events(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("mac_failures", &self.mac_failures),
+            ("replays", &self.replays),
+            ("retransmits", &self.retransmits),
+            ("duplicates", &self.duplicates),
+            ("zc_sends", &self.zc_sends),
+            ("zc_copied", &self.zc_copied),
+            ("fixed_buf_ops", &self.fixed_buf_ops),
+        ]
+        .into_iter()
+        .map(|(n, c)| (n, c.load(Ordering::Relaxed)))
+        .filter(|&(_, v)| v > 0)
+        .collect()
     }
     pub fn snapshot(&self) -> (u64, u64, u64, u64) {
         (

@@ -10,7 +10,9 @@ use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, ProtocolError, Role, TransportError,
     HEADER_LEN,
 };
+use ringllm_protocol::seal::{SealError, Sealer, SEAL_LEN};
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -173,7 +175,7 @@ async fn frames_of_every_size_arrive_in_order_and_intact() {
 
         // Counters: one frame and header + payload bytes each, on both sides.
         let frames = sizes.len() as u64;
-        let bytes: u64 = sizes.iter().map(|&n| (n + HEADER_LEN) as u64).sum();
+        let bytes: u64 = sizes.iter().map(|&n| (n + HEADER_LEN + SEAL_LEN) as u64).sum();
         assert_eq!(client.counters.snapshot(), (frames, bytes, 0, 0));
         assert_eq!(server.counters.snapshot(), (0, 0, frames, bytes));
 
@@ -194,8 +196,8 @@ async fn frames_of_every_size_arrive_in_order_and_intact() {
         assert_eq!(got, h);
         assert_eq!(buf, payload);
         assert_eq!(got.bytes_per_token(), 4);
-        assert_eq!(server.counters.snapshot(), (1, 140, frames, bytes));
-        assert_eq!(client.counters.snapshot(), (frames, bytes, 1, 140));
+        assert_eq!(server.counters.snapshot(), (1, (140 + SEAL_LEN) as u64, frames, bytes));
+        assert_eq!(client.counters.snapshot(), (frames, bytes, 1, (140 + SEAL_LEN) as u64));
     })
     .await;
 }
@@ -393,6 +395,13 @@ async fn clean_close_is_reported_as_closed() {
 
 /// A raw socket that has done a real handshake, and the server's end of it.
 async fn raw_client(k: &ClusterKey, server_max_payload: u32) -> (TcpStream, Link) {
+    let (raw, server, _) = raw_client_session(k, server_max_payload).await;
+    (raw, server)
+}
+
+/// A raw client socket, the server's link, and the raw side's sealer (to write frames by hand
+/// that the server accepts).
+async fn raw_client_session(k: &ClusterKey, server_max_payload: u32) -> (TcpStream, Link, Sealer) {
     let (l, addr) = bind();
     let server_key = k.clone();
     let server =
@@ -408,7 +417,8 @@ async fn raw_client(k: &ClusterKey, server_max_payload: u32) -> (TcpStream, Link
         .unwrap()
         .expect("server accepts the raw client");
     assert_eq!(session.session_key, server.session.session_key);
-    (raw, server)
+    let sealer = Sealer::new(&session.link_keys().send);
+    (raw, server, sealer)
 }
 
 #[tokio::test]
@@ -429,7 +439,8 @@ async fn close_in_the_middle_of_a_frame_is_an_error_not_a_clean_close() {
 #[tokio::test]
 async fn corrupted_payload_is_a_checksum_error() {
     within(async {
-        let (mut raw, mut server) = raw_client(&key("k"), DEFAULT_MAX_PAYLOAD).await;
+        let (mut raw, mut server, mut sealer) =
+            raw_client_session(&key("k"), DEFAULT_MAX_PAYLOAD).await;
         let mut buf = Vec::new();
 
         // First an intact frame written by hand, to show the raw path itself is sound.
@@ -437,6 +448,9 @@ async fn corrupted_payload_is_a_checksum_error() {
         let h = data_frame(7, &payload);
         raw.write_all(&h.encode()).await.unwrap();
         raw.write_all(&payload).await.unwrap();
+        raw.write_all(&sealer.seal(&[&h.encode(), &payload]))
+            .await
+            .unwrap();
         assert_eq!(server.rx.recv(&mut buf).await.unwrap(), h);
         assert_eq!(buf, payload);
 
@@ -445,6 +459,9 @@ async fn corrupted_payload_is_a_checksum_error() {
         bad[100] ^= 0x10;
         raw.write_all(&h.encode()).await.unwrap();
         raw.write_all(&bad).await.unwrap();
+        raw.write_all(&sealer.seal(&[&h.encode(), &payload]))
+            .await
+            .unwrap();
         let r = server.rx.recv(&mut buf).await;
         match r {
             Err(TransportError::Protocol(ProtocolError::Checksum { expected, found })) => {
@@ -456,8 +473,73 @@ async fn corrupted_payload_is_a_checksum_error() {
         // Only the intact frame was counted.
         assert_eq!(
             server.counters.snapshot(),
-            (0, 0, 1, (HEADER_LEN + 256) as u64)
+            (0, 0, 1, (HEADER_LEN + 256 + SEAL_LEN) as u64)
         );
+    })
+    .await;
+}
+
+/// Someone who can write into the stream but lacks the session key: a frame whose CRC is
+/// right but whose seal is not is refused, counted, and ends the link.
+#[tokio::test]
+async fn forged_seal_mid_stream_is_refused_and_counted() {
+    within(async {
+        let (mut raw, mut server, mut sealer) =
+            raw_client_session(&key("k"), DEFAULT_MAX_PAYLOAD).await;
+        let mut buf = Vec::new();
+        let payload = pattern(300, 1);
+        let h = data_frame(1, &payload);
+        raw.write_all(&h.encode()).await.unwrap();
+        raw.write_all(&payload).await.unwrap();
+        raw.write_all(&sealer.seal(&[&h.encode(), &payload]))
+            .await
+            .unwrap();
+        assert_eq!(server.rx.recv(&mut buf).await.unwrap(), h);
+
+        // The next frame: intact CRC, a seal made with a guessed key.
+        let payload2 = pattern(300, 2);
+        let h2 = data_frame(2, &payload2);
+        let mut forger = Sealer::new(&[0x42; 32]);
+        let _ = forger.seal(&[b"burn counter 1"]);
+        raw.write_all(&h2.encode()).await.unwrap();
+        raw.write_all(&payload2).await.unwrap();
+        raw.write_all(&forger.seal(&[&h2.encode(), &payload2]))
+            .await
+            .unwrap();
+        match server.rx.recv(&mut buf).await {
+            Err(TransportError::Seal(SealError::BadMac)) => {}
+            other => panic!("expected a MAC failure, got {other:?}"),
+        }
+        assert_eq!(server.counters.mac_failures.load(Ordering::Relaxed), 1);
+        assert_eq!(server.counters.frames_in.load(Ordering::Relaxed), 1);
+    })
+    .await;
+}
+
+/// A frame recorded off the wire and written again is refused (its counter is old).
+#[tokio::test]
+async fn replayed_frame_mid_stream_is_refused_and_counted() {
+    within(async {
+        let (mut raw, mut server, mut sealer) =
+            raw_client_session(&key("k"), DEFAULT_MAX_PAYLOAD).await;
+        let mut buf = Vec::new();
+        let payload = pattern(64, 5);
+        let h = data_frame(5, &payload);
+        let mut wire = h.encode().to_vec();
+        wire.extend_from_slice(&payload);
+        wire.extend_from_slice(&sealer.seal(&[&h.encode(), &payload]));
+        raw.write_all(&wire).await.unwrap();
+        assert_eq!(server.rx.recv(&mut buf).await.unwrap(), h);
+        raw.write_all(&wire).await.unwrap();
+        match server.rx.recv(&mut buf).await {
+            Err(TransportError::Seal(SealError::OutOfOrder {
+                got: 1,
+                expected: 2,
+            })) => {}
+            other => panic!("expected a replay refusal, got {other:?}"),
+        }
+        assert_eq!(server.counters.replays.load(Ordering::Relaxed), 1);
+        assert_eq!(server.counters.mac_failures.load(Ordering::Relaxed), 0);
     })
     .await;
 }
