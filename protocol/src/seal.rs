@@ -67,6 +67,22 @@ impl LinkKeys {
         }
     }
 
+    /// Independent keys for one use of this connection (e.g. `b"udp"` for the datagrams of a
+    /// link negotiated on it), so a frame of one kind can never pass as the other.
+    pub fn sub(&self, label: &[u8]) -> LinkKeys {
+        let one = |k: &[u8; 32]| {
+            let mut m = keyed(k);
+            m.update(b"ringllm sub key v1\0");
+            m.update(label);
+            let out: [u8; 32] = m.finalize().into_bytes().into();
+            out
+        };
+        LinkKeys {
+            send: one(&self.send),
+            recv: one(&self.recv),
+        }
+    }
+
     /// The same keys seen from the other end.
     pub fn swapped(&self) -> LinkKeys {
         LinkKeys {
