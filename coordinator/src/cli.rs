@@ -1,6 +1,7 @@
 //! Command-line arguments.
 
 use clap::{Args, Parser, Subcommand};
+use ringllm_protocol::TransportKind;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -167,6 +168,13 @@ pub struct ClusterSource {
     /// Context size in tokens (default: the cluster file's, else the model's capped at 4096).
     #[arg(short = 'c', long)]
     pub ctx: Option<usize>,
+    /// Transport of every data link (overrides the cluster file); each node must have been
+    /// started with the same --transport.
+    #[arg(long)]
+    pub transport: Option<TransportKind>,
+    /// Hidden states on the wire: f32, f16, bf16 or q8 (overrides the cluster file).
+    #[arg(long)]
+    pub activations: Option<String>,
 }
 
 /// `ringllm up`: the coordinator of a ring.
@@ -215,6 +223,10 @@ pub struct NodeArgs {
     /// Name shown in logs and errors (default: host name and port).
     #[arg(long)]
     pub name: Option<String>,
+    /// Transport for data links: tcp, udp (reliable UDP), quic (TLS 1.3) or uring (TCP on
+    /// io_uring). udp and quic use the UDP port of the same number as --listen.
+    #[arg(long, default_value = "tcp")]
+    pub transport: TransportKind,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -268,6 +280,16 @@ pub struct BenchArgs {
     /// API key for --serve.
     #[arg(long, env = "RINGLLM_API_KEY")]
     pub api_key: Option<String>,
+    /// Measure f32, f16, bf16 and q8 hidden states on the wire against f32: logit error and
+    /// argmax agreement over a prompt set (-m MODEL; -n sets the greedy continuation length).
+    #[arg(long)]
+    pub activations: bool,
+    /// Stage boundaries (layer numbers) for --activations (default: the middle layer).
+    #[arg(long, value_delimiter = ',')]
+    pub split: Vec<usize>,
+    /// Prompts for --activations, one per line (\n for newlines; default: a built-in set).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

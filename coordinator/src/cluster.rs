@@ -4,7 +4,10 @@
 //! model = "../models/smollm2-135m-instruct-q4_1.gguf"  # required; relative to this file's folder
 //! key = "cluster.key"          # required: the cluster key file, relative to this file's folder
 //! ctx = 2048                   # optional: context size in tokens (default: the model's, capped)
-//! activations = "f32"          # optional: activations on the wire; only "f32" for now
+//! activations = "f32"          # optional: hidden states on the wire: f32 (default), f16,
+//!                              #   bf16 or q8 (blocks of 32 int8 with an f16 scale)
+//! transport = "tcp"            # optional: data links' transport: tcp (default), udp, quic
+//!                              #   or uring; each node must run with the same --transport
 //! kv = "f32"                   # optional: KV cache type, "f32" (default) or "f16"
 //!
 //! [coordinator]                # optional table: the machine that runs `ringllm`
@@ -17,6 +20,7 @@
 //! layers = "0-14"              # optional manual split, inclusive: "0-14" is layers 0 to 14
 //! memory = "2GiB"              # optional cap on what the node may use
 //! threads = 1                  # optional, at least 1
+//! transport = "quic"           # optional: this node's links (overrides the top-level one)
 //!
 //! [[node]]
 //! name = "master"
@@ -41,10 +45,14 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use ringllm_protocol::TransportKind;
 use serde::Deserialize;
 use toml::Spanned;
 
-/// The only activation type on the wire for now.
+/// Hidden states on the wire when the file does not say: f32, exact. A decode step moves
+/// d × 4 bytes per hop (2.6 KB for Gemma 3 270M, 21 µs on 1 GbE), and compressing them
+/// changed up to 60% of greedy tokens of the test models (`ringllm bench --activations`,
+/// README "Activations on the wire"); f16/bf16/q8 are for slow links and long prefills.
 pub const DEFAULT_ACTIVATIONS: &str = "f32";
 /// KV cache type when the file does not say.
 pub const DEFAULT_KV: &str = "f32";
@@ -60,8 +68,10 @@ pub struct ClusterConfig {
     pub key_file: PathBuf,
     /// Context size in tokens; `None`: the engine's default.
     pub ctx: Option<usize>,
-    /// Activation type on the wire; always `"f32"` for now.
+    /// Activation type on the wire: `"f32"`, `"f16"`, `"bf16"` or `"q8"`.
     pub activations: String,
+    /// Every data link's transport unless a node says otherwise; `None`: each node's own.
+    pub transport: Option<TransportKind>,
     /// KV cache type: `"f32"` or `"f16"`.
     pub kv: String,
     /// The coordinator's own threads.
@@ -85,6 +95,8 @@ pub struct StageConfig {
     /// Cap on the memory this node may use, in bytes.
     pub memory: Option<u64>,
     pub threads: Option<usize>,
+    /// The transport of this node's data links.
+    pub transport: Option<TransportKind>,
     /// 1-based line of the `[[node]]` header, for messages.
     pub line: usize,
 }
@@ -94,6 +106,7 @@ const TOP_FIELDS: &[&str] = &[
     "key",
     "ctx",
     "activations",
+    "transport",
     "kv",
     "coordinator",
     "node",
@@ -106,6 +119,7 @@ struct RawCluster {
     key: Option<Spanned<String>>,
     ctx: Option<Spanned<i64>>,
     activations: Option<Spanned<String>>,
+    transport: Option<Spanned<String>>,
     kv: Option<Spanned<String>>,
     coordinator: Option<RawCoordinator>,
     #[serde(default)]
@@ -128,6 +142,7 @@ struct RawNode {
     layers: Option<Spanned<toml::Value>>,
     memory: Option<Spanned<toml::Value>>,
     threads: Option<Spanned<i64>>,
+    transport: Option<Spanned<String>>,
 }
 
 /// Reads and checks a cluster file.
@@ -158,28 +173,24 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
         Some(v) => {
             let a = v.get_ref().trim().to_ascii_lowercase();
             match a.as_str() {
-                "f32" => a,
-                "f16" | "bf16" | "q8" | "q8_0" => {
-                    let msg = format!(
-                        "field `activations` \"{}\" is not supported yet — only \"f32\" works \
-                         for now (f16, bf16 and q8 are planned); write activations = \"f32\" or \
-                         remove the line",
-                        v.get_ref()
-                    );
-                    return Err(src.err(&v, msg));
-                }
+                "f32" | "f16" | "bf16" | "q8" => a,
+                "q8_0" => "q8".to_string(),
                 _ => {
                     return Err(src.err(
                         &v,
                         format!(
                             "field `activations` \"{}\" is not an activation type — write \
-                             activations = \"f32\" (the only one supported for now)",
+                             activations = \"f16\" (the default), \"f32\", \"bf16\" or \"q8\"",
                             v.get_ref()
                         ),
                     ))
                 }
             }
         }
+    };
+    let transport = match &raw.transport {
+        None => None,
+        Some(t) => Some(transport_field(&src, t, "")?),
     };
     let kv = match raw.kv {
         None => DEFAULT_KV.to_string(),
@@ -241,6 +252,7 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
         key_file,
         ctx,
         activations,
+        transport,
         kv,
         threads,
         memory,
@@ -660,6 +672,19 @@ fn node(src: &Source, raw: &RawNode, index: usize, line: usize) -> Result<StageC
         None => None,
         Some(t) => Some(positive(src, t, &what, "threads", "threads = 1")?),
     };
+    let transport = match &raw.transport {
+        None => None,
+        Some(t) if local => {
+            return Err(src.err(
+                t,
+                format!(
+                    "{what}field `transport` on a local stage — it runs inside the coordinator, \
+                     with no link of its own; remove the line"
+                ),
+            ))
+        }
+        Some(t) => Some(transport_field(src, t, &what)?),
+    };
     Ok(StageConfig {
         name,
         address,
@@ -667,7 +692,21 @@ fn node(src: &Source, raw: &RawNode, index: usize, line: usize) -> Result<StageC
         layers,
         memory,
         threads,
+        transport,
         line,
+    })
+}
+
+fn transport_field(src: &Source, t: &Spanned<String>, what: &str) -> Result<TransportKind> {
+    TransportKind::from_name(t.get_ref()).ok_or_else(|| {
+        src.err(
+            t,
+            format!(
+                "{what}field `transport` \"{}\" is not a transport — write transport = \"tcp\", \
+                 \"udp\", \"quic\" or \"uring\"",
+                t.get_ref()
+            ),
+        )
     })
 }
 
@@ -915,6 +954,7 @@ local = true
                 layers: Some(0..9),
                 memory: Some(2 << 30),
                 threads: Some(1),
+                transport: None,
                 line: 10,
             }
         );
@@ -1093,12 +1133,47 @@ local = true
     }
 
     #[test]
-    fn activations_and_kv() {
+    fn transports_top_level_and_per_node() {
+        let c = parse_str(
+            &format!(
+                "{HEAD}transport = \"udp\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n\
+                 [[node]]\nname = \"b\"\naddress = \"h:2\"\ntransport = \"QUIC\"\n"
+            ),
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.transport, Some(TransportKind::Udp));
+        assert_eq!(c.stages[0].transport, None);
+        assert_eq!(c.stages[1].transport, Some(TransportKind::Quic));
         let m = err(&format!(
-            "activations = \"f16\"\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+            "{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\ntransport = \"sctp\"\n"
+        ));
+        assert_names(&m, 6, "transport");
+        assert!(m.contains("node \"a\"") && m.contains("\"uring\""), "{m}");
+        let m = err(&format!(
+            "{HEAD}[[node]]\nname = \"m\"\nlocal = true\ntransport = \"udp\"\n"
+        ));
+        assert!(m.contains("local stage"), "{m}");
+    }
+
+    #[test]
+    fn activations_and_kv() {
+        // f16, bf16 and q8 are accepted.
+        for a in ["f16", "bf16", "q8", "f32"] {
+            let c = parse_str(
+                &format!(
+                    "model = \"m.gguf\"\nkey = \"k\"\nactivations = \"{a}\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+                ),
+                Path::new("c.toml"),
+            )
+            .unwrap();
+            assert_eq!(c.activations, a);
+        }
+        let m = err(&format!(
+            "activations = \"f8\"\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
         ));
         assert_names(&m, 1, "activations");
-        assert!(m.contains("not supported yet"), "{m}");
+        assert!(m.contains("not an activation type"), "{m}");
         let m = err(&format!(
             "kv = \"q4\"\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
         ));

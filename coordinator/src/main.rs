@@ -1,6 +1,7 @@
 //! `ringllm`: the command-line front end (run, chat, info, bench, perplexity).
 //! Results go to stdout, logs and statistics to stderr.
 
+mod actbench;
 mod bench;
 mod cli;
 mod cluster;

@@ -8,14 +8,17 @@ use anyhow::{anyhow, bail, Context, Result};
 use ringllm_node::daemon::model_identity;
 use ringllm_node::gguf::GgufFile;
 use ringllm_node::{sys, KvCache, KvType, LoadOptions, Model};
+use ringllm_protocol::activations;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
 };
-use ringllm_protocol::frame::{f32_to_le_bytes, le_bytes_to_f32, FLAG_MORE};
+use ringllm_protocol::dial::{self, BoxLink};
+use ringllm_protocol::frame::FLAG_MORE;
 use ringllm_protocol::tcp::{self, control_of};
 use ringllm_protocol::{
-    ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TcpDataLink,
+    ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TransportKind,
 };
+
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +44,9 @@ pub struct StageSpec {
     pub layers: Option<Range<usize>>,
     pub memory: Option<u64>,
     pub threads: Option<usize>,
+    /// The transport the cluster file (or `--transport`) says this node's links use; checked
+    /// against what the node reports. `None`: whatever the node was started with.
+    pub transport: Option<TransportKind>,
 }
 
 /// Everything needed to build a ring.
@@ -75,6 +81,8 @@ struct RemoteNode {
     address: String,
     out: mpsc::Sender<Outgoing>,
     caps: Capabilities,
+    /// What the cluster file declared for this node's links.
+    declared: Option<TransportKind>,
     rtt_s: f64,
     /// Milliseconds since `Ring::t0` at which the node was last heard from.
     last_seen: Arc<AtomicU64>,
@@ -97,8 +105,8 @@ pub enum Stage {
 /// The coordinator's data links of one segment: where its input goes, and where its output
 /// comes from (`None`: the same link).
 struct SegmentLinks {
-    input: TcpDataLink,
-    output: Option<TcpDataLink>,
+    input: BoxLink,
+    output: Option<BoxLink>,
 }
 
 pub struct Ring {
@@ -115,6 +123,8 @@ pub struct Ring {
     /// Every node's `Ready`, in node order.
     pub ready: Vec<Ready>,
     vocab: usize,
+    /// How hidden states travel on this ring's data links.
+    pub activations: Dtype,
     logits_buf: Vec<f32>,
     /// Coordinator's own link counters (bytes it sent and received per node).
     scratch: Vec<u8>,
@@ -292,7 +302,9 @@ impl Ring {
                     isa: String::new(),
                     matvec_bytes_per_s: 0.0,
                     models: Vec::new(),
+                    transport: TransportKind::Tcp,
                 },
+                declared: s.transport,
                 rtt_s: 0.0,
                 last_seen,
                 counters,
@@ -310,6 +322,7 @@ impl Ring {
             session: 0,
             ready: Vec::new(),
             vocab: 0,
+            activations: Dtype::F32,
             logits_buf: Vec::new(),
             scratch: Vec::new(),
         };
@@ -319,6 +332,17 @@ impl Ring {
             let (i, msg) = ring.next_control(Duration::from_secs(10), "capabilities")?;
             match msg {
                 Control::Capabilities(c) => {
+                    if let Some(want) = ring.nodes[i].declared {
+                        if want != c.transport {
+                            bail!(
+                                "{}: the cluster says its links use {want}, but the node was \
+                                 started with --transport {} (restart it with --transport \
+                                 {want}, or change the cluster file)",
+                                ring.who(i),
+                                c.transport
+                            );
+                        }
+                    }
                     ring.nodes[i].caps = c;
                     have[i] = true;
                 }
@@ -461,6 +485,7 @@ impl Ring {
     ) -> Result<()> {
         self.session =
             (self.t0.elapsed().as_nanos() as u64) ^ ((std::process::id() as u64) << 40) ^ 0x5eed;
+        self.activations = spec.activations;
         // Per remote node: its layers, input and next hop, from the plan in stage order.
         let remote_plans: Vec<(usize, &planner::StagePlan)> = spec
             .stages
@@ -482,6 +507,7 @@ impl Ring {
                     NextHop::Node {
                         name: self.nodes[i + 1].name.clone(),
                         address: self.nodes[i + 1].address.clone(),
+                        transport: self.nodes[i + 1].caps.transport,
                     }
                 };
                 let a = Assignment {
@@ -558,7 +584,8 @@ impl Ring {
             let connect = |i: usize, input: bool, output: bool| {
                 let n = &self.nodes[i];
                 self.rt
-                    .block_on(tcp::connect_data(
+                    .block_on(dial::connect_data_link(
+                        n.caps.transport,
                         &n.address,
                         &spec.key,
                         "coordinator",
@@ -814,13 +841,12 @@ impl Ring {
         let mut payload = std::mem::take(&mut self.scratch);
         let mut row = 0;
         for (k, &(seq, pos, m)) in parts.iter().enumerate() {
-            payload.clear();
-            f32_to_le_bytes(&x[row * d..(row + m) * d], &mut payload);
+            activations::encode(self.activations, &x[row * d..(row + m) * d], &mut payload)?;
             row += m;
             let flags = if k + 1 < parts.len() { FLAG_MORE } else { 0 };
             let h = FrameHeader::new(
                 FrameKind::Hidden,
-                Dtype::F32,
+                self.activations,
                 seq,
                 pos as u32,
                 m as u32,
@@ -885,7 +911,7 @@ impl Ring {
             }
             match h.kind {
                 FrameKind::Hidden => {
-                    le_bytes_to_f32(&payload, &mut x[row * d..(row + m) * d])
+                    activations::decode(h.dtype, &payload, &mut x[row * d..(row + m) * d])
                         .with_context(|| who_last.clone())?;
                 }
                 FrameKind::Logits => {

@@ -27,7 +27,16 @@ pub fn setup_cluster(path: &std::path::Path) -> Result<Setup> {
         key: None,
         nodes: Vec::new(),
         ctx: None,
+        transport: None,
+        activations: None,
     })
+}
+
+fn activations_flag(a: &str) -> Result<Dtype> {
+    match Dtype::from_name(&a.trim().to_ascii_lowercase()) {
+        Some(d) => Ok(d),
+        None => bail!("--activations {a}: write f32, f16, bf16 or q8"),
+    }
 }
 
 fn setup(src: &ClusterSource) -> Result<Setup> {
@@ -40,13 +49,16 @@ fn setup(src: &ClusterSource) -> Result<Setup> {
             let cfg: ClusterConfig = cluster::load(path)?;
             let key_path = key.clone().unwrap_or_else(|| cfg.key_file.clone());
             let key = ClusterKey::load(&key_path)?;
-            let activations = Dtype::from_name(&cfg.activations).ok_or_else(|| {
-                anyhow!(
-                    "{}: activations '{}' unknown",
-                    path.display(),
-                    cfg.activations
-                )
-            })?;
+            let activations = match &src.activations {
+                Some(a) => activations_flag(a)?,
+                None => Dtype::from_name(&cfg.activations).ok_or_else(|| {
+                    anyhow!(
+                        "{}: activations '{}' unknown",
+                        path.display(),
+                        cfg.activations
+                    )
+                })?,
+            };
             let stages = cfg
                 .stages
                 .iter()
@@ -56,6 +68,7 @@ fn setup(src: &ClusterSource) -> Result<Setup> {
                     layers: s.layers.clone(),
                     memory: s.memory,
                     threads: s.threads,
+                    transport: src.transport.or(s.transport).or(cfg.transport),
                 })
                 .collect();
             Ok(Setup {
@@ -93,6 +106,7 @@ fn setup(src: &ClusterSource) -> Result<Setup> {
                     layers: None,
                     memory: None,
                     threads: None,
+                    transport: src.transport,
                 });
             }
             Ok(Setup {
@@ -101,7 +115,11 @@ fn setup(src: &ClusterSource) -> Result<Setup> {
                     key,
                     stages,
                     coordinator_memory: None,
-                    activations: Dtype::F32,
+                    activations: match &src.activations {
+                        Some(a) => activations_flag(a)?,
+                        None => Dtype::from_name(cluster::DEFAULT_ACTIVATIONS)
+                            .ok_or_else(|| anyhow!("bad default activation type"))?,
+                    },
                 },
                 ctx: None,
                 kv: None,
@@ -219,6 +237,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         name,
         threads: args.threads.unwrap_or_else(default_threads).max(1),
         models_dir: args.models.clone(),
+        transport: args.transport,
     })
     .map_err(|e| anyhow!(e))?;
     Ok(ExitCode::SUCCESS)

@@ -16,14 +16,16 @@ use crate::gguf::GgufFile;
 use crate::model::{LoadOptions, Model};
 use crate::sys;
 use crate::{KvCache, KvType, Runner};
+use ringllm_protocol::activations;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready, Stats,
 };
-use ringllm_protocol::frame::{le_bytes_to_f32, FLAG_ALL_TOKENS, FLAG_MORE};
+use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
+use ringllm_protocol::frame::{FLAG_ALL_TOKENS, FLAG_MORE};
 use ringllm_protocol::tcp::{self, control_of};
 use ringllm_protocol::{
-    ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TcpDataLink,
-    TransportError,
+    ClusterKey, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TransportError,
+    TransportKind,
 };
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,13 +48,15 @@ pub struct NodeOptions {
     /// Worker threads for compute (an assignment may ask for fewer).
     pub threads: usize,
     pub models_dir: PathBuf,
+    /// The transport this node takes its data links on.
+    pub transport: TransportKind,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
 
 /// A data link handed to a session's compute thread.
 struct Attached {
-    link: TcpDataLink,
+    link: BoxLink,
     input: bool,
     output: bool,
     from: String,
@@ -191,6 +195,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
             isa: ringllm_kernels::isa().name().to_string(),
             matvec_bytes_per_s: speed,
             models,
+            transport: opts.transport,
         };
         info!(
             speed_gbs = speed / 1e9,
@@ -485,13 +490,10 @@ async fn assign(
     let name = node.opts.name.clone();
     // A new assignment replaces this connection's previous one.
     node.lock().session = None;
-    if a.activations != Dtype::F32 {
+    if a.activations == Dtype::Bytes {
         return Err((
             ErrorCode::BadRequest,
-            format!(
-                "node '{name}': activations in {} are not supported yet (use f32)",
-                a.activations.name()
-            ),
+            format!("node '{name}': activations must be f32, f16, bf16 or q8"),
         ));
     }
     let kv_type = KvType::from_name(&a.kv_type).ok_or_else(|| {
@@ -605,8 +607,10 @@ async fn assign(
         NextHop::Node {
             name: next,
             address,
+            transport,
         } => Some(
-            tcp::connect_data(
+            dial::connect_data_link(
+                *transport,
                 address,
                 &node.opts.key,
                 &name,
@@ -627,7 +631,11 @@ async fn assign(
     };
     let next_name = match &a.next_hop {
         NextHop::Coordinator => "the coordinator".to_string(),
-        NextHop::Node { name, address } => format!("next hop '{name}' ({address})"),
+        NextHop::Node {
+            name,
+            address,
+            transport,
+        } => format!("next hop '{name}' ({address}, {transport})"),
     };
     let closers = Arc::new(Mutex::new(Vec::new()));
     if let Some(l) = &next {
@@ -645,6 +653,7 @@ async fn assign(
         kv_ctx: ctx,
         kv_type,
         head,
+        activations: a.activations,
         coord: coord_out.clone(),
         stats: Arc::clone(&stats),
         next,
@@ -701,47 +710,22 @@ async fn data_conn(
     peer: std::net::SocketAddr,
 ) {
     let who = format!("data link from '{}' ({peer})", hs.peer.name);
-    let link = match stream
-        .into_std()
-        .map_err(TransportError::from)
-        .and_then(|s| TcpDataLink::new(s, MAX_PAYLOAD, &hs.link_keys()))
-    {
-        Ok(l) => l,
-        Err(e) => {
-            warn!("{who}: {e}");
-            return;
-        }
-    };
-    let first = tokio::task::spawn_blocking(move || {
-        let mut link = link;
-        let mut buf = Vec::new();
-        let r = link.recv_timeout(&mut buf, HANDSHAKE_TIMEOUT);
-        (link, r.map(|h| h.map(|h| control_of(&h, &buf))))
+    attach_link(node, who, move || {
+        let stream = stream.into_std()?;
+        dial::accept_tcp_data(stream, &hs, MAX_PAYLOAD, HANDSHAKE_TIMEOUT)
     })
-    .await;
-    let (link, attach) = match first {
-        Ok((
-            link,
-            Ok(Some(Ok(Control::Attach {
-                session,
-                input,
-                output,
-                from,
-            }))),
-        )) => (link, (session, input, output, from)),
-        Ok((_, Ok(Some(Ok(other))))) => {
-            warn!("{who}: expected attach, got {}", other.name());
-            return;
-        }
-        Ok((_, Ok(Some(Err(e))))) => {
-            warn!("{who}: {e}");
-            return;
-        }
-        Ok((_, Ok(None))) => {
-            warn!("{who}: no attach message within {HANDSHAKE_TIMEOUT:?}");
-            return;
-        }
-        Ok((_, Err(e))) => {
+    .await
+}
+
+/// Finishes a data link (blocking, off the runtime) and hands it to its session.
+async fn attach_link(
+    node: Arc<Node>,
+    who: String,
+    open: impl FnOnce() -> Result<(BoxLink, AttachInfo), TransportError> + Send + 'static,
+) {
+    let (link, info) = match tokio::task::spawn_blocking(open).await {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => {
             warn!("{who}: {e}");
             return;
         }
@@ -750,7 +734,14 @@ async fn data_conn(
             return;
         }
     };
-    let (session, input, output, from) = attach;
+    let who = format!("{who} over {}", link.transport());
+    let AttachInfo {
+        session,
+        from,
+        input,
+        output,
+        ..
+    } = info;
     let mut link = Some(link);
     // The assignment may still be loading here: wait a little for it.
     let deadline = Instant::now() + TAKEOVER_WAIT;
@@ -799,9 +790,11 @@ struct Worker {
     kv_ctx: usize,
     kv_type: KvType,
     head: bool,
+    /// How this stage's hidden-state output travels.
+    activations: Dtype,
     coord: mpsc::Sender<Outgoing>,
     stats: Arc<SessionStats>,
-    next: Option<TcpDataLink>,
+    next: Option<BoxLink>,
     next_name: String,
     output_to_coordinator: bool,
     stop: Arc<AtomicBool>,
@@ -811,9 +804,9 @@ struct Worker {
 
 /// The input link, and the output link when it is a different one.
 struct Io {
-    input: TcpDataLink,
+    input: BoxLink,
     input_from: String,
-    output: Option<TcpDataLink>,
+    output: Option<BoxLink>,
 }
 
 impl Worker {
@@ -826,7 +819,7 @@ impl Worker {
 
     /// Waits for the data links this stage needs.
     fn links(&mut self, attach: &std::sync::mpsc::Receiver<Attached>) -> Option<Io> {
-        let mut input: Option<(TcpDataLink, String)> = None;
+        let mut input: Option<(BoxLink, String)> = None;
         let mut output = self.next.take();
         let mut same = false;
         let want_output = self.output_to_coordinator;
@@ -976,12 +969,16 @@ impl Worker {
         }
         let mut seen = vec![false; self.caches.len()];
         for (h, _) in batch {
-            if h.dtype != Dtype::F32 || h.bytes_per_token() != d * 4 {
+            let want = h.dtype.bytes_for(d);
+            if h.kind != FrameKind::Hidden || want != Some(h.bytes_per_token()) {
                 return Err(format!(
-                    "node '{name}': frame of {} bytes per token in {}, expected {} (f32 × d = {d})",
+                    "node '{name}': {:?} frame of {} bytes per token in {}, expected hidden \
+                     states of {} bytes per token ({} × d = {d})",
+                    h.kind,
                     h.bytes_per_token(),
                     h.dtype.name(),
-                    d * 4
+                    want.map_or("no whole".to_string(), |w| w.to_string()),
+                    h.dtype.name(),
                 ));
             }
             let slot = h.seq as usize;
@@ -1020,7 +1017,7 @@ impl Worker {
         let mut row = 0;
         for (h, payload) in batch {
             let k = h.n_tokens as usize;
-            le_bytes_to_f32(payload, &mut x[row * d..(row + k) * d])
+            activations::decode(h.dtype, payload, &mut x[row * d..(row + k) * d])
                 .map_err(|e| format!("node '{name}': {e}"))?;
             row += k;
         }
@@ -1074,8 +1071,9 @@ impl Worker {
                 }
                 (FrameKind::Logits, Dtype::F16, rows.len())
             } else {
-                ringllm_protocol::frame::f32_to_le_bytes(xs, &mut bytes);
-                (FrameKind::Hidden, Dtype::F32, k)
+                activations::encode(self.activations, xs, &mut bytes)
+                    .map_err(|e| format!("node '{name}': {e}"))?;
+                (FrameKind::Hidden, self.activations, k)
             };
             let oh = FrameHeader::new(kind, dtype, h.seq, h.pos, n_out as u32, h.flags, &bytes)
                 .map_err(|e| format!("node '{name}': {e}"))?;

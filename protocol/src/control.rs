@@ -6,6 +6,7 @@
 
 use crate::error::ProtocolError;
 use crate::frame::{Dtype, FrameHeader, FrameKind, MAX_CONTROL_LEN};
+use crate::transport::TransportKind;
 use serde::{Deserialize, Serialize};
 
 /// Identity of a model file: its size and a hash of its header and tensor table.
@@ -33,6 +34,8 @@ pub struct Capabilities {
     pub matvec_bytes_per_s: f64,
     /// Model files found in the node's models directory.
     pub models: Vec<ModelIdentity>,
+    /// The transport this node takes its data links on (`--transport`).
+    pub transport: TransportKind,
 }
 
 /// Where a stage's input comes from.
@@ -50,7 +53,12 @@ pub enum NextHop {
     /// Back on the coordinator's connection.
     Coordinator,
     /// To another node, which we connect to.
-    Node { name: String, address: String },
+    Node {
+        name: String,
+        address: String,
+        /// The next node's transport.
+        transport: TransportKind,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,6 +164,11 @@ pub enum Control {
         from: String,
         input: bool,
         output: bool,
+        /// The transport the sender will use: on a TCP connection, `Udp` asks for a reliable
+        /// UDP link from the sender's UDP port `udp_port`; this connection stays open as its
+        /// anchor (its end is the link's end).
+        transport: TransportKind,
+        udp_port: u16,
     },
 }
 

@@ -1,8 +1,10 @@
 //! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`)
 //! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits.
 
+pub mod activations;
 pub mod blocking;
 pub mod control;
+pub mod dial;
 pub mod error;
 pub mod frame;
 pub mod handshake;
@@ -17,4 +19,4 @@ pub use error::{ProtocolError, TransportError};
 pub use frame::{Dtype, FrameHeader, FrameKind, HEADER_LEN};
 pub use handshake::Role;
 pub use key::ClusterKey;
-pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters};
+pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters, TransportKind};

@@ -304,6 +304,8 @@ pub async fn connect_data(
         from: name.to_string(),
         input,
         output,
+        transport: crate::TransportKind::Tcp,
+        udp_port: 0,
     }
     .to_frame()?;
     // A fresh socket's buffer takes this small frame without blocking.

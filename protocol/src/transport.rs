@@ -31,6 +31,58 @@ pub trait FrameReceiver: Send {
     ) -> BoxFut<'a, Result<FrameHeader, TransportError>>;
 }
 
+/// Which transport a data link uses. A node listens for its data links on its `--listen`
+/// port: TCP (plain, or driven by io_uring; the wire is the same) or UDP (reliable UDP links
+/// negotiated over a TCP connection to that port, and QUIC).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum TransportKind {
+    #[default]
+    Tcp,
+    Udp,
+    Quic,
+    Uring,
+}
+
+impl TransportKind {
+    pub const ALL: [TransportKind; 4] = [
+        TransportKind::Tcp,
+        TransportKind::Udp,
+        TransportKind::Quic,
+        TransportKind::Uring,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Udp => "udp",
+            TransportKind::Quic => "quic",
+            TransportKind::Uring => "uring",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<TransportKind> {
+        TransportKind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        TransportKind::from_name(s)
+            .ok_or_else(|| format!("unknown transport '{s}' (tcp, udp, quic or uring)"))
+    }
+}
+
 /// Bytes and frames through a link, both directions, and the events a transport must not
 /// hide: refused seals, retransmissions, which fast paths were taken.
 #[derive(Debug, Default)]

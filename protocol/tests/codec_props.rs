@@ -11,7 +11,9 @@ use ringllm_protocol::frame::{
     FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, KNOWN_FLAGS, MAX_CONTROL_LEN,
 };
 use ringllm_protocol::handshake::{Hello, HsMsg, MAX_BODY, MAX_NAME, MSG_HEADER_LEN};
-use ringllm_protocol::{Dtype, FrameHeader, FrameKind, ProtocolError, Role, HEADER_LEN};
+use ringllm_protocol::{
+    Dtype, FrameHeader, FrameKind, ProtocolError, Role, TransportKind, HEADER_LEN,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Strategies
@@ -143,6 +145,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
         text(),
         finite_or_inf_f64(),
         prop::collection::vec(model_identity(), 0..4),
+        transport(),
     )
         .prop_map(
             |(
@@ -155,6 +158,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
                 isa,
                 matvec_bytes_per_s,
                 models,
+                transport,
             )| Capabilities {
                 node_name,
                 version,
@@ -165,14 +169,23 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
                 isa,
                 matvec_bytes_per_s,
                 models,
+                transport,
             },
         )
+}
+
+fn transport() -> impl Strategy<Value = TransportKind> {
+    prop::sample::select(TransportKind::ALL.to_vec())
 }
 
 fn next_hop() -> impl Strategy<Value = NextHop> {
     prop_oneof![
         Just(NextHop::Coordinator),
-        (text(), text()).prop_map(|(name, address)| NextHop::Node { name, address }),
+        (text(), text(), transport()).prop_map(|(name, address, transport)| NextHop::Node {
+            name,
+            address,
+            transport
+        }),
     ]
 }
 
@@ -285,14 +298,24 @@ fn control() -> impl Strategy<Value = Control> {
         error_msg().prop_map(Control::Error),
         text().prop_map(|reason| Control::Shutdown { reason }),
         Just(Control::GetStats),
-        (any::<u64>(), text(), any::<bool>(), any::<bool>()).prop_map(
-            |(session, from, input, output)| Control::Attach {
-                session,
-                from,
-                input,
-                output
-            }
-        ),
+        (
+            any::<u64>(),
+            text(),
+            any::<bool>(),
+            any::<bool>(),
+            transport(),
+            any::<u16>()
+        )
+            .prop_map(|(session, from, input, output, transport, udp_port)| {
+                Control::Attach {
+                    session,
+                    from,
+                    input,
+                    output,
+                    transport,
+                    udp_port,
+                }
+            }),
     ]
 }
 
@@ -715,6 +738,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 isa: "scalar".into(),
                 matvec_bytes_per_s: 1.5,
                 models: vec![model.clone()],
+                transport: TransportKind::Quic,
             }),
             0,
         ),
@@ -729,6 +753,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 next_hop: NextHop::Node {
                     name: "b".into(),
                     address: "10.0.0.2:7000".into(),
+                    transport: TransportKind::Udp,
                 },
                 activations: Dtype::F16,
                 kv_ctx: 4096,
@@ -781,6 +806,8 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 from: "a".into(),
                 input: true,
                 output: false,
+                transport: TransportKind::Udp,
+                udp_port: 40000,
             },
             9,
         ),
