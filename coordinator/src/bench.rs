@@ -29,6 +29,9 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if let Some(cluster) = &args.cluster {
         return bench_cluster(&args, cluster);
     }
+    if args.transports {
+        return crate::netbench::bench_transports(&args);
+    }
     if args.activations {
         return crate::actbench::bench_activations(&args);
     }

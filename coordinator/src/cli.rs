@@ -250,7 +250,7 @@ pub struct InfoArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// GGUF model file.
-    #[arg(short, long, required_unless_present_any = ["cluster", "serve"])]
+    #[arg(short, long, required_unless_present_any = ["cluster", "serve", "transports"])]
     pub model: Option<PathBuf>,
     /// Prompt lengths to measure prefill at.
     #[arg(short = 'p', long, value_delimiter = ',', default_values_t = vec![64usize, 512])]
@@ -290,6 +290,25 @@ pub struct BenchArgs {
     /// Prompts for --activations, one per line (\n for newlines; default: a built-in set).
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// Latency and throughput of every transport next to raw sockets (see --peer).
+    #[arg(long)]
+    pub transports: bool,
+    /// With --transports: only these (comma-separated; the raw baselines always run).
+    #[arg(long = "transport", value_delimiter = ',')]
+    pub transport_list: Vec<TransportKind>,
+    /// With --transports: frame sizes in bytes (default 2560,16384,1048576).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
+    /// With --transports: round trips per size (a tenth of them for 1 MiB frames).
+    #[arg(long, default_value_t = 2000)]
+    pub iterations: usize,
+    /// With --transports: measure against an echo server there (HOST:PORT) instead of one
+    /// started in this process on loopback.
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// Run only the echo server for --transports on HOST:PORT (… PORT+5), until killed.
+    #[arg(long)]
+    pub echo_server: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]

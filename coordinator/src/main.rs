@@ -9,6 +9,7 @@ mod debug;
 mod engine;
 mod info;
 mod loadgen;
+mod netbench;
 mod perplexity;
 mod planner;
 mod proxy;

@@ -169,10 +169,35 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
             .next()
             .ok_or_else(|| format!("--listen {}: no address", opts.listen))?;
         let listener = tcp::listen(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        // The transport's own start-up checks: refuse now rather than at the first link.
+        let quic = match opts.transport {
+            TransportKind::Tcp => None,
+            TransportKind::Uring => {
+                let s = ringllm_protocol::uring::probe().map_err(|e| {
+                    format!(
+                        "--transport uring: io_uring is not usable here: {e} (choose \
+                         --transport tcp, udp or quic)"
+                    )
+                })?;
+                info!(send_zc = s.send_zc, "io_uring available");
+                None
+            }
+            TransportKind::Udp => {
+                ringllm_protocol::udp::bind_reuse(addr)
+                    .map_err(|e| format!("--transport udp: cannot bind UDP {addr}: {e}"))?;
+                None
+            }
+            TransportKind::Quic => Some(
+                ringllm_protocol::quic::QuicServer::bind(addr, &opts.key, &opts.name).map_err(
+                    |e| format!("--transport quic: cannot serve QUIC on UDP {addr}: {e}"),
+                )?,
+            ),
+        };
         eprintln!(
-            "ringllm node '{}' listening on {addr} (cluster {})",
+            "ringllm node '{}' listening on {addr} (cluster {}, data links over {})",
             opts.name,
-            opts.key.id_hex()
+            opts.key.id_hex(),
+            opts.transport
         );
         let threads = opts.threads.max(1);
         let dir = opts.models_dir.clone();
@@ -209,6 +234,9 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
             changed: Notify::new(),
             next_conn: AtomicU64::new(1),
         });
+        if let Some(q) = quic {
+            tokio::spawn(quic_accept_loop(Arc::clone(&node), q));
+        }
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(x) => x,
@@ -710,11 +738,38 @@ async fn data_conn(
     peer: std::net::SocketAddr,
 ) {
     let who = format!("data link from '{}' ({peer})", hs.peer.name);
+    let uring = node.opts.transport == TransportKind::Uring;
     attach_link(node, who, move || {
         let stream = stream.into_std()?;
-        dial::accept_tcp_data(stream, &hs, MAX_PAYLOAD, HANDSHAKE_TIMEOUT)
+        dial::accept_tcp_data(stream, &hs, MAX_PAYLOAD, HANDSHAKE_TIMEOUT, uring)
     })
     .await
+}
+
+/// Data links arriving over QUIC.
+async fn quic_accept_loop(node: Arc<Node>, server: ringllm_protocol::quic::QuicServer) {
+    loop {
+        let (link, hs, peer) = match server.accept(HANDSHAKE_TIMEOUT, MAX_PAYLOAD).await {
+            None => return,
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                warn!("refused QUIC connection: {e}");
+                continue;
+            }
+        };
+        if hs.peer.role != Role::Upstream {
+            warn!(
+                "refused QUIC connection from '{}' ({peer}): only data links use QUIC; the \
+                 control connection is TCP",
+                hs.peer.name
+            );
+            continue;
+        }
+        let who = format!("data link from '{}' ({peer})", hs.peer.name);
+        tokio::spawn(attach_link(Arc::clone(&node), who, move || {
+            dial::accept_quic_data(link, HANDSHAKE_TIMEOUT)
+        }));
+    }
 }
 
 /// Finishes a data link (blocking, off the runtime) and hands it to its session.

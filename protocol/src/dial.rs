@@ -5,21 +5,22 @@
 //!
 //! - **tcp** / **uring**: a TCP connection to the node's `--listen` port; the frames follow on
 //!   it (sealed, see `seal`). io_uring only changes how each end drives its socket, so the
-//!   two interoperate.
+//!   wire is the same.
 //! - **udp**: the same TCP connection carries the handshake and an `Attach` with the client's
-//!   UDP port; the node answers once its own UDP socket (bound to the same port number,
-//!   connected to the client's) is ready, and the frames travel as sealed datagrams. The TCP
-//!   connection stays open as the link's anchor: its end is the link's end.
+//!   UDP port; the node binds a UDP socket to the same port number, connects it to the
+//!   client's, and answers; then frames travel as sealed datagrams (keys derived for UDP
+//!   only). The TCP connection stays open as the link's anchor: its end is the link's end.
 //! - **quic**: a QUIC connection to the node's UDP port of that number (TLS 1.3, mutual, from
 //!   the cluster key), the handshake and `Attach` on its first stream.
 
 use crate::blocking::{DataLink, TcpDataLink};
 use crate::control::Control;
 use crate::error::{ProtocolError, TransportError};
-use crate::handshake::Session;
+use crate::handshake::{Role, Session};
 use crate::key::ClusterKey;
 use crate::tcp::control_of;
 use crate::transport::TransportKind;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 pub type BoxLink = Box<dyn DataLink>;
@@ -34,11 +35,51 @@ pub struct AttachInfo {
     pub transport: TransportKind,
 }
 
-/// Where this process stands on each transport, fixed at start-up.
-#[derive(Clone, Debug)]
-pub struct LocalTransports {
-    /// Drive TCP-wire links (tcp, and the anchors of udp) with io_uring.
-    pub uring: bool,
+/// Label of the keys a reliable UDP link derives from its anchor's handshake.
+const UDP_KEYS: &[u8] = b"udp";
+
+fn attach_msg(
+    ring_session: u64,
+    name: &str,
+    input: bool,
+    output: bool,
+    transport: TransportKind,
+    udp_port: u16,
+) -> Control {
+    Control::Attach {
+        session: ring_session,
+        from: name.to_string(),
+        input,
+        output,
+        transport,
+        udp_port,
+    }
+}
+
+fn send_control(link: &mut dyn DataLink, msg: &Control) -> Result<(), TransportError> {
+    let (h, p) = msg.to_frame()?;
+    link.send(&h, &p)
+}
+
+/// Connects over TCP and authenticates as a data link; returns the blocking stream.
+async fn connect_upstream(
+    addr: &str,
+    key: &ClusterKey,
+    name: &str,
+    timeout: Duration,
+) -> Result<(std::net::TcpStream, Session), TransportError> {
+    let fut = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        crate::tcp::tune_stream(&stream)?;
+        let session = crate::tcp::client_handshake(&mut stream, key, Role::Upstream, name).await?;
+        Ok::<_, TransportError>((stream, session))
+    };
+    let (stream, session) = tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| TransportError::Timeout(timeout, "connecting and authenticating"))??;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    Ok((stream, session))
 }
 
 /// Client side: opens a data link of `kind` to the node listening at `addr`.
@@ -54,36 +95,146 @@ pub async fn connect_data_link(
     input: bool,
     output: bool,
 ) -> Result<BoxLink, TransportError> {
+    let attach = |kind, port| attach_msg(ring_session, name, input, output, kind, port);
     match kind {
-        TransportKind::Tcp => Ok(Box::new(
-            crate::tcp::connect_data(
-                addr,
-                key,
-                name,
-                timeout,
+        TransportKind::Tcp => {
+            let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
+            let mut link: BoxLink =
+                Box::new(TcpDataLink::new(stream, max_payload, &session.link_keys())?);
+            send_control(link.as_mut(), &attach(kind, 0))?;
+            Ok(link)
+        }
+        TransportKind::Uring => {
+            let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
+            let mut link: BoxLink = Box::new(crate::uring::UringDataLink::new(
+                stream,
                 max_payload,
-                ring_session,
-                input,
-                output,
-            )
-            .await?,
-        )),
-        other => Err(TransportError::Io(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            format!("the {other} transport is not available in this build"),
-        ))),
+                &session.link_keys(),
+                crate::uring::UringConfig::default(),
+            )?);
+            send_control(link.as_mut(), &attach(kind, 0))?;
+            Ok(link)
+        }
+        TransportKind::Udp => {
+            let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
+            let msg = attach(kind, 0);
+            let link = tokio::task::spawn_blocking(move || {
+                connect_udp(stream, &session, msg, max_payload, timeout)
+            })
+            .await
+            .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
+            Ok(link)
+        }
+        TransportKind::Quic => {
+            let (link, _session) =
+                crate::quic::connect(addr, key, Role::Upstream, name, timeout, max_payload).await?;
+            let msg = attach(kind, 0);
+            // The QUIC link blocks on the runtime's handle: send from a blocking thread.
+            let link = tokio::task::spawn_blocking(move || {
+                let mut link: BoxLink = Box::new(link);
+                send_control(link.as_mut(), &msg).map(|()| link)
+            })
+            .await
+            .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
+            Ok(link)
+        }
     }
 }
 
+/// The client half of a reliable UDP link, over an authenticated TCP anchor.
+fn connect_udp(
+    stream: std::net::TcpStream,
+    session: &Session,
+    msg: Control,
+    max_payload: u32,
+    timeout: Duration,
+) -> Result<BoxLink, TransportError> {
+    let peer = stream.peer_addr()?;
+    let local = stream.local_addr()?;
+    let sock = crate::udp::bind_reuse(SocketAddr::new(local.ip(), 0))?;
+    sock.connect(peer)?;
+    let port = sock.local_addr()?.port();
+    let anchor = stream.try_clone()?;
+    let mut tcp = TcpDataLink::new(stream, max_payload, &session.link_keys())?;
+    let msg = match msg {
+        Control::Attach {
+            session,
+            from,
+            input,
+            output,
+            transport,
+            ..
+        } => Control::Attach {
+            session,
+            from,
+            input,
+            output,
+            transport,
+            udp_port: port,
+        },
+        other => other,
+    };
+    send_control(&mut tcp, &msg)?;
+    // The node answers once its socket is bound and connected to ours.
+    let mut buf = Vec::new();
+    let h = tcp
+        .recv_timeout(&mut buf, timeout)?
+        .ok_or(TransportError::Timeout(
+            timeout,
+            "waiting for the node's UDP socket",
+        ))?;
+    match control_of(&h, &buf)? {
+        Control::Attach { udp_port, .. } if udp_port == peer.port() => {}
+        Control::Attach { udp_port, .. } => {
+            return Err(ProtocolError::Inconsistent(format!(
+                "the node answered from UDP port {udp_port}, not {}",
+                peer.port()
+            ))
+            .into())
+        }
+        Control::Error(e) => return Err(ProtocolError::Rejected(e.message).into()),
+        other => {
+            return Err(ProtocolError::Inconsistent(format!(
+                "expected the node's UDP answer, got {}",
+                other.name()
+            ))
+            .into())
+        }
+    }
+    let keys = session.link_keys().sub(UDP_KEYS);
+    Ok(Box::new(crate::udp::UdpDataLink::new(
+        sock,
+        anchor,
+        &keys,
+        max_payload,
+        crate::udp::UdpConfig::default(),
+    )?))
+}
+
 /// Server side of a TCP connection that authenticated as a data link: reads its `Attach`
-/// (within `timeout`) and finishes the link the client asked for. Blocking.
+/// (within `timeout`) and finishes the link the client asked for. `uring`: drive TCP links
+/// with io_uring (the node's `--transport uring`). Blocking.
 pub fn accept_tcp_data(
     stream: std::net::TcpStream,
     hs: &Session,
     max_payload: u32,
     timeout: Duration,
+    uring: bool,
 ) -> Result<(BoxLink, AttachInfo), TransportError> {
-    let mut link = TcpDataLink::new(stream, max_payload, &hs.link_keys())?;
+    stream.set_nonblocking(false)?;
+    let anchor = stream.try_clone()?;
+    let local = stream.local_addr()?;
+    let peer = stream.peer_addr()?;
+    let mut link: BoxLink = if uring {
+        Box::new(crate::uring::UringDataLink::new(
+            stream,
+            max_payload,
+            &hs.link_keys(),
+            crate::uring::UringConfig::default(),
+        )?)
+    } else {
+        Box::new(TcpDataLink::new(stream, max_payload, &hs.link_keys())?)
+    };
     let mut buf = Vec::new();
     let h = link
         .recv_timeout(&mut buf, timeout)?
@@ -91,21 +242,24 @@ pub fn accept_tcp_data(
             timeout,
             "waiting for the attach message",
         ))?;
-    let info = match control_of(&h, &buf)? {
+    let (info, udp_port) = match control_of(&h, &buf)? {
         Control::Attach {
             session,
             from,
             input,
             output,
             transport,
-            udp_port: _,
-        } => AttachInfo {
-            session,
-            from,
-            input,
-            output,
-            transport,
-        },
+            udp_port,
+        } => (
+            AttachInfo {
+                session,
+                from,
+                input,
+                output,
+                transport,
+            },
+            udp_port,
+        ),
         other => {
             return Err(ProtocolError::Inconsistent(format!(
                 "expected an attach message, got {}",
@@ -115,10 +269,154 @@ pub fn accept_tcp_data(
         }
     };
     match info.transport {
-        TransportKind::Tcp => Ok((Box::new(link), info)),
+        TransportKind::Tcp | TransportKind::Uring => Ok((link, info)),
+        TransportKind::Udp => {
+            if udp_port == 0 {
+                return Err(ProtocolError::BadField {
+                    field: "attach udp_port",
+                    value: 0,
+                }
+                .into());
+            }
+            let sock = crate::udp::bind_reuse(local)?;
+            sock.connect(SocketAddr::new(peer.ip(), udp_port))?;
+            let answer = attach_msg(
+                info.session,
+                "",
+                info.input,
+                info.output,
+                TransportKind::Udp,
+                local.port(),
+            );
+            send_control(link.as_mut(), &answer)?;
+            drop(link);
+            let keys = hs.link_keys().sub(UDP_KEYS);
+            let udp = crate::udp::UdpDataLink::new(
+                sock,
+                anchor,
+                &keys,
+                max_payload,
+                crate::udp::UdpConfig::default(),
+            )?;
+            Ok((Box::new(udp), info))
+        }
+        TransportKind::Quic => Err(ProtocolError::Inconsistent(
+            "a QUIC link was announced on a TCP connection".into(),
+        )
+        .into()),
+    }
+}
+
+/// Reads the `Attach` that opens a QUIC data link. Blocking.
+pub fn accept_quic_data(
+    link: crate::quic::QuicDataLink,
+    timeout: Duration,
+) -> Result<(BoxLink, AttachInfo), TransportError> {
+    let mut link: BoxLink = Box::new(link);
+    let mut buf = Vec::new();
+    let h = link
+        .recv_timeout(&mut buf, timeout)?
+        .ok_or(TransportError::Timeout(
+            timeout,
+            "waiting for the attach message",
+        ))?;
+    match control_of(&h, &buf)? {
+        Control::Attach {
+            session,
+            from,
+            input,
+            output,
+            transport,
+            ..
+        } => Ok((
+            link,
+            AttachInfo {
+                session,
+                from,
+                input,
+                output,
+                transport,
+            },
+        )),
         other => Err(ProtocolError::Inconsistent(format!(
-            "the peer asked for a {other} link on a TCP connection, which this build cannot serve"
+            "expected an attach message, got {}",
+            other.name()
         ))
         .into()),
+    }
+}
+
+/// A bare listener for data links of one transport, for tests and benchmarks (the node
+/// daemon has its own accept loop, with the control plane on the same port).
+pub struct DataListener {
+    tcp: tokio::net::TcpListener,
+    quic: Option<crate::quic::QuicServer>,
+    key: ClusterKey,
+    name: String,
+    kind: TransportKind,
+    max_payload: u32,
+}
+
+impl DataListener {
+    /// Binds `addr` (TCP, and UDP for QUIC). Needs a tokio runtime.
+    pub fn bind(
+        addr: SocketAddr,
+        key: &ClusterKey,
+        name: &str,
+        kind: TransportKind,
+        max_payload: u32,
+    ) -> Result<DataListener, TransportError> {
+        let tcp = crate::tcp::listen(addr)?;
+        let port = tcp.local_addr()?.port();
+        let quic = match kind {
+            TransportKind::Quic => Some(crate::quic::QuicServer::bind(
+                SocketAddr::new(addr.ip(), port),
+                key,
+                name,
+            )?),
+            _ => None,
+        };
+        if kind == TransportKind::Uring {
+            crate::uring::probe()?;
+        }
+        Ok(DataListener {
+            tcp,
+            quic,
+            key: key.clone(),
+            name: name.to_string(),
+            kind,
+            max_payload,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// The next data link, authenticated and attached.
+    pub async fn accept(&self, timeout: Duration) -> Result<(BoxLink, AttachInfo), TransportError> {
+        if let Some(q) = &self.quic {
+            let (link, _session, _peer) = q
+                .accept(timeout, self.max_payload)
+                .await
+                .ok_or(TransportError::Closed)??;
+            return tokio::task::spawn_blocking(move || accept_quic_data(link, timeout))
+                .await
+                .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))?;
+        }
+        let (mut stream, _) = self.tcp.accept().await?;
+        let hs = crate::tcp::accept_stream(&mut stream, &self.key, &self.name, timeout).await?;
+        if hs.peer.role != Role::Upstream {
+            return Err(ProtocolError::Handshake(format!(
+                "'{}' connected as {:?}, not as a data link",
+                hs.peer.name, hs.peer.role
+            ))
+            .into());
+        }
+        let stream = stream.into_std()?;
+        let (max, uring) = (self.max_payload, self.kind == TransportKind::Uring);
+        tokio::task::spawn_blocking(move || accept_tcp_data(stream, &hs, max, timeout, uring))
+            .await
+            .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))?
     }
 }

@@ -9,9 +9,12 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod key;
+pub mod quic;
 pub mod seal;
 pub mod tcp;
 pub mod transport;
+pub mod udp;
+pub mod uring;
 
 pub use blocking::{DataLink, LinkCloser, TcpDataLink};
 pub use control::Control;

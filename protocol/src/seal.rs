@@ -2,13 +2,15 @@
 //!
 //! The handshake proves both ends hold the cluster key and gives them a session key no one
 //! else knows. Every later frame (or datagram) carries a 24-byte seal: a 64-bit counter and a
-//! 16-byte tag, HMAC-SHA256 truncated, over the counter and the bytes it covers, keyed by a
-//! key for that direction of that connection only. A frame from a machine without the key
+//! 16-byte tag, keyed BLAKE3 truncated, over the counter and the bytes it covers, keyed by a
+//! key for that direction of that connection only. (BLAKE3 rather than HMAC-SHA256 for speed:
+//! 4.9 against 1.2 GB/s on a 16 KB frame and 7.6 against 1.2 on 1 MiB with this machine's
+//! AVX-512; like HMAC it is a PRF, so a reused counter would leak nothing.) A frame from a machine without the key
 //! fails the tag; a replayed frame fails the counter (a replay window); both are dropped and
 //! counted.
 //!
 //! ```text
-//! seal = counter (u64 LE) ‖ HMAC-SHA256(K_dir, "RLSL" ‖ counter ‖ covered bytes)[..16]
+//! seal = counter (u64 LE) ‖ BLAKE3-keyed(K_dir, "RLSL" ‖ counter ‖ covered bytes)[..16]
 //! K_c2s = HMAC-SHA256(session key, "ringllm link c2s v1"), K_s2c likewise
 //! ```
 //!
@@ -107,16 +109,16 @@ pub enum SealError {
     Stale { got: u64, newest: u64 },
 }
 
-fn tag(key: &HmacSha256, counter: u64, parts: &[&[u8]]) -> [u8; TAG_LEN] {
-    let mut m = key.clone();
+fn tag(key: &[u8; 32], counter: u64, parts: &[&[u8]]) -> [u8; TAG_LEN] {
+    let mut m = blake3::Hasher::new_keyed(key);
     m.update(DOMAIN);
     m.update(&counter.to_le_bytes());
     for p in parts {
         m.update(p);
     }
-    let full = m.finalize().into_bytes();
+    let full = m.finalize();
     let mut t = [0u8; TAG_LEN];
-    t.copy_from_slice(&full[..TAG_LEN]);
+    t.copy_from_slice(&full.as_bytes()[..TAG_LEN]);
     t
 }
 
@@ -127,16 +129,13 @@ fn keyed(key: &[u8; 32]) -> HmacSha256 {
 /// Seals outgoing frames of one direction. Counters start at 1 and never repeat.
 #[derive(Clone)]
 pub struct Sealer {
-    key: HmacSha256,
+    key: [u8; 32],
     next: u64,
 }
 
 impl Sealer {
     pub fn new(key: &[u8; 32]) -> Sealer {
-        Sealer {
-            key: keyed(key),
-            next: 1,
-        }
+        Sealer { key: *key, next: 1 }
     }
 
     /// The seal for the next frame, whose covered bytes are the concatenation of `parts`.
@@ -171,14 +170,14 @@ impl Sealer {
 /// Checks incoming frames of one direction.
 #[derive(Clone)]
 pub struct Opener {
-    key: HmacSha256,
+    key: [u8; 32],
     window: ReplayWindow,
 }
 
 impl Opener {
     pub fn new(key: &[u8; 32]) -> Opener {
         Opener {
-            key: keyed(key),
+            key: *key,
             window: ReplayWindow::default(),
         }
     }
@@ -423,6 +422,41 @@ mod tests {
                 w.accept(c);
                 seen.insert(c);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    #[test]
+    #[ignore]
+    fn mac_speeds() {
+        use crate::key::HmacSha256;
+        use hmac::{KeyInit, Mac};
+        for size in [2560usize, 16 << 10, 1 << 20] {
+            let data = vec![7u8; size];
+            let n = (64 << 20) / size;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                let mut m = <HmacSha256 as KeyInit>::new_from_slice(&[1u8; 32]).unwrap();
+                m.update(&data);
+                std::hint::black_box(m.finalize());
+            }
+            let hmac = t.elapsed().as_secs_f64() / n as f64;
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                let mut h = blake3::Hasher::new_keyed(&[1u8; 32]);
+                h.update(&data);
+                std::hint::black_box(h.finalize());
+            }
+            let b3 = t.elapsed().as_secs_f64() / n as f64;
+            eprintln!(
+                "{size}: hmac-sha256 {:.2} µs ({:.2} GB/s), blake3 {:.2} µs ({:.2} GB/s)",
+                hmac * 1e6,
+                size as f64 / hmac / 1e9,
+                b3 * 1e6,
+                size as f64 / b3 / 1e9
+            );
         }
     }
 }

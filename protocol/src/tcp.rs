@@ -21,6 +21,11 @@ use tokio::net::{TcpListener, TcpStream};
 pub const SOCKET_BUFFER: usize = 4 << 20;
 const READ_BUFFER: usize = 64 << 10;
 
+/// Low latency, big buffers, and a dead peer noticed within seconds (every ringllm TCP link).
+pub fn tune_stream(stream: &TcpStream) -> std::io::Result<()> {
+    tune(stream)
+}
+
 fn tune(stream: &TcpStream) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let s = socket2::SockRef::from(stream);
@@ -273,44 +278,6 @@ pub async fn connect(
     tokio::time::timeout(timeout, fut)
         .await
         .map_err(|_| TransportError::Timeout(timeout, "connecting and authenticating"))?
-}
-
-/// Connects a data link: authenticates as `Role::Upstream`, sends `Attach`, and hands the
-/// stream over to blocking I/O.
-#[allow(clippy::too_many_arguments)]
-pub async fn connect_data(
-    addr: &str,
-    key: &ClusterKey,
-    name: &str,
-    timeout: Duration,
-    max_payload: u32,
-    ring_session: u64,
-    input: bool,
-    output: bool,
-) -> Result<crate::blocking::TcpDataLink, TransportError> {
-    let fut = async {
-        let mut stream = TcpStream::connect(addr).await?;
-        tune(&stream)?;
-        let session = client_handshake(&mut stream, key, Role::Upstream, name).await?;
-        Ok::<_, TransportError>((stream, session))
-    };
-    let (stream, session) = tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| TransportError::Timeout(timeout, "connecting and authenticating"))??;
-    let mut link =
-        crate::blocking::TcpDataLink::new(stream.into_std()?, max_payload, &session.link_keys())?;
-    let (h, p) = Control::Attach {
-        session: ring_session,
-        from: name.to_string(),
-        input,
-        output,
-        transport: crate::TransportKind::Tcp,
-        udp_port: 0,
-    }
-    .to_frame()?;
-    // A fresh socket's buffer takes this small frame without blocking.
-    crate::blocking::DataLink::send(&mut link, &h, &p)?;
-    Ok(link)
 }
 
 /// Tunes an accepted stream and runs the server side of the handshake within `timeout`.
