@@ -186,6 +186,8 @@ fn echo_raw_udp(s: UdpSocket) {
             Ok(Some((h, from))) => {
                 let r = if h.pos == 1 {
                     raw_udp_send(&s, Some(from), &ack_header(h.seq), &ACK)
+                } else if h.pos == 2 {
+                    Ok(())
                 } else {
                     raw_udp_send(&s, Some(from), &h.encode(), &buf)
                 };

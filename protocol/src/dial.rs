@@ -125,19 +125,19 @@ pub async fn connect_data_link(
             .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
             Ok(link)
         }
-        TransportKind::Quic => {
-            let (link, _session) =
-                crate::quic::connect(addr, key, Role::Upstream, name, timeout, max_payload).await?;
-            let msg = attach(kind, 0);
-            // The QUIC link blocks on the runtime's handle: send from a blocking thread.
-            let link = tokio::task::spawn_blocking(move || {
-                let mut link: BoxLink = Box::new(link);
-                send_control(link.as_mut(), &msg).map(|()| link)
-            })
-            .await
-            .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
-            Ok(link)
-        }
+        TransportKind::Quic => Ok(Box::new(
+            crate::quic::connect_data(
+                addr,
+                key,
+                name,
+                timeout,
+                max_payload,
+                ring_session,
+                input,
+                output,
+            )
+            .await?,
+        )),
     }
 }
 

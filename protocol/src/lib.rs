@@ -1,5 +1,6 @@
 //! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`)
-//! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits.
+//! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits; `quic` carries
+//! the same frames over QUIC with mutual TLS derived from the cluster key.
 
 pub mod activations;
 pub mod blocking;
@@ -22,4 +23,5 @@ pub use error::{ProtocolError, TransportError};
 pub use frame::{Dtype, FrameHeader, FrameKind, HEADER_LEN};
 pub use handshake::Role;
 pub use key::ClusterKey;
+pub use quic::{QuicDataLink, QuicServer};
 pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters, TransportKind};
