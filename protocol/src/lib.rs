@@ -25,3 +25,4 @@ pub use handshake::Role;
 pub use key::ClusterKey;
 pub use quic::{QuicDataLink, QuicServer};
 pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters, TransportKind};
+pub use uring::{UringConfig, UringDataLink};

@@ -110,7 +110,18 @@ fn within<T: Send + 'static>(
 
 #[test]
 fn frames_of_1_byte_to_64_mib_arrive_in_order_both_ways() {
-    let sizes = [1usize, 7, 2560, 16 << 10, 1399, 1400, 1401, 100_000, 1 << 20, 64 << 20];
+    let sizes = [
+        1usize,
+        7,
+        2560,
+        16 << 10,
+        1399,
+        1400,
+        1401,
+        100_000,
+        1 << 20,
+        64 << 20,
+    ];
     each(|rt, kind| {
         let (mut c, mut s) = pair(rt, kind);
         let _rt_guard = rt.enter();
@@ -123,7 +134,9 @@ fn frames_of_1_byte_to_64_mib_arrive_in_order_both_ways() {
         });
         let mut buf = Vec::new();
         for (i, &n) in sizes.iter().enumerate() {
-            let h = s.recv(&mut buf).unwrap_or_else(|e| panic!("{kind}: frame {i}: {e}"));
+            let h = s
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("{kind}: frame {i}: {e}"));
             assert_eq!(h.seq, i as u64, "{kind}: in order");
             assert_eq!(buf.len(), n, "{kind}");
             assert!(buf == pattern(n, i as u64), "{kind}: frame {i} intact");
@@ -136,7 +149,11 @@ fn frames_of_1_byte_to_64_mib_arrive_in_order_both_ways() {
         assert_eq!((got.seq, buf.len()), (99, 3000), "{kind}");
         assert_eq!(buf, p, "{kind}");
         let (fo, _, fi, _) = s.counters().snapshot();
-        assert_eq!((fi, fo), (sizes.len() as u64 + 1, 1), "{kind}: frame counters");
+        assert_eq!(
+            (fi, fo),
+            (sizes.len() as u64 + 1, 1),
+            "{kind}: frame counters"
+        );
     });
 }
 
@@ -159,7 +176,10 @@ fn a_slow_receiver_blocks_the_sender_and_nothing_is_lost() {
         // 256 MiB cannot sit in any transport's buffers: the sender must be held back.
         std::thread::sleep(Duration::from_millis(600));
         let early = sent.load(Ordering::SeqCst);
-        assert!(early < N, "{kind}: all {N} MiB sent to a receiver that read nothing");
+        assert!(
+            early < N,
+            "{kind}: all {N} MiB sent to a receiver that read nothing"
+        );
         let mut buf = Vec::new();
         for i in 0..N {
             let h = s.recv(&mut buf).unwrap();
@@ -186,7 +206,11 @@ fn peer_close_is_a_clean_close_at_a_frame_boundary() {
             let second = s.recv(&mut buf).map(|h| h.seq);
             (first, second.map_err(|e| (e.is_closed(), e.to_string())))
         });
-        assert_eq!(r.0.unwrap(), (1, 5000), "{kind}: the frame sent before close");
+        assert_eq!(
+            r.0.unwrap(),
+            (1, 5000),
+            "{kind}: the frame sent before close"
+        );
         match r.1 {
             Err((true, _)) => {}
             other => panic!("{kind}: expected Closed, got {other:?}"),
@@ -260,7 +284,9 @@ fn a_client_with_the_wrong_key_is_refused_and_the_listener_carries_on() {
             true,
             false,
         ));
-        let e = bad.err().unwrap_or_else(|| panic!("{kind}: wrong key accepted"));
+        let e = bad
+            .err()
+            .unwrap_or_else(|| panic!("{kind}: wrong key accepted"));
         eprintln!("{kind}: client sees: {e}");
         let server_side = rt.block_on(first).unwrap();
         let e = server_side
@@ -351,11 +377,19 @@ fn peer_crash_is_an_error_not_a_hang() {
         child.kill().unwrap();
         let _ = child.wait();
         let t = Instant::now();
-        let r = within(format!("{kind}: recv after the peer was killed"), Duration::from_secs(20), move || {
-            let mut buf = Vec::new();
-            s.recv(&mut buf).map(|h| h.seq).map_err(|e| e.to_string())
-        });
+        let r = within(
+            format!("{kind}: recv after the peer was killed"),
+            Duration::from_secs(20),
+            move || {
+                let mut buf = Vec::new();
+                s.recv(&mut buf).map(|h| h.seq).map_err(|e| e.to_string())
+            },
+        );
         assert!(r.is_err(), "{kind}: a frame from a dead peer: {r:?}");
-        eprintln!("{kind}: noticed after {:?}: {}", t.elapsed(), r.unwrap_err());
+        eprintln!(
+            "{kind}: noticed after {:?}: {}",
+            t.elapsed(),
+            r.unwrap_err()
+        );
     });
 }
