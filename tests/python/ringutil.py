@@ -36,7 +36,8 @@ def wait_port(host, port, proc=None, timeout=15.0):
 class Nodes:
     """Starts `ringllm node` processes on loopback; kills them on exit."""
 
-    def __init__(self, count, key=KEY, threads=1, models=MODELS, log_dir=None):
+    def __init__(self, count, key=KEY, threads=1, models=MODELS, log_dir=None, transport="tcp"):
+        self.transport = transport
         self.procs = []
         self.ports = []
         self.names = []
@@ -53,7 +54,8 @@ class Nodes:
         log = open(self.log_dir / f"{name}.log", "w+") if self.log_dir else subprocess.DEVNULL
         p = subprocess.Popen(
             [str(_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
-             "--models", str(self.models), "--name", name, "--threads", str(self.threads)],
+             "--models", str(self.models), "--name", name, "--threads", str(self.threads),
+             "--transport", self.transport],
             stdout=subprocess.DEVNULL, stderr=log, text=True)
         wait_port("127.0.0.1", port, timeout=15)
         time.sleep(0.05)
