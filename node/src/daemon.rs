@@ -1005,6 +1005,19 @@ impl Worker {
                 }
             }
         }
+        // What the transports saw: retransmissions, refused seals, fast paths taken.
+        let links = [Some(&io.input), io.output.as_ref(), self.next.as_ref()];
+        for l in links.into_iter().flatten() {
+            let c = l.counters();
+            let (fo, bo, fi, bi) = c.snapshot();
+            let events: Vec<String> = c.events().iter().map(|(n, v)| format!("{n}={v}")).collect();
+            info!(
+                "node '{}': {} link: {fo} frames / {bo} bytes out, {fi} frames / {bi} bytes in {}",
+                self.name,
+                l.transport(),
+                events.join(" ")
+            );
+        }
         debug!("compute thread of node '{}' ends", self.name);
     }
     /// Runs a batch of frames (one per sequence) through this stage's layers as one pass.
