@@ -504,7 +504,7 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
 }
 
 fn size_name(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{} MiB", b >> 20)
     } else if b >= 1024 {
         format!("{:.1} KB", b as f64 / 1000.0)

@@ -958,5 +958,5 @@ fn measure_latency_and_throughput() {
     let mut tserver = rt.block_on(accepted).unwrap();
     let mut buf = Vec::new();
     tserver.recv(&mut buf).unwrap(); // Attach
-    measure("tcp", &mut tclient, Box::new(tserver));
+    measure("tcp", tclient.as_mut(), Box::new(tserver));
 }
