@@ -235,39 +235,7 @@ pub fn accept_tcp_data(
     } else {
         Box::new(TcpDataLink::new(stream, max_payload, &hs.link_keys())?)
     };
-    let mut buf = Vec::new();
-    let h = link
-        .recv_timeout(&mut buf, timeout)?
-        .ok_or(TransportError::Timeout(
-            timeout,
-            "waiting for the attach message",
-        ))?;
-    let (info, udp_port) = match control_of(&h, &buf)? {
-        Control::Attach {
-            session,
-            from,
-            input,
-            output,
-            transport,
-            udp_port,
-        } => (
-            AttachInfo {
-                session,
-                from,
-                input,
-                output,
-                transport,
-            },
-            udp_port,
-        ),
-        other => {
-            return Err(ProtocolError::Inconsistent(format!(
-                "expected an attach message, got {}",
-                other.name()
-            ))
-            .into())
-        }
-    };
+    let (info, udp_port) = read_attach(link.as_mut(), timeout)?;
     match info.transport {
         TransportKind::Tcp | TransportKind::Uring => Ok((link, info)),
         TransportKind::Udp => {
@@ -307,12 +275,11 @@ pub fn accept_tcp_data(
     }
 }
 
-/// Reads the `Attach` that opens a QUIC data link. Blocking.
-pub fn accept_quic_data(
-    link: crate::quic::QuicDataLink,
+/// Reads the `Attach` that opens a data link: what it declares, and the UDP port it names.
+fn read_attach(
+    link: &mut dyn DataLink,
     timeout: Duration,
-) -> Result<(BoxLink, AttachInfo), TransportError> {
-    let mut link: BoxLink = Box::new(link);
+) -> Result<(AttachInfo, u16), TransportError> {
     let mut buf = Vec::new();
     let h = link
         .recv_timeout(&mut buf, timeout)?
@@ -327,9 +294,8 @@ pub fn accept_quic_data(
             input,
             output,
             transport,
-            ..
+            udp_port,
         } => Ok((
-            link,
             AttachInfo {
                 session,
                 from,
@@ -337,6 +303,7 @@ pub fn accept_quic_data(
                 output,
                 transport,
             },
+            udp_port,
         )),
         other => Err(ProtocolError::Inconsistent(format!(
             "expected an attach message, got {}",
@@ -344,6 +311,16 @@ pub fn accept_quic_data(
         ))
         .into()),
     }
+}
+
+/// Reads the `Attach` that opens a QUIC data link. Blocking.
+pub fn accept_quic_data(
+    link: crate::quic::QuicDataLink,
+    timeout: Duration,
+) -> Result<(BoxLink, AttachInfo), TransportError> {
+    let mut link: BoxLink = Box::new(link);
+    let (info, _) = read_attach(link.as_mut(), timeout)?;
+    Ok((link, info))
 }
 
 /// A bare listener for data links of one transport, for tests and benchmarks (the node

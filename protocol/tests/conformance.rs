@@ -39,20 +39,25 @@ fn frame(len: usize, seq: u64) -> (FrameHeader, Vec<u8>) {
     (h, p)
 }
 
+/// A listener for `kind` on a free loopback port.
+fn listener(rt: &tokio::runtime::Runtime, kind: TransportKind) -> DataListener {
+    let k = key("conformance");
+    rt.block_on(async {
+        DataListener::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            &k,
+            "server",
+            kind,
+            DEFAULT_MAX_PAYLOAD,
+        )
+    })
+    .unwrap_or_else(|e| panic!("{kind}: bind: {e}"))
+}
+
 /// (client link, server link) over `kind`.
 fn pair(rt: &tokio::runtime::Runtime, kind: TransportKind) -> (BoxLink, BoxLink) {
     let k = key("conformance");
-    let l = rt
-        .block_on(async {
-            DataListener::bind(
-                "127.0.0.1:0".parse().unwrap(),
-                &k,
-                "server",
-                kind,
-                DEFAULT_MAX_PAYLOAD,
-            )
-        })
-        .unwrap_or_else(|e| panic!("{kind}: bind: {e}"));
+    let l = listener(rt, kind);
     let addr = l.local_addr().unwrap().to_string();
     let server = rt.spawn(async move { l.accept(TIMEOUT).await });
     let client = rt
@@ -258,17 +263,7 @@ fn recv_timeout_is_none_when_idle_then_gets_the_frame() {
 fn a_client_with_the_wrong_key_is_refused_and_the_listener_carries_on() {
     each(|rt, kind| {
         let k = key("conformance");
-        let l = rt
-            .block_on(async {
-                DataListener::bind(
-                    "127.0.0.1:0".parse().unwrap(),
-                    &k,
-                    "server",
-                    kind,
-                    DEFAULT_MAX_PAYLOAD,
-                )
-            })
-            .unwrap();
+        let l = listener(rt, kind);
         let addr = l.local_addr().unwrap().to_string();
         let l = Arc::new(l);
         let l2 = Arc::clone(&l);
@@ -350,18 +345,7 @@ fn crash_child() {
 #[test]
 fn peer_crash_is_an_error_not_a_hang() {
     each(|rt, kind| {
-        let k = key("conformance");
-        let l = rt
-            .block_on(async {
-                DataListener::bind(
-                    "127.0.0.1:0".parse().unwrap(),
-                    &k,
-                    "server",
-                    kind,
-                    DEFAULT_MAX_PAYLOAD,
-                )
-            })
-            .unwrap();
+        let l = listener(rt, kind);
         let addr = l.local_addr().unwrap();
         let server = rt.spawn(async move { l.accept(TIMEOUT).await });
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
