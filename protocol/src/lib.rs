@@ -10,6 +10,7 @@ pub mod key;
 pub mod seal;
 pub mod tcp;
 pub mod transport;
+pub mod udp;
 
 pub use blocking::{DataLink, LinkCloser, TcpDataLink};
 pub use control::Control;
@@ -18,3 +19,4 @@ pub use frame::{Dtype, FrameHeader, FrameKind, HEADER_LEN};
 pub use handshake::Role;
 pub use key::ClusterKey;
 pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters};
+pub use udp::{UdpConfig, UdpDataLink};

@@ -101,7 +101,9 @@ pub enum SealError {
     OutOfOrder { got: u64, expected: u64 },
     #[error("replayed datagram: counter {0} was already accepted")]
     Replay(u64),
-    #[error("stale datagram: counter {got} is more than {REPLAY_WINDOW} below the newest {newest}")]
+    #[error(
+        "stale datagram: counter {got} is more than {REPLAY_WINDOW} below the newest {newest}"
+    )]
     Stale { got: u64, newest: u64 },
 }
 
@@ -391,7 +393,10 @@ mod tests {
         forged[10] ^= 1;
         assert_eq!(o.open_datagram(&forged, &[b"d"]), Err(SealError::BadMac));
         assert_eq!(o.open_datagram(&seal(1500), &[b"d"]), Ok(1500));
-        assert_eq!(o.open_datagram(&seal(0), &[b"d"]), Err(SealError::Replay(0)));
+        assert_eq!(
+            o.open_datagram(&seal(0), &[b"d"]),
+            Err(SealError::Replay(0))
+        );
     }
 
     #[test]

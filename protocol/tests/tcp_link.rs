@@ -5,15 +5,15 @@
 use ringllm_protocol::control::{Control, ErrorCode, ErrorMsg};
 use ringllm_protocol::frame::{DEFAULT_MAX_PAYLOAD, FLAG_ALL_TOKENS};
 use ringllm_protocol::handshake::HsMsg;
+use ringllm_protocol::seal::{SealError, Sealer, SEAL_LEN};
 use ringllm_protocol::tcp::{self, control_of, send_control};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, ProtocolError, Role, TransportError,
     HEADER_LEN,
 };
-use ringllm_protocol::seal::{SealError, Sealer, SEAL_LEN};
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -175,7 +175,10 @@ async fn frames_of_every_size_arrive_in_order_and_intact() {
 
         // Counters: one frame and header + payload bytes each, on both sides.
         let frames = sizes.len() as u64;
-        let bytes: u64 = sizes.iter().map(|&n| (n + HEADER_LEN + SEAL_LEN) as u64).sum();
+        let bytes: u64 = sizes
+            .iter()
+            .map(|&n| (n + HEADER_LEN + SEAL_LEN) as u64)
+            .sum();
         assert_eq!(client.counters.snapshot(), (frames, bytes, 0, 0));
         assert_eq!(server.counters.snapshot(), (0, 0, frames, bytes));
 
@@ -196,8 +199,14 @@ async fn frames_of_every_size_arrive_in_order_and_intact() {
         assert_eq!(got, h);
         assert_eq!(buf, payload);
         assert_eq!(got.bytes_per_token(), 4);
-        assert_eq!(server.counters.snapshot(), (1, (140 + SEAL_LEN) as u64, frames, bytes));
-        assert_eq!(client.counters.snapshot(), (frames, bytes, 1, (140 + SEAL_LEN) as u64));
+        assert_eq!(
+            server.counters.snapshot(),
+            (1, (140 + SEAL_LEN) as u64, frames, bytes)
+        );
+        assert_eq!(
+            client.counters.snapshot(),
+            (frames, bytes, 1, (140 + SEAL_LEN) as u64)
+        );
     })
     .await;
 }

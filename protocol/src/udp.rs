@@ -1,0 +1,1902 @@
+//! Reliable UDP data links: frames cut into sealed datagrams, selective acknowledgements,
+//! retransmission timers, a congestion window and a receive window, on one connected UDP
+//! socket per link. The TCP connection the link was negotiated on (the *anchor*) stays open
+//! beside it: end of stream or an error on it is how a closed or crashed peer is noticed, and
+//! shutting it down is how either side closes the link.
+//!
+//! # Threads
+//!
+//! The owner thread calls `send` and `recv`. `send` cuts the frame into chunks, seals and
+//! sends them itself (no hand-off, no wake-up), keeping a copy of each chunk until it is
+//! acknowledged; it blocks only when the congestion window or the peer's receive window is
+//! full. A per-link I/O thread owns everything that must happen while the owner is elsewhere
+//! (computing, or blocked in another link's `recv`): it alone reads the UDP socket (checking
+//! each datagram's seal before anything else), reassembles frames, sends acknowledgements,
+//! retransmits on timeouts, probes a closed receive window, and watches the anchor. `recv`
+//! waits on a condition variable for the next whole frame and swaps its buffer out without a
+//! copy. The I/O thread sleeps in `ppoll` on the UDP socket and the anchor with a timeout set
+//! by the nearest timer (and at most `IDLE_TICK`), so nothing spins.
+//!
+//! # Datagrams
+//!
+//! Every datagram ends with a 24-byte seal (`Sealer::seal_as`: the packet counter, u64 LE,
+//! and a 16-byte tag over the counter and everything before the seal), from a counter shared
+//! by both threads of the sending side. The receiver checks the seal with
+//! `Opener::open_datagram` before reading any other byte: a forged datagram is dropped and
+//! counted in `mac_failures`, a replayed or stale one in `replays`; neither ever ends the link.
+//!
+//! ```text
+//! data (32-byte header, then ≤ chunk_payload bytes of the frame, then the seal)
+//!  0  1  kind = 1
+//!  1  1  version = 1
+//!  2  2  chunk size: frame bytes in every chunk of this frame but the last (u16 LE)
+//!  4  4  chunk index
+//!  8  4  chunk count = ceil(frame bytes / chunk size)
+//! 12  4  frame bytes: the 40-byte frame header plus the payload
+//! 16  8  frame sequence number (1, 2, …)
+//! 24  8  chunk sequence number (1, 2, … across frames; what acknowledgements refer to)
+//!
+//! ack (32-byte header, then the bitmap, then the seal)
+//!  0  1  kind = 2
+//!  1  1  version = 1
+//!  2  2  bitmap bytes n (≤ 1024)
+//!  4  4  zero
+//!  8  8  cumulative: every chunk sequence number below this one arrived
+//! 16  8  the frame sequence number the receiving application takes next
+//! 24  8  receive buffer: bytes of frames (plus 256 per frame) the receiver holds beyond that
+//! 32  n  bit j (LSB first) set: chunk cumulative + 1 + j arrived
+//!
+//! probe (8 bytes, then the seal): kind = 3, version = 1, six zero bytes. Answered by an ack.
+//! ```
+//!
+//! # Windows and timers
+//!
+//! The sender keeps at most `cwnd` chunks unacknowledged (and at most twice `max_window`
+//! between the oldest unacknowledged chunk and the newest), which bounds both its memory and
+//! the burst a 64 MiB frame puts into the receiver's socket buffer. `cwnd` starts at
+//! `initial_window`, grows by one per acknowledged chunk up to `ssthresh` and by one per
+//! window after, and is halved (not below `min_window`) once per window in which a loss is
+//! found. A chunk is retransmitted when an ack shows three later chunks arrived while it did
+//! not (and it was not sent in the last two round trips), or when its retransmission timeout
+//! (`srtt + 4·rttvar`, clamped to `min_rto..max_rto`, doubling per retry) expires.
+//!
+//! The receiver acknowledges after every `ack_every` new chunks, at once on a duplicate, a gap
+//! or a probe, and otherwise within `ack_delay`. It holds at most `recv_buffer` bytes of frames
+//! beyond the next one the application takes (which is always admitted, so any frame up to the
+//! payload cap gets through), and advertises that in each ack; the sender does not start a
+//! frame that would not fit, probes while it waits, and the receiver answers a probe, and sends
+//! a window update from `recv` once a frame is taken after a probe. So a receiver that stops
+//! calling `recv` stops the sender with bounded memory on both sides.
+//!
+//! # Closing
+//!
+//! `closer()` ends the link at once: both threads' waits return, the anchor is shut down.
+//! Dropping the link closes it gracefully: the I/O thread keeps retransmitting until every
+//! chunk is acknowledged (at most `linger`), then shuts the anchor down; the peer's `recv`
+//! returns every frame, then `TransportError::Closed`. End of stream on the anchor while a
+//! frame is incomplete, or a reset, is an error. A sender that hears nothing from its peer
+//! for `peer_timeout` while it waits for acknowledgements fails with a timeout.
+//!
+//! # Counters
+//!
+//! `frames_out`/`bytes_out` count frames when `send` has handed all their chunks to the socket,
+//! `frames_in`/`bytes_in` frames returned by `recv`; bytes are the frame's (the 40-byte header
+//! plus the payload), without datagram headers, seals, acknowledgements or retransmissions.
+//! `retransmits` counts chunks sent again, `duplicates` authentic chunks that had already
+//! arrived, `mac_failures` and `replays` refused seals, `malformed` authentic datagrams that
+//! made no sense (and were dropped).
+
+use crate::blocking::{DataLink, LinkCloser};
+use crate::error::{ProtocolError, TransportError};
+use crate::frame::{FrameHeader, HEADER_LEN, MAX_CONTROL_LEN};
+use crate::seal::{LinkKeys, Opener, SealError, Sealer, SEAL_LEN};
+use crate::transport::LinkCounters;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bytes of a data datagram's header.
+pub const DATA_HEADER_LEN: usize = 32;
+/// Bytes of an ack's header (the bitmap follows).
+pub const ACK_HEADER_LEN: usize = 32;
+/// Bytes of a probe (before its seal).
+pub const PROBE_LEN: usize = 8;
+/// Largest UDP payload over IPv4.
+pub const MAX_DATAGRAM: usize = 65507;
+/// Smallest chunk a link sends or accepts (the frame header always fits in chunk 0).
+pub const MIN_CHUNK: usize = 64;
+/// Largest chunk: a data datagram must fit in `MAX_DATAGRAM`.
+pub const MAX_CHUNK: usize = MAX_DATAGRAM - DATA_HEADER_LEN - SEAL_LEN;
+/// Chunks an ack's bitmap covers past the cumulative point.
+pub const MAX_ACK_BITS: u64 = 8192;
+/// The socket buffers `bind_reuse` asks for.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
+const KIND_DATA: u8 = 1;
+const KIND_ACK: u8 = 2;
+const KIND_PROBE: u8 = 3;
+const WIRE_VERSION: u8 = 1;
+/// Chunk sequence numbers the receiver tracks past its cumulative point (a ring of bits).
+const TRACK_BITS: u64 = 4 * MAX_ACK_BITS;
+/// What a buffered frame costs in the receive window beyond its bytes.
+const FRAME_OVERHEAD: u64 = 256;
+/// The receive buffer a sender assumes before the peer's first ack (and the least a receiver
+/// may advertise).
+const MIN_RECV_BUFFER: u64 = 1 << 20;
+/// Chunks whose later neighbours arrived before a chunk counts as lost.
+const DUP_THRESH: u64 = 3;
+/// Longest the I/O thread sleeps without looking at its timers.
+const IDLE_TICK: Duration = Duration::from_millis(10);
+/// Datagrams the I/O thread reads before it looks at its timers again.
+const DRAIN_MAX: usize = 128;
+/// Chunks the owner reserves under one lock acquisition.
+const SEND_BATCH: usize = 32;
+/// Receive buffers kept for reuse.
+const POOL_MAX: usize = 4;
+const FIRST_PROBE: Duration = Duration::from_millis(1);
+const MAX_PROBE: Duration = Duration::from_millis(200);
+
+/// Tuning of a reliable UDP link. Both ends may differ; every field has a sane default.
+#[derive(Clone, Debug)]
+pub struct UdpConfig {
+    /// Frame bytes per datagram (`MIN_CHUNK..=MAX_CHUNK`); 1400 keeps datagrams under a
+    /// 1500-byte Ethernet MTU.
+    pub chunk_payload: usize,
+    /// Most chunks unacknowledged at once (the congestion window's ceiling), 1..=4096.
+    pub max_window: usize,
+    /// The congestion window at the start.
+    pub initial_window: usize,
+    /// The congestion window never shrinks below this.
+    pub min_window: usize,
+    /// Bytes of frames the receiver buffers beyond the next one `recv` returns (at least
+    /// 1 MiB); a sender whose frames would not fit waits.
+    pub recv_buffer: usize,
+    /// Retransmission timeout before the first round-trip measurement.
+    pub initial_rto: Duration,
+    pub min_rto: Duration,
+    pub max_rto: Duration,
+    /// Longest an acknowledgement is held back to cover more chunks.
+    pub ack_delay: Duration,
+    /// Acknowledge at once after this many new chunks.
+    pub ack_every: usize,
+    /// Give up when the peer has sent nothing authentic for this long while we wait for it.
+    pub peer_timeout: Duration,
+    /// After the link is dropped, keep retransmitting unacknowledged chunks this long.
+    pub linger: Duration,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            chunk_payload: 1400,
+            max_window: 256,
+            initial_window: 128,
+            min_window: 16,
+            recv_buffer: 16 << 20,
+            initial_rto: Duration::from_millis(20),
+            min_rto: Duration::from_millis(4),
+            max_rto: Duration::from_millis(200),
+            ack_delay: Duration::from_micros(200),
+            ack_every: 16,
+            peer_timeout: Duration::from_secs(5),
+            linger: Duration::from_secs(2),
+        }
+    }
+}
+
+impl UdpConfig {
+    fn checked(mut self) -> Result<UdpConfig, TransportError> {
+        let bad = |what: String| {
+            Err(TransportError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid UDP link configuration: {what}"),
+            )))
+        };
+        if !(MIN_CHUNK..=MAX_CHUNK).contains(&self.chunk_payload) {
+            return bad(format!(
+                "chunk_payload {} is outside {MIN_CHUNK}..={MAX_CHUNK}",
+                self.chunk_payload
+            ));
+        }
+        if !(1..=(MAX_ACK_BITS / 2) as usize).contains(&self.max_window) {
+            return bad(format!(
+                "max_window {} is outside 1..={}",
+                self.max_window,
+                MAX_ACK_BITS / 2
+            ));
+        }
+        if self.min_rto.is_zero() || self.min_rto > self.max_rto {
+            return bad(format!(
+                "min_rto {:?} must be above zero and at most max_rto {:?}",
+                self.min_rto, self.max_rto
+            ));
+        }
+        if self.peer_timeout.is_zero() {
+            return bad("peer_timeout is zero".into());
+        }
+        self.min_window = self.min_window.clamp(1, self.max_window);
+        self.initial_window = self.initial_window.clamp(self.min_window, self.max_window);
+        self.recv_buffer = self.recv_buffer.max(MIN_RECV_BUFFER as usize);
+        self.ack_every = self.ack_every.max(1);
+        self.initial_rto = self.initial_rto.clamp(self.min_rto, self.max_rto);
+        Ok(self)
+    }
+}
+
+/// A UDP socket with SO_REUSEADDR (so a per-link socket can be bound to the node's listening
+/// port and `connect()`ed to one peer, next to other sockets on that port) and 4 MiB socket
+/// buffers (the kernel may grant less: see `net.core.rmem_max`).
+pub fn bind_reuse(local: SocketAddr) -> io::Result<UdpSocket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(local),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    s.set_reuse_address(true)?;
+    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+    s.bind(&local.into())?;
+    Ok(s.into())
+}
+
+// ---------------------------------------------------------------------------------------
+// Wire format
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DataHdr {
+    chunk_size: u32,
+    index: u32,
+    count: u32,
+    total: u32,
+    frame: u64,
+    cseq: u64,
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(x)
+}
+
+impl DataHdr {
+    fn encode(&self) -> [u8; DATA_HEADER_LEN] {
+        let mut b = [0u8; DATA_HEADER_LEN];
+        b[0] = KIND_DATA;
+        b[1] = WIRE_VERSION;
+        b[2..4].copy_from_slice(&(self.chunk_size as u16).to_le_bytes());
+        b[4..8].copy_from_slice(&self.index.to_le_bytes());
+        b[8..12].copy_from_slice(&self.count.to_le_bytes());
+        b[12..16].copy_from_slice(&self.total.to_le_bytes());
+        b[16..24].copy_from_slice(&self.frame.to_le_bytes());
+        b[24..32].copy_from_slice(&self.cseq.to_le_bytes());
+        b
+    }
+
+    /// `b` is at least `DATA_HEADER_LEN` long (checked by the caller).
+    fn decode(b: &[u8]) -> DataHdr {
+        DataHdr {
+            chunk_size: u16_at(b, 2) as u32,
+            index: u32_at(b, 4),
+            count: u32_at(b, 8),
+            total: u32_at(b, 12),
+            frame: u64_at(b, 16),
+            cseq: u64_at(b, 24),
+        }
+    }
+
+    /// Frame bytes this chunk carries, if its numbers agree with each other.
+    fn check(&self) -> Result<usize, String> {
+        let cs = self.chunk_size as u64;
+        if !(MIN_CHUNK as u64..=MAX_CHUNK as u64).contains(&cs) {
+            return Err(format!("chunk size {cs} outside {MIN_CHUNK}..={MAX_CHUNK}"));
+        }
+        let total = self.total as u64;
+        if total < HEADER_LEN as u64 {
+            return Err(format!("frame of {total} bytes is shorter than its header"));
+        }
+        if self.count as u64 != total.div_ceil(cs) {
+            return Err(format!(
+                "{} chunks for a frame of {total} bytes in chunks of {cs}",
+                self.count
+            ));
+        }
+        if self.index >= self.count {
+            return Err(format!("chunk {} of {}", self.index, self.count));
+        }
+        if self.frame == 0 || self.cseq <= self.index as u64 {
+            return Err(format!(
+                "frame {} chunk sequence {} for chunk {}",
+                self.frame, self.cseq, self.index
+            ));
+        }
+        let start = self.index as u64 * cs;
+        Ok((total - start).min(cs) as usize)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AckHdr {
+    cum: u64,
+    next_take: u64,
+    cap: u64,
+}
+
+fn ack_header(a: &AckHdr, bitmap_bytes: usize) -> [u8; ACK_HEADER_LEN] {
+    let mut b = [0u8; ACK_HEADER_LEN];
+    b[0] = KIND_ACK;
+    b[1] = WIRE_VERSION;
+    b[2..4].copy_from_slice(&(bitmap_bytes as u16).to_le_bytes());
+    b[8..16].copy_from_slice(&a.cum.to_le_bytes());
+    b[16..24].copy_from_slice(&a.next_take.to_le_bytes());
+    b[24..32].copy_from_slice(&a.cap.to_le_bytes());
+    b
+}
+
+/// An ack's header and bitmap, if its length agrees with itself.
+fn parse_ack(b: &[u8]) -> Result<(AckHdr, &[u8]), String> {
+    if b.len() < ACK_HEADER_LEN {
+        return Err(format!("ack of {} bytes", b.len()));
+    }
+    let n = u16_at(b, 2) as usize;
+    if b.len() != ACK_HEADER_LEN + n || n as u64 > MAX_ACK_BITS / 8 {
+        return Err(format!("ack of {} bytes says its bitmap has {n}", b.len()));
+    }
+    Ok((
+        AckHdr {
+            cum: u64_at(b, 8),
+            next_take: u64_at(b, 16),
+            cap: u64_at(b, 24),
+        },
+        &b[ACK_HEADER_LEN..],
+    ))
+}
+
+fn probe_bytes() -> [u8; PROBE_LEN] {
+    let mut b = [0u8; PROBE_LEN];
+    b[0] = KIND_PROBE;
+    b[1] = WIRE_VERSION;
+    b
+}
+
+/// The frame bytes `start..end` (the frame being `head` then `payload`) as two slices.
+fn frame_range<'a>(
+    head: &'a [u8; HEADER_LEN],
+    payload: &'a [u8],
+    start: usize,
+    end: usize,
+) -> [&'a [u8]; 2] {
+    let (h0, h1) = (start.min(HEADER_LEN), end.min(HEADER_LEN));
+    let (p0, p1) = (
+        start.max(HEADER_LEN) - HEADER_LEN,
+        end.max(HEADER_LEN) - HEADER_LEN,
+    );
+    [&head[h0..h1], &payload[p0..p1]]
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared state
+
+/// Why a link stopped.
+#[derive(Clone, Debug)]
+enum End {
+    /// `closer()` (or a fatal error on our side after it was reported).
+    LocalClose,
+    /// End of stream on the anchor.
+    PeerClosed,
+    /// The anchor failed (reset: the peer process died).
+    PeerReset(String),
+    /// No authentic datagram from the peer for `peer_timeout` while waiting for it.
+    TimedOut(Duration),
+    /// A socket error.
+    Failed(String),
+}
+
+impl End {
+    fn send_error(&self) -> TransportError {
+        let io = |k, m: String| TransportError::Io(io::Error::new(k, m));
+        match self {
+            End::LocalClose => io(
+                io::ErrorKind::NotConnected,
+                "the UDP link was closed".into(),
+            ),
+            End::PeerClosed => io(
+                io::ErrorKind::BrokenPipe,
+                "the peer closed the UDP link".into(),
+            ),
+            End::PeerReset(m) => io(
+                io::ErrorKind::ConnectionReset,
+                format!("the UDP link's peer is gone: its anchor connection failed: {m}"),
+            ),
+            End::TimedOut(d) => TransportError::Timeout(
+                *d,
+                "without hearing from the UDP link's peer (wrong keys, a firewall dropping \
+                 datagrams, or the peer is gone)",
+            ),
+            End::Failed(m) => io(io::ErrorKind::Other, format!("UDP link failed: {m}")),
+        }
+    }
+}
+
+struct TxChunk {
+    hdr: [u8; DATA_HEADER_LEN],
+    data: Vec<u8>,
+    sent_at: Instant,
+    sends: u32,
+    acked: bool,
+}
+
+/// Chunks to send again, copied out of the lock.
+#[derive(Default)]
+struct Resends {
+    hdrs: Vec<[u8; DATA_HEADER_LEN]>,
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Resends {
+    fn push(&mut self, c: &TxChunk) {
+        self.hdrs.push(c.hdr);
+        self.data.extend_from_slice(&c.data);
+        self.ends.push(self.data.len());
+    }
+    fn clear(&mut self) {
+        self.hdrs.clear();
+        self.data.clear();
+        self.ends.clear();
+    }
+}
+
+/// The sending direction.
+struct Tx {
+    next_frame: u64,
+    next_cseq: u64,
+    /// Chunk sequence number of `flight[0]` (`next_cseq` when empty).
+    base: u64,
+    flight: VecDeque<TxChunk>,
+    /// Entries of `flight` not yet acknowledged.
+    unacked: usize,
+    cwnd: f64,
+    ssthresh: f64,
+    /// Losses of chunks below this were already answered by a window cut.
+    recover: u64,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    rto: Duration,
+    /// The retransmission timer runs from here while chunks are unacknowledged: set when
+    /// the first goes out, restarted by every ack of new chunks and by every expiry.
+    timer_start: Option<Instant>,
+    /// Expiries since the last progress (each doubles the timeout).
+    timeouts: u32,
+    peer_next_take: u64,
+    peer_cap: u64,
+    /// Frames sent that the peer's application has not taken: (frame, cost).
+    window_frames: VecDeque<(u64, u64)>,
+    window_cost: u64,
+    /// Since when we have been waiting for the peer (unacknowledged chunks or a closed
+    /// receive window), for `peer_timeout`.
+    waiting_since: Option<Instant>,
+    /// The owner waits for the peer's receive window: probe at this time.
+    probe_at: Option<Instant>,
+    probe_interval: Duration,
+    owner_waiting: bool,
+    /// The owner dropped the link: linger until everything is acknowledged or this time.
+    linger_until: Option<Instant>,
+    end: Option<End>,
+    pool: Vec<Vec<u8>>,
+}
+
+impl Tx {
+    fn new(cfg: &UdpConfig) -> Tx {
+        Tx {
+            next_frame: 1,
+            next_cseq: 1,
+            base: 1,
+            flight: VecDeque::new(),
+            unacked: 0,
+            cwnd: cfg.initial_window as f64,
+            ssthresh: cfg.max_window as f64,
+            recover: 0,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rto: cfg.initial_rto,
+            timer_start: None,
+            timeouts: 0,
+            peer_next_take: 1,
+            peer_cap: MIN_RECV_BUFFER,
+            window_frames: VecDeque::new(),
+            window_cost: 0,
+            waiting_since: None,
+            probe_at: None,
+            probe_interval: FIRST_PROBE,
+            owner_waiting: false,
+            linger_until: None,
+            end: None,
+            pool: Vec::new(),
+        }
+    }
+
+    /// Whether a frame costing `cost` fits the peer's receive window now.
+    fn frame_fits(&self, cost: u64) -> bool {
+        // The peer buffers frames beyond the one its application takes next, which it
+        // always admits: that is the first of `window_frames` (or a later one).
+        match self.window_frames.front() {
+            None => true,
+            Some(&(_, first)) => self.window_cost - first + cost <= self.peer_cap,
+        }
+    }
+
+    /// Chunks the owner may put in flight now.
+    fn room(&self, cfg: &UdpConfig) -> usize {
+        let cwnd = (self.cwnd as usize).clamp(1, cfg.max_window);
+        let by_cwnd = cwnd.saturating_sub(self.unacked);
+        let by_span = (2 * cfg.max_window).saturating_sub(self.flight.len());
+        by_cwnd.min(by_span)
+    }
+
+    /// When the retransmission timer expires.
+    fn timer_deadline(&self, cfg: &UdpConfig) -> Option<Instant> {
+        let backoff = (self.rto * (1u32 << self.timeouts.min(8))).min(cfg.max_rto);
+        self.timer_start.map(|t| t + backoff)
+    }
+
+    fn on_rtt(&mut self, sample: Duration, cfg: &UdpConfig) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(sample);
+                self.rttvar = sample / 2;
+            }
+            Some(s) => {
+                let diff = s.abs_diff(sample);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((s * 7 + sample) / 8);
+            }
+        }
+        let srtt = self.srtt.unwrap_or(sample);
+        self.rto = (srtt + self.rttvar * 4).clamp(cfg.min_rto, cfg.max_rto);
+    }
+
+    fn on_loss(&mut self, cseq: u64, cfg: &UdpConfig) {
+        if cseq >= self.recover {
+            self.ssthresh = (self.cwnd / 2.0).max(cfg.min_window as f64);
+            self.cwnd = self.ssthresh;
+            self.recover = self.next_cseq;
+        }
+    }
+
+    fn on_acked(&mut self, n: usize, cfg: &UdpConfig) {
+        for _ in 0..n {
+            if self.cwnd < self.ssthresh {
+                self.cwnd += 1.0;
+            } else {
+                self.cwnd += 1.0 / self.cwnd;
+            }
+        }
+        self.cwnd = self.cwnd.min(cfg.max_window as f64);
+    }
+
+    fn mark_resent(&mut self, i: usize, now: Instant) {
+        let c = &mut self.flight[i];
+        c.sends += 1;
+        c.sent_at = now;
+    }
+
+    /// Applies an authentic ack; chunks to send again go to `out`. `Err` for an ack that
+    /// cannot be right (it acknowledges chunks or frames never sent).
+    fn on_ack(
+        &mut self,
+        a: &AckHdr,
+        bitmap: &[u8],
+        now: Instant,
+        cfg: &UdpConfig,
+        counters: &LinkCounters,
+        out: &mut Resends,
+    ) -> Result<bool, String> {
+        if a.cum == 0 || a.cum > self.next_cseq {
+            return Err(format!(
+                "ack up to chunk {} when {} were sent",
+                a.cum,
+                self.next_cseq - 1
+            ));
+        }
+        if a.next_take == 0 || a.next_take > self.next_frame {
+            return Err(format!(
+                "peer takes frame {} next when {} were sent",
+                a.next_take,
+                self.next_frame - 1
+            ));
+        }
+        let mut opened = false;
+        self.peer_cap = a.cap.max(MIN_RECV_BUFFER);
+        if a.next_take > self.peer_next_take {
+            self.peer_next_take = a.next_take;
+            while let Some(&(f, c)) = self.window_frames.front() {
+                if f >= a.next_take {
+                    break;
+                }
+                self.window_frames.pop_front();
+                self.window_cost -= c;
+            }
+            opened = true;
+        }
+        let mut newly = 0usize;
+        let mut sample = None;
+        while self.base < a.cum {
+            let Some(c) = self.flight.pop_front() else {
+                break;
+            };
+            self.base += 1;
+            if !c.acked {
+                self.unacked -= 1;
+                newly += 1;
+                if c.sends == 1 {
+                    sample = Some(now.saturating_duration_since(c.sent_at));
+                }
+            }
+            if self.pool.len() < 2 * cfg.max_window {
+                self.pool.push(c.data);
+            }
+        }
+        let mut highest_sacked = None;
+        for (byte_i, &byte) in bitmap.iter().enumerate() {
+            if byte == 0 {
+                continue;
+            }
+            for bit in 0..8 {
+                if byte >> bit & 1 == 0 {
+                    continue;
+                }
+                let cseq = a.cum + 1 + (byte_i * 8 + bit) as u64;
+                if cseq >= self.next_cseq {
+                    return Err(format!(
+                        "ack for chunk {cseq} when {} were sent",
+                        self.next_cseq - 1
+                    ));
+                }
+                if cseq < self.base {
+                    continue;
+                }
+                let c = &mut self.flight[(cseq - self.base) as usize];
+                if !c.acked {
+                    c.acked = true;
+                    self.unacked -= 1;
+                    newly += 1;
+                    if c.sends == 1 {
+                        sample = Some(now.saturating_duration_since(c.sent_at));
+                    }
+                }
+                highest_sacked = Some(cseq);
+            }
+        }
+        if let Some(s) = sample {
+            self.on_rtt(s, cfg);
+        }
+        if newly > 0 {
+            self.on_acked(newly, cfg);
+            opened = true;
+        }
+        // Fast retransmission: chunks with DUP_THRESH later chunks acknowledged, unless sent
+        // again within the last two round trips.
+        if let Some(h) = highest_sacked {
+            let guard = self
+                .srtt
+                .map_or(cfg.min_rto, |s| (s * 2).max(Duration::from_micros(200)));
+            let end = h.saturating_sub(DUP_THRESH).saturating_sub(self.base) as usize + 1;
+            for i in 0..end.min(self.flight.len()) {
+                let c = &self.flight[i];
+                if c.acked || (c.sends > 1 && now.saturating_duration_since(c.sent_at) < guard) {
+                    continue;
+                }
+                out.push(c);
+                let cseq = self.base + i as u64;
+                self.on_loss(cseq, cfg);
+                self.mark_resent(i, now);
+                LinkCounters::bump(&counters.retransmits);
+            }
+        }
+        if self.unacked == 0 {
+            self.timer_start = None;
+            self.timeouts = 0;
+            if self.probe_at.is_none() {
+                self.waiting_since = None;
+            }
+        } else {
+            self.waiting_since = Some(now);
+            if newly > 0 {
+                self.timer_start = Some(now);
+                self.timeouts = 0;
+            }
+        }
+        Ok(opened)
+    }
+
+    /// When the retransmission timer expired (no ack of new chunks for a timeout): sends
+    /// again every unacknowledged chunk out for at least `rto` (into `out`), at most a
+    /// window's worth, and restarts the timer with a doubled timeout.
+    fn on_timer(
+        &mut self,
+        now: Instant,
+        cfg: &UdpConfig,
+        counters: &LinkCounters,
+        out: &mut Resends,
+    ) {
+        if self.timer_deadline(cfg).is_none_or(|d| d > now) {
+            return;
+        }
+        let mut budget = (self.cwnd as usize).max(cfg.min_window);
+        for i in 0..self.flight.len() {
+            let c = &self.flight[i];
+            if c.acked || now.saturating_duration_since(c.sent_at) < self.rto {
+                continue;
+            }
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
+            out.push(c);
+            let cseq = self.base + i as u64;
+            self.on_loss(cseq, cfg);
+            self.mark_resent(i, now);
+            LinkCounters::bump(&counters.retransmits);
+        }
+        self.timeouts += 1;
+        self.timer_start = Some(now);
+    }
+}
+
+struct RxFrame {
+    total: u32,
+    chunk_size: u32,
+    count: u32,
+    first_cseq: u64,
+    got: u32,
+    cost: u64,
+    head: [u8; HEADER_LEN],
+    header: Option<FrameHeader>,
+    payload: Vec<u8>,
+}
+
+impl RxFrame {
+    fn complete(&self) -> bool {
+        self.got == self.count && self.header.is_some()
+    }
+}
+
+/// The receiving direction.
+struct Rx {
+    /// Every chunk sequence number below this arrived.
+    cum: u64,
+    /// Ring of `TRACK_BITS` bits: chunk `c` (`cum <= c < cum + TRACK_BITS`) arrived.
+    bits: Vec<u64>,
+    /// Highest chunk sequence number that arrived (0: none).
+    highest: u64,
+    frames: BTreeMap<u64, RxFrame>,
+    /// The frame `recv` returns next.
+    next_take: u64,
+    /// Cost of the frames in `frames` other than `next_take`'s.
+    buffered: u64,
+    /// New chunks since the last ack.
+    unacked: usize,
+    ack_now: bool,
+    ack_at: Option<Instant>,
+    /// A probe arrived: send a window update when `recv` takes a frame.
+    update_wanted: bool,
+    owner_waiting: bool,
+    /// A frame the peer sent that cannot be delivered, reported when `recv` reaches it.
+    poison: Option<(u64, ProtocolError)>,
+    end: Option<End>,
+    pool: Vec<Vec<u8>>,
+}
+
+enum DataOutcome {
+    /// Nothing for `recv` yet.
+    Stored,
+    /// The frame `recv` waits for is complete (or poisoned).
+    Deliverable,
+    Duplicate,
+    Malformed(String),
+}
+
+impl Rx {
+    fn new() -> Rx {
+        Rx {
+            cum: 1,
+            bits: vec![0; (TRACK_BITS / 64) as usize],
+            highest: 0,
+            frames: BTreeMap::new(),
+            next_take: 1,
+            buffered: 0,
+            unacked: 0,
+            ack_now: false,
+            ack_at: None,
+            update_wanted: false,
+            owner_waiting: false,
+            poison: None,
+            end: None,
+            pool: Vec::new(),
+        }
+    }
+
+    fn bit(&self, c: u64) -> bool {
+        let i = c % TRACK_BITS;
+        self.bits[(i / 64) as usize] >> (i % 64) & 1 == 1
+    }
+
+    fn set_bit(&mut self, c: u64, on: bool) {
+        let i = c % TRACK_BITS;
+        let w = &mut self.bits[(i / 64) as usize];
+        if on {
+            *w |= 1 << (i % 64);
+        } else {
+            *w &= !(1 << (i % 64));
+        }
+    }
+
+    /// Records that chunk `c` arrived and moves the cumulative point.
+    fn mark(&mut self, c: u64) {
+        self.set_bit(c, true);
+        self.highest = self.highest.max(c);
+        if c != self.cum {
+            // A gap: tell the sender soon so it can retransmit.
+            self.ack_now = true;
+        }
+        while self.bit(self.cum) {
+            self.set_bit(self.cum, false);
+            self.cum += 1;
+        }
+        self.unacked += 1;
+    }
+
+    fn take_buf(&mut self, len: usize) -> Vec<u8> {
+        let best = self
+            .pool
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut b = self.pool.swap_remove(i);
+                b.clear();
+                b.resize(len, 0);
+                b
+            }
+            None => vec![0; len],
+        }
+    }
+
+    fn poison(&mut self, frame: u64, e: ProtocolError) {
+        if self.poison.is_none() {
+            self.poison = Some((frame, e));
+        }
+        if let Some(f) = self.frames.remove(&frame) {
+            if frame != self.next_take {
+                self.buffered -= f.cost;
+            }
+        }
+    }
+
+    /// Stores an authentic data chunk.
+    fn on_data(&mut self, d: &DataHdr, data: &[u8], max_len: u64, cap: u64) -> DataOutcome {
+        let want = match d.check() {
+            Ok(n) => n,
+            Err(m) => return DataOutcome::Malformed(m),
+        };
+        if data.len() != want {
+            return DataOutcome::Malformed(format!(
+                "chunk {} of frame {} carries {} bytes, its numbers say {want}",
+                d.index,
+                d.frame,
+                data.len()
+            ));
+        }
+        if d.cseq < self.cum || d.frame < self.next_take || self.bit(d.cseq) {
+            self.ack_now = true;
+            return DataOutcome::Duplicate;
+        }
+        if d.cseq >= self.cum + TRACK_BITS {
+            return DataOutcome::Malformed(format!(
+                "chunk {} is beyond the window (every chunk below {} arrived)",
+                d.cseq, self.cum
+            ));
+        }
+        if self.poison.as_ref().is_some_and(|(f, _)| *f == d.frame) {
+            // Acknowledged (so the sender stops) but not kept: `recv` reports the frame.
+            self.mark(d.cseq);
+            return DataOutcome::Stored;
+        }
+        let first_cseq = d.cseq - d.index as u64;
+        match self.frames.get(&d.frame) {
+            Some(f) => {
+                if (f.total, f.chunk_size, f.count, f.first_cseq)
+                    != (d.total, d.chunk_size, d.count, first_cseq)
+                {
+                    return DataOutcome::Malformed(format!(
+                        "chunk {} of frame {} disagrees with earlier chunks of it",
+                        d.index, d.frame
+                    ));
+                }
+            }
+            None => {
+                let len = d.total as u64 - HEADER_LEN as u64;
+                if len > max_len {
+                    self.mark(d.cseq);
+                    self.poison(
+                        d.frame,
+                        ProtocolError::TooLarge {
+                            what: "frame payload",
+                            len,
+                            max: max_len,
+                        },
+                    );
+                    return if d.frame == self.next_take {
+                        DataOutcome::Deliverable
+                    } else {
+                        DataOutcome::Stored
+                    };
+                }
+                let cost = d.total as u64 + FRAME_OVERHEAD;
+                if d.frame != self.next_take {
+                    if self.buffered + cost > cap {
+                        return DataOutcome::Malformed(format!(
+                            "frame {} of {} bytes overflows the receive buffer ({} of {cap} \
+                             bytes used)",
+                            d.frame, d.total, self.buffered
+                        ));
+                    }
+                    self.buffered += cost;
+                }
+                let payload = self.take_buf(len as usize);
+                self.frames.insert(
+                    d.frame,
+                    RxFrame {
+                        total: d.total,
+                        chunk_size: d.chunk_size,
+                        count: d.count,
+                        first_cseq,
+                        got: 0,
+                        cost,
+                        head: [0; HEADER_LEN],
+                        header: None,
+                        payload,
+                    },
+                );
+            }
+        }
+        self.mark(d.cseq);
+        let Some(f) = self.frames.get_mut(&d.frame) else {
+            return DataOutcome::Stored;
+        };
+        let start = d.index as usize * f.chunk_size as usize;
+        let end = start + data.len();
+        if start < HEADER_LEN {
+            let h1 = end.min(HEADER_LEN);
+            f.head[start..h1].copy_from_slice(&data[..h1 - start]);
+        }
+        if end > HEADER_LEN {
+            let p0 = start.max(HEADER_LEN);
+            f.payload[p0 - HEADER_LEN..end - HEADER_LEN].copy_from_slice(&data[p0 - start..]);
+        }
+        f.got += 1;
+        if d.index == 0 {
+            // MIN_CHUNK > HEADER_LEN: chunk 0 holds the whole frame header.
+            let checked = FrameHeader::decode(&f.head, max_len.min(u32::MAX as u64) as u32)
+                .and_then(|h| {
+                    if h.len as u64 + HEADER_LEN as u64 == f.total as u64 {
+                        Ok(h)
+                    } else {
+                        Err(ProtocolError::Inconsistent(format!(
+                            "frame header says {} payload bytes, its datagrams carry {}",
+                            h.len,
+                            f.total as usize - HEADER_LEN
+                        )))
+                    }
+                });
+            match checked {
+                Ok(h) => f.header = Some(h),
+                Err(e) => {
+                    self.poison(d.frame, e);
+                    return if d.frame == self.next_take {
+                        DataOutcome::Deliverable
+                    } else {
+                        DataOutcome::Stored
+                    };
+                }
+            }
+        }
+        if d.frame == self.next_take && f.complete() {
+            DataOutcome::Deliverable
+        } else {
+            DataOutcome::Stored
+        }
+    }
+
+    /// The ack for the current state (into `out`).
+    fn build_ack(&mut self, cap: u64, out: &mut Vec<u8>) {
+        let from = self.cum + 1;
+        let nbits = (self.highest + 1).saturating_sub(from).min(MAX_ACK_BITS);
+        let nbytes = nbits.div_ceil(8) as usize;
+        out.clear();
+        out.extend_from_slice(&ack_header(
+            &AckHdr {
+                cum: self.cum,
+                next_take: self.next_take,
+                cap,
+            },
+            nbytes,
+        ));
+        let at = out.len();
+        out.resize(at + nbytes, 0);
+        for j in 0..nbits {
+            if self.bit(from + j) {
+                out[at + (j / 8) as usize] |= 1 << (j % 8);
+            }
+        }
+        self.unacked = 0;
+        self.ack_now = false;
+        self.ack_at = None;
+    }
+}
+
+struct Shared {
+    sock: UdpSocket,
+    sealer: Sealer,
+    /// The next packet counter (shared by the owner and the I/O thread).
+    counter: AtomicU64,
+    tx: Mutex<Tx>,
+    tx_cv: Condvar,
+    rx: Mutex<Rx>,
+    rx_cv: Condvar,
+    counters: Arc<LinkCounters>,
+    cfg: UdpConfig,
+    /// The largest payload any frame may have here (data frames: `max_payload`; control
+    /// frames: `MAX_CONTROL_LEN`); `FrameHeader::decode` applies the exact cap per kind.
+    max_len: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A send error that only loses the datagram (retransmission covers it): the peer's port is
+/// closed for now (ICMP), or a buffer is full.
+fn lost_datagram(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::WouldBlock
+    ) || e.raw_os_error() == Some(libc::ENOBUFS)
+}
+
+impl Shared {
+    /// Seals `parts` as one datagram and sends it (`scratch` is the buffer to build it in).
+    fn send_sealed(&self, parts: &[&[u8]], scratch: &mut Vec<u8>) -> io::Result<()> {
+        let c = self.counter.fetch_add(1, Ordering::Relaxed);
+        let seal = self.sealer.seal_as(c, parts);
+        scratch.clear();
+        for p in parts {
+            scratch.extend_from_slice(p);
+        }
+        scratch.extend_from_slice(&seal);
+        loop {
+            match self.sock.send(scratch) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if lost_datagram(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn send_resends(&self, r: &Resends, scratch: &mut Vec<u8>) -> io::Result<()> {
+        let mut from = 0;
+        for (h, &end) in r.hdrs.iter().zip(&r.ends) {
+            self.send_sealed(&[&h[..], &r.data[from..end]], scratch)?;
+            from = end;
+        }
+        Ok(())
+    }
+
+    /// Ends the link for both directions (the first reason sticks) and wakes the owner.
+    fn finish(&self, end: End) {
+        {
+            let mut tx = lock(&self.tx);
+            if tx.end.is_none() {
+                tx.end = Some(end.clone());
+            }
+        }
+        self.tx_cv.notify_all();
+        {
+            let mut rx = lock(&self.rx);
+            if rx.end.is_none() {
+                rx.end = Some(end);
+            }
+        }
+        self.rx_cv.notify_all();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The link
+
+/// A reliable, ordered frame link over one connected UDP socket (see the module docs).
+pub struct UdpDataLink {
+    shared: Arc<Shared>,
+    /// The anchor (a clone of the I/O thread's): `closer()` and drop shut it down.
+    anchor: TcpStream,
+    scratch: Vec<u8>,
+    ack_buf: Vec<u8>,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl UdpDataLink {
+    /// `socket`: bound, and connected to the peer's UDP address. `anchor`: the TCP stream the
+    /// link was negotiated on; it stays open for the link's life: EOF/error on it means the
+    /// peer closed or died, and shutting it down is how either side closes the link.
+    /// `keys`: this direction pair's datagram keys (caller derives them).
+    pub fn new(
+        socket: UdpSocket,
+        anchor: TcpStream,
+        keys: &LinkKeys,
+        max_payload: u32,
+        cfg: UdpConfig,
+    ) -> Result<UdpDataLink, TransportError> {
+        let cfg = cfg.checked()?;
+        let peer = socket.peer_addr().map_err(|e| {
+            TransportError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the UDP link's socket must be connected to the peer: {e}"),
+            ))
+        })?;
+        let local = socket.local_addr()?;
+        socket.set_nonblocking(false)?;
+        let s = socket2::SockRef::from(&socket);
+        if s.recv_buffer_size().is_ok_and(|n| n < SOCKET_BUFFER) {
+            let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+        }
+        if s.send_buffer_size().is_ok_and(|n| n < SOCKET_BUFFER) {
+            let _ = s.set_send_buffer_size(SOCKET_BUFFER);
+        }
+        anchor.set_nonblocking(true)?;
+        let anchor_ctl = anchor.try_clone()?;
+        let counters = Arc::new(LinkCounters::default());
+        let shared = Arc::new(Shared {
+            sock: socket,
+            sealer: Sealer::new(&keys.send),
+            counter: AtomicU64::new(1),
+            tx: Mutex::new(Tx::new(&cfg)),
+            tx_cv: Condvar::new(),
+            rx: Mutex::new(Rx::new()),
+            rx_cv: Condvar::new(),
+            counters,
+            max_len: max_payload.max(MAX_CONTROL_LEN) as u64,
+            cfg,
+        });
+        let opener = Opener::new(&keys.recv);
+        let sh = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name(format!("udp-link-{peer}"))
+            .spawn(move || io_thread(sh, opener, anchor))?;
+        Ok(UdpDataLink {
+            shared,
+            anchor: anchor_ctl,
+            scratch: Vec::with_capacity(2048),
+            ack_buf: Vec::with_capacity(256),
+            local,
+            peer,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The congestion window, smoothed round trip and retransmission timeout now (for stats
+    /// and tests).
+    pub fn window_stats(&self) -> (usize, Option<Duration>, Duration) {
+        let tx = lock(&self.shared.tx);
+        (tx.cwnd as usize, tx.srtt, tx.rto)
+    }
+
+    /// Waits for the next frame; `deadline`: give up with `None` if none has started by then.
+    fn recv_inner(
+        &mut self,
+        buf: &mut Vec<u8>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<FrameHeader>, TransportError> {
+        let sh = &*self.shared;
+        let mut rx = lock(&sh.rx);
+        let (header, mut payload) = loop {
+            if let Some(End::LocalClose) = rx.end {
+                return Err(TransportError::Closed);
+            }
+            if rx.poison.as_ref().is_some_and(|(f, _)| *f <= rx.next_take) {
+                if let Some((_, e)) = rx.poison.take() {
+                    rx.end = Some(End::Failed(format!("the peer sent a bad frame: {e}")));
+                    return Err(e.into());
+                }
+            }
+            let next = rx.next_take;
+            if let Some(h) = rx.frames.get(&next).and_then(|f| f.header) {
+                if rx.frames.get(&next).is_some_and(|f| f.complete()) {
+                    let Some(f) = rx.frames.remove(&next) else {
+                        continue;
+                    };
+                    rx.next_take += 1;
+                    // The next frame, already buffered, leaves the window's accounting.
+                    let nt = rx.next_take;
+                    if let Some(n) = rx.frames.get(&nt) {
+                        let c = n.cost;
+                        rx.buffered -= c;
+                    }
+                    break (h, f.payload);
+                }
+            }
+            if let Some(end) = &rx.end {
+                return Err(match end {
+                    End::PeerClosed if rx.frames.is_empty() => TransportError::Closed,
+                    End::PeerClosed => {
+                        let (got, count) =
+                            rx.frames.get(&next).map_or((0, 0), |f| (f.got, f.count));
+                        TransportError::Protocol(ProtocolError::Inconsistent(format!(
+                            "the peer closed the UDP link inside frame {next} ({got} of \
+                             {count} chunks arrived)"
+                        )))
+                    }
+                    e => e.send_error(),
+                });
+            }
+            let started = rx.frames.contains_key(&next);
+            rx.owner_waiting = true;
+            rx = match deadline {
+                Some(d) if !started => {
+                    let now = Instant::now();
+                    if now >= d {
+                        rx.owner_waiting = false;
+                        return Ok(None);
+                    }
+                    sh.rx_cv
+                        .wait_timeout(rx, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                _ => sh.rx_cv.wait(rx).unwrap_or_else(|e| e.into_inner()),
+            };
+            rx.owner_waiting = false;
+        };
+        // Hand the frame over without copying; keep the caller's old buffer for a later frame.
+        std::mem::swap(buf, &mut payload);
+        if payload.capacity() > 0 && rx.pool.len() < POOL_MAX {
+            rx.pool.push(payload);
+        }
+        let update = rx.update_wanted;
+        if update {
+            rx.update_wanted = false;
+            rx.build_ack(sh.cfg.recv_buffer as u64, &mut self.ack_buf);
+        }
+        drop(rx);
+        if update {
+            let ack = std::mem::take(&mut self.ack_buf);
+            let r = sh.send_sealed(&[&ack[..]], &mut self.scratch);
+            self.ack_buf = ack;
+            r?;
+        }
+        header.verify(buf)?;
+        sh.counters.received(HEADER_LEN + buf.len());
+        Ok(Some(header))
+    }
+}
+
+impl DataLink for UdpDataLink {
+    fn send(&mut self, header: &FrameHeader, payload: &[u8]) -> Result<(), TransportError> {
+        if header.len as usize != payload.len() {
+            return Err(ProtocolError::Inconsistent(format!(
+                "frame header says {} payload bytes, {} given",
+                header.len,
+                payload.len()
+            ))
+            .into());
+        }
+        let total = HEADER_LEN + payload.len();
+        let total32 = u32::try_from(total).map_err(|_| ProtocolError::TooLarge {
+            what: "frame",
+            len: total as u64,
+            max: u32::MAX as u64,
+        })?;
+        let sh = &*self.shared;
+        let cfg = &sh.cfg;
+        let cs = cfg.chunk_payload;
+        let count = total.div_ceil(cs);
+        let head = header.encode();
+        let cost = total as u64 + FRAME_OVERHEAD;
+        let mut tx = lock(&sh.tx);
+        // Wait for the peer's receive window.
+        loop {
+            if let Some(e) = &tx.end {
+                return Err(e.send_error());
+            }
+            if tx.linger_until.is_some() {
+                return Err(End::LocalClose.send_error());
+            }
+            if tx.frame_fits(cost) {
+                break;
+            }
+            let now = Instant::now();
+            if tx.probe_at.is_none() {
+                tx.probe_at = Some(now + FIRST_PROBE);
+                tx.probe_interval = FIRST_PROBE;
+                tx.waiting_since.get_or_insert(now);
+            }
+            tx.owner_waiting = true;
+            tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+            tx.owner_waiting = false;
+        }
+        if tx.probe_at.take().is_some() && tx.unacked == 0 {
+            tx.waiting_since = None;
+        }
+        let frame = tx.next_frame;
+        tx.next_frame += 1;
+        tx.window_frames.push_back((frame, cost));
+        tx.window_cost += cost;
+        let mut batch: Vec<[u8; DATA_HEADER_LEN]> = Vec::with_capacity(SEND_BATCH);
+        let mut i = 0usize;
+        while i < count {
+            let room = loop {
+                if let Some(e) = &tx.end {
+                    return Err(e.send_error());
+                }
+                let room = tx.room(cfg);
+                if room > 0 {
+                    break room;
+                }
+                tx.owner_waiting = true;
+                tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+                tx.owner_waiting = false;
+            };
+            let n = room.min(count - i).min(SEND_BATCH);
+            let now = Instant::now();
+            if tx.unacked == 0 {
+                tx.waiting_since = Some(now);
+                tx.timer_start = Some(now);
+                tx.timeouts = 0;
+            }
+            batch.clear();
+            for k in i..i + n {
+                let start = k * cs;
+                let end = (start + cs).min(total);
+                let hdr = DataHdr {
+                    chunk_size: cs as u32,
+                    index: k as u32,
+                    count: count as u32,
+                    total: total32,
+                    frame,
+                    cseq: tx.next_cseq,
+                }
+                .encode();
+                let mut data = tx.pool.pop().unwrap_or_default();
+                data.clear();
+                for p in frame_range(&head, payload, start, end) {
+                    data.extend_from_slice(p);
+                }
+                tx.flight.push_back(TxChunk {
+                    hdr,
+                    data,
+                    sent_at: now,
+                    sends: 1,
+                    acked: false,
+                });
+                tx.next_cseq += 1;
+                tx.unacked += 1;
+                batch.push(hdr);
+            }
+            drop(tx);
+            for (j, hdr) in batch.iter().enumerate() {
+                let start = (i + j) * cs;
+                let end = (start + cs).min(total);
+                let [a, b] = frame_range(&head, payload, start, end);
+                sh.send_sealed(&[&hdr[..], a, b], &mut self.scratch)
+                    .map_err(|e| {
+                        sh.finish(End::Failed(format!("sending a datagram: {e}")));
+                        e
+                    })?;
+            }
+            i += n;
+            tx = lock(&sh.tx);
+        }
+        drop(tx);
+        sh.counters.sent(total);
+        Ok(())
+    }
+
+    fn recv(&mut self, buf: &mut Vec<u8>) -> Result<FrameHeader, TransportError> {
+        match self.recv_inner(buf, None)? {
+            Some(h) => Ok(h),
+            None => Err(TransportError::Closed),
+        }
+    }
+
+    fn recv_timeout(
+        &mut self,
+        buf: &mut Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Option<FrameHeader>, TransportError> {
+        self.recv_inner(buf, Some(Instant::now() + timeout))
+    }
+
+    fn closer(&self) -> Result<LinkCloser, TransportError> {
+        let sh = Arc::clone(&self.shared);
+        let anchor = self.anchor.try_clone()?;
+        Ok(LinkCloser::new(move || {
+            sh.finish(End::LocalClose);
+            let _ = anchor.shutdown(Shutdown::Both);
+        }))
+    }
+
+    fn counters(&self) -> Arc<LinkCounters> {
+        Arc::clone(&self.shared.counters)
+    }
+
+    fn transport(&self) -> &'static str {
+        "udp"
+    }
+}
+
+impl Drop for UdpDataLink {
+    fn drop(&mut self) {
+        let mut tx = lock(&self.shared.tx);
+        if tx.end.is_some() || tx.unacked == 0 {
+            drop(tx);
+            // Everything arrived (or the link is over): close now.
+            self.shared.finish(End::LocalClose);
+            let _ = self.anchor.shutdown(Shutdown::Both);
+        } else {
+            // The I/O thread closes once the peer has everything (or after `linger`).
+            tx.linger_until = Some(Instant::now() + self.shared.cfg.linger);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The I/O thread
+
+/// Waits until the UDP socket or the anchor is readable, or `timeout`.
+fn wait_readable(
+    udp: &UdpSocket,
+    anchor: &TcpStream,
+    timeout: Duration,
+) -> io::Result<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd {
+            fd: udp.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: anchor.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        },
+    ];
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(3600) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call, `ts` a valid
+    // timespec, and a null signal mask means "leave it".
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok((false, false));
+        }
+        return Err(e);
+    }
+    Ok((fds[0].revents != 0, fds[1].revents != 0))
+}
+
+/// One datagram if one is queued (never blocks).
+fn recv_now(udp: &UdpSocket, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call.
+    let n = unsafe {
+        libc::recv(
+            udp.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// The I/O thread's own state.
+struct Io {
+    sh: Arc<Shared>,
+    opener: Opener,
+    anchor: TcpStream,
+    /// When the peer last sent something authentic.
+    last_heard: Instant,
+    resends: Resends,
+    scratch: Vec<u8>,
+    ack: Vec<u8>,
+}
+
+fn io_thread(sh: Arc<Shared>, opener: Opener, anchor: TcpStream) {
+    let mut io = Io {
+        sh,
+        opener,
+        anchor,
+        last_heard: Instant::now(),
+        resends: Resends::default(),
+        scratch: Vec::with_capacity(2048),
+        ack: Vec::with_capacity(256),
+    };
+    let end = io.run();
+    tracing::debug!(?end, "UDP link I/O thread ends");
+    io.sh.finish(end);
+    let _ = io.anchor.shutdown(Shutdown::Both);
+}
+
+impl Io {
+    fn run(&mut self) -> End {
+        let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+        let mut more = false;
+        loop {
+            let now = Instant::now();
+            let timeout = if more {
+                Duration::ZERO
+            } else {
+                match self.next_wakeup(now) {
+                    Some(t) => t.saturating_duration_since(now),
+                    None => IDLE_TICK,
+                }
+                .min(IDLE_TICK)
+            };
+            let (udp_ready, anchor_ready) =
+                match wait_readable(&self.sh.sock, &self.anchor, timeout) {
+                    Ok(r) => r,
+                    Err(e) => return End::Failed(format!("waiting for datagrams: {e}")),
+                };
+            more = false;
+            if udp_ready || timeout.is_zero() {
+                for n in 0.. {
+                    if n == DRAIN_MAX {
+                        more = true;
+                        break;
+                    }
+                    match recv_now(&self.sh.sock, &mut buf) {
+                        Ok(len) => self.on_datagram(&buf[..len]),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        // An ICMP error from an earlier send: the peer's port was closed for
+                        // a moment. The anchor tells whether the peer is gone.
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+                        Err(e) => return End::Failed(format!("receiving a datagram: {e}")),
+                    }
+                }
+            }
+            if anchor_ready {
+                if let Some(end) = self.check_anchor() {
+                    return end;
+                }
+            }
+            if let Some(end) = self.on_timers(Instant::now()) {
+                return end;
+            }
+        }
+    }
+
+    /// The earliest timer: retransmission, probe, delayed ack, linger, peer timeout.
+    fn next_wakeup(&self, now: Instant) -> Option<Instant> {
+        let sh = &*self.sh;
+        let mut t: Option<Instant> = None;
+        let mut at = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        {
+            let tx = lock(&sh.tx);
+            at(tx.timer_deadline(&sh.cfg));
+            at(tx.probe_at);
+            at(tx.linger_until);
+            at(tx
+                .waiting_since
+                .map(|w| w.max(self.last_heard) + sh.cfg.peer_timeout));
+        }
+        at(lock(&sh.rx).ack_at);
+        t.map(|t| t.max(now))
+    }
+
+    fn check_anchor(&mut self) -> Option<End> {
+        let mut b = [0u8; 256];
+        loop {
+            match self.anchor.read(&mut b) {
+                Ok(0) => {
+                    let local = lock(&self.sh.tx).end.clone();
+                    return Some(local.unwrap_or(End::PeerClosed));
+                }
+                // Nothing is sent on the anchor after the link is set up: ignore it.
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(End::PeerReset(e.to_string())),
+            }
+        }
+    }
+
+    fn on_datagram(&mut self, d: &[u8]) {
+        let counters = &*self.sh.counters;
+        if d.len() < PROBE_LEN + SEAL_LEN {
+            LinkCounters::bump(&counters.mac_failures);
+            return;
+        }
+        let (covered, seal) = d.split_at(d.len() - SEAL_LEN);
+        match self.opener.open_datagram(seal, &[covered]) {
+            Ok(_) => {}
+            Err(SealError::BadMac) => {
+                LinkCounters::bump(&counters.mac_failures);
+                return;
+            }
+            Err(_) => {
+                LinkCounters::bump(&counters.replays);
+                return;
+            }
+        }
+        let now = Instant::now();
+        self.last_heard = now;
+        let malformed = |m: &str| {
+            LinkCounters::bump(&counters.malformed);
+            tracing::debug!("dropped a malformed UDP datagram: {m}");
+        };
+        if covered[1] != WIRE_VERSION {
+            return malformed(&format!("wire version {}", covered[1]));
+        }
+        match covered[0] {
+            KIND_DATA if covered.len() >= DATA_HEADER_LEN => {
+                let h = DataHdr::decode(covered);
+                let data = &covered[DATA_HEADER_LEN..];
+                let sh = &*self.sh;
+                let mut rx = lock(&sh.rx);
+                match rx.on_data(&h, data, sh.max_len, sh.cfg.recv_buffer as u64) {
+                    DataOutcome::Stored => {}
+                    DataOutcome::Deliverable => {
+                        let wake = rx.owner_waiting;
+                        drop(rx);
+                        if wake {
+                            sh.rx_cv.notify_one();
+                        }
+                    }
+                    DataOutcome::Duplicate => LinkCounters::bump(&counters.duplicates),
+                    DataOutcome::Malformed(m) => malformed(&m),
+                }
+            }
+            KIND_ACK => {
+                let (a, bitmap) = match parse_ack(covered) {
+                    Ok(x) => x,
+                    Err(m) => return malformed(&m),
+                };
+                let sh = &*self.sh;
+                self.resends.clear();
+                let mut tx = lock(&sh.tx);
+                match tx.on_ack(&a, bitmap, now, &sh.cfg, counters, &mut self.resends) {
+                    Ok(opened) => {
+                        let wake = opened && tx.owner_waiting;
+                        if opened && tx.probe_at.is_some() {
+                            // The owner re-checks the window; probe again only if still shut.
+                            tx.probe_interval = FIRST_PROBE;
+                            tx.probe_at = Some(now + FIRST_PROBE);
+                        }
+                        drop(tx);
+                        if wake {
+                            sh.tx_cv.notify_one();
+                        }
+                    }
+                    Err(m) => {
+                        drop(tx);
+                        malformed(&m);
+                    }
+                }
+                if let Err(e) = sh.send_resends(&self.resends, &mut self.scratch) {
+                    tracing::debug!("retransmission failed: {e}");
+                }
+            }
+            KIND_PROBE if covered.len() == PROBE_LEN => {
+                let mut rx = lock(&self.sh.rx);
+                rx.ack_now = true;
+                rx.update_wanted = true;
+            }
+            k => malformed(&format!("datagram kind {k} of {} bytes", covered.len())),
+        }
+    }
+
+    fn on_timers(&mut self, now: Instant) -> Option<End> {
+        let sh = Arc::clone(&self.sh);
+        let cfg = &sh.cfg;
+        // Acknowledgements.
+        {
+            let mut rx = lock(&sh.rx);
+            let due =
+                rx.ack_now || rx.unacked >= cfg.ack_every || rx.ack_at.is_some_and(|t| t <= now);
+            if due {
+                rx.build_ack(cfg.recv_buffer as u64, &mut self.ack);
+            } else if rx.unacked > 0 && rx.ack_at.is_none() {
+                rx.ack_at = Some(now + cfg.ack_delay);
+            }
+            drop(rx);
+            if due {
+                if let Err(e) = sh.send_sealed(&[&self.ack[..]], &mut self.scratch) {
+                    return Some(End::Failed(format!("sending an ack: {e}")));
+                }
+            }
+        }
+        // Retransmissions, probes, the peer timeout, lingering.
+        self.resends.clear();
+        let mut probe = false;
+        {
+            let mut tx = lock(&sh.tx);
+            if let Some(e) = &tx.end {
+                return Some(e.clone());
+            }
+            tx.on_timer(now, cfg, &sh.counters, &mut self.resends);
+            if let Some(p) = tx.probe_at {
+                if p <= now {
+                    probe = true;
+                    tx.probe_interval = (tx.probe_interval * 2).min(MAX_PROBE);
+                    tx.probe_at = Some(now + tx.probe_interval);
+                }
+            }
+            if let Some(w) = tx.waiting_since {
+                let since = w.max(self.last_heard);
+                if now.saturating_duration_since(since) >= cfg.peer_timeout {
+                    return Some(End::TimedOut(cfg.peer_timeout));
+                }
+            }
+            if let Some(l) = tx.linger_until {
+                if tx.unacked == 0 || now >= l {
+                    return Some(End::LocalClose);
+                }
+            }
+        }
+        if let Err(e) = sh.send_resends(&self.resends, &mut self.scratch) {
+            return Some(End::Failed(format!("retransmitting: {e}")));
+        }
+        if probe {
+            if let Err(e) = sh.send_sealed(&[&probe_bytes()[..]], &mut self.scratch) {
+                return Some(End::Failed(format!("sending a probe: {e}")));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_header_round_trips_and_checks_its_numbers() {
+        let h = DataHdr {
+            chunk_size: 1400,
+            index: 2,
+            count: 3,
+            total: 40 + 3000,
+            frame: 7,
+            cseq: 99,
+        };
+        let b = h.encode();
+        assert_eq!(DataHdr::decode(&b), h);
+        assert_eq!(h.check(), Ok(3040 - 2800));
+        assert!(DataHdr { count: 4, ..h }.check().is_err());
+        assert!(DataHdr { index: 3, ..h }.check().is_err());
+        assert!(DataHdr { cseq: 2, ..h }.check().is_err());
+        assert!(DataHdr {
+            total: 39,
+            count: 1,
+            index: 0,
+            ..h
+        }
+        .check()
+        .is_err());
+        assert!(DataHdr {
+            chunk_size: 10,
+            ..h
+        }
+        .check()
+        .is_err());
+    }
+
+    #[test]
+    fn ack_bitmap_covers_what_arrived_past_the_cumulative_point() {
+        let mut rx = Rx::new();
+        for c in [1u64, 2, 4, 7, 12] {
+            rx.mark(c);
+        }
+        assert_eq!(rx.cum, 3);
+        let mut out = Vec::new();
+        rx.build_ack(1 << 20, &mut out);
+        let (a, bm) = parse_ack(&out).unwrap();
+        assert_eq!(a.cum, 3);
+        // Bits for chunks 4..=12: 4, 7 and 12.
+        let got: Vec<u64> = (0..bm.len() * 8)
+            .filter(|j| bm[j / 8] >> (j % 8) & 1 == 1)
+            .map(|j| a.cum + 1 + j as u64)
+            .collect();
+        assert_eq!(got, vec![4, 7, 12]);
+        rx.mark(3);
+        assert_eq!(rx.cum, 5);
+        for c in 5..=12 {
+            if !rx.bit(c) {
+                rx.mark(c);
+            }
+        }
+        assert_eq!(rx.cum, 13);
+        rx.build_ack(1 << 20, &mut out);
+        assert_eq!(out.len(), ACK_HEADER_LEN);
+    }
+
+    #[test]
+    fn sender_applies_cumulative_and_selective_acks() {
+        let cfg = UdpConfig::default().checked().unwrap();
+        let counters = LinkCounters::default();
+        let mut tx = Tx::new(&cfg);
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            tx.flight.push_back(TxChunk {
+                hdr: [0; DATA_HEADER_LEN],
+                data: vec![1, 2, 3],
+                sent_at: t0,
+                sends: 1,
+                acked: false,
+            });
+            tx.next_cseq += 1;
+            tx.unacked += 1;
+        }
+        tx.next_frame = 2;
+        let mut out = Resends::default();
+        // Chunks 1..=3 arrived, 4 did not, 5..=9 did.
+        let a = AckHdr {
+            cum: 4,
+            next_take: 1,
+            cap: 1 << 20,
+        };
+        let later = t0 + Duration::from_millis(50);
+        let opened = tx
+            .on_ack(&a, &[0b1_1111], later, &cfg, &counters, &mut out)
+            .unwrap();
+        assert!(opened);
+        assert_eq!(tx.base, 4);
+        assert_eq!(tx.unacked, 10 - 3 - 5);
+        // Chunk 4 has more than three later chunks acknowledged: retransmitted.
+        assert_eq!(out.hdrs.len(), 1);
+        assert_eq!(counters.retransmits.load(Ordering::Relaxed), 1);
+        // Acks for chunks never sent are refused.
+        let bad = AckHdr { cum: 12, ..a };
+        assert!(tx
+            .on_ack(&bad, &[], later, &cfg, &counters, &mut out)
+            .is_err());
+        let bad = AckHdr { next_take: 3, ..a };
+        assert!(tx
+            .on_ack(&bad, &[], later, &cfg, &counters, &mut out)
+            .is_err());
+    }
+}
