@@ -94,8 +94,8 @@ use crate::transport::LinkCounters;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -133,10 +133,13 @@ const DUP_THRESH: u64 = 3;
 const IDLE_TICK: Duration = Duration::from_millis(10);
 /// Datagrams the I/O thread reads before it looks at its timers again.
 const DRAIN_MAX: usize = 128;
-/// Chunks the owner reserves under one lock acquisition.
-const SEND_BATCH: usize = 32;
 /// Receive buffers kept for reuse.
 const POOL_MAX: usize = 4;
+/// Longest the I/O thread stays aside after the owner stopped reading (while the owner
+/// came back to `recv` quickly).
+const GRACE: Duration = Duration::from_millis(1);
+/// Longest nap of the I/O thread while the owner reads.
+const MAX_ASIDE: Duration = Duration::from_millis(50);
 const FIRST_PROBE: Duration = Duration::from_millis(1);
 const MAX_PROBE: Duration = Duration::from_millis(200);
 
@@ -792,7 +795,6 @@ struct Rx {
     ack_at: Option<Instant>,
     /// A probe arrived: send a window update when `recv` takes a frame.
     update_wanted: bool,
-    owner_waiting: bool,
     /// A frame the peer sent that cannot be delivered, reported when `recv` reaches it.
     poison: Option<(u64, ProtocolError)>,
     end: Option<End>,
@@ -821,7 +823,6 @@ impl Rx {
             ack_now: false,
             ack_at: None,
             update_wanted: false,
-            owner_waiting: false,
             poison: None,
             end: None,
             pool: Vec::new(),
@@ -1052,13 +1053,35 @@ impl Rx {
 
 struct Shared {
     sock: UdpSocket,
+    /// A clone of the anchor, polled by whichever thread reads.
+    anchor: TcpStream,
     sealer: Sealer,
     /// The next packet counter (shared by the owner and the I/O thread).
     counter: AtomicU64,
     tx: Mutex<Tx>,
     tx_cv: Condvar,
     rx: Mutex<Rx>,
-    rx_cv: Condvar,
+    /// Receiving, timers and acknowledgements; held by the thread that reads the socket, only
+    /// while it works (never while it sleeps).
+    reader: Mutex<Reader>,
+    /// The owner is inside `recv` and reads the socket itself; the I/O thread stands aside.
+    owner_reading: AtomicBool,
+    /// The I/O thread waits on `aside_cv` for the owner to stop reading.
+    aside: Mutex<bool>,
+    aside_cv: Condvar,
+    /// The I/O thread stands aside with long naps: wake it when the owner stops reading.
+    aside_long: AtomicBool,
+    /// Counts the owner's reading spells (so the I/O thread can tell one long `recv` from
+    /// many short ones).
+    read_gen: AtomicU64,
+    /// Wakes an owner sleeping in `ppoll` (the link ended, or the I/O thread stored the frame
+    /// it waits for).
+    wake: OwnedFd,
+    /// UDP_SEGMENT works on this socket (cleared after the first refusal).
+    gso: AtomicBool,
+    /// Nanoseconds after `epoch` when the peer last sent something authentic.
+    last_heard: AtomicU64,
+    epoch: Instant,
     counters: Arc<LinkCounters>,
     cfg: UdpConfig,
     /// The largest payload any frame may have here (data frames: `max_payload`; control
@@ -1079,24 +1102,119 @@ fn lost_datagram(e: &io::Error) -> bool {
     ) || e.raw_os_error() == Some(libc::ENOBUFS)
 }
 
+/// Linux's UDP socket options for segmentation offload (not in `libc` for glibc targets).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Most segments one UDP_SEGMENT send may carry (the kernel's UDP_MAX_SEGMENTS, older value).
+const GSO_MAX_SEGMENTS: usize = 64;
+
+fn send_retrying(sock: &UdpSocket, d: &[u8]) -> io::Result<()> {
+    loop {
+        match sock.send(d) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if lost_datagram(&e) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What a segmentation-offload send did.
+enum Gso {
+    /// Sent (or lost like any datagram): this many of the messages.
+    Sent(usize),
+    /// The kernel or device refused segmentation offload.
+    Refused,
+}
+
+/// Sends `data` as datagrams of `seg` bytes (the last may be shorter) with UDP_SEGMENT, and
+/// `extra` (if any) as one more datagram, in one `sendmmsg`.
+fn send_segmented(
+    sock: &UdpSocket,
+    data: &[u8],
+    seg: usize,
+    extra: Option<&[u8]>,
+) -> io::Result<Gso> {
+    let mut iov = [data, extra.unwrap_or(&[])].map(|b| libc::iovec {
+        iov_base: b.as_ptr() as *mut libc::c_void,
+        iov_len: b.len(),
+    });
+    let mut control = [0u64; 4];
+    let count: usize = if extra.is_some() { 2 } else { 1 };
+    // SAFETY: the messages point at `iov` and `control`, which outlive the call; the control
+    // buffer (32 bytes, 8-aligned) has room for one cmsghdr with a u16 (CMSG_SPACE(2) = 24),
+    // and CMSG_FIRSTHDR of a msghdr with that buffer is its start.
+    let n = unsafe {
+        let mut msgs: [libc::mmsghdr; 2] = std::mem::zeroed();
+        for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        if data.len() > seg {
+            let msg = &mut msgs[0].msg_hdr;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(2) as _;
+            let c = libc::CMSG_FIRSTHDR(msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg as u16);
+        }
+        loop {
+            let n = libc::sendmmsg(sock.as_raw_fd(), msgs.as_mut_ptr(), count as _, 0);
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break n;
+            }
+        }
+    };
+    if n >= 0 {
+        return Ok(Gso::Sent(n as usize));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT) => Ok(Gso::Refused),
+        _ if lost_datagram(&e) => Ok(Gso::Sent(1)),
+        _ => Err(e),
+    }
+}
+
 impl Shared {
     /// Seals `parts` as one datagram and sends it (`scratch` is the buffer to build it in).
     fn send_sealed(&self, parts: &[&[u8]], scratch: &mut Vec<u8>) -> io::Result<()> {
+        scratch.clear();
+        self.append_sealed(parts, scratch);
+        send_retrying(&self.sock, scratch)
+    }
+
+    /// Appends `parts` and their seal to `out`.
+    fn append_sealed(&self, parts: &[&[u8]], out: &mut Vec<u8>) {
         let c = self.counter.fetch_add(1, Ordering::Relaxed);
         let seal = self.sealer.seal_as(c, parts);
-        scratch.clear();
         for p in parts {
-            scratch.extend_from_slice(p);
+            out.extend_from_slice(p);
         }
-        scratch.extend_from_slice(&seal);
-        loop {
-            match self.sock.send(scratch) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if lost_datagram(&e) => return Ok(()),
-                Err(e) => return Err(e),
+        out.extend_from_slice(&seal);
+    }
+
+    /// Sends sealed datagrams of `seg` bytes laid end to end in `buf` (the last may be
+    /// shorter), then the sealed datagram `extra`: one system call where the kernel allows
+    /// segmentation offload, else one each.
+    fn send_batch(&self, buf: &[u8], seg: usize, extra: Option<&[u8]>) -> io::Result<()> {
+        if buf.len() <= seg || self.gso.load(Ordering::Relaxed) {
+            match send_segmented(&self.sock, buf, seg, extra)? {
+                Gso::Sent(n) => {
+                    if let Some(x) = extra.filter(|_| n < 2) {
+                        send_retrying(&self.sock, x)?;
+                    }
+                    return Ok(());
+                }
+                Gso::Refused => self.gso.store(false, Ordering::Relaxed),
             }
         }
+        for d in buf.chunks(seg).chain(extra) {
+            send_retrying(&self.sock, d)?;
+        }
+        Ok(())
     }
 
     fn send_resends(&self, r: &Resends, scratch: &mut Vec<u8>) -> io::Result<()> {
@@ -1106,6 +1224,28 @@ impl Shared {
             from = end;
         }
         Ok(())
+    }
+
+    fn heard(&self, now: Instant) {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.last_heard.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    fn last_heard(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.last_heard.load(Ordering::Relaxed))
+    }
+
+    /// Wakes an owner sleeping in `ppoll` inside `recv`.
+    fn wake_owner(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd.
+        let _ = unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    fn clear_wake(&self) {
+        let mut b = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live buffer from our (non-blocking) eventfd.
+        let _ = unsafe { libc::read(self.wake.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
     }
 
     /// Ends the link for both directions (the first reason sticks) and wakes the owner.
@@ -1123,7 +1263,105 @@ impl Shared {
                 rx.end = Some(end);
             }
         }
-        self.rx_cv.notify_all();
+        self.wake_owner();
+        let _g = lock(&self.aside);
+        self.aside_cv.notify_all();
+    }
+
+    /// Makes the I/O thread read again now if it stands aside (the owner is about to wait
+    /// for acknowledgements).
+    fn rouse_io(&self) {
+        if *lock(&self.aside) && !self.owner_reading.load(Ordering::SeqCst) {
+            self.aside_cv.notify_one();
+        }
+    }
+
+    fn ended(&self) -> bool {
+        lock(&self.tx).end.is_some()
+    }
+
+    /// The earliest timer: retransmission, probe, delayed ack, linger, peer timeout.
+    fn next_wakeup(&self, now: Instant) -> Instant {
+        let mut t = now + IDLE_TICK;
+        let mut at = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = t.min(x);
+            }
+        };
+        {
+            let tx = lock(&self.tx);
+            at(tx.timer_deadline(&self.cfg));
+            at(tx.probe_at);
+            at(tx.linger_until);
+            at(tx
+                .waiting_since
+                .map(|w| w.max(self.last_heard()) + self.cfg.peer_timeout));
+        }
+        at(lock(&self.rx).ack_at);
+        t.max(now)
+    }
+}
+
+/// Waits until one of `fds` is readable, or `timeout`; which ones are.
+fn wait_readable<const N: usize>(fds: [RawFd; N], timeout: Duration) -> io::Result<[bool; N]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    });
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(3600) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `p` is a valid array of N pollfd for the duration of the call, `ts` a valid
+    // timespec, and a null signal mask means "leave it".
+    let r = unsafe { libc::ppoll(p.as_mut_ptr(), N as libc::nfds_t, &ts, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok([false; N]);
+        }
+        return Err(e);
+    }
+    Ok(p.map(|q| q.revents != 0))
+}
+
+/// One datagram (or, with UDP_GRO, several of one size coalesced) if any is queued; never
+/// blocks. Returns the bytes and the segment size when coalesced.
+fn recv_now(udp: &UdpSocket, buf: &mut [u8]) -> io::Result<(usize, Option<usize>, bool)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: `msg` points at `iov` (our buffer) and `control`, which outlive the call; the
+    // cmsg walk stays inside what the kernel wrote (CMSG_FIRSTHDR/NXTHDR check the length).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = libc::recvmsg(udp.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut seg = None;
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let d = libc::CMSG_DATA(c);
+                seg = Some(if len >= 4 {
+                    std::ptr::read_unaligned(d.cast::<i32>()).max(0) as usize
+                } else {
+                    std::ptr::read_unaligned(d.cast::<u16>()) as usize
+                });
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+        let truncated = msg.msg_flags & libc::MSG_TRUNC != 0;
+        Ok((n as usize, seg, truncated))
     }
 }
 
@@ -1133,12 +1371,35 @@ impl Shared {
 /// A reliable, ordered frame link over one connected UDP socket (see the module docs).
 pub struct UdpDataLink {
     shared: Arc<Shared>,
-    /// The anchor (a clone of the I/O thread's): `closer()` and drop shut it down.
-    anchor: TcpStream,
     scratch: Vec<u8>,
     ack_buf: Vec<u8>,
     local: SocketAddr,
     peer: SocketAddr,
+}
+
+/// Sets `owner_reading` for the life of the value. Clearing it hands the socket back to the
+/// I/O thread without waking it: it looks again within `GRACE` (the owner is usually back in
+/// `recv` well before), or at once when `send` has to wait for acknowledgements.
+struct Reading<'a>(&'a Shared);
+
+impl<'a> Reading<'a> {
+    fn start(sh: &'a Shared) -> Reading<'a> {
+        sh.read_gen.fetch_add(1, Ordering::SeqCst);
+        sh.owner_reading.store(true, Ordering::SeqCst);
+        Reading(sh)
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let sh = self.0;
+        sh.owner_reading.store(false, Ordering::SeqCst);
+        if sh.aside_long.load(Ordering::SeqCst) {
+            // Once the I/O thread holds no lock it is waiting (or will see the flag).
+            drop(lock(&sh.aside));
+            sh.aside_cv.notify_one();
+        }
+    }
 }
 
 impl UdpDataLink {
@@ -1169,30 +1430,57 @@ impl UdpDataLink {
         if s.send_buffer_size().is_ok_and(|n| n < SOCKET_BUFFER) {
             let _ = s.set_send_buffer_size(SOCKET_BUFFER);
         }
+        // Receive coalesced runs of datagrams (one read for many); harmless where missing.
+        let on: libc::c_int = 1;
+        // SAFETY: passes a live c_int of the size given.
+        let _ = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_UDP,
+                UDP_GRO,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
         anchor.set_nonblocking(true)?;
-        let anchor_ctl = anchor.try_clone()?;
+        let anchor_poll = anchor.try_clone()?;
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: `efd` is a fresh descriptor nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(efd) };
         let counters = Arc::new(LinkCounters::default());
         let shared = Arc::new(Shared {
             sock: socket,
+            anchor: anchor_poll,
             sealer: Sealer::new(&keys.send),
             counter: AtomicU64::new(1),
             tx: Mutex::new(Tx::new(&cfg)),
             tx_cv: Condvar::new(),
             rx: Mutex::new(Rx::new()),
-            rx_cv: Condvar::new(),
+            reader: Mutex::new(Reader::new(Opener::new(&keys.recv))),
+            owner_reading: AtomicBool::new(false),
+            aside: Mutex::new(false),
+            aside_cv: Condvar::new(),
+            aside_long: AtomicBool::new(false),
+            read_gen: AtomicU64::new(0),
+            wake,
+            gso: AtomicBool::new(true),
+            last_heard: AtomicU64::new(0),
+            epoch: Instant::now(),
             counters,
             max_len: max_payload.max(MAX_CONTROL_LEN) as u64,
             cfg,
         });
-        let opener = Opener::new(&keys.recv);
         let sh = Arc::clone(&shared);
         std::thread::Builder::new()
             .name(format!("udp-link-{peer}"))
-            .spawn(move || io_thread(sh, opener, anchor))?;
+            .spawn(move || io_thread(sh, anchor))?;
         Ok(UdpDataLink {
             shared,
-            anchor: anchor_ctl,
-            scratch: Vec::with_capacity(2048),
+            scratch: Vec::with_capacity(64 << 10),
             ack_buf: Vec::with_capacity(256),
             local,
             peer,
@@ -1214,40 +1502,25 @@ impl UdpDataLink {
         (tx.cwnd as usize, tx.srtt, tx.rto)
     }
 
-    /// Waits for the next frame; `deadline`: give up with `None` if none has started by then.
-    fn recv_inner(
-        &mut self,
-        buf: &mut Vec<u8>,
-        deadline: Option<Instant>,
-    ) -> Result<Option<FrameHeader>, TransportError> {
+    /// The next frame if it is complete; `Err` when the link ended before it.
+    fn take_frame(&mut self, buf: &mut Vec<u8>) -> Result<Take, TransportError> {
         let sh = &*self.shared;
         let mut rx = lock(&sh.rx);
-        let (header, mut payload) = loop {
-            if let Some(End::LocalClose) = rx.end {
-                return Err(TransportError::Closed);
+        if let Some(End::LocalClose) = rx.end {
+            return Err(TransportError::Closed);
+        }
+        if rx.poison.as_ref().is_some_and(|(f, _)| *f <= rx.next_take) {
+            if let Some((_, e)) = rx.poison.take() {
+                rx.end = Some(End::Failed(format!("the peer sent a bad frame: {e}")));
+                return Err(e.into());
             }
-            if rx.poison.as_ref().is_some_and(|(f, _)| *f <= rx.next_take) {
-                if let Some((_, e)) = rx.poison.take() {
-                    rx.end = Some(End::Failed(format!("the peer sent a bad frame: {e}")));
-                    return Err(e.into());
-                }
-            }
-            let next = rx.next_take;
-            if let Some(h) = rx.frames.get(&next).and_then(|f| f.header) {
-                if rx.frames.get(&next).is_some_and(|f| f.complete()) {
-                    let Some(f) = rx.frames.remove(&next) else {
-                        continue;
-                    };
-                    rx.next_take += 1;
-                    // The next frame, already buffered, leaves the window's accounting.
-                    let nt = rx.next_take;
-                    if let Some(n) = rx.frames.get(&nt) {
-                        let c = n.cost;
-                        rx.buffered -= c;
-                    }
-                    break (h, f.payload);
-                }
-            }
+        }
+        let next = rx.next_take;
+        let header = match rx.frames.get(&next) {
+            Some(f) if f.complete() => f.header,
+            _ => None,
+        };
+        let Some(header) = header else {
             if let Some(end) = &rx.end {
                 return Err(match end {
                     End::PeerClosed if rx.frames.is_empty() => TransportError::Closed,
@@ -1262,25 +1535,23 @@ impl UdpDataLink {
                     e => e.send_error(),
                 });
             }
-            let started = rx.frames.contains_key(&next);
-            rx.owner_waiting = true;
-            rx = match deadline {
-                Some(d) if !started => {
-                    let now = Instant::now();
-                    if now >= d {
-                        rx.owner_waiting = false;
-                        return Ok(None);
-                    }
-                    sh.rx_cv
-                        .wait_timeout(rx, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                _ => sh.rx_cv.wait(rx).unwrap_or_else(|e| e.into_inner()),
-            };
-            rx.owner_waiting = false;
+            return Ok(if rx.frames.contains_key(&next) {
+                Take::Started
+            } else {
+                Take::Nothing
+            });
         };
-        // Hand the frame over without copying; keep the caller's old buffer for a later frame.
+        let Some(f) = rx.frames.remove(&next) else {
+            return Ok(Take::Nothing);
+        };
+        rx.next_take += 1;
+        // The frame after it, if buffered, leaves the window's accounting.
+        let nt = rx.next_take;
+        if let Some(c) = rx.frames.get(&nt).map(|n| n.cost) {
+            rx.buffered -= c;
+        }
+        // Hand the frame over without copying; keep the caller's old buffer for a later one.
+        let mut payload = f.payload;
         std::mem::swap(buf, &mut payload);
         if payload.capacity() > 0 && rx.pool.len() < POOL_MAX {
             rx.pool.push(payload);
@@ -1292,15 +1563,69 @@ impl UdpDataLink {
         }
         drop(rx);
         if update {
-            let ack = std::mem::take(&mut self.ack_buf);
-            let r = sh.send_sealed(&[&ack[..]], &mut self.scratch);
-            self.ack_buf = ack;
-            r?;
+            sh.send_sealed(&[&self.ack_buf[..]], &mut self.scratch)?;
         }
         header.verify(buf)?;
         sh.counters.received(HEADER_LEN + buf.len());
-        Ok(Some(header))
+        Ok(Take::Frame(header))
     }
+
+    /// Waits for the next frame, reading the socket on this thread; `deadline`: give up with
+    /// `None` if none has started by then.
+    fn recv_inner(
+        &mut self,
+        buf: &mut Vec<u8>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<FrameHeader>, TransportError> {
+        let sh = Arc::clone(&self.shared);
+        let mut reading: Option<Reading<'_>> = None;
+        loop {
+            let started = match self.take_frame(buf)? {
+                Take::Frame(h) => return Ok(Some(h)),
+                Take::Started => true,
+                Take::Nothing => false,
+            };
+            let now = Instant::now();
+            if !started && deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            if reading.is_none() {
+                reading = Some(Reading::start(&sh));
+                // The I/O thread may have stored the frame just before it stood aside.
+                continue;
+            }
+            let mut wake = sh.next_wakeup(now);
+            if let Some(d) = deadline.filter(|_| !started) {
+                wake = wake.min(d);
+            }
+            let [_, anchor, woken] = wait_readable(
+                [
+                    sh.sock.as_raw_fd(),
+                    sh.anchor.as_raw_fd(),
+                    sh.wake.as_raw_fd(),
+                ],
+                wake.saturating_duration_since(now),
+            )?;
+            if woken {
+                sh.clear_wake();
+            }
+            let r = {
+                let mut r = lock(&sh.reader);
+                r.step(&sh, anchor, true)
+            };
+            if let Err(end) = r {
+                sh.finish(end);
+            }
+        }
+    }
+}
+
+/// What `take_frame` found.
+enum Take {
+    Frame(FrameHeader),
+    /// Part of the next frame arrived.
+    Started,
+    Nothing,
 }
 
 impl DataLink for UdpDataLink {
@@ -1322,6 +1647,8 @@ impl DataLink for UdpDataLink {
         let sh = &*self.shared;
         let cfg = &sh.cfg;
         let cs = cfg.chunk_payload;
+        let seg = DATA_HEADER_LEN + cs + SEAL_LEN;
+        let per_send = (MAX_DATAGRAM / seg).clamp(1, GSO_MAX_SEGMENTS);
         let count = total.div_ceil(cs);
         let head = header.encode();
         let cost = total as u64 + FRAME_OVERHEAD;
@@ -1330,9 +1657,6 @@ impl DataLink for UdpDataLink {
         loop {
             if let Some(e) = &tx.end {
                 return Err(e.send_error());
-            }
-            if tx.linger_until.is_some() {
-                return Err(End::LocalClose.send_error());
             }
             if tx.frame_fits(cost) {
                 break;
@@ -1344,7 +1668,12 @@ impl DataLink for UdpDataLink {
                 tx.waiting_since.get_or_insert(now);
             }
             tx.owner_waiting = true;
-            tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+            drop(tx);
+            sh.rouse_io();
+            tx = lock(&sh.tx);
+            if tx.end.is_none() && !tx.frame_fits(cost) {
+                tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+            }
             tx.owner_waiting = false;
         }
         if tx.probe_at.take().is_some() && tx.unacked == 0 {
@@ -1354,7 +1683,6 @@ impl DataLink for UdpDataLink {
         tx.next_frame += 1;
         tx.window_frames.push_back((frame, cost));
         tx.window_cost += cost;
-        let mut batch: Vec<[u8; DATA_HEADER_LEN]> = Vec::with_capacity(SEND_BATCH);
         let mut i = 0usize;
         while i < count {
             let room = loop {
@@ -1366,17 +1694,22 @@ impl DataLink for UdpDataLink {
                     break room;
                 }
                 tx.owner_waiting = true;
-                tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+                drop(tx);
+                sh.rouse_io();
+                tx = lock(&sh.tx);
+                if tx.end.is_none() && tx.room(cfg) == 0 {
+                    tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+                }
                 tx.owner_waiting = false;
             };
-            let n = room.min(count - i).min(SEND_BATCH);
+            let n = room.min(count - i).min(per_send);
             let now = Instant::now();
             if tx.unacked == 0 {
                 tx.waiting_since = Some(now);
                 tx.timer_start = Some(now);
                 tx.timeouts = 0;
             }
-            batch.clear();
+            let first_cseq = tx.next_cseq;
             for k in i..i + n {
                 let start = k * cs;
                 let end = (start + cs).min(total);
@@ -1403,18 +1736,52 @@ impl DataLink for UdpDataLink {
                 });
                 tx.next_cseq += 1;
                 tx.unacked += 1;
-                batch.push(hdr);
             }
             drop(tx);
-            for (j, hdr) in batch.iter().enumerate() {
-                let start = (i + j) * cs;
+            // Seal the batch into one buffer of equal-size datagrams (the frame's last chunk
+            // may be shorter, and is then the batch's last) and send it in one go.
+            self.scratch.clear();
+            for k in i..i + n {
+                let start = k * cs;
                 let end = (start + cs).min(total);
+                let hdr = DataHdr {
+                    chunk_size: cs as u32,
+                    index: k as u32,
+                    count: count as u32,
+                    total: total32,
+                    frame,
+                    cseq: first_cseq + (k - i) as u64,
+                }
+                .encode();
                 let [a, b] = frame_range(&head, payload, start, end);
-                sh.send_sealed(&[&hdr[..], a, b], &mut self.scratch)
-                    .map_err(|e| {
-                        sh.finish(End::Failed(format!("sending a datagram: {e}")));
-                        e
-                    })?;
+                sh.append_sealed(&[&hdr[..], a, b], &mut self.scratch);
+            }
+            // An acknowledgement we owe the peer rides along (in a ping-pong it is never sent
+            // on its own).
+            let ack = if i == 0 {
+                let mut rx = lock(&sh.rx);
+                if rx.unacked > 0 {
+                    rx.build_ack(cfg.recv_buffer as u64, &mut self.ack_buf);
+                    true
+                } else {
+                    false
+                }
+            } else {
+                false
+            };
+            if ack {
+                let at = self.scratch.len();
+                let ack_body = std::mem::take(&mut self.ack_buf);
+                sh.append_sealed(&[&ack_body[..]], &mut self.scratch);
+                self.ack_buf = ack_body;
+                let (data, ack) = self.scratch.split_at(at);
+                if let Err(e) = sh.send_batch(data, seg, Some(ack)) {
+                    sh.finish(End::Failed(format!("sending datagrams: {e}")));
+                    return Err(e.into());
+                }
+            } else if let Err(e) = sh.send_batch(&self.scratch, seg, None) {
+                sh.finish(End::Failed(format!("sending datagrams: {e}")));
+                return Err(e.into());
             }
             i += n;
             tx = lock(&sh.tx);
@@ -1441,10 +1808,9 @@ impl DataLink for UdpDataLink {
 
     fn closer(&self) -> Result<LinkCloser, TransportError> {
         let sh = Arc::clone(&self.shared);
-        let anchor = self.anchor.try_clone()?;
         Ok(LinkCloser::new(move || {
             sh.finish(End::LocalClose);
-            let _ = anchor.shutdown(Shutdown::Both);
+            let _ = sh.anchor.shutdown(Shutdown::Both);
         }))
     }
 
@@ -1459,193 +1825,90 @@ impl DataLink for UdpDataLink {
 
 impl Drop for UdpDataLink {
     fn drop(&mut self) {
-        let mut tx = lock(&self.shared.tx);
+        let sh = &*self.shared;
+        let mut tx = lock(&sh.tx);
         if tx.end.is_some() || tx.unacked == 0 {
             drop(tx);
             // Everything arrived (or the link is over): close now.
-            self.shared.finish(End::LocalClose);
-            let _ = self.anchor.shutdown(Shutdown::Both);
+            sh.finish(End::LocalClose);
+            let _ = sh.anchor.shutdown(Shutdown::Both);
         } else {
             // The I/O thread closes once the peer has everything (or after `linger`).
-            tx.linger_until = Some(Instant::now() + self.shared.cfg.linger);
+            tx.linger_until = Some(Instant::now() + sh.cfg.linger);
         }
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// The I/O thread
+// Reading and timers (on the I/O thread, or on the owner inside `recv`)
 
-/// Waits until the UDP socket or the anchor is readable, or `timeout`.
-fn wait_readable(
-    udp: &UdpSocket,
-    anchor: &TcpStream,
-    timeout: Duration,
-) -> io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd {
-            fd: udp.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: anchor.as_raw_fd(),
-            events: libc::POLLIN | libc::POLLRDHUP,
-            revents: 0,
-        },
-    ];
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(3600) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `fds` is a valid array of two pollfd for the duration of the call, `ts` a valid
-    // timespec, and a null signal mask means "leave it".
-    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok((false, false));
-        }
-        return Err(e);
-    }
-    Ok((fds[0].revents != 0, fds[1].revents != 0))
-}
-
-/// One datagram if one is queued (never blocks).
-fn recv_now(udp: &UdpSocket, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call.
-    let n = unsafe {
-        libc::recv(
-            udp.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
-/// The I/O thread's own state.
-struct Io {
-    sh: Arc<Shared>,
+/// The receiving side's own state, used by whichever thread reads.
+struct Reader {
     opener: Opener,
-    anchor: TcpStream,
-    /// When the peer last sent something authentic.
-    last_heard: Instant,
+    /// The owner is the one reading now (inside `recv`).
+    owner: bool,
     resends: Resends,
     scratch: Vec<u8>,
     ack: Vec<u8>,
+    buf: Vec<u8>,
 }
 
-fn io_thread(sh: Arc<Shared>, opener: Opener, anchor: TcpStream) {
-    let mut io = Io {
-        sh,
-        opener,
-        anchor,
-        last_heard: Instant::now(),
-        resends: Resends::default(),
-        scratch: Vec::with_capacity(2048),
-        ack: Vec::with_capacity(256),
-    };
-    let end = io.run();
-    tracing::debug!(?end, "UDP link I/O thread ends");
-    io.sh.finish(end);
-    let _ = io.anchor.shutdown(Shutdown::Both);
-}
-
-impl Io {
-    fn run(&mut self) -> End {
-        let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-        let mut more = false;
-        loop {
-            let now = Instant::now();
-            let timeout = if more {
-                Duration::ZERO
-            } else {
-                match self.next_wakeup(now) {
-                    Some(t) => t.saturating_duration_since(now),
-                    None => IDLE_TICK,
-                }
-                .min(IDLE_TICK)
-            };
-            let (udp_ready, anchor_ready) =
-                match wait_readable(&self.sh.sock, &self.anchor, timeout) {
-                    Ok(r) => r,
-                    Err(e) => return End::Failed(format!("waiting for datagrams: {e}")),
-                };
-            more = false;
-            if udp_ready || timeout.is_zero() {
-                for n in 0.. {
-                    if n == DRAIN_MAX {
-                        more = true;
-                        break;
-                    }
-                    match recv_now(&self.sh.sock, &mut buf) {
-                        Ok(len) => self.on_datagram(&buf[..len]),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        // An ICMP error from an earlier send: the peer's port was closed for
-                        // a moment. The anchor tells whether the peer is gone.
-                        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
-                        Err(e) => return End::Failed(format!("receiving a datagram: {e}")),
-                    }
-                }
-            }
-            if anchor_ready {
-                if let Some(end) = self.check_anchor() {
-                    return end;
-                }
-            }
-            if let Some(end) = self.on_timers(Instant::now()) {
-                return end;
-            }
+impl Reader {
+    fn new(opener: Opener) -> Reader {
+        Reader {
+            opener,
+            owner: false,
+            resends: Resends::default(),
+            scratch: Vec::with_capacity(2048),
+            ack: Vec::with_capacity(256),
+            // A coalesced read is at most one UDP payload; one byte more shows truncation.
+            buf: vec![0u8; MAX_DATAGRAM + 1],
         }
     }
 
-    /// The earliest timer: retransmission, probe, delayed ack, linger, peer timeout.
-    fn next_wakeup(&self, now: Instant) -> Option<Instant> {
-        let sh = &*self.sh;
-        let mut t: Option<Instant> = None;
-        let mut at = |x: Option<Instant>| {
-            if let Some(x) = x {
-                t = Some(t.map_or(x, |t| t.min(x)));
-            }
-        };
-        {
-            let tx = lock(&sh.tx);
-            at(tx.timer_deadline(&sh.cfg));
-            at(tx.probe_at);
-            at(tx.linger_until);
-            at(tx
-                .waiting_since
-                .map(|w| w.max(self.last_heard) + sh.cfg.peer_timeout));
-        }
-        at(lock(&sh.rx).ack_at);
-        t.map(|t| t.max(now))
-    }
-
-    fn check_anchor(&mut self) -> Option<End> {
-        let mut b = [0u8; 256];
-        loop {
-            match self.anchor.read(&mut b) {
-                Ok(0) => {
-                    let local = lock(&self.sh.tx).end.clone();
-                    return Some(local.unwrap_or(End::PeerClosed));
+    /// Reads what is queued (at most `DRAIN_MAX` reads), looks at the anchor if it is
+    /// readable, then runs the timers. `Ok(true)`: more may be queued. `Err`: the link ended.
+    fn step(&mut self, sh: &Shared, anchor_ready: bool, owner: bool) -> Result<bool, End> {
+        self.owner = owner;
+        let mut more = true;
+        for _ in 0..DRAIN_MAX {
+            match recv_now(&sh.sock, &mut self.buf) {
+                Ok((len, seg, truncated)) => {
+                    if truncated {
+                        LinkCounters::bump(&sh.counters.mac_failures);
+                        continue;
+                    }
+                    let buf = std::mem::take(&mut self.buf);
+                    match seg {
+                        Some(s) if s > 0 && s < len => {
+                            for d in buf[..len].chunks(s) {
+                                self.on_datagram(sh, d);
+                            }
+                        }
+                        _ => self.on_datagram(sh, &buf[..len]),
+                    }
+                    self.buf = buf;
                 }
-                // Nothing is sent on the anchor after the link is set up: ignore it.
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    more = false;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Some(End::PeerReset(e.to_string())),
+                // An ICMP error from an earlier send: the peer's port was closed for a
+                // moment. The anchor tells whether the peer is gone.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {}
+                Err(e) => return Err(End::Failed(format!("receiving a datagram: {e}"))),
             }
         }
+        if anchor_ready {
+            check_anchor(sh)?;
+        }
+        self.on_timers(sh, Instant::now())?;
+        Ok(more)
     }
 
-    fn on_datagram(&mut self, d: &[u8]) {
-        let counters = &*self.sh.counters;
+    fn on_datagram(&mut self, sh: &Shared, d: &[u8]) {
+        let counters = &*sh.counters;
         if d.len() < PROBE_LEN + SEAL_LEN {
             LinkCounters::bump(&counters.mac_failures);
             return;
@@ -1663,7 +1926,7 @@ impl Io {
             }
         }
         let now = Instant::now();
-        self.last_heard = now;
+        sh.heard(now);
         let malformed = |m: &str| {
             LinkCounters::bump(&counters.malformed);
             tracing::debug!("dropped a malformed UDP datagram: {m}");
@@ -1675,15 +1938,15 @@ impl Io {
             KIND_DATA if covered.len() >= DATA_HEADER_LEN => {
                 let h = DataHdr::decode(covered);
                 let data = &covered[DATA_HEADER_LEN..];
-                let sh = &*self.sh;
                 let mut rx = lock(&sh.rx);
                 match rx.on_data(&h, data, sh.max_len, sh.cfg.recv_buffer as u64) {
                     DataOutcome::Stored => {}
                     DataOutcome::Deliverable => {
-                        let wake = rx.owner_waiting;
                         drop(rx);
-                        if wake {
-                            sh.rx_cv.notify_one();
+                        // The owner reads for itself when it waits in `recv`, unless it
+                        // started just as this thread was reading: wake it then.
+                        if !self.owner && sh.owner_reading.load(Ordering::SeqCst) {
+                            sh.wake_owner();
                         }
                     }
                     DataOutcome::Duplicate => LinkCounters::bump(&counters.duplicates),
@@ -1695,7 +1958,6 @@ impl Io {
                     Ok(x) => x,
                     Err(m) => return malformed(&m),
                 };
-                let sh = &*self.sh;
                 self.resends.clear();
                 let mut tx = lock(&sh.tx);
                 match tx.on_ack(&a, bitmap, now, &sh.cfg, counters, &mut self.resends) {
@@ -1721,7 +1983,7 @@ impl Io {
                 }
             }
             KIND_PROBE if covered.len() == PROBE_LEN => {
-                let mut rx = lock(&self.sh.rx);
+                let mut rx = lock(&sh.rx);
                 rx.ack_now = true;
                 rx.update_wanted = true;
             }
@@ -1729,11 +1991,10 @@ impl Io {
         }
     }
 
-    fn on_timers(&mut self, now: Instant) -> Option<End> {
-        let sh = Arc::clone(&self.sh);
+    fn on_timers(&mut self, sh: &Shared, now: Instant) -> Result<(), End> {
         let cfg = &sh.cfg;
         // Acknowledgements.
-        {
+        let due = {
             let mut rx = lock(&sh.rx);
             let due =
                 rx.ack_now || rx.unacked >= cfg.ack_every || rx.ack_at.is_some_and(|t| t <= now);
@@ -1742,12 +2003,11 @@ impl Io {
             } else if rx.unacked > 0 && rx.ack_at.is_none() {
                 rx.ack_at = Some(now + cfg.ack_delay);
             }
-            drop(rx);
-            if due {
-                if let Err(e) = sh.send_sealed(&[&self.ack[..]], &mut self.scratch) {
-                    return Some(End::Failed(format!("sending an ack: {e}")));
-                }
-            }
+            due
+        };
+        if due {
+            sh.send_sealed(&[&self.ack[..]], &mut self.scratch)
+                .map_err(|e| End::Failed(format!("sending an ack: {e}")))?;
         }
         // Retransmissions, probes, the peer timeout, lingering.
         self.resends.clear();
@@ -1755,7 +2015,7 @@ impl Io {
         {
             let mut tx = lock(&sh.tx);
             if let Some(e) = &tx.end {
-                return Some(e.clone());
+                return Err(e.clone());
             }
             tx.on_timer(now, cfg, &sh.counters, &mut self.resends);
             if let Some(p) = tx.probe_at {
@@ -1766,26 +2026,114 @@ impl Io {
                 }
             }
             if let Some(w) = tx.waiting_since {
-                let since = w.max(self.last_heard);
+                let since = w.max(sh.last_heard());
                 if now.saturating_duration_since(since) >= cfg.peer_timeout {
-                    return Some(End::TimedOut(cfg.peer_timeout));
+                    return Err(End::TimedOut(cfg.peer_timeout));
                 }
             }
             if let Some(l) = tx.linger_until {
                 if tx.unacked == 0 || now >= l {
-                    return Some(End::LocalClose);
+                    return Err(End::LocalClose);
                 }
             }
         }
-        if let Err(e) = sh.send_resends(&self.resends, &mut self.scratch) {
-            return Some(End::Failed(format!("retransmitting: {e}")));
-        }
+        sh.send_resends(&self.resends, &mut self.scratch)
+            .map_err(|e| End::Failed(format!("retransmitting: {e}")))?;
         if probe {
-            if let Err(e) = sh.send_sealed(&[&probe_bytes()[..]], &mut self.scratch) {
-                return Some(End::Failed(format!("sending a probe: {e}")));
+            sh.send_sealed(&[&probe_bytes()[..]], &mut self.scratch)
+                .map_err(|e| End::Failed(format!("sending a probe: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the anchor: end of stream or an error ends the link.
+fn check_anchor(sh: &Shared) -> Result<(), End> {
+    let mut b = [0u8; 256];
+    loop {
+        match (&sh.anchor).read(&mut b) {
+            Ok(0) => {
+                let local = lock(&sh.tx).end.clone();
+                return Err(local.unwrap_or(End::PeerClosed));
+            }
+            // Nothing is sent on the anchor after the link is set up: ignore it.
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(End::PeerReset(e.to_string())),
+        }
+    }
+}
+
+fn io_thread(sh: Arc<Shared>, anchor: TcpStream) {
+    let end = io_loop(&sh, &anchor);
+    tracing::debug!(?end, "UDP link I/O thread ends");
+    sh.finish(end);
+    let _ = anchor.shutdown(Shutdown::Both);
+}
+
+fn io_loop(sh: &Shared, anchor: &TcpStream) -> End {
+    let mut more = false;
+    loop {
+        if sh.owner_reading.load(Ordering::SeqCst) {
+            // The owner reads (and runs the timers) inside `recv`: wait until it is done,
+            // looking again after GRACE, then less and less often; once the naps are long,
+            // the owner wakes this thread when it leaves `recv`.
+            let mut nap = GRACE;
+            let mut seen = sh.read_gen.load(Ordering::SeqCst);
+            let mut aside = lock(&sh.aside);
+            *aside = true;
+            loop {
+                sh.aside_long.store(nap > GRACE, Ordering::SeqCst);
+                if !sh.owner_reading.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Some(e) = lock(&sh.tx).end.clone() {
+                    return e;
+                }
+                aside = sh
+                    .aside_cv
+                    .wait_timeout(aside, nap)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                let gen = sh.read_gen.load(Ordering::SeqCst);
+                nap = if gen != seen {
+                    // The owner left `recv` and came back: it is busy, keep the naps short.
+                    seen = gen;
+                    GRACE
+                } else {
+                    (nap * 2).min(MAX_ASIDE)
+                };
+            }
+            sh.aside_long.store(false, Ordering::SeqCst);
+            *aside = false;
+            more = true;
+            continue;
+        }
+        let now = Instant::now();
+        let timeout = if more {
+            Duration::ZERO
+        } else {
+            sh.next_wakeup(now).saturating_duration_since(now)
+        };
+        let [_, anchor_ready] =
+            match wait_readable([sh.sock.as_raw_fd(), anchor.as_raw_fd()], timeout) {
+                Ok(r) => r,
+                Err(e) => return End::Failed(format!("waiting for datagrams: {e}")),
+            };
+        if sh.owner_reading.load(Ordering::SeqCst) {
+            continue;
+        }
+        let r = lock(&sh.reader).step(sh, anchor_ready, false);
+        match r {
+            Ok(m) => more = m,
+            Err(end) => return end,
+        }
+        if sh.ended() {
+            if let Some(e) = lock(&sh.tx).end.clone() {
+                return e;
             }
         }
-        None
     }
 }
 

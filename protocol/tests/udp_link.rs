@@ -918,6 +918,13 @@ fn bad_configuration_and_unconnected_sockets_are_refused() {
 
 fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
     v.sort();
+    if std::env::var_os("UDP_BENCH_ALL").is_some() {
+        let q: Vec<Duration> = [50, 80, 90, 95, 97, 98, 99]
+            .iter()
+            .map(|p| v[v.len() * p / 100])
+            .collect();
+        println!("  p50..p99 {q:?} max {:?}", v[v.len() - 1]);
+    }
     (v[v.len() / 2], v[v.len() * 99 / 100])
 }
 
@@ -1017,7 +1024,13 @@ fn udp_vs_tcp_numbers() {
 fn latency_numbers() {
     let raw = raw_udp_ping_pong();
     let p = direct_pair();
+    let (ca, cb) = (p.a.counters(), p.b.counters());
     let udp = link_ping_pong(p.a, p.b);
+    println!(
+        "udp ping-pong events: a {:?} b {:?}",
+        ca.events(),
+        cb.events()
+    );
     let (ta, tb) = tcp_pair();
     let tcp = link_ping_pong(ta, tb);
     println!("one-way latency of a {PING_SIZE}-byte frame (p50, p99):");
@@ -1038,4 +1051,38 @@ fn throughput_numbers() {
         udp / tcp * 100.0
     );
     println!("  udp sender events {:?}", ca.events());
+}
+
+#[test]
+#[ignore]
+fn seal_cost() {
+    let key = session_key();
+    let s = Sealer::new(&LinkKeys::derive(&key, true).send);
+    let d = vec![5u8; 1432];
+    let t0 = Instant::now();
+    let mut x = 0u8;
+    for i in 0..100_000u64 {
+        x ^= s.seal_as(i, &[&d])[9];
+    }
+    println!("seal of 1432 bytes: {:?} ({x})", t0.elapsed() / 100_000);
+    let p = direct_pair();
+    let (mut a, mut b) = (p.a, p.b);
+    let body = pattern(PING_SIZE, 1);
+    let h = data_frame(1, &body);
+    let mut buf = Vec::new();
+    let mut ts = Vec::new();
+    let mut tr = Vec::new();
+    for _ in 0..5000 {
+        let t0 = Instant::now();
+        a.send(&h, &body).unwrap();
+        ts.push(t0.elapsed());
+        let t1 = Instant::now();
+        b.recv(&mut buf).unwrap();
+        tr.push(t1.elapsed());
+    }
+    println!(
+        "send {:?} recv-after-send {:?}",
+        percentiles(ts),
+        percentiles(tr)
+    );
 }
