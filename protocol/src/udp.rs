@@ -6,16 +6,30 @@
 //!
 //! # Threads
 //!
-//! The owner thread calls `send` and `recv`. `send` cuts the frame into chunks, seals and
-//! sends them itself (no hand-off, no wake-up), keeping a copy of each chunk until it is
-//! acknowledged; it blocks only when the congestion window or the peer's receive window is
-//! full. A per-link I/O thread owns everything that must happen while the owner is elsewhere
-//! (computing, or blocked in another link's `recv`): it alone reads the UDP socket (checking
-//! each datagram's seal before anything else), reassembles frames, sends acknowledgements,
-//! retransmits on timeouts, probes a closed receive window, and watches the anchor. `recv`
-//! waits on a condition variable for the next whole frame and swaps its buffer out without a
-//! copy. The I/O thread sleeps in `ppoll` on the UDP socket and the anchor with a timeout set
-//! by the nearest timer (and at most `IDLE_TICK`), so nothing spins.
+//! The owner thread calls `send` and `recv`; a per-link I/O thread does what must go on while
+//! the owner is elsewhere (computing, or blocked in another link's `recv`).
+//!
+//! * `send` cuts the frame into chunks, seals them and sends them itself, up to 44 per system
+//!   call (UDP segmentation offload, falling back to one `send` each where the kernel or device
+//!   refuses), with any acknowledgement this side owes riding along in the same `sendmmsg`. It
+//!   keeps a copy of each chunk until it is acknowledged and waits only while the congestion
+//!   window or the peer's receive window is full.
+//! * Reading the socket (checking each datagram's seal before anything else, reassembling,
+//!   acknowledging, retransmitting on timeouts, probing a closed receive window, watching the
+//!   anchor) is a `Reader` step under a mutex that either thread may take. Whenever the owner
+//!   waits inside the link (in `recv`, or in `send` for acknowledgements) it is the reader: it
+//!   sleeps in `ppoll` on the socket, the anchor and an eventfd with a timeout set by the
+//!   nearest timer, so a frame or an ack costs one wake-up, as on a plain socket, and `recv`
+//!   swaps the reassembled payload into the caller's buffer without a copy.
+//! * Otherwise the I/O thread is the reader, in the same kind of `ppoll` loop. While the owner
+//!   reads, it stands aside on a condition variable, looking again after 1 ms (an owner that
+//!   alternates `send` and `recv` is back long before, and never has to wake this thread),
+//!   with naps doubling up to 50 ms during one long wait, after which the owner wakes it on
+//!   leaving. A frame the I/O thread completes just as the owner starts reading is signalled
+//!   through the eventfd.
+//!
+//! Receive buffers use UDP GRO where the kernel has it (a run of datagrams in one read). No
+//! thread ever spins: every wait is a `ppoll`, a condition variable or a blocking send.
 //!
 //! # Datagrams
 //!
@@ -57,8 +71,11 @@
 //! `initial_window`, grows by one per acknowledged chunk up to `ssthresh` and by one per
 //! window after, and is halved (not below `min_window`) once per window in which a loss is
 //! found. A chunk is retransmitted when an ack shows three later chunks arrived while it did
-//! not (and it was not sent in the last two round trips), or when its retransmission timeout
-//! (`srtt + 4·rttvar`, clamped to `min_rto..max_rto`, doubling per retry) expires.
+//! not (and it was not sent in the last two round trips), or when the retransmission timer
+//! expires: it runs while chunks are unacknowledged and restarts on every ack of new chunks;
+//! its timeout is `srtt + 4·rttvar` (Karn's rule: no samples from retransmitted chunks),
+//! clamped to `min_rto..max_rto` and doubled per expiry without progress; on expiry every
+//! unacknowledged chunk older than the timeout (at most a window's worth) is sent again.
 //!
 //! The receiver acknowledges after every `ack_every` new chunks, at once on a duplicate, a gap
 //! or a probe, and otherwise within `ack_delay`. It holds at most `recv_buffer` bytes of frames
@@ -493,7 +510,6 @@ struct Tx {
     /// The owner waits for the peer's receive window: probe at this time.
     probe_at: Option<Instant>,
     probe_interval: Duration,
-    owner_waiting: bool,
     /// The owner dropped the link: linger until everything is acknowledged or this time.
     linger_until: Option<Instant>,
     end: Option<End>,
@@ -523,7 +539,6 @@ impl Tx {
             waiting_since: None,
             probe_at: None,
             probe_interval: FIRST_PROBE,
-            owner_waiting: false,
             linger_until: None,
             end: None,
             pool: Vec::new(),
@@ -1059,7 +1074,6 @@ struct Shared {
     /// The next packet counter (shared by the owner and the I/O thread).
     counter: AtomicU64,
     tx: Mutex<Tx>,
-    tx_cv: Condvar,
     rx: Mutex<Rx>,
     /// Receiving, timers and acknowledgements; held by the thread that reads the socket, only
     /// while it works (never while it sleeps).
@@ -1256,7 +1270,6 @@ impl Shared {
                 tx.end = Some(end.clone());
             }
         }
-        self.tx_cv.notify_all();
         {
             let mut rx = lock(&self.rx);
             if rx.end.is_none() {
@@ -1266,14 +1279,6 @@ impl Shared {
         self.wake_owner();
         let _g = lock(&self.aside);
         self.aside_cv.notify_all();
-    }
-
-    /// Makes the I/O thread read again now if it stands aside (the owner is about to wait
-    /// for acknowledgements).
-    fn rouse_io(&self) {
-        if *lock(&self.aside) && !self.owner_reading.load(Ordering::SeqCst) {
-            self.aside_cv.notify_one();
-        }
     }
 
     fn ended(&self) -> bool {
@@ -1458,7 +1463,6 @@ impl UdpDataLink {
             sealer: Sealer::new(&keys.send),
             counter: AtomicU64::new(1),
             tx: Mutex::new(Tx::new(&cfg)),
-            tx_cv: Condvar::new(),
             rx: Mutex::new(Rx::new()),
             reader: Mutex::new(Reader::new(Opener::new(&keys.recv))),
             owner_reading: AtomicBool::new(false),
@@ -1594,30 +1598,35 @@ impl UdpDataLink {
                 // The I/O thread may have stored the frame just before it stood aside.
                 continue;
             }
-            let mut wake = sh.next_wakeup(now);
-            if let Some(d) = deadline.filter(|_| !started) {
-                wake = wake.min(d);
-            }
-            let [_, anchor, woken] = wait_readable(
-                [
-                    sh.sock.as_raw_fd(),
-                    sh.anchor.as_raw_fd(),
-                    sh.wake.as_raw_fd(),
-                ],
-                wake.saturating_duration_since(now),
-            )?;
-            if woken {
-                sh.clear_wake();
-            }
-            let r = {
-                let mut r = lock(&sh.reader);
-                r.step(&sh, anchor, true)
-            };
-            if let Err(end) = r {
-                sh.finish(end);
-            }
+            owner_wait(&sh, deadline.filter(|_| !started))?;
         }
     }
+}
+
+/// One wait of an owner that reads the socket itself: sleeps in `ppoll` until a datagram,
+/// the anchor, a wake-up, the nearest timer or `deadline`, then takes one reader step.
+fn owner_wait(sh: &Shared, deadline: Option<Instant>) -> Result<(), TransportError> {
+    let now = Instant::now();
+    let mut wake = sh.next_wakeup(now);
+    if let Some(d) = deadline {
+        wake = wake.min(d);
+    }
+    let [_, anchor, woken] = wait_readable(
+        [
+            sh.sock.as_raw_fd(),
+            sh.anchor.as_raw_fd(),
+            sh.wake.as_raw_fd(),
+        ],
+        wake.saturating_duration_since(now),
+    )?;
+    if woken {
+        sh.clear_wake();
+    }
+    let r = lock(&sh.reader).step(sh, anchor, true);
+    if let Err(end) = r {
+        sh.finish(end);
+    }
+    Ok(())
 }
 
 /// What `take_frame` found.
@@ -1644,7 +1653,8 @@ impl DataLink for UdpDataLink {
             len: total as u64,
             max: u32::MAX as u64,
         })?;
-        let sh = &*self.shared;
+        let shared = Arc::clone(&self.shared);
+        let sh = &*shared;
         let cfg = &sh.cfg;
         let cs = cfg.chunk_payload;
         let seg = DATA_HEADER_LEN + cs + SEAL_LEN;
@@ -1652,6 +1662,8 @@ impl DataLink for UdpDataLink {
         let count = total.div_ceil(cs);
         let head = header.encode();
         let cost = total as u64 + FRAME_OVERHEAD;
+        // While it waits for acknowledgements, the owner reads them itself.
+        let mut reading: Option<Reading<'_>> = None;
         let mut tx = lock(&sh.tx);
         // Wait for the peer's receive window.
         loop {
@@ -1667,14 +1679,12 @@ impl DataLink for UdpDataLink {
                 tx.probe_interval = FIRST_PROBE;
                 tx.waiting_since.get_or_insert(now);
             }
-            tx.owner_waiting = true;
             drop(tx);
-            sh.rouse_io();
-            tx = lock(&sh.tx);
-            if tx.end.is_none() && !tx.frame_fits(cost) {
-                tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+            match reading {
+                None => reading = Some(Reading::start(sh)),
+                Some(_) => owner_wait(sh, None)?,
             }
-            tx.owner_waiting = false;
+            tx = lock(&sh.tx);
         }
         if tx.probe_at.take().is_some() && tx.unacked == 0 {
             tx.waiting_since = None;
@@ -1693,14 +1703,12 @@ impl DataLink for UdpDataLink {
                 if room > 0 {
                     break room;
                 }
-                tx.owner_waiting = true;
                 drop(tx);
-                sh.rouse_io();
-                tx = lock(&sh.tx);
-                if tx.end.is_none() && tx.room(cfg) == 0 {
-                    tx = sh.tx_cv.wait(tx).unwrap_or_else(|e| e.into_inner());
+                match reading {
+                    None => reading = Some(Reading::start(sh)),
+                    Some(_) => owner_wait(sh, None)?,
                 }
-                tx.owner_waiting = false;
+                tx = lock(&sh.tx);
             };
             let n = room.min(count - i).min(per_send);
             let now = Instant::now();
@@ -1787,6 +1795,7 @@ impl DataLink for UdpDataLink {
             tx = lock(&sh.tx);
         }
         drop(tx);
+        drop(reading);
         sh.counters.sent(total);
         Ok(())
     }
@@ -1861,8 +1870,9 @@ impl Reader {
             resends: Resends::default(),
             scratch: Vec::with_capacity(2048),
             ack: Vec::with_capacity(256),
-            // A coalesced read is at most one UDP payload; one byte more shows truncation.
-            buf: vec![0u8; MAX_DATAGRAM + 1],
+            // A read is at most one UDP payload, coalesced or not; the rest is headroom (and
+            // truncation would be flagged).
+            buf: vec![0u8; 128 << 10],
         }
     }
 
@@ -1962,15 +1972,10 @@ impl Reader {
                 let mut tx = lock(&sh.tx);
                 match tx.on_ack(&a, bitmap, now, &sh.cfg, counters, &mut self.resends) {
                     Ok(opened) => {
-                        let wake = opened && tx.owner_waiting;
                         if opened && tx.probe_at.is_some() {
                             // The owner re-checks the window; probe again only if still shut.
                             tx.probe_interval = FIRST_PROBE;
                             tx.probe_at = Some(now + FIRST_PROBE);
-                        }
-                        drop(tx);
-                        if wake {
-                            sh.tx_cv.notify_one();
                         }
                     }
                     Err(m) => {

@@ -598,6 +598,49 @@ fn a_paused_receiver_stops_the_sender_and_it_resumes() {
 }
 
 #[test]
+fn an_owner_busy_elsewhere_does_not_stall_the_link() {
+    within(TEST_LIMIT, || {
+        // x talks to y (lossy, through a relay) and to z. x's thread first waits in z's
+        // `recv`, then "computes" between frames from y: y's frames, their acks and their
+        // retransmissions must flow all the same.
+        let (sx, sy, mut relay) = relayed_sockets(RelayOpts {
+            loss: 0.02,
+            seed: 21,
+            ..RelayOpts::default()
+        });
+        let p = links(sx, sy, UdpConfig::default(), UdpConfig::default());
+        let (mut x_y, y) = (p.a, p.b);
+        let mut q = direct_pair();
+        let sizes: Vec<usize> = (0..20)
+            .map(|i| if i % 2 == 0 { 1 << 20 } else { 3000 })
+            .collect();
+        let sender = send_all(y, sizes.clone(), 500);
+        let z = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let body = pattern(100, 1);
+            q.b.send(&data_frame(0, &body), &body).unwrap();
+            q.b
+        });
+        let mut buf = Vec::new();
+        q.a.recv(&mut buf).unwrap();
+        let mut got = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let h = x_y.recv(&mut buf).unwrap();
+            assert_eq!(h.seq, i as u64);
+            assert!(buf == pattern(n, 500 + i as u64), "frame {i} corrupted");
+            got.push(i);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (y, r) = sender.join().unwrap();
+        r.unwrap();
+        let _zb = z.join().unwrap();
+        assert!(y.counters().retransmits.load(Ordering::Relaxed) > 0);
+        assert_eq!(got.len(), sizes.len());
+        relay.stop();
+    });
+}
+
+#[test]
 fn closer_unblocks_recv_and_send_from_another_thread() {
     within(TEST_LIMIT, || {
         // A blocked recv.
@@ -1040,22 +1083,36 @@ fn latency_numbers() {
 }
 
 fn throughput_numbers() {
-    let n = 300;
-    let (ta, tb) = tcp_pair();
-    let tcp = link_throughput(ta, tb, n);
-    let p = direct_pair();
-    let ca = p.a.counters();
-    let udp = link_throughput(p.a, p.b, n);
+    // Alternating rounds, so that load from elsewhere on the machine hits both alike.
+    let n = 200;
+    let (mut tcp, mut udp) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (ta, tb) = tcp_pair();
+        tcp.push(link_throughput(ta, tb, n));
+        let p = direct_pair();
+        let ca = p.a.counters();
+        udp.push(link_throughput(p.a, p.b, n));
+        println!(
+            "1 MiB frames: TcpDataLink {:.0} MB/s, UdpDataLink {:.0} MB/s; udp sender events {:?}",
+            tcp[tcp.len() - 1],
+            udp[udp.len() - 1],
+            ca.events()
+        );
+    }
+    tcp.sort_by(f64::total_cmp);
+    udp.sort_by(f64::total_cmp);
     println!(
-        "1 MiB frames: TcpDataLink {tcp:.0} MB/s, UdpDataLink {udp:.0} MB/s ({:.0}%)",
-        udp / tcp * 100.0
+        "median: TcpDataLink {:.0} MB/s, UdpDataLink {:.0} MB/s ({:.0}%)",
+        tcp[1],
+        udp[1],
+        udp[1] / tcp[1] * 100.0
     );
-    println!("  udp sender events {:?}", ca.events());
 }
 
+/// What one hop costs in CPU: a seal, and `send`/`recv` of a 2.5 KB frame without waiting.
 #[test]
 #[ignore]
-fn seal_cost() {
+fn udp_cpu_costs() {
     let key = session_key();
     let s = Sealer::new(&LinkKeys::derive(&key, true).send);
     let d = vec![5u8; 1432];
