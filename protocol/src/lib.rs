@@ -1,5 +1,7 @@
 //! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`)
-//! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits.
+//! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits. The data plane's
+//! blocking links implement `blocking::DataLink`: `TcpDataLink`, and `udp::UdpDataLink`
+//! (reliable UDP).
 
 pub mod blocking;
 pub mod control;

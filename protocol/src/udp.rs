@@ -823,6 +823,11 @@ enum DataOutcome {
     Deliverable,
     Duplicate,
     Malformed(String),
+    /// The chunk's frame cannot be delivered (over the payload cap, or a bad frame header):
+    /// `recv` reports it when it gets there (`now`: that is the next frame).
+    Refused {
+        now: bool,
+    },
 }
 
 impl Rx {
@@ -905,7 +910,8 @@ impl Rx {
     }
 
     /// Stores an authentic data chunk.
-    fn on_data(&mut self, d: &DataHdr, data: &[u8], max_len: u64, cap: u64) -> DataOutcome {
+    fn on_data(&mut self, d: &DataHdr, data: &[u8], max_payload: u32, cap: u64) -> DataOutcome {
+        let max_len = max_payload.max(MAX_CONTROL_LEN) as u64;
         let want = match d.check() {
             Ok(n) => n,
             Err(m) => return DataOutcome::Malformed(m),
@@ -957,10 +963,8 @@ impl Rx {
                             max: max_len,
                         },
                     );
-                    return if d.frame == self.next_take {
-                        DataOutcome::Deliverable
-                    } else {
-                        DataOutcome::Stored
+                    return DataOutcome::Refused {
+                        now: d.frame == self.next_take,
                     };
                 }
                 let cost = d.total as u64 + FRAME_OVERHEAD;
@@ -1008,26 +1012,23 @@ impl Rx {
         f.got += 1;
         if d.index == 0 {
             // MIN_CHUNK > HEADER_LEN: chunk 0 holds the whole frame header.
-            let checked = FrameHeader::decode(&f.head, max_len.min(u32::MAX as u64) as u32)
-                .and_then(|h| {
-                    if h.len as u64 + HEADER_LEN as u64 == f.total as u64 {
-                        Ok(h)
-                    } else {
-                        Err(ProtocolError::Inconsistent(format!(
-                            "frame header says {} payload bytes, its datagrams carry {}",
-                            h.len,
-                            f.total as usize - HEADER_LEN
-                        )))
-                    }
-                });
+            let checked = FrameHeader::decode(&f.head, max_payload).and_then(|h| {
+                if h.len as u64 + HEADER_LEN as u64 == f.total as u64 {
+                    Ok(h)
+                } else {
+                    Err(ProtocolError::Inconsistent(format!(
+                        "frame header says {} payload bytes, its datagrams carry {}",
+                        h.len,
+                        f.total as usize - HEADER_LEN
+                    )))
+                }
+            });
             match checked {
                 Ok(h) => f.header = Some(h),
                 Err(e) => {
                     self.poison(d.frame, e);
-                    return if d.frame == self.next_take {
-                        DataOutcome::Deliverable
-                    } else {
-                        DataOutcome::Stored
+                    return DataOutcome::Refused {
+                        now: d.frame == self.next_take,
                     };
                 }
             }
@@ -1098,9 +1099,8 @@ struct Shared {
     epoch: Instant,
     counters: Arc<LinkCounters>,
     cfg: UdpConfig,
-    /// The largest payload any frame may have here (data frames: `max_payload`; control
-    /// frames: `MAX_CONTROL_LEN`); `FrameHeader::decode` applies the exact cap per kind.
-    max_len: u64,
+    /// The payload cap of data frames (control frames: `MAX_CONTROL_LEN`).
+    max_payload: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -1475,7 +1475,7 @@ impl UdpDataLink {
             last_heard: AtomicU64::new(0),
             epoch: Instant::now(),
             counters,
-            max_len: max_payload.max(MAX_CONTROL_LEN) as u64,
+            max_payload,
             cfg,
         });
         let sh = Arc::clone(&shared);
@@ -1949,8 +1949,15 @@ impl Reader {
                 let h = DataHdr::decode(covered);
                 let data = &covered[DATA_HEADER_LEN..];
                 let mut rx = lock(&sh.rx);
-                match rx.on_data(&h, data, sh.max_len, sh.cfg.recv_buffer as u64) {
+                match rx.on_data(&h, data, sh.max_payload, sh.cfg.recv_buffer as u64) {
                     DataOutcome::Stored => {}
+                    DataOutcome::Refused { now } => {
+                        drop(rx);
+                        malformed(&format!("frame {} cannot be delivered", h.frame));
+                        if now && !self.owner && sh.owner_reading.load(Ordering::SeqCst) {
+                            sh.wake_owner();
+                        }
+                    }
                     DataOutcome::Deliverable => {
                         drop(rx);
                         // The owner reads for itself when it waits in `recv`, unless it

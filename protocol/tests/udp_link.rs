@@ -894,6 +894,26 @@ fn a_frame_over_the_receivers_cap_is_an_error() {
             ),
             "{r:?}"
         );
+        assert!(b.counters().malformed.load(Ordering::Relaxed) > 0);
+        // The link is over for good after that.
+        assert!(b.recv(&mut buf).is_err());
+        // A data frame under the control cap but over this receiver's cap is refused too.
+        let (sa, sb) = socket_pair();
+        let (ta, tb) = anchor_pair();
+        let ka = LinkKeys::derive(&key, true);
+        let kb = LinkKeys::derive(&key, false);
+        let mut a = UdpDataLink::new(sa, ta, &ka, MAX_PAYLOAD, UdpConfig::default()).unwrap();
+        let mut b = UdpDataLink::new(sb, tb, &kb, 1000, UdpConfig::default()).unwrap();
+        let body = pattern(5000, 2);
+        a.send(&data_frame(0, &body), &body).unwrap();
+        let r = b.recv(&mut buf);
+        assert!(
+            matches!(
+                r,
+                Err(TransportError::Protocol(ProtocolError::TooLarge { .. }))
+            ),
+            "{r:?}"
+        );
     });
 }
 
