@@ -977,7 +977,9 @@ fn bad_configuration_and_unconnected_sockets_are_refused() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Numbers (run by hand: cargo test --release -p ringllm-protocol --test udp_link -- --ignored --nocapture)
+// Numbers, run by hand (one at a time; UDP_BENCH=latency or throughput for half, UDP_BENCH_ALL=1
+// for more percentiles):
+//   cargo test --release -p ringllm-protocol --test udp_link -- --ignored --nocapture --test-threads=1
 
 fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
     v.sort();
