@@ -1,6 +1,9 @@
-//! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`)
-//! do no I/O; `tcp` runs them over tokio sockets behind the `transport` traits; `quic` carries
-//! the same frames over QUIC with mutual TLS derived from the cluster key.
+//! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`,
+//! `seal`, `activations`) do no I/O; `tcp` runs them over tokio sockets for the control plane.
+//! The data plane's blocking links implement `blocking::DataLink`: `TcpDataLink`,
+//! `uring::UringDataLink` (the same wire on io_uring), `udp::UdpDataLink` (reliable UDP) and
+//! `quic::QuicDataLink` (QUIC with mutual TLS derived from the cluster key); `dial` opens any
+//! of them on both sides.
 
 pub mod activations;
 pub mod blocking;
@@ -25,4 +28,5 @@ pub use handshake::Role;
 pub use key::ClusterKey;
 pub use quic::{QuicDataLink, QuicServer};
 pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters, TransportKind};
+pub use udp::{UdpConfig, UdpDataLink};
 pub use uring::{UringConfig, UringDataLink};

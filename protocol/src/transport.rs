@@ -100,6 +100,9 @@ pub struct LinkCounters {
     pub retransmits: AtomicU64,
     /// Reliable UDP: duplicate chunks received and dropped.
     pub duplicates: AtomicU64,
+    /// Reliable UDP: authentic datagrams dropped as malformed (a chunk count or size that
+    /// disagrees with its frame, the payload cap or the receive window; an unknown kind).
+    pub malformed: AtomicU64,
     /// io_uring: sends that went through IORING_OP_SEND_ZC.
     pub zc_sends: AtomicU64,
     /// io_uring: zero-copy sends the kernel completed by copying after all (loopback does).
@@ -127,6 +130,7 @@ impl LinkCounters {
             ("replays", &self.replays),
             ("retransmits", &self.retransmits),
             ("duplicates", &self.duplicates),
+            ("malformed", &self.malformed),
             ("zc_sends", &self.zc_sends),
             ("zc_copied", &self.zc_copied),
             ("fixed_buf_ops", &self.fixed_buf_ops),

@@ -18,6 +18,7 @@ This module holds helpers only; tests import it (`from netns import Netns, ...`)
 import atexit
 import ctypes
 import itertools
+import json
 import os
 import re
 import signal
@@ -146,9 +147,17 @@ class Netns:
     everywhere. Namespace names are unique per process and instance (rl{pid}x{k}-{host}, the
     switch rl{pid}x{k}.sw). On exit (also on exceptions and KeyboardInterrupt) it kills every
     process it started, then any other process left inside its namespaces, and deletes every
-    namespace it created (deleting a namespace removes its veths)."""
+    namespace it created (deleting a namespace removes its veths).
 
-    def __init__(self, hosts, subnet="10.77.0", prefix="rl"):
+    Impaired wire: with `delay_ms` > 0 or `loss` > 0 the bridge is replaced by a user-space L2
+    switch in the switch namespace (tests/python/wire.py, one AF_PACKET socket per port) that
+    forwards each frame `delay_ms` after it arrived (so a round trip between two hosts grows by
+    2 * delay_ms) and drops IP frames with probability `loss`; `wire_stats()` returns its
+    counters. Offloads (checksum, TSO/GSO/GRO) are then off on every veth, as with
+    `offload=False`, so every packet on the wire is at most one MTU (and a packet-level firewall
+    rule sees real packets)."""
+
+    def __init__(self, hosts, subnet="10.77.0", prefix="rl", delay_ms=0.0, loss=0.0, offload=True):
         hosts = list(hosts)
         if not hosts:
             raise ValueError("Netns needs at least one host")
@@ -173,6 +182,13 @@ class Netns:
         self._procs = []
         self._created = []
         self._closed = False
+        if delay_ms < 0 or not 0.0 <= loss < 1.0:
+            raise ValueError(f"need delay_ms >= 0 and 0 <= loss < 1 (got {delay_ms}, {loss})")
+        self.delay_ms = float(delay_ms)
+        self.loss = float(loss)
+        self._switched = self.delay_ms > 0 or self.loss > 0
+        self.offload = offload and not self._switched
+        self._switch_proc = None
 
     # -- life cycle ----------------------------------------------------------------------
 
@@ -194,15 +210,54 @@ class Netns:
         # Recorded before creation: close() deletes whichever of them exist.
         self._created = names
         _ip(["-batch", "-"], input="".join(f"netns add {n}\n" for n in names))
-        sw = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
+        sw = ["link set lo up"]
+        if not self._switched:
+            sw += ["link add br0 type bridge", "link set br0 up"]
         for i, h in enumerate(self.hosts):
-            sw += [f"link add p{i} type veth peer name eth0 netns {self.ns[h]}",
-                   f"link set p{i} master br0",
-                   f"link set p{i} up"]
+            sw += [f"link add p{i} type veth peer name eth0 netns {self.ns[h]}"]
+            sw += [f"link set p{i} master br0"] if not self._switched else [f"link set p{i} promisc on"]
+            sw += [f"link set p{i} up"]
         _ip(["-n", self.switch, "-batch", "-"], input="".join(c + "\n" for c in sw))
         for h in self.hosts:
             cmds = ["link set lo up", f"addr add {self._addr[h]}/24 dev eth0", "link set eth0 up"]
             _ip(["-n", self.ns[h], "-batch", "-"], input="".join(c + "\n" for c in cmds))
+        if not self.offload:
+            import wire
+            for i, h in enumerate(self.hosts):
+                wire.set_offloads(self.ns[h], "eth0", False)
+                wire.set_offloads(self.switch, f"p{i}", False)
+        if self._switched:
+            self._start_switch()
+
+    def _start_switch(self):
+        import select as _select
+        import sys
+        wire_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wire.py")
+        argv = ["ip", "netns", "exec", self.switch, sys.executable, wire_py, "switch",
+                *[f"p{i}" for i in range(len(self.hosts))], "--delay-ms", str(self.delay_ms), "--loss", str(self.loss)]
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self._procs.append(p)
+        self._switch_proc = p
+        ready, _, _ = _select.select([p.stdout], [], [], 20)
+        line = p.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            p.kill()
+            raise RuntimeError(f"the wire switch did not start: {line!r} {p.stderr.read() if p.poll() is not None else ''}")
+
+    def wire_stats(self, timeout=5.0) -> dict:
+        """Counters of the user-space switch (frames received, forwarded, dropped, the largest
+        frame in bytes, send errors, oversize frames); only with delay_ms or loss."""
+        import select as _select
+        p = self._switch_proc
+        if p is None:
+            raise RuntimeError("no user-space switch: this Netns has neither delay_ms nor loss")
+        if p.poll() is not None:
+            raise RuntimeError(f"the wire switch exited ({p.returncode}): {p.stderr.read()}")
+        p.send_signal(signal.SIGUSR1)
+        ready, _, _ = _select.select([p.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError("the wire switch did not report its counters")
+        return json.loads(p.stdout.readline())
 
     def close(self):
         """Kills our processes and deletes our namespaces; safe to call twice. Keeps going when
