@@ -426,6 +426,107 @@ mod tests {
     }
 }
 
+/// Datagram seals: AES-128-GMAC (GCM with the datagram as associated data and no plaintext,
+/// ring's AES-NI/CLMUL code) under a key derived from the direction's key, the nonce being the
+/// datagram's counter. About 3× keyed BLAKE3 on a 1.4 KB datagram, where BLAKE3 cannot use its
+/// SIMD width. GMAC needs every counter used once per key: datagram links draw each one from a
+/// single atomic counter, and a counter is never sealed twice.
+pub struct DatagramSealer {
+    key: ring::aead::LessSafeKey,
+}
+
+/// Checks datagram seals (see `DatagramSealer`) and the replay window.
+pub struct DatagramOpener {
+    key: ring::aead::LessSafeKey,
+    window: ReplayWindow,
+}
+
+fn gmac_key(key: &[u8; 32]) -> ring::aead::LessSafeKey {
+    let k = blake3::keyed_hash(key, b"ringllm datagram gmac key v1");
+    let unbound = ring::aead::UnboundKey::new(&ring::aead::AES_128_GCM, &k.as_bytes()[..16])
+        .expect("a 16-byte key is valid for AES-128-GCM");
+    ring::aead::LessSafeKey::new(unbound)
+}
+
+fn gmac_nonce(counter: u64) -> ring::aead::Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&counter.to_le_bytes());
+    ring::aead::Nonce::assume_unique_for_key(n)
+}
+
+impl DatagramSealer {
+    pub fn new(key: &[u8; 32]) -> DatagramSealer {
+        DatagramSealer { key: gmac_key(key) }
+    }
+
+    /// The seal of the datagram bytes `covered` under `counter` (used for this datagram only).
+    pub fn seal(&self, counter: u64, covered: &[u8]) -> [u8; SEAL_LEN] {
+        let mut s = [0u8; SEAL_LEN];
+        s[..8].copy_from_slice(&counter.to_le_bytes());
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(
+                gmac_nonce(counter),
+                ring::aead::Aad::from(covered),
+                &mut [],
+            )
+            .expect("sealing an empty plaintext cannot overflow");
+        s[8..].copy_from_slice(tag.as_ref());
+        s
+    }
+}
+
+impl DatagramOpener {
+    pub fn new(key: &[u8; 32]) -> DatagramOpener {
+        DatagramOpener {
+            key: gmac_key(key),
+            window: ReplayWindow::default(),
+        }
+    }
+
+    /// The seal must be right and its counter new and inside the window.
+    pub fn open(&mut self, seal: &[u8], covered: &[u8]) -> Result<u64, SealError> {
+        let (counter, tag_in) = split(seal)?;
+        self.window.check(counter)?;
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(tag_in);
+        self.key
+            .open_in_place(
+                gmac_nonce(counter),
+                ring::aead::Aad::from(covered),
+                &mut tag,
+            )
+            .map_err(|_| SealError::BadMac)?;
+        self.window.accept(counter);
+        Ok(counter)
+    }
+}
+
+#[cfg(test)]
+mod datagram_tests {
+    use super::*;
+
+    #[test]
+    fn gmac_datagrams_open_once_and_refuse_forgery() {
+        let k = LinkKeys::derive(&[9u8; 32], true);
+        let s = DatagramSealer::new(&k.send);
+        let mut o = DatagramOpener::new(&k.send);
+        let a = s.seal(1, b"datagram one");
+        assert_eq!(o.open(&a, b"datagram one"), Ok(1));
+        assert_eq!(o.open(&a, b"datagram one"), Err(SealError::Replay(1)));
+        let b = s.seal(2, b"datagram two");
+        assert_eq!(o.open(&b, b"datagram twO"), Err(SealError::BadMac));
+        // A refused forgery does not use the counter up.
+        assert_eq!(o.open(&b, b"datagram two"), Ok(2));
+        let mut c = s.seal(3, b"x");
+        c[20] ^= 4;
+        assert_eq!(o.open(&c, b"x"), Err(SealError::BadMac));
+        // Another direction's key fails.
+        let mut other = DatagramOpener::new(&k.recv);
+        assert_eq!(other.open(&s.seal(4, b"y"), b"y"), Err(SealError::BadMac));
+    }
+}
+
 #[cfg(test)]
 mod speed {
     #[test]
@@ -433,7 +534,7 @@ mod speed {
     fn mac_speeds() {
         use crate::key::HmacSha256;
         use hmac::{KeyInit, Mac};
-        for size in [2560usize, 16 << 10, 1 << 20] {
+        for size in [1432usize, 2560, 16 << 10, 1 << 20] {
             let data = vec![7u8; size];
             let n = (64 << 20) / size;
             let t = std::time::Instant::now();
@@ -450,6 +551,17 @@ mod speed {
                 std::hint::black_box(h.finalize());
             }
             let b3 = t.elapsed().as_secs_f64() / n as f64;
+            let g = super::DatagramSealer::new(&[1u8; 32]);
+            let t = std::time::Instant::now();
+            for i in 0..n {
+                std::hint::black_box(g.seal(i as u64, &data));
+            }
+            let gm = t.elapsed().as_secs_f64() / n as f64;
+            eprintln!(
+                "{size}: gmac {:.2} µs ({:.2} GB/s)",
+                gm * 1e6,
+                size as f64 / gm / 1e9
+            );
             eprintln!(
                 "{size}: hmac-sha256 {:.2} µs ({:.2} GB/s), blake3 {:.2} µs ({:.2} GB/s)",
                 hmac * 1e6,

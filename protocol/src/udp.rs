@@ -33,10 +33,10 @@
 //!
 //! # Datagrams
 //!
-//! Every datagram ends with a 24-byte seal (`Sealer::seal_as`: the packet counter, u64 LE,
-//! and a 16-byte tag over the counter and everything before the seal), from a counter shared
-//! by both threads of the sending side. The receiver checks the seal with
-//! `Opener::open_datagram` before reading any other byte: a forged datagram is dropped and
+//! Every datagram ends with a 24-byte seal (`DatagramSealer::seal`: the packet counter, u64
+//! LE, and a 16-byte AES-GMAC tag over everything before the seal with the counter as nonce),
+//! from a counter shared by both threads of the sending side, never reused. The receiver
+//! checks the seal with `DatagramOpener::open` before reading any other byte: a forged datagram is dropped and
 //! counted in `mac_failures`, a replayed or stale one in `replays`; neither ever ends the link.
 //!
 //! ```text
@@ -106,7 +106,7 @@
 use crate::blocking::{DataLink, LinkCloser};
 use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, HEADER_LEN, MAX_CONTROL_LEN};
-use crate::seal::{LinkKeys, Opener, SealError, Sealer, SEAL_LEN};
+use crate::seal::{DatagramOpener, DatagramSealer, LinkKeys, SealError, SEAL_LEN};
 use crate::transport::LinkCounters;
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
@@ -1071,7 +1071,7 @@ struct Shared {
     sock: UdpSocket,
     /// A clone of the anchor, polled by whichever thread reads.
     anchor: TcpStream,
-    sealer: Sealer,
+    sealer: DatagramSealer,
     /// The next packet counter (shared by the owner and the I/O thread).
     counter: AtomicU64,
     tx: Mutex<Tx>,
@@ -1202,11 +1202,13 @@ impl Shared {
 
     /// Appends `parts` and their seal to `out`.
     fn append_sealed(&self, parts: &[&[u8]], out: &mut Vec<u8>) {
+        // Every datagram takes a fresh counter: GMAC must never see one twice.
         let c = self.counter.fetch_add(1, Ordering::Relaxed);
-        let seal = self.sealer.seal_as(c, parts);
+        let start = out.len();
         for p in parts {
             out.extend_from_slice(p);
         }
+        let seal = self.sealer.seal(c, &out[start..]);
         out.extend_from_slice(&seal);
     }
 
@@ -1460,11 +1462,11 @@ impl UdpDataLink {
         let shared = Arc::new(Shared {
             sock: socket,
             anchor: anchor_poll,
-            sealer: Sealer::new(&keys.send),
+            sealer: DatagramSealer::new(&keys.send),
             counter: AtomicU64::new(1),
             tx: Mutex::new(Tx::new(&cfg)),
             rx: Mutex::new(Rx::new()),
-            reader: Mutex::new(Reader::new(Opener::new(&keys.recv))),
+            reader: Mutex::new(Reader::new(DatagramOpener::new(&keys.recv))),
             owner_reading: AtomicBool::new(false),
             aside: Mutex::new(false),
             aside_cv: Condvar::new(),
@@ -1853,7 +1855,7 @@ impl Drop for UdpDataLink {
 
 /// The receiving side's own state, used by whichever thread reads.
 struct Reader {
-    opener: Opener,
+    opener: DatagramOpener,
     /// The owner is the one reading now (inside `recv`).
     owner: bool,
     resends: Resends,
@@ -1863,7 +1865,7 @@ struct Reader {
 }
 
 impl Reader {
-    fn new(opener: Opener) -> Reader {
+    fn new(opener: DatagramOpener) -> Reader {
         Reader {
             opener,
             owner: false,
@@ -1924,7 +1926,7 @@ impl Reader {
             return;
         }
         let (covered, seal) = d.split_at(d.len() - SEAL_LEN);
-        match self.opener.open_datagram(seal, &[covered]) {
+        match self.opener.open(seal, covered) {
             Ok(_) => {}
             Err(SealError::BadMac) => {
                 LinkCounters::bump(&counters.mac_failures);

@@ -3,7 +3,7 @@
 //! another thread, peers that close or crash, and wrong keys. No timing assertions beyond hang
 //! guards; `udp_vs_tcp_numbers` (ignored) prints latency and throughput for comparison.
 
-use ringllm_protocol::seal::{LinkKeys, Sealer, SEAL_LEN};
+use ringllm_protocol::seal::{DatagramSealer, LinkKeys, SEAL_LEN};
 use ringllm_protocol::udp::{bind_reuse, UdpConfig, UdpDataLink, DATA_HEADER_LEN};
 use ringllm_protocol::{
     DataLink, Dtype, FrameHeader, FrameKind, ProtocolError, TcpDataLink, TransportError, HEADER_LEN,
@@ -764,7 +764,7 @@ fn peer_reset_is_an_error_not_a_hang() {
         });
         // A raw peer sends one sealed chunk of a frame, then its process "dies" with data
         // unread on its anchor: the kernel resets the connection.
-        let sealer = Sealer::new(&LinkKeys::derive(&key, true).send);
+        let sealer = DatagramSealer::new(&LinkKeys::derive(&key, true).send);
         let mut hdr = [0u8; DATA_HEADER_LEN];
         hdr[0] = 1;
         hdr[1] = 1;
@@ -779,7 +779,7 @@ fn peer_reset_is_an_error_not_a_hang() {
             &payload[..1400 - HEADER_LEN],
         ]
         .concat();
-        let seal = sealer.seal_as(1, &[&hdr, &data]);
+        let seal = sealer.seal(1, &[&hdr[..], &data].concat());
         sa.send(&[&hdr[..], &data, &seal].concat()).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let s = socket2::SockRef::from(&ta);
@@ -1136,12 +1136,12 @@ fn throughput_numbers() {
 #[ignore]
 fn udp_cpu_costs() {
     let key = session_key();
-    let s = Sealer::new(&LinkKeys::derive(&key, true).send);
+    let s = DatagramSealer::new(&LinkKeys::derive(&key, true).send);
     let d = vec![5u8; 1432];
     let t0 = Instant::now();
     let mut x = 0u8;
     for i in 0..100_000u64 {
-        x ^= s.seal_as(i, &[&d])[9];
+        x ^= s.seal(i, &d)[9];
     }
     println!("seal of 1432 bytes: {:?} ({x})", t0.elapsed() / 100_000);
     let p = direct_pair();
