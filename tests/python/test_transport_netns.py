@@ -7,6 +7,10 @@ under 5 % loss, and no run hangs.
 Loss: an iptables `statistic` rule in each namespace drops incoming packets on eth0 at random
 (tests/python/wire.py `drop_incoming`); its counter must show drops after the run. Offloads are
 off on the veths, so a dropped packet is one wire packet, never a 64 KiB TSO/GRO aggregate.
+TCP handshake packets (SYN, SYN-ACK) are spared for now: a lost one stalls a data-link connect
+by 1 s (two by 3 s), and the coordinator then takes a healthy node for a silent one (see
+test_a_slow_data_link_connect_is_not_a_silent_node, expected to fail until that is fixed);
+with SYNs dropped too, about one run in 20 at 5 % loss failed that way.
 Delay: this kernel has no netem, so `Netns(..., delay_ms=1)` swaps the bridge for a user-space
 L2 switch that forwards each frame 1 ms late; the test measures the TCP round trip through it.
 
@@ -75,10 +79,11 @@ def oracle(tmp_path_factory):
     return json.loads(r.stdout), out.read_bytes()
 
 
-def ring(net, transport, tmp_path, loss=0.0):
+def ring(net, transport, tmp_path, loss=0.0, before_up=None, prompt=PROMPT):
     """Starts a node in host1 and host2 over `transport`, drops incoming packets with
     probability `loss` at every host, runs the prompt from coord; returns (json, logits,
-    {host: (dropped, passed)}, node logs, seconds)."""
+    {host: (dropped, passed)} (with before_up: {host: (SYNs dropped, None)}), node logs, seconds,
+    the coordinator's stderr). `before_up(port)` runs once the nodes listen, before `up`."""
     port = next(_ports)
     procs, logs = [], {}
     try:
@@ -93,10 +98,12 @@ def ring(net, transport, tmp_path, loss=0.0):
             wait_port(net, "coord", net.addr(host), port, timeout=30)
         if loss:
             for host in HOSTS:
-                wire.drop_incoming(net, host, loss)
+                wire.drop_incoming(net, host, loss, spare_handshakes=True)
+        if before_up:
+            before_up(port)
         argv = [str(_bin()), "up", "-m", str(model_path(GEMMA.name)), "--key", str(KEY),
                 "--node", f"{net.addr('host1')}:{port}", "--node", f"{net.addr('host2')}:{port}",
-                "--transport", transport, "-p", PROMPT, *GEN, "--json", "--logits-out", str(tmp_path / "ring.f32")]
+                "--transport", transport, "-p", prompt, *GEN, "--json", "--logits-out", str(tmp_path / "ring.f32")]
         t0 = time.monotonic()
         try:
             r = net.run("coord", argv, timeout=HANG_GUARD_S)
@@ -106,11 +113,14 @@ def ring(net, transport, tmp_path, loss=0.0):
                         + "\n".join(f"--- {h}:\n{p.read_text()[-3000:]}" for h, p in logs.items()))
         took = time.monotonic() - t0
         drops = {h: wire.drop_counts(net, h) for h in HOSTS} if loss else {}
-        assert r.returncode == 0, f"{' '.join(argv)}\n{r.stderr}"
-        return json.loads(r.stdout), (tmp_path / "ring.f32").read_bytes(), drops, \
-            {h: p.read_text() for h, p in logs.items()}, took
+        if before_up:
+            drops = {h: (wire.syn_drops(net, h), None) for h in HOSTS}
+        node_logs = {h: p.read_text() for h, p in logs.items()}
+        assert r.returncode == 0, (f"{transport} ring failed ({r.returncode}), drops {drops}: {' '.join(argv)}\n"
+                                   f"{r.stderr}" + _tails(node_logs))
+        return json.loads(r.stdout), (tmp_path / "ring.f32").read_bytes(), drops, node_logs, took, r.stderr
     finally:
-        if loss:
+        if loss or before_up:
             for host in HOSTS:
                 wire.clear_loss(net, host)
         for p in procs:
@@ -119,13 +129,22 @@ def ring(net, transport, tmp_path, loss=0.0):
             p.wait(timeout=10)
 
 
-def check(label, transport, oracle, got, logits, logs, took):
+def _tails(logs, n=3000):
+    return "".join(f"\n--- {h} log (tail):\n{log[-n:]}" for h, log in logs.items())
+
+
+def check(label, transport, oracle, got, logits, logs, took, stderr):
     want, want_logits = oracle
     print(f"\n[{label}] {transport}: decode {got['decode_tokens_per_s']:.2f} tok/s, "
           f"prefill {got['prefill_tokens_per_s']:.2f} tok/s, run {took:.2f} s")
-    assert got["token_ids"] == want["token_ids"], label
-    assert got["text"] == want["text"], label
-    assert logits == want_logits, f"{label}: logits differ from the single process"
+    ctx = f"{label} over {transport}\n--- coordinator stderr:\n{stderr[-3000:]}" + _tails(logs)
+    assert got["token_ids"] == want["token_ids"], ctx
+    assert got["text"] == want["text"], ctx
+    if logits != want_logits:
+        n = len(want_logits)
+        first = next((i for i in range(min(n, len(logits))) if logits[i] != want_logits[i]), None)
+        pytest.fail(f"logits differ from the single process ({len(logits)} vs {n} bytes, first different byte "
+                    f"{first}): {ctx}")
     for host, log in logs.items():
         assert f"over {transport}" in log, f"{host} did not serve over {transport}:\n{log[-2000:]}"
 
@@ -136,11 +155,11 @@ LOSS_CASES = [("udp", 0.01), ("udp", 0.05), ("quic", 0.01), ("quic", 0.05), ("tc
 @pytest.mark.parametrize("transport,loss", LOSS_CASES,
                          ids=[f"{t}-loss{round(p * 100)}pct" for t, p in LOSS_CASES])
 def test_ring_under_packet_loss_equals_single_process(lossy_net, oracle, transport, loss, tmp_path):
-    got, logits, drops, logs, took = ring(lossy_net, transport, tmp_path, loss=loss)
+    got, logits, drops, logs, took, err = ring(lossy_net, transport, tmp_path, loss=loss)
     label = f"loss {loss:.0%}"
     print(f"\n[{label}] {transport}: packets dropped/passed per host: "
           + ", ".join(f"{h} {d}/{p}" for h, (d, p) in drops.items()))
-    check(label, transport, oracle, got, logits, logs, took)
+    check(label, transport, oracle, got, logits, logs, took, err)
     dropped = sum(d for d, _ in drops.values())
     total = sum(d + p for d, p in drops.values())
     assert dropped > 0, f"the loss rules dropped nothing: {drops}"
@@ -166,16 +185,41 @@ DELAY_CASES = [("udp", 0.0), ("quic", 0.0), ("udp", 0.01), ("quic", 0.01)]
                          ids=[f"{t}-delay1ms" + (f"-loss{round(p * 100)}pct" if p else "") for t, p in DELAY_CASES])
 def test_ring_with_delay_equals_single_process(delayed_net, oracle, transport, loss, tmp_path):
     before = delayed_net.wire_stats()
-    got, logits, drops, logs, took = ring(delayed_net, transport, tmp_path, loss=loss)
+    got, logits, drops, logs, took, err = ring(delayed_net, transport, tmp_path, loss=loss)
     after = delayed_net.wire_stats()
     label = f"delay {DELAY_MS:g} ms" + (f" + loss {loss:.0%}" if loss else "")
     if drops:
         print(f"\n[{label}] {transport}: packets dropped/passed per host: "
               + ", ".join(f"{h} {d}/{p}" for h, (d, p) in drops.items()))
-    check(label, transport, oracle, got, logits, logs, took)
+    check(label, transport, oracle, got, logits, logs, took, err)
     frames = after["frames"] - before["frames"]
     # The run's packets went through the switch (so they were delayed), each one wire frame.
     assert frames > 100, (before, after)
     assert after["max_frame"] <= 1514 and after["oversize"] == 0 and after["send_errors"] == 0, after
     if loss:
         assert sum(d for d, _ in drops.values()) > 0, drops
+
+
+@pytest.mark.parametrize("transport", ["tcp"])
+def test_a_slow_data_link_connect_is_not_a_silent_node(lossy_net, oracle, transport, tmp_path):
+    """Deterministic: the coordinator's data-link connects lose SYNs (one at host1: +1 s, two
+    at host2: +3 s); the control connections (the first SYN from coord at each node) do not. The
+    run must still succeed: the nodes were answering all along."""
+    net = lossy_net
+
+    def slow_links(port):
+        wire.drop_syns(net, "host1", net.addr("coord"), port, count=1)
+        wire.drop_syns(net, "host2", net.addr("coord"), port, count=2)
+
+    try:
+        got, logits, syns, logs, took, err = ring(net, transport, tmp_path, before_up=slow_links)
+    except AssertionError as e:
+        if "stopped answering" in str(e):
+            # Known: heartbeats start only once every data link is connected (coordinator/src/
+            # ring.rs), so after >3 s of connecting, the first health check (a 250 ms wait on a
+            # long prefill) finds node1's last message too old. Remove once fixed.
+            pytest.xfail("ringllm bug: a slow data-link connect makes the coordinator report a healthy node "
+                         "as 'stopped answering'")
+        raise
+    assert (syns["host1"][0], syns["host2"][0]) == (1, 2), syns
+    check("slow data-link connects", transport, oracle, got, logits, logs, took, err)

@@ -67,34 +67,60 @@ def _iptables(ns, args):
     return r.stdout
 
 
-def drop_incoming(net, host, probability):
+def drop_incoming(net, host, probability, spare_handshakes=False):
     """Drops packets arriving on `host`'s eth0 at random with `probability` (an iptables
     `statistic` rule at the top of INPUT, replacing any earlier one from here) and zeroes its
     counters. Every IP packet counts: TCP, UDP, QUIC, in both directions of each exchange when
-    both ends have a rule."""
+    both ends have a rule. With `spare_handshakes`, TCP packets with SYN set (SYN, SYN-ACK) are
+    never dropped: a lost one costs the connect 1 s, two 3 s (the kernel's SYN retransmits)."""
     clear_loss(net, host)
-    _iptables(net.name(host), ["-I", "INPUT", "1", "-i", "eth0", "-m", "statistic", "--mode", "random",
-                               "--probability", f"{probability:.6f}", "-m", "comment", "--comment",
-                               _LOSS_COMMENT, "-j", "DROP"])
-    # A counting rule (no target) after it: the packets that got through.
-    _iptables(net.name(host), ["-A", "INPUT", "-i", "eth0", "-m", "comment", "--comment", _LOSS_COMMENT + "-pass"])
+    ns = net.name(host)
+    rules = []
+    if spare_handshakes:
+        rules.append(["-p", "tcp", "--tcp-flags", "SYN", "SYN", "-m", "comment", "--comment",
+                      _LOSS_COMMENT + "-spared", "-j", "ACCEPT"])
+    rules.append(["-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}",
+                  "-m", "comment", "--comment", _LOSS_COMMENT, "-j", "DROP"])
+    # A counting rule (no target) after them: the packets that got through.
+    rules.append(["-m", "comment", "--comment", _LOSS_COMMENT + "-pass"])
+    for k, rule in enumerate(rules):
+        _iptables(ns, ["-I", "INPUT", str(k + 1), "-i", "eth0", *rule])
 
 
 def drop_counts(net, host):
-    """(dropped, passed) packet counts of the rules `drop_incoming` put in `host`'s INPUT."""
+    """(dropped, passed) packet counts of the rules `drop_incoming` put in `host`'s INPUT
+    (spared handshake packets count as passed)."""
     out = _iptables(net.name(host), ["-nvxL", "INPUT"])
-    dropped = passed = None
+    counts = {}
     for line in out.splitlines():
         cols = line.split()
         if not cols or not cols[0].isdigit():
             continue
-        if f"/* {_LOSS_COMMENT} */" in line and "DROP" in cols:
-            dropped = int(cols[0])
-        elif f"/* {_LOSS_COMMENT}-pass */" in line:
-            passed = int(cols[0])
-    if dropped is None or passed is None:
+        for tag in ("", "-pass", "-spared"):
+            if f"/* {_LOSS_COMMENT}{tag} */" in line:
+                counts[tag] = int(cols[0])
+    if "" not in counts or "-pass" not in counts:
         raise RuntimeError(f"{host}: no loss rule in INPUT:\n{out}")
-    return dropped, passed
+    return counts[""], counts["-pass"] + counts.get("-spared", 0)
+
+
+def drop_syns(net, host, src_ip, port, count, skip=1):
+    """Drops, at `host`, TCP SYNs from src_ip to `port`: after letting `skip` through, the next
+    `count` (the first connection gets through, the second then waits 1 s for one drop, 3 s for
+    two: the kernel's SYN retransmits). `clear_loss` removes these rules too."""
+    # iptables `nth` counts the packets that reach the rule: each rule drops one SYN, the ones
+    # after it see the SYNs it let through.
+    for _ in range(count):
+        _iptables(net.name(host), ["-A", "INPUT", "-i", "eth0", "-p", "tcp", "--syn", "-s", src_ip, "--dport",
+                                   str(port), "-m", "statistic", "--mode", "nth", "--every", "1000000",
+                                   "--packet", str(skip), "-m", "comment", "--comment", _LOSS_COMMENT + "-syn",
+                                   "-j", "DROP"])
+
+
+def syn_drops(net, host):
+    """How many SYNs the `drop_syns` rules of `host` dropped."""
+    out = _iptables(net.name(host), ["-nvxL", "INPUT"])
+    return sum(int(l.split()[0]) for l in out.splitlines() if f"/* {_LOSS_COMMENT}-syn */" in l)
 
 
 def clear_loss(net, host):
