@@ -606,6 +606,12 @@ impl Ring {
             links.push(SegmentLinks { input, output });
         }
         self.links = links;
+        // Every node answered its assignment; the time spent connecting data links (seconds,
+        // when SYNs are lost) was our silence, not theirs: count from now.
+        let now = self.t0.elapsed().as_millis() as u64;
+        for n in &self.nodes {
+            n.last_seen.store(now, Ordering::Relaxed);
+        }
         // Heartbeats from now on.
         let _g = self.rt.enter();
         for n in &self.nodes {
