@@ -92,6 +92,29 @@ impl TcpDataLink {
     }
 }
 
+/// The end of reading a stream frame whose header was `head` (`h` decoded): how reading its
+/// payload and seal went, then the CRC, the seal and the counters.
+pub(crate) fn finish_stream_frame(
+    read: Result<(), TransportError>,
+    h: FrameHeader,
+    head: &[u8],
+    payload: &[u8],
+    seal: &[u8],
+    opener: &mut Opener,
+    counters: &LinkCounters,
+) -> Result<FrameHeader, TransportError> {
+    read.map_err(|e| match e {
+        TransportError::Closed => TransportError::Protocol(ProtocolError::Inconsistent(
+            "connection closed inside a frame".into(),
+        )),
+        e => e,
+    })?;
+    h.verify(payload)?;
+    open_stream_frame(opener, counters, head, payload, seal)?;
+    counters.received(HEADER_LEN + payload.len() + SEAL_LEN);
+    Ok(h)
+}
+
 /// Checks a received stream frame's seal, counting failures.
 pub(crate) fn open_stream_frame(
     opener: &mut Opener,
@@ -181,18 +204,9 @@ impl DataLink for TcpDataLink {
         buf.clear();
         buf.resize(h.len as usize, 0);
         let mut seal = [0u8; SEAL_LEN];
-        read_exact_or_closed(&mut self.r, buf)
-            .and_then(|()| read_exact_or_closed(&mut self.r, &mut seal))
-            .map_err(|e| match e {
-                TransportError::Closed => TransportError::Protocol(ProtocolError::Inconsistent(
-                    "connection closed inside a frame".into(),
-                )),
-                e => e,
-            })?;
-        h.verify(buf)?;
-        open_stream_frame(&mut self.opener, &self.counters, &head, buf, &seal)?;
-        self.counters.received(HEADER_LEN + buf.len() + SEAL_LEN);
-        Ok(h)
+        let read = read_exact_or_closed(&mut self.r, buf)
+            .and_then(|()| read_exact_or_closed(&mut self.r, &mut seal));
+        finish_stream_frame(read, h, &head, buf, &seal, &mut self.opener, &self.counters)
     }
 
     fn recv_timeout(

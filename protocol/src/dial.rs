@@ -70,7 +70,7 @@ async fn connect_upstream(
 ) -> Result<(std::net::TcpStream, Session), TransportError> {
     let fut = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        crate::tcp::tune_stream(&stream)?;
+        crate::tcp::tune(&stream)?;
         let session = crate::tcp::client_handshake(&mut stream, key, Role::Upstream, name).await?;
         Ok::<_, TransportError>((stream, session))
     };

@@ -22,11 +22,7 @@ pub const SOCKET_BUFFER: usize = 4 << 20;
 const READ_BUFFER: usize = 64 << 10;
 
 /// Low latency, big buffers, and a dead peer noticed within seconds (every ringllm TCP link).
-pub fn tune_stream(stream: &TcpStream) -> std::io::Result<()> {
-    tune(stream)
-}
-
-fn tune(stream: &TcpStream) -> std::io::Result<()> {
+pub fn tune(stream: &TcpStream) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let s = socket2::SockRef::from(stream);
     // Best effort: a kernel limit (net.core.wmem_max) may cap these.

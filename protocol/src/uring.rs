@@ -31,7 +31,7 @@
 //! Every operation goes through `Engine::run`, which waits for all completions of the chain
 //! it submitted, on every path.
 
-use crate::blocking::{open_stream_frame, DataLink, LinkCloser};
+use crate::blocking::{finish_stream_frame, DataLink, LinkCloser};
 use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::seal::{LinkKeys, Opener, Sealer, SEAL_LEN};
@@ -1094,18 +1094,10 @@ impl DataLink for UringDataLink {
         buf.clear();
         buf.resize(h.len as usize, 0);
         let mut seal = [0u8; SEAL_LEN];
-        self.read_exact(buf)
-            .and_then(|()| self.read_exact(&mut seal))
-            .map_err(|e| match e {
-                TransportError::Closed => TransportError::Protocol(ProtocolError::Inconsistent(
-                    "connection closed inside a frame".into(),
-                )),
-                e => e,
-            })?;
-        h.verify(buf)?;
-        open_stream_frame(&mut self.opener, &self.counters, &head, buf, &seal)?;
-        self.counters.received(HEADER_LEN + buf.len() + SEAL_LEN);
-        Ok(h)
+        let read = self
+            .read_exact(buf)
+            .and_then(|()| self.read_exact(&mut seal));
+        finish_stream_frame(read, h, &head, buf, &seal, &mut self.opener, &self.counters)
     }
 
     fn recv_timeout(
