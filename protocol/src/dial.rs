@@ -117,7 +117,9 @@ pub async fn connect_data_link(
         }
         TransportKind::Udp => {
             let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
-            let msg = attach(kind, 0);
+            // The attach names our UDP port, known once the socket is bound.
+            let (ring, from) = (ring_session, name.to_string());
+            let msg = move |port| attach_msg(ring, &from, input, output, kind, port);
             let link = tokio::task::spawn_blocking(move || {
                 connect_udp(stream, &session, msg, max_payload, timeout)
             })
@@ -145,7 +147,7 @@ pub async fn connect_data_link(
 fn connect_udp(
     stream: std::net::TcpStream,
     session: &Session,
-    msg: Control,
+    attach: impl FnOnce(u16) -> Control,
     max_payload: u32,
     timeout: Duration,
 ) -> Result<BoxLink, TransportError> {
@@ -153,53 +155,18 @@ fn connect_udp(
     let local = stream.local_addr()?;
     let sock = crate::udp::bind_reuse(SocketAddr::new(local.ip(), 0))?;
     sock.connect(peer)?;
-    let port = sock.local_addr()?.port();
     let anchor = stream.try_clone()?;
     let mut tcp = TcpDataLink::new(stream, max_payload, &session.link_keys())?;
-    let msg = match msg {
-        Control::Attach {
-            session,
-            from,
-            input,
-            output,
-            transport,
-            ..
-        } => Control::Attach {
-            session,
-            from,
-            input,
-            output,
-            transport,
-            udp_port: port,
-        },
-        other => other,
-    };
-    send_control(&mut tcp, &msg)?;
-    // The node answers once its socket is bound and connected to ours.
-    let mut buf = Vec::new();
-    let h = tcp
-        .recv_timeout(&mut buf, timeout)?
-        .ok_or(TransportError::Timeout(
-            timeout,
-            "waiting for the node's UDP socket",
-        ))?;
-    match control_of(&h, &buf)? {
-        Control::Attach { udp_port, .. } if udp_port == peer.port() => {}
-        Control::Attach { udp_port, .. } => {
-            return Err(ProtocolError::Inconsistent(format!(
-                "the node answered from UDP port {udp_port}, not {}",
-                peer.port()
-            ))
-            .into())
-        }
-        Control::Error(e) => return Err(ProtocolError::Rejected(e.message).into()),
-        other => {
-            return Err(ProtocolError::Inconsistent(format!(
-                "expected the node's UDP answer, got {}",
-                other.name()
-            ))
-            .into())
-        }
+    send_control(&mut tcp, &attach(sock.local_addr()?.port()))?;
+    // The node answers with an attach of its own once its socket is bound and connected to
+    // ours, from its listening port.
+    let (_, udp_port) = read_attach(&mut tcp, timeout)?;
+    if udp_port != peer.port() {
+        return Err(ProtocolError::Inconsistent(format!(
+            "the node answered from UDP port {udp_port}, not {}",
+            peer.port()
+        ))
+        .into());
     }
     let keys = session.link_keys().sub(UDP_KEYS);
     Ok(Box::new(crate::udp::UdpDataLink::new(
@@ -305,6 +272,7 @@ fn read_attach(
             },
             udp_port,
         )),
+        Control::Error(e) => Err(ProtocolError::Rejected(e.message).into()),
         other => Err(ProtocolError::Inconsistent(format!(
             "expected an attach message, got {}",
             other.name()
