@@ -1,6 +1,12 @@
-//! Command-line arguments.
+//! Command-line arguments, and their conversion (`From`) into the option structs the
+//! library's domain functions take, so nothing outside `main.rs`, `commands/` and `bench/`
+//! sees a clap type.
 
 use clap::{Args, Parser, Subcommand};
+use ringllm::cluster;
+use ringllm::engine::ModelOptions;
+use ringllm::text::sampler::SamplerParams;
+use ringllm_protocol::control::KvType;
 use ringllm_protocol::TransportKind;
 use std::path::PathBuf;
 
@@ -57,7 +63,7 @@ pub struct ModelArgs {
     pub batch: usize,
     /// KV cache element type: f32 or f16.
     #[arg(long, default_value = "f32")]
-    pub kv: String,
+    pub kv: KvType,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -190,7 +196,7 @@ pub struct UpArgs {
     pub batch: usize,
     /// KV cache element type on every node: f32 or f16.
     #[arg(long)]
-    pub kv: Option<String>,
+    pub kv: Option<KvType>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -386,4 +392,66 @@ pub enum DebugCommand {
         #[arg(long)]
         delay_ms: f64,
     },
+}
+
+impl From<&ModelArgs> for ModelOptions {
+    fn from(a: &ModelArgs) -> ModelOptions {
+        ModelOptions {
+            model: a.model.clone(),
+            threads: a.threads,
+            ctx: a.ctx,
+            batch: a.batch,
+            kv: a.kv,
+        }
+    }
+}
+
+impl From<&SamplingArgs> for SamplerParams {
+    /// Without `--seed`, a seed from the clock and the process id.
+    fn from(s: &SamplingArgs) -> SamplerParams {
+        let seed = s.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            t ^ (std::process::id() as u64) << 32
+        });
+        SamplerParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n,
+            seed,
+        }
+    }
+}
+
+impl From<&ClusterSource> for cluster::Source {
+    fn from(a: &ClusterSource) -> cluster::Source {
+        cluster::Source {
+            cluster: a.cluster.clone(),
+            model: a.model.clone(),
+            key: a.key.clone(),
+            nodes: a.nodes.clone(),
+            transport: a.transport,
+            activations: a.activations.clone(),
+        }
+    }
+}
+
+impl GenArgs {
+    /// `--serve` and its settings, when given.
+    pub fn serve_config(&self) -> Option<ringllm::serve::ServeConfig> {
+        let s = &self.serve;
+        Some(ringllm::serve::ServeConfig {
+            addr: s.serve.clone()?,
+            parallel: s.parallel,
+            queue: s.queue,
+            prefill_chunk: s.prefill_chunk,
+            api_key: s.api_key.clone(),
+            template: self.template.clone(),
+        })
+    }
 }

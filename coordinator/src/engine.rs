@@ -1,18 +1,35 @@
-//! The single-process engine: model, tokenizer, one sequence's KV cache, and the generation
-//! loop shared by `run`, chat and (later) the ring coordinator.
+//! The engine: model, tokenizer, one sequence's KV cache, and the generation loop shared by
+//! `run`, chat and the ring coordinator (`Engine::load_ring`: the nodes run the layers, this
+//! process embeds, runs any local layers and the head).
 
-use crate::cli::{ModelArgs, SamplingArgs};
-use crate::ring::{Ring, RingSpec, Stage};
+use crate::cluster::ring::{Ring, RingSpec, Stage};
+use crate::text::sampler::{Sampler, StopStrings};
+use crate::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm::sampler::{Sampler, SamplerParams, StopStrings};
-use ringllm::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 use ringllm_node::gguf::GgufFile;
 use ringllm_node::{KvCache, KvType, LoadOptions, Model, Runner};
 use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// What to load and how: the whole model in this process, or the coordinator's part of a ring.
+#[derive(Clone, Debug)]
+pub struct ModelOptions {
+    /// GGUF model file.
+    pub model: PathBuf,
+    /// Worker threads (`None`: physical cores).
+    pub threads: Option<usize>,
+    /// Context size in tokens (`None`: the model's, capped at 4096).
+    pub ctx: Option<usize>,
+    /// Tokens per prefill batch.
+    pub batch: usize,
+    /// KV cache element type.
+    pub kv: KvType,
+}
+
+/// Worker threads when none are asked for: one per physical core.
 pub fn default_threads() -> usize {
     num_cpus::get_physical().max(1)
 }
@@ -35,7 +52,7 @@ pub struct Engine {
 
 pub struct RingMode {
     pub spec: RingSpec,
-    pub args: ModelArgs,
+    pub args: ModelOptions,
     pub file: Arc<GgufFile>,
     /// `None` after a failure, until `recover` rebuilds the ring.
     pub ring: Option<Ring>,
@@ -55,7 +72,7 @@ pub fn open_gguf(path: &std::path::Path) -> Result<Arc<GgufFile>> {
 }
 
 impl Engine {
-    pub fn load(args: &ModelArgs) -> Result<Engine> {
+    pub fn load(args: &ModelOptions) -> Result<Engine> {
         let t0 = Instant::now();
         let file = open_gguf(&args.model)?;
         let spec = TokenizerSpec::from_gguf(file.metadata())
@@ -65,8 +82,7 @@ impl Engine {
         let model = Model::load(Arc::clone(&file), &LoadOptions::default())
             .with_context(|| format!("cannot load {}", args.model.display()))?;
         let ctx = args.ctx.unwrap_or(model.hp.ctx_train.min(4096)).max(1);
-        let kv_type = KvType::from_name(&args.kv)
-            .ok_or_else(|| anyhow!("--kv must be f32 or f16, not '{}'", args.kv))?;
+        let kv_type = args.kv;
         if args.batch == 0 {
             bail!("--batch must be at least 1");
         }
@@ -98,7 +114,7 @@ impl Engine {
 
     /// The coordinator of a ring: connects to the nodes, plans, assigns, and keeps the
     /// embedding, head and local layers here.
-    pub fn load_ring(args: &ModelArgs, spec: RingSpec) -> Result<Engine> {
+    pub fn load_ring(args: &ModelOptions, spec: RingSpec) -> Result<Engine> {
         let t0 = Instant::now();
         let file = open_gguf(&args.model)?;
         let spec_tok = TokenizerSpec::from_gguf(file.metadata())
@@ -115,7 +131,7 @@ impl Engine {
         }
         let mut mode = RingMode {
             spec,
-            args: ModelArgs {
+            args: ModelOptions {
                 ctx: Some(ctx),
                 ..args.clone()
             },
@@ -290,8 +306,7 @@ impl RingMode {
     pub fn build(&mut self, probe: bool, slots: usize) -> Result<(Runner, KvCache)> {
         let args = &self.args;
         let ctx = args.ctx.unwrap_or(4096);
-        let kv_type = KvType::from_name(&args.kv)
-            .ok_or_else(|| anyhow!("--kv must be f32 or f16, not '{}'", args.kv))?;
+        let kv_type = args.kv;
         let threads = args.threads.unwrap_or_else(default_threads).max(1);
         let mut spec = self.spec.clone();
         // Leave out nodes that do not answer, unless they hold pinned layers.
@@ -337,7 +352,7 @@ impl RingMode {
             threads,
         )?;
         eprint!("{}", ring.plan);
-        let identity = crate::ring::identity_of(&args.model, &self.file);
+        let identity = crate::cluster::ring::identity_of(&args.model, &self.file);
         ring.assign(&spec, &identity, ctx, args.batch, kv_type, slots)?;
         let local = ring
             .stages
@@ -397,25 +412,6 @@ pub struct Generation {
     pub context_full: bool,
     #[serde(skip)]
     pub prefill_tokens: usize,
-}
-
-pub fn sampler_params(s: &SamplingArgs) -> SamplerParams {
-    let seed = s.seed.unwrap_or_else(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        t ^ (std::process::id() as u64) << 32
-    });
-    SamplerParams {
-        temperature: s.temperature,
-        top_k: s.top_k,
-        top_p: s.top_p,
-        min_p: s.min_p,
-        repeat_penalty: s.repeat_penalty,
-        repeat_last_n: s.repeat_last_n,
-        seed,
-    }
 }
 
 /// Generates a continuation of `prompt` (already tokenized), streaming text to `on_text`.

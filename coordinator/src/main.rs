@@ -1,22 +1,10 @@
-//! `ringllm`: the command-line front end (run, chat, info, bench, perplexity).
-//! Results go to stdout, logs and statistics to stderr.
+//! `ringllm`: the command-line front end. `cli` parses, `commands` runs each subcommand on the
+//! `ringllm` library; `bench` holds the benchmark and test equipment. Results go to stdout,
+//! logs and statistics to stderr.
 
-mod actbench;
 mod bench;
 mod cli;
-mod cluster;
-mod debug;
-mod engine;
-mod info;
-mod loadgen;
-mod netbench;
-mod perplexity;
-mod planner;
-mod proxy;
-mod ring;
-mod run;
-mod serve;
-mod up;
+mod commands;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -25,15 +13,15 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     init_logging(args.verbose);
     let result = match args.command {
-        cli::Command::Run(a) => run::run(a),
-        cli::Command::Info(a) => info::info(a),
-        cli::Command::Bench(a) => bench::bench(a),
-        cli::Command::Perplexity(a) => perplexity::perplexity(a),
-        cli::Command::Node(a) => up::node(a),
-        cli::Command::Up(a) => up::up(a),
-        cli::Command::Plan(a) => up::plan(a),
-        cli::Command::Keygen(a) => up::keygen(a),
-        cli::Command::Debug(a) => debug::debug(a),
+        cli::Command::Run(a) => commands::run::run(a),
+        cli::Command::Info(a) => commands::info::info(a),
+        cli::Command::Bench(a) => commands::bench::bench(a),
+        cli::Command::Perplexity(a) => commands::perplexity::perplexity(a),
+        cli::Command::Node(a) => commands::node::node(a),
+        cli::Command::Up(a) => commands::up::up(a),
+        cli::Command::Plan(a) => commands::plan::plan(a),
+        cli::Command::Keygen(a) => commands::keygen::keygen(a),
+        cli::Command::Debug(a) => commands::debug::debug(a),
     };
     match result {
         Ok(code) => code,

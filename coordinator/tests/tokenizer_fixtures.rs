@@ -11,7 +11,7 @@
 //! And for every text: decoding inverts encoding, and streaming the ids one by one gives the
 //! same text in chunks that never split a character.
 
-use ringllm::tokenizer::{StreamDecoder, Tokenizer, TokenizerError, TokenizerSpec};
+use ringllm::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerError, TokenizerSpec};
 use ringllm_node::gguf::GgufFile;
 use serde_json::Value;
 use std::path::{Path, PathBuf};

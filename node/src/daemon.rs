@@ -524,12 +524,7 @@ async fn assign(
             format!("node '{name}': activations must be f32, f16, bf16 or q8"),
         ));
     }
-    let kv_type = KvType::from_name(&a.kv_type).ok_or_else(|| {
-        (
-            ErrorCode::BadRequest,
-            format!("node '{name}': unknown KV type '{}'", a.kv_type),
-        )
-    })?;
+    let kv_type = a.kv_type;
     let fname = a.model.file_name.clone();
     if fname.is_empty() || fname.contains('/') || fname.contains('\\') || fname.starts_with('.') {
         return Err((

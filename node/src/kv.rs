@@ -5,37 +5,8 @@
 use crate::arch::Hparams;
 use half::f16;
 
-/// Element type of the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum KvType {
-    #[default]
-    F32,
-    F16,
-}
-
-impl KvType {
-    pub fn from_name(s: &str) -> Option<KvType> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Some(KvType::F32),
-            "f16" => Some(KvType::F16),
-            _ => None,
-        }
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-        }
-    }
-}
+/// Element type of the cache: a wire type, defined with the control messages.
+pub use ringllm_protocol::control::KvType;
 
 /// `KvCache::can_truncate_to` for the whole model without a cache at hand (the coordinator
 /// of a ring decides for every node's layers).

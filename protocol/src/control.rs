@@ -61,6 +61,55 @@ pub enum NextHop {
     },
 }
 
+/// Element type of a KV cache. On the wire as its variant index (pinned by the tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum KvType {
+    /// 4 bytes per element, exact.
+    #[default]
+    F32,
+    /// 2 bytes per element: half the memory, rounding like llama.cpp's `-ctk f16`.
+    F16,
+}
+
+impl KvType {
+    pub const ALL: [KvType; 2] = [KvType::F32, KvType::F16];
+
+    /// `"f32"` or `"f16"` (any case); `None` for anything else.
+    pub fn from_name(s: &str) -> Option<KvType> {
+        KvType::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        KvType::from_name(s).ok_or_else(|| format!("'{s}' is not a KV cache type (f32 or f16)"))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     /// Distinguishes this ring from earlier ones (a new coordinator, a re-plan).
@@ -75,9 +124,9 @@ pub struct Assignment {
     pub next_hop: NextHop,
     /// Dtype of hidden states on the wire.
     pub activations: Dtype,
-    /// KV cache: context positions, element type ("f32"/"f16"), largest batch per frame.
+    /// KV cache: context positions, element type, largest batch per frame.
     pub kv_ctx: u32,
-    pub kv_type: String,
+    pub kv_type: KvType,
     pub max_batch: u32,
     /// Worker threads for this stage (0: the node's own default).
     pub threads: u32,

@@ -4,8 +4,8 @@
 
 use proptest::prelude::*;
 use ringllm_protocol::control::{
-    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, ModelIdentity, NextHop, Ready,
-    Stats,
+    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, KvType, ModelIdentity, NextHop,
+    Ready, Stats,
 };
 use ringllm_protocol::frame::{
     FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, KNOWN_FLAGS, MAX_CONTROL_LEN,
@@ -200,7 +200,7 @@ fn assignment() -> impl Strategy<Value = Assignment> {
         ),
         (
             any::<u32>(),
-            text(),
+            prop_oneof![Just(KvType::F32), Just(KvType::F16)],
             any::<u32>(),
             any::<u32>(),
             any::<u32>(),
@@ -757,7 +757,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 },
                 activations: Dtype::F16,
                 kv_ctx: 4096,
-                kv_type: "f16".into(),
+                kv_type: KvType::F16,
                 max_batch: 32,
                 threads: 0,
                 kv_slots: 8,
@@ -844,6 +844,18 @@ fn pinned_control_discriminants() {
         .unwrap(),
         [3, 9, 1]
     );
+}
+
+#[test]
+fn pinned_kv_types() {
+    // serde writes a unit variant as its index in declaration order.
+    assert_eq!(KvType::F32 as u8, 0);
+    assert_eq!(KvType::F16 as u8, 1);
+    for k in KvType::ALL {
+        assert_eq!(k.name().parse::<KvType>(), Ok(k));
+        assert_eq!(k.name().to_uppercase().parse::<KvType>(), Ok(k));
+    }
+    assert!("q8".parse::<KvType>().is_err());
 }
 
 #[test]

@@ -6,9 +6,9 @@
 //! against the f32 run: largest logit error, mean error, argmax agreement, and the greedy
 //! continuation's agreement.
 
-use crate::cli::{BenchArgs, ModelArgs};
-use crate::engine::{open_gguf, Engine};
+use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
+use ringllm::engine::{open_gguf, Engine, ModelOptions};
 use ringllm_node::gguf::GgufFile;
 use ringllm_node::{KvCache, KvType, LoadOptions, Model, Runner};
 use ringllm_protocol::{activations, Dtype, HEADER_LEN};
@@ -132,12 +132,12 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
     if prompts.is_empty() {
         bail!("no prompts");
     }
-    let engine = Engine::load(&ModelArgs {
+    let engine = Engine::load(&ModelOptions {
         model: path.clone(),
         ctx: Some(64),
         threads: Some(1),
         batch: 512,
-        kv: "f32".into(),
+        kv: KvType::F32,
     })?;
     let file = open_gguf(&path)?;
     let n_layer = engine.runner.model.hp.n_layer;

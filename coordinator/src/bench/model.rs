@@ -2,9 +2,8 @@
 //! llama-bench, next to the memory-bandwidth roofline measured in the same run.
 
 use crate::cli::BenchArgs;
-use crate::cli::ModelArgs;
-use crate::engine::{default_threads, open_gguf, Engine};
-use anyhow::{bail, Result};
+use anyhow::Result;
+use ringllm::engine::{default_threads, open_gguf, Engine, ModelOptions};
 use ringllm_kernels::pool::ThreadPool;
 use ringllm_node::{KvType, LoadOptions, Model, Runner};
 use serde::Serialize;
@@ -22,22 +21,8 @@ struct Row {
     roofline_pct: Option<f64>,
 }
 
-pub fn bench(args: BenchArgs) -> Result<ExitCode> {
-    if args.repeat == 0 {
-        bail!("--repeat must be at least 1");
-    }
-    if let Some(cluster) = &args.cluster {
-        return bench_cluster(&args, cluster);
-    }
-    if args.transports {
-        return crate::netbench::bench_transports(&args);
-    }
-    if args.activations {
-        return crate::actbench::bench_activations(&args);
-    }
-    if let Some(url) = &args.serve {
-        return crate::loadgen::bench_serve(&args, url);
-    }
+/// `ringllm bench -m MODEL`: ppN and tgN at each thread count.
+pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     let model_path = args
         .model
         .clone()
@@ -243,8 +228,8 @@ struct ClusterReport {
     counted_pass_tokens_per_s: f64,
 }
 
-fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
-    let s = crate::up::setup_cluster(path)?;
+pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
+    let s = ringllm::cluster::setup_file(path)?;
     let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
     let max_g = args.gen.iter().copied().max().unwrap_or(1);
     let threads = args
@@ -254,12 +239,12 @@ fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
         .or(s.threads)
         .unwrap_or(1)
         .max(1);
-    let margs = ModelArgs {
+    let margs = ModelOptions {
         model: args.model.clone().unwrap_or(s.model.clone()),
         threads: Some(threads),
         ctx: Some(max_p + max_g + 8),
         batch: 512,
-        kv: s.kv.clone().unwrap_or_else(|| "f32".into()),
+        kv: s.kv.unwrap_or_default(),
     };
     eprintln!(
         "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns",

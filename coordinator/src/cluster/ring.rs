@@ -3,7 +3,7 @@
 //! around the ring for the engine. Failure of any node or link surfaces as an error naming it
 //! within `HEARTBEAT_TIMEOUT`.
 
-use crate::planner::{self, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput};
+use crate::cluster::planner::{self, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm_node::daemon::model_identity;
 use ringllm_node::gguf::GgufFile;
@@ -524,7 +524,7 @@ impl Ring {
                     next_hop,
                     activations: spec.activations,
                     kv_ctx: ctx as u32,
-                    kv_type: kv.name().to_string(),
+                    kv_type: kv,
                     max_batch: max_batch as u32,
                     threads: spec
                         .stages

@@ -1,11 +1,11 @@
 //! `ringllm debug`: dumps for the correctness oracles (tests/python).
 
 use crate::cli::{DebugArgs, DebugCommand};
-use crate::engine::{default_threads, open_gguf};
 use anyhow::{anyhow, bail, Context, Result};
+use ringllm::engine::{default_threads, open_gguf};
 use ringllm_kernels::{kernels, GgmlType};
 use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use ringllm_node::{LoadOptions, Model, Runner};
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -45,8 +45,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             let n = tokens.len();
             let ctx = model.ctx.unwrap_or(n.max(1));
             let threads = model.threads.unwrap_or_else(default_threads);
-            let kv_type =
-                KvType::from_name(&model.kv).ok_or_else(|| anyhow!("--kv must be f32 or f16"))?;
+            let kv_type = model.kv;
             let mut runner = Runner::new(Arc::new(m), threads, model.batch, ctx);
             let mut kv = runner.new_cache(ctx, kv_type);
             std::fs::create_dir_all(&dump)?;
@@ -79,8 +78,8 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             bos,
         } => {
             let file = open_gguf(&model)?;
-            let spec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())?;
-            let tok = ringllm::tokenizer::Tokenizer::new(&spec)?;
+            let spec = ringllm::text::tokenizer::TokenizerSpec::from_gguf(file.metadata())?;
+            let tok = ringllm::text::tokenizer::Tokenizer::new(&spec)?;
             let add_bos = bos && tok.add_bos_default();
             if let Some(path) = texts {
                 let src = std::fs::read_to_string(&path)
@@ -120,7 +119,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             if !(0.0..=10_000.0).contains(&delay_ms) {
                 bail!("--delay-ms must be between 0 and 10000");
             }
-            crate::proxy::run_delay_proxy(
+            crate::bench::proxy::run_delay_proxy(
                 &listen,
                 &to,
                 std::time::Duration::from_secs_f64(delay_ms / 1000.0),

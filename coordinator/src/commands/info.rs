@@ -1,8 +1,8 @@
 //! `ringllm info MODEL`.
 
 use crate::cli::InfoArgs;
-use crate::engine::open_gguf;
 use anyhow::Result;
+use ringllm::engine::open_gguf;
 use ringllm_node::{KvCache, KvType, LoadOptions, Model};
 use std::collections::BTreeMap;
 use std::process::ExitCode;

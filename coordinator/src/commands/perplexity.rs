@@ -4,8 +4,8 @@
 //! each chunk is scored.
 
 use crate::cli::PerplexityArgs;
-use crate::engine::Engine;
 use anyhow::{bail, Context, Result};
+use ringllm::engine::Engine;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -18,7 +18,7 @@ pub fn perplexity(args: PerplexityArgs) -> Result<ExitCode> {
     let mut margs = args.model.clone();
     let ctx = margs.ctx.unwrap_or(512);
     margs.ctx = Some(ctx);
-    let mut engine = Engine::load(&margs)?;
+    let mut engine = Engine::load(&ringllm::engine::ModelOptions::from(&margs))?;
     let add_bos = engine.tokenizer.add_bos_default();
     let tokens = engine.tokenizer.encode(&text, add_bos)?;
     if tokens.len() < 2 * ctx {

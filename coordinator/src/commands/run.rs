@@ -1,23 +1,25 @@
 //! `ringllm run`: complete a prompt, or chat.
 
-use crate::cli::{GenArgs, ModelArgs, RunArgs, SamplingArgs};
-use crate::engine::{generate, sampler_params, Engine, FinishReason, Generation};
+use crate::cli::{GenArgs, RunArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm::sampler::Sampler;
-use ringllm::template::{builtin, ChatTemplate, Message};
+use ringllm::engine::{generate, Engine, FinishReason, Generation, ModelOptions};
+use ringllm::text::resolve_template;
+use ringllm::text::sampler::{Sampler, SamplerParams};
+use ringllm::text::template::Message;
 use std::io::{BufRead, IsTerminal, Read, Write};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    if args.gen.serve.serve.is_some() {
-        return crate::serve::serve_local(&args.model, &args.gen);
+    let model = ModelOptions::from(&args.model);
+    if let Some(cfg) = args.gen.serve_config() {
+        return ringllm::serve::serve_local(&model, &cfg);
     }
-    let model = args.model.clone();
     session(
         &|| Engine::load(&model),
-        &args.model,
+        &model.model,
         &args.sampling,
         &args.gen,
     )
@@ -26,7 +28,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// Runs a prompt or a chat on an engine built by `load` (one process, or a ring).
 pub fn session(
     load: &dyn Fn() -> Result<Engine>,
-    model: &ModelArgs,
+    model: &Path,
     sampling: &SamplingArgs,
     gen: &GenArgs,
 ) -> Result<ExitCode> {
@@ -54,7 +56,7 @@ pub fn session(
     let mut engine = load()?;
     let add_bos = engine.tokenizer.add_bos_default();
     let ids = engine.tokenizer.encode(&prompt, add_bos)?;
-    let mut sampler = Sampler::new(&sampler_params(args.sampling));
+    let mut sampler = Sampler::new(&SamplerParams::from(args.sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     install_ctrlc(Arc::clone(&cancel), None)?;
     let stdout = std::io::stdout();
@@ -86,42 +88,9 @@ pub fn session(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The chat template: `--template NAME`, else the model's own; `None` when neither exists.
-pub fn resolve_template(
-    name: &Option<String>,
-    spec: &ringllm::tokenizer::TokenizerSpec,
-    tokenizer: &ringllm::tokenizer::Tokenizer,
-    model: &std::path::Path,
-) -> Result<Option<ChatTemplate>> {
-    let source = match (name, &spec.chat_template) {
-        (Some(name), _) => builtin(name)
-            .ok_or_else(|| {
-                anyhow!(
-                    "unknown template '{name}' (built-in: {})",
-                    ringllm::template::builtin_names().join(", ")
-                )
-            })?
-            .to_string(),
-        (None, Some(t)) => t.clone(),
-        (None, None) => return Ok(None),
-    };
-    let bos = tokenizer
-        .bos()
-        .and_then(|id| tokenizer.id_to_piece(id))
-        .unwrap_or("")
-        .to_string();
-    let eos = spec
-        .eos
-        .and_then(|id| tokenizer.id_to_piece(id))
-        .unwrap_or("")
-        .to_string();
-    let t = ChatTemplate::new(&source, &bos, &eos)
-        .with_context(|| format!("chat template of {}", model.display()))?;
-    Ok(Some(t))
-}
-
+/// What a session was asked for.
 struct Args<'a> {
-    model: &'a ModelArgs,
+    model: &'a Path,
     sampling: &'a SamplingArgs,
     gen: &'a GenArgs,
 }
@@ -178,19 +147,19 @@ fn install_ctrlc(cancel: Arc<AtomicBool>, presses: Option<Arc<AtomicUsize>>) -> 
 fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
     let mut engine = load()?;
     let template = resolve_template(
-        &args.gen.template,
+        args.gen.template.as_deref(),
         &engine.spec,
         &engine.tokenizer,
-        &args.model.model,
+        args.model,
     )?
     .ok_or_else(|| {
         anyhow!(
             "{} has no chat template; pick one with --template ({})",
-            args.model.model.display(),
-            ringllm::template::builtin_names().join(", ")
+            args.model.display(),
+            ringllm::text::template::builtin_names().join(", ")
         )
     })?;
-    let mut sampler = Sampler::new(&sampler_params(args.sampling));
+    let mut sampler = Sampler::new(&SamplerParams::from(args.sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     let presses = Arc::new(AtomicUsize::new(0));
     install_ctrlc(Arc::clone(&cancel), Some(Arc::clone(&presses)))?;

@@ -457,7 +457,7 @@ fn check(s: &AppState, body: &openai::Body, kind: Kind) -> Result<Params, ApiErr
 }
 
 enum Prompt {
-    Chat(Vec<ringllm::template::Message>),
+    Chat(Vec<crate::text::template::Message>),
     Text(String),
     Tokens(Vec<u32>),
 }
@@ -479,7 +479,7 @@ async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
                         "the model `{}` has no chat template: use /v1/completions, or start \
                          the server with --template NAME (built-in: {})",
                         b.model_id(),
-                        ringllm::template::builtin_names().join(", ")
+                        crate::text::template::builtin_names().join(", ")
                     ))
                     .param("messages")
                     .code("no_chat_template"));

@@ -5,8 +5,10 @@ pub mod http;
 pub mod ring_step;
 pub mod scheduler;
 
-use ringllm::template::ChatTemplate;
-use ringllm::tokenizer::Tokenizer;
+use crate::cluster::ring::RingSpec;
+use crate::engine::ModelOptions;
+use crate::text::template::ChatTemplate;
+use crate::text::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -146,32 +148,45 @@ pub trait Backend: Send + Sync + 'static {
     fn shutdown(&self);
 }
 
+/// How to serve: where, how many sequences at once, and who may ask.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// `HOST:PORT` to listen on.
+    pub addr: String,
+    /// Sequences decoded at once (KV slots).
+    pub parallel: usize,
+    /// Requests that may wait for a slot before new ones get 429.
+    pub queue: usize,
+    /// Most prompt tokens fed in one step.
+    pub prefill_chunk: usize,
+    /// Required `Authorization: Bearer` key, if any.
+    pub api_key: Option<String>,
+    /// Built-in chat template to use instead of the model's.
+    pub template: Option<String>,
+}
+
 /// `ringllm run -m MODEL --serve ADDR`: the whole model in this process behind the API.
 pub fn serve_local(
-    margs: &crate::cli::ModelArgs,
-    gen: &crate::cli::GenArgs,
+    margs: &ModelOptions,
+    cfg: &ServeConfig,
 ) -> anyhow::Result<std::process::ExitCode> {
-    use anyhow::{anyhow, Context};
-    let addr = gen
-        .serve
-        .serve
-        .clone()
-        .ok_or_else(|| anyhow!("--serve ADDR is needed"))?;
+    use anyhow::Context;
+    let addr = cfg.addr.clone();
     let file = crate::engine::open_gguf(&margs.model)?;
-    let spec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())
+    let spec = crate::text::tokenizer::TokenizerSpec::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", margs.model.display()))?;
     let tokenizer = Arc::new(Tokenizer::new(&spec)?);
-    let template = crate::run::resolve_template(&gen.template, &spec, &tokenizer, &margs.model)?;
+    let template =
+        crate::text::resolve_template(cfg.template.as_deref(), &spec, &tokenizer, &margs.model)?;
     let model = ringllm_node::Model::load(file, &ringllm_node::LoadOptions::default())
         .with_context(|| format!("cannot load {}", margs.model.display()))?;
     let ctx = margs.ctx.unwrap_or(model.hp.ctx_train.min(4096)).max(2);
-    let kv = ringllm_node::KvType::from_name(&margs.kv)
-        .ok_or_else(|| anyhow!("--kv must be f32 or f16, not '{}'", margs.kv))?;
+    let kv = margs.kv;
     let threads = margs
         .threads
         .unwrap_or_else(crate::engine::default_threads)
         .max(1);
-    let s = &gen.serve;
+    let s = cfg;
     if s.parallel == 0 || s.prefill_chunk == 0 {
         anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
     }
@@ -189,7 +204,7 @@ pub fn serve_local(
         template,
         &margs.model,
         ctx,
-        gen,
+        cfg,
         addr,
     )
 }
@@ -201,10 +216,10 @@ fn start_and_serve(
     template: Option<ChatTemplate>,
     model: &std::path::Path,
     ctx: usize,
-    gen: &crate::cli::GenArgs,
+    cfg: &ServeConfig,
     addr: String,
 ) -> anyhow::Result<std::process::ExitCode> {
-    let s = &gen.serve;
+    let s = cfg;
     let backend = scheduler::SchedBackend::start(
         stepper,
         Arc::clone(&tokenizer),
@@ -237,25 +252,22 @@ pub fn model_id(path: &std::path::Path) -> String {
 
 /// `ringllm up … --serve ADDR`: the ring behind the API.
 pub fn serve_ring(
-    margs: &crate::cli::ModelArgs,
-    spec: crate::ring::RingSpec,
-    gen: &crate::cli::GenArgs,
+    margs: &ModelOptions,
+    spec: RingSpec,
+    cfg: &ServeConfig,
 ) -> anyhow::Result<std::process::ExitCode> {
-    use anyhow::{anyhow, Context};
-    let addr = gen
-        .serve
-        .serve
-        .clone()
-        .ok_or_else(|| anyhow!("--serve ADDR is needed"))?;
-    let s = &gen.serve;
+    use anyhow::Context;
+    let addr = cfg.addr.clone();
+    let s = cfg;
     if s.parallel == 0 || s.prefill_chunk == 0 {
         anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
     }
     let file = crate::engine::open_gguf(&margs.model)?;
-    let tspec = ringllm::tokenizer::TokenizerSpec::from_gguf(file.metadata())
+    let tspec = crate::text::tokenizer::TokenizerSpec::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", margs.model.display()))?;
     let tokenizer = Arc::new(Tokenizer::new(&tspec)?);
-    let template = crate::run::resolve_template(&gen.template, &tspec, &tokenizer, &margs.model)?;
+    let template =
+        crate::text::resolve_template(cfg.template.as_deref(), &tspec, &tokenizer, &margs.model)?;
     let hp = ringllm_node::Model::load(
         Arc::clone(&file),
         &ringllm_node::LoadOptions {
@@ -266,7 +278,7 @@ pub fn serve_ring(
     )?
     .hp;
     let ctx = margs.ctx.unwrap_or(hp.ctx_train.min(4096)).max(2);
-    let args = crate::cli::ModelArgs {
+    let args = ModelOptions {
         ctx: Some(ctx),
         batch: s.prefill_chunk + s.parallel,
         ..margs.clone()
@@ -290,7 +302,7 @@ pub fn serve_ring(
         template,
         &margs.model,
         ctx,
-        gen,
+        cfg,
         addr,
     )
 }

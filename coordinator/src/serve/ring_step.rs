@@ -4,8 +4,8 @@
 //! step.
 
 use super::scheduler::{embed_feeds, head_logits, layers_for_feeds, Feed, Stepper};
+use crate::cluster::ring::Ring;
 use crate::engine::RingMode;
-use crate::ring::Ring;
 use anyhow::{anyhow, Result};
 use ringllm_node::{KvCache, KvType, Runner};
 
@@ -31,7 +31,7 @@ pub struct RingStepper {
 impl RingStepper {
     pub fn new(mut mode: RingMode, slots: usize) -> Result<RingStepper> {
         let ctx = mode.args.ctx.unwrap_or(4096);
-        let kv = KvType::from_name(&mode.args.kv).ok_or_else(|| anyhow!("bad --kv"))?;
+        let kv = mode.args.kv;
         let (runner, _) = mode.build(false, slots)?;
         let ring = mode.ring.take();
         let local = (0..slots).map(|_| runner.new_cache(ctx, kv)).collect();

@@ -9,10 +9,10 @@
 use super::{
     Backend, Finish, GenEvent, GenRequest, Metrics, SubmitError, TokenLogprob, TopLogprob,
 };
+use crate::text::sampler::{Sampler, SamplerParams, StopStrings};
+use crate::text::template::ChatTemplate;
+use crate::text::tokenizer::{StreamDecoder, Tokenizer};
 use anyhow::Result;
-use ringllm::sampler::{Sampler, SamplerParams, StopStrings};
-use ringllm::template::ChatTemplate;
-use ringllm::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -861,7 +861,7 @@ fn log_softmax_top(logits: &[f32], k: usize) -> (f32, Vec<(u32, f32)>) {
 mod tests {
     use super::*;
     use crate::serve::Sampling;
-    use ringllm::tokenizer::TokenizerSpec;
+    use crate::text::tokenizer::TokenizerSpec;
     use ringllm_node::gguf::GgufFile;
     use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
     use ringllm_node::{KvType, LoadOptions, Model, Runner};

@@ -2,8 +2,8 @@
 
 use super::{ApiError, CancelOnDrop, Collected};
 use crate::serve::{Finish, GenEvent, Sampling, TokenLogprob};
+use crate::text::template::Message;
 use axum::body::Bytes;
-use ringllm::template::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;

@@ -7,8 +7,8 @@ use super::{router, run, ServeOptions};
 use crate::serve::{
     Backend, Finish, GenEvent, GenRequest, Metrics, Sampling, SubmitError, TokenLogprob, TopLogprob,
 };
-use ringllm::template::{ChatTemplate, Message};
-use ringllm::tokenizer::{Tokenizer, TokenizerSpec};
+use crate::text::template::{ChatTemplate, Message};
+use crate::text::tokenizer::{Tokenizer, TokenizerSpec};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,0 +1,150 @@
+//! The ring from the coordinator's side: cluster files (`file`, with messages from
+//! `diagnostics`), the layer planner (`planner`), and the connection to the nodes that moves
+//! hidden states around the ring (`ring`). `setup` turns a cluster file or command-line flags
+//! into the `RingSpec` a ring is built from.
+
+mod diagnostics;
+pub mod file;
+pub mod planner;
+pub mod ring;
+
+pub use file::{load, parse_str, ClusterConfig, StageConfig};
+pub use ring::{Ring, RingSpec, StageSpec};
+
+use anyhow::{anyhow, bail, Result};
+use ringllm_protocol::control::KvType;
+use ringllm_protocol::{ClusterKey, Dtype, TransportKind};
+use std::path::{Path, PathBuf};
+
+/// Where a ring is described: a cluster file, or a model, a key and node addresses. Fields
+/// given here override the file's.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    /// Cluster file (TOML).
+    pub cluster: Option<PathBuf>,
+    /// GGUF model file.
+    pub model: Option<PathBuf>,
+    /// Cluster key file.
+    pub key: Option<PathBuf>,
+    /// Node addresses (`HOST:PORT`) in ring order, without a cluster file.
+    pub nodes: Vec<String>,
+    /// Transport of every data link.
+    pub transport: Option<TransportKind>,
+    /// Hidden states on the wire: f32, f16, bf16 or q8.
+    pub activations: Option<String>,
+}
+
+/// The model, key and stages of a ring, from a cluster file or from flags.
+pub struct Setup {
+    pub model: PathBuf,
+    pub spec: RingSpec,
+    pub ctx: Option<usize>,
+    pub kv: Option<KvType>,
+    pub threads: Option<usize>,
+}
+
+/// The setup a cluster file describes.
+pub fn setup_file(path: &Path) -> Result<Setup> {
+    setup(&Source {
+        cluster: Some(path.to_path_buf()),
+        ..Source::default()
+    })
+}
+
+fn activations_flag(a: &str) -> Result<Dtype> {
+    match Dtype::from_name(&a.trim().to_ascii_lowercase()) {
+        Some(d) => Ok(d),
+        None => bail!("--activations {a}: write f32, f16, bf16 or q8"),
+    }
+}
+
+/// The setup a cluster file or flags describe.
+pub fn setup(src: &Source) -> Result<Setup> {
+    let (cluster, model, key, nodes) = (&src.cluster, &src.model, &src.key, &src.nodes);
+    match cluster {
+        Some(path) => {
+            if !nodes.is_empty() {
+                bail!("give either a cluster file or --node flags, not both");
+            }
+            let cfg: ClusterConfig = file::load(path)?;
+            let key_path = key.clone().unwrap_or_else(|| cfg.key_file.clone());
+            let key = ClusterKey::load(&key_path)?;
+            let activations = match &src.activations {
+                Some(a) => activations_flag(a)?,
+                None => Dtype::from_name(&cfg.activations).ok_or_else(|| {
+                    anyhow!(
+                        "{}: activations '{}' unknown",
+                        path.display(),
+                        cfg.activations
+                    )
+                })?,
+            };
+            let stages = cfg
+                .stages
+                .iter()
+                .map(|s| StageSpec {
+                    name: s.name.clone(),
+                    address: if s.local { None } else { s.address.clone() },
+                    layers: s.layers.clone(),
+                    memory: s.memory,
+                    threads: s.threads,
+                    transport: src.transport.or(s.transport).or(cfg.transport),
+                })
+                .collect();
+            Ok(Setup {
+                model: model.clone().unwrap_or(cfg.model.clone()),
+                spec: RingSpec {
+                    key,
+                    stages,
+                    coordinator_memory: cfg.memory,
+                    activations,
+                },
+                ctx: cfg.ctx,
+                kv: Some(cfg.kv),
+                threads: cfg.threads,
+            })
+        }
+        None => {
+            let model = model.clone().ok_or_else(|| {
+                anyhow!("give a cluster file, or -m MODEL --key FILE --node HOST:PORT...")
+            })?;
+            let key = key.as_ref().ok_or_else(|| {
+                anyhow!("--key FILE is needed with --node (the cluster key file)")
+            })?;
+            if nodes.is_empty() {
+                bail!("give a cluster file, or at least one --node HOST:PORT");
+            }
+            let key = ClusterKey::load(key)?;
+            let mut stages = Vec::new();
+            for (i, n) in nodes.iter().enumerate() {
+                if !n.contains(':') {
+                    bail!("--node {n}: write it as HOST:PORT, e.g. {n}:7701");
+                }
+                stages.push(StageSpec {
+                    name: format!("node{}", i + 1),
+                    address: Some(n.clone()),
+                    layers: None,
+                    memory: None,
+                    threads: None,
+                    transport: src.transport,
+                });
+            }
+            Ok(Setup {
+                model,
+                spec: RingSpec {
+                    key,
+                    stages,
+                    coordinator_memory: None,
+                    activations: match &src.activations {
+                        Some(a) => activations_flag(a)?,
+                        None => Dtype::from_name(file::DEFAULT_ACTIVATIONS)
+                            .ok_or_else(|| anyhow!("bad default activation type"))?,
+                    },
+                },
+                ctx: None,
+                kv: None,
+                threads: None,
+            })
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! One file per `ringllm` subcommand: each turns its parsed arguments into the library's
+//! option structs, runs, and prints results to stdout (logs and errors go to stderr).
+
+pub mod bench;
+pub mod debug;
+pub mod info;
+pub mod keygen;
+pub mod node;
+pub mod perplexity;
+pub mod plan;
+pub mod run;
+pub mod up;

@@ -1,0 +1,74 @@
+//! `ringllm plan`: how a cluster would split a model and how fast it would decode, from the
+//! nodes' measured speed and memory, without loading the model.
+
+use crate::cli::PlanArgs;
+use anyhow::Result;
+use ringllm::cluster::{self, Ring};
+use ringllm::engine::{default_threads, open_gguf};
+use std::process::ExitCode;
+
+pub fn plan(args: PlanArgs) -> Result<ExitCode> {
+    let s = cluster::setup(&cluster::Source::from(&args.source))?;
+    let file = open_gguf(&s.model)?;
+    let ctx = args.source.ctx.or(s.ctx).unwrap_or(4096).max(1);
+    let kv = s.kv.unwrap_or_default();
+    let threads = s.threads.unwrap_or_else(default_threads).max(1);
+    let ring = Ring::connect(&s.spec, &s.model, &file, ctx, 512, kv, threads)?;
+    if args.json {
+        let caps = ring.capabilities();
+        let rtts = ring.rtts();
+        let nodes: Vec<serde_json::Value> = ring
+            .node_names()
+            .iter()
+            .zip(caps.iter().zip(&rtts))
+            .map(|((name, addr), (c, rtt))| {
+                serde_json::json!({
+                    "name": name, "address": addr,
+                    "memory_available": c.memory_available,
+                    "threads": c.threads,
+                    "matvec_bytes_per_s": c.matvec_bytes_per_s,
+                    "rtt_ms": rtt * 1e3,
+                })
+            })
+            .collect();
+        let stages: Vec<serde_json::Value> = ring
+            .plan
+            .stages
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "name": p.name, "address": p.address, "local": p.local,
+                    "layers": [p.layers.start, p.layers.end],
+                    "weight_bytes": p.weight_bytes, "kv_bytes": p.kv_bytes,
+                    "compute_ms": p.compute_s * 1e3, "holds_head": p.holds_head,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "nodes": nodes,
+                "stages": stages,
+                "predicted_tokens_per_s": ring.plan.predicted_tokens_per_s,
+            })
+        );
+    } else {
+        for ((name, addr), (c, rtt)) in ring
+            .node_names()
+            .iter()
+            .zip(ring.capabilities().iter().zip(ring.rtts()))
+        {
+            println!(
+                "node {name} ({addr}): {} threads, {:.1} GiB available, matvec {:.1} GB/s, rtt {:.3} ms, isa {}",
+                c.threads,
+                c.memory_available as f64 / (1u64 << 30) as f64,
+                c.matvec_bytes_per_s / 1e9,
+                rtt * 1e3,
+                c.isa
+            );
+        }
+        print!("{}", ring.plan);
+    }
+    ring.shutdown("plan only");
+    Ok(ExitCode::SUCCESS)
+}
