@@ -109,6 +109,17 @@ struct SegmentLinks {
     output: Option<BoxLink>,
 }
 
+/// One sequence's share of a batch on the wire: one frame per part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// Sequence id (the KV slot on every node).
+    pub seq: u64,
+    /// Position of its first token.
+    pub pos: usize,
+    /// Tokens (rows of hidden state) it carries.
+    pub n_tokens: usize,
+}
+
 pub struct Ring {
     rt: tokio::runtime::Runtime,
     nodes: Vec<RemoteNode>,
@@ -764,7 +775,17 @@ impl Ring {
         local: &mut dyn FnMut(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
         let mut l = std::mem::take(&mut self.logits_buf);
-        let r = self.forward_multi(&[(seq, pos, n)], x, d, &mut l, local);
+        let r = self.forward_multi(
+            &[Part {
+                seq,
+                pos,
+                n_tokens: n,
+            }],
+            x,
+            d,
+            &mut l,
+            local,
+        );
         if r.is_ok() && self.head_on_node {
             let v = self.vocab;
             logits[..v].copy_from_slice(&l[..v]);
@@ -773,19 +794,19 @@ impl Ring {
         r
     }
 
-    /// Runs a batch of sequences through the ring as one pass per stage: `parts[i]` is
-    /// (sequence id, position, tokens), and `x` holds their embedded rows in order. On return
+    /// Runs a batch of sequences through the ring as one pass per stage: `parts[i]` is one
+    /// sequence's tokens, and `x` holds their embedded rows in order. On return
     /// `x` holds the last stage's hidden states, or (head on a node) `logits` holds each
     /// part's last-token logits, in order.
     pub fn forward_multi(
         &mut self,
-        parts: &[(u64, usize, usize)],
+        parts: &[Part],
         x: &mut [f32],
         d: usize,
         logits: &mut Vec<f32>,
         local: &mut dyn FnMut(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
-        let n: usize = parts.iter().map(|p| p.2).sum();
+        let n: usize = parts.iter().map(|p| p.n_tokens).sum();
         let stages = self.stages.clone();
         let mut seg = 0usize;
         for st in &stages {
@@ -809,7 +830,7 @@ impl Ring {
     }
 
     /// Sends a batch into a pipelinable ring.
-    pub fn send_batch(&mut self, parts: &[(u64, usize, usize)], x: &[f32], d: usize) -> Result<()> {
+    pub fn send_batch(&mut self, parts: &[Part], x: &[f32], d: usize) -> Result<()> {
         match self.stages.first() {
             Some(&Stage::Segment { first, .. }) if self.stages.len() == 1 => {
                 self.send_segment(0, first, parts, x, d)
@@ -821,7 +842,7 @@ impl Ring {
     /// Takes the result of the oldest batch sent with `send_batch`.
     pub fn recv_batch(
         &mut self,
-        parts: &[(u64, usize, usize)],
+        parts: &[Part],
         x: &mut [f32],
         d: usize,
         logits: &mut Vec<f32>,
@@ -839,14 +860,22 @@ impl Ring {
         &mut self,
         seg: usize,
         first: usize,
-        parts: &[(u64, usize, usize)],
+        parts: &[Part],
         x: &[f32],
         d: usize,
     ) -> Result<()> {
         let who_first = self.who(first);
         let mut payload = std::mem::take(&mut self.scratch);
         let mut row = 0;
-        for (k, &(seq, pos, m)) in parts.iter().enumerate() {
+        for (
+            k,
+            &Part {
+                seq,
+                pos,
+                n_tokens: m,
+            },
+        ) in parts.iter().enumerate()
+        {
             activations::encode(self.activations, &x[row * d..(row + m) * d], &mut payload)?;
             row += m;
             let flags = if k + 1 < parts.len() { FLAG_MORE } else { 0 };
@@ -877,7 +906,7 @@ impl Ring {
         &mut self,
         seg: usize,
         last: usize,
-        parts: &[(u64, usize, usize)],
+        parts: &[Part],
         x: &mut [f32],
         d: usize,
         logits: &mut Vec<f32>,
@@ -885,7 +914,15 @@ impl Ring {
         let who_last = self.who(last);
         let mut payload = std::mem::take(&mut self.scratch);
         let mut row = 0;
-        for (k, &(seq, pos, m)) in parts.iter().enumerate() {
+        for (
+            k,
+            &Part {
+                seq,
+                pos,
+                n_tokens: m,
+            },
+        ) in parts.iter().enumerate()
+        {
             let h = loop {
                 let links = self
                     .links

@@ -4,13 +4,13 @@
 //! step.
 
 use super::scheduler::{embed_feeds, head_logits, layers_for_feeds, Feed, Stepper};
-use crate::cluster::ring::Ring;
+use crate::cluster::ring::{Part, Ring};
 use crate::engine::RingMode;
 use anyhow::{anyhow, Result};
 use ringllm_node::{KvCache, KvType, Runner};
 
-/// A batch in the ring: its parts (sequence, position, tokens), which want logits, its rows.
-type InFlight = (Vec<(u64, usize, usize)>, Vec<bool>, Vec<f32>);
+/// A batch in the ring: its parts, which want logits, its rows.
+type InFlight = (Vec<Part>, Vec<bool>, Vec<f32>);
 
 pub struct RingStepper {
     mode: RingMode,
@@ -76,9 +76,13 @@ impl Stepper for RingStepper {
         let d = self.mode.hp.d_model;
         let vocab = self.mode.hp.vocab;
         let n = embed_feeds(&self.runner, feeds, &mut self.x)?;
-        let parts: Vec<(u64, usize, usize)> = feeds
+        let parts: Vec<Part> = feeds
             .iter()
-            .map(|f| (f.slot as u64, self.lens[f.slot], f.tokens.len()))
+            .map(|f| Part {
+                seq: f.slot as u64,
+                pos: self.lens[f.slot],
+                n_tokens: f.tokens.len(),
+            })
             .collect();
         let (runner, local) = (&mut self.runner, &mut self.local);
         let mut run_local = |x: &mut [f32]| layers_for_feeds(runner, local, feeds, x);
@@ -138,9 +142,13 @@ impl Stepper for RingStepper {
         let d = self.mode.hp.d_model;
         let mut x = Vec::new();
         embed_feeds(&self.runner, feeds, &mut x)?;
-        let parts: Vec<(u64, usize, usize)> = feeds
+        let parts: Vec<Part> = feeds
             .iter()
-            .map(|f| (f.slot as u64, self.lens[f.slot], f.tokens.len()))
+            .map(|f| Part {
+                seq: f.slot as u64,
+                pos: self.lens[f.slot],
+                n_tokens: f.tokens.len(),
+            })
             .collect();
         let ring = self
             .ring
@@ -186,7 +194,7 @@ impl Stepper for RingStepper {
         head_logits(
             &mut self.runner,
             &x,
-            parts.iter().zip(&want).map(|(p, w)| (p.2, *w)),
+            parts.iter().zip(&want).map(|(p, w)| (p.n_tokens, *w)),
             &mut self.rows,
             logits,
         )
