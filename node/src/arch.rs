@@ -276,39 +276,32 @@ impl Hparams {
     }
 
     fn validate(&self) -> Result<(), ModelError> {
-        let bad = |what: String| Err(ModelError::Invalid(what));
+        let bad = |why: String| {
+            Err(ModelError::BadHparams {
+                arch: self.arch.name(),
+                why,
+            })
+        };
         if self.n_layer == 0 || self.d_model == 0 || self.n_head == 0 || self.head_dim == 0 {
             return bad(format!(
-                "{}: zero-sized model (layers {}, d {}, heads {}, head_dim {})",
-                self.arch.name(),
-                self.n_layer,
-                self.d_model,
-                self.n_head,
-                self.head_dim
+                "zero-sized model (layers {}, d {}, heads {}, head_dim {})",
+                self.n_layer, self.d_model, self.n_head, self.head_dim
             ));
         }
         if self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!(
-                "{}: head_count {} is not a multiple of head_count_kv {}",
-                self.arch.name(),
-                self.n_head,
-                self.n_head_kv
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_head, self.n_head_kv
             ));
         }
         if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return bad(format!(
-                "{}: rope.dimension_count {} must be even and at most the head size {}",
-                self.arch.name(),
-                self.rope_dim,
-                self.head_dim
+                "rope.dimension_count {} must be even and at most the head size {}",
+                self.rope_dim, self.head_dim
             ));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
-            return bad(format!(
-                "{}: bad layer_norm_rms_epsilon {}",
-                self.arch.name(),
-                self.rms_eps
-            ));
+            return bad(format!("bad layer_norm_rms_epsilon {}", self.rms_eps));
         }
         Ok(())
     }

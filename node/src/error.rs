@@ -2,7 +2,10 @@
 
 use crate::gguf::GgufError;
 use ringllm_kernels::GgmlType;
+use std::ops::Range;
 
+/// Why a model (or a slice of it) cannot be loaded or run. Messages name the tensor, key or
+/// layer involved.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// The file is not a readable GGUF (truncated, corrupted, wrong version...).
@@ -28,9 +31,37 @@ pub enum ModelError {
         ty: GgmlType,
         why: &'static str,
     },
-    /// Hyper-parameters that make no sense.
-    #[error("invalid hyper-parameters: {0}")]
-    Invalid(String),
+    /// Hyper-parameters read from the metadata that make no sense together (zero sizes,
+    /// head counts that do not divide, an odd RoPE dimension...).
+    #[error("invalid hyper-parameters: {arch}: {why}")]
+    BadHparams { arch: &'static str, why: String },
+    /// A slice was asked for layers the model does not have.
+    #[error("layer range {start}..{end} outside the model's {n_layer} layers")]
+    LayerRange {
+        start: usize,
+        end: usize,
+        n_layer: usize,
+    },
+    /// A part of the model this slice did not load (the token embedding lives with the
+    /// coordinator, the output norm and head with the last stage).
+    #[error("this model slice (layers {}..{}) holds no {what}", layers.start, layers.end)]
+    NotInSlice {
+        what: &'static str,
+        layers: Range<usize>,
+    },
+    /// A KV cache used with a runner of other layers than it was made for.
+    #[error("a KV cache made for other layers: it holds {cache} layers, this slice runs {slice}")]
+    CacheMismatch { cache: usize, slice: usize },
+    /// More tokens in one pass than the runner's scratch buffers were sized for.
+    #[error("batch of {n} tokens exceeds the runner's maximum of {max}")]
+    BatchTooLarge { n: usize, max: usize },
+    /// A caller's buffer is smaller than the rows it asks for.
+    #[error("{what}: buffer of {len} values, {need} needed")]
+    BufferTooSmall {
+        what: &'static str,
+        len: usize,
+        need: usize,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },

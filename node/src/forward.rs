@@ -114,9 +114,10 @@ impl Runner {
     pub fn embed(&self, tokens: &[u32], x: &mut [f32]) -> Result<(), ModelError> {
         let m = &*self.model;
         let d = m.hp.d_model;
-        let w = m.tok_embd.as_ref().ok_or_else(|| {
-            ModelError::Invalid("this model slice holds no token embedding".into())
-        })?;
+        let w = m
+            .tok_embd
+            .as_ref()
+            .ok_or_else(|| self.not_in_slice("token embedding"))?;
         for (i, &t) in tokens.iter().enumerate() {
             if t as usize >= m.hp.vocab {
                 return Err(ModelError::BadToken {
@@ -167,16 +168,17 @@ impl Runner {
                 });
             }
             if kv.layers.len() != self.model.layers.len() {
-                return Err(ModelError::Invalid(
-                    "a KV cache made for other layers".into(),
-                ));
+                return Err(ModelError::CacheMismatch {
+                    cache: kv.layers.len(),
+                    slice: self.model.layers.len(),
+                });
             }
         }
         if n > self.max_batch {
-            return Err(ModelError::Invalid(format!(
-                "batch of {n} tokens exceeds the runner's maximum of {}",
-                self.max_batch
-            )));
+            return Err(ModelError::BatchTooLarge {
+                n,
+                max: self.max_batch,
+            });
         }
         if n == 0 {
             return Ok(());
@@ -380,6 +382,13 @@ impl Runner {
         ops::add_inplace(x, &s.o[..n * d]);
     }
 
+    fn not_in_slice(&self, what: &'static str) -> ModelError {
+        ModelError::NotInSlice {
+            what,
+            layers: self.model.layer_range.clone(),
+        }
+    }
+
     /// Final norm of `n` rows of `x`, in place.
     pub fn final_norm(&self, x: &mut [f32], n: usize) -> Result<(), ModelError> {
         let m = &*self.model;
@@ -387,7 +396,7 @@ impl Runner {
         let w = m
             .output_norm
             .as_ref()
-            .ok_or_else(|| ModelError::Invalid("this model slice holds no output norm".into()))?;
+            .ok_or_else(|| self.not_in_slice("output norm"))?;
         ops::rms_norm_rows_inplace(&mut x[..n * d], w, m.hp.rms_eps);
         Ok(())
     }
@@ -398,11 +407,22 @@ impl Runner {
         let w = m
             .output
             .as_ref()
-            .ok_or_else(|| ModelError::Invalid("this model slice holds no output head".into()))?;
+            .ok_or_else(|| self.not_in_slice("output head"))?;
         let d = m.hp.d_model;
         let vocab = m.hp.vocab;
-        if n * d > xn.len() || n * vocab > out.len() {
-            return Err(ModelError::Invalid("logits: buffer sizes".into()));
+        if n * d > xn.len() {
+            return Err(ModelError::BufferTooSmall {
+                what: "logits input rows",
+                len: xn.len(),
+                need: n * d,
+            });
+        }
+        if n * vocab > out.len() {
+            return Err(ModelError::BufferTooSmall {
+                what: "logits output",
+                len: out.len(),
+                need: n * vocab,
+            });
         }
         self.scratch.acts.reserve(d, n);
         matmul(

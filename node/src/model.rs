@@ -126,10 +126,11 @@ impl Model {
         let hp = Hparams::from_metadata(arch, md, vocab)?;
         let layer_range = opts.layers.clone().unwrap_or(0..hp.n_layer);
         if layer_range.start > layer_range.end || layer_range.end > hp.n_layer {
-            return Err(ModelError::Invalid(format!(
-                "layer range {}..{} outside the model's {} layers",
-                layer_range.start, layer_range.end, hp.n_layer
-            )));
+            return Err(ModelError::LayerRange {
+                start: layer_range.start,
+                end: layer_range.end,
+                n_layer: hp.n_layer,
+            });
         }
         let loader = Loader {
             file: &file,
