@@ -6,8 +6,8 @@ use crate::cluster::ring::{Ring, RingSpec, Stage};
 use crate::text::sampler::{Sampler, StopStrings};
 use crate::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::{KvCache, KvType, LoadOptions, Model, Runner};
+use ringllm_node::gguf::{GgufError, GgufFile};
+use ringllm_node::{limits, KvCache, KvType, LoadOptions, Model, Runner};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,7 +67,11 @@ pub fn open_gguf(path: &std::path::Path) -> Result<Arc<GgufFile>> {
             path.display()
         );
     }
-    let file = GgufFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = GgufFile::open(path).map_err(|e| match e {
+        // These name the path already.
+        GgufError::Io { .. } | GgufError::NotRegularFile { .. } => anyhow::Error::new(e),
+        e => anyhow::Error::new(e).context(format!("cannot read {}", path.display())),
+    })?;
     Ok(Arc::new(file))
 }
 
@@ -87,6 +91,15 @@ impl Engine {
             bail!("--batch must be at least 1");
         }
         let threads = args.threads.unwrap_or_else(default_threads).max(1);
+        limits::check_runner(
+            &model.hp,
+            model.layer_range.clone(),
+            threads,
+            args.batch,
+            ctx,
+            kv_type,
+            1,
+        )?;
         let vocab = model.hp.vocab;
         let d = model.hp.d_model;
         let runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
@@ -308,6 +321,12 @@ impl RingMode {
         let ctx = args.ctx.unwrap_or(4096);
         let kv_type = args.kv;
         let threads = args.threads.unwrap_or_else(default_threads).max(1);
+        // The nodes check their assignments too; refusing here names the flag before any
+        // node is contacted.
+        limits::check("threads", threads, limits::MAX_THREADS)?;
+        limits::check("batch size", args.batch, limits::MAX_BATCH)?;
+        limits::check("context size", ctx, limits::MAX_CTX)?;
+        limits::check("KV slots", slots, limits::MAX_SLOTS)?;
         let mut spec = self.spec.clone();
         // Leave out nodes that do not answer, unless they hold pinned layers.
         let reachable: Vec<bool> = spec
@@ -369,6 +388,15 @@ impl RingMode {
                 embedding: true,
                 head: !ring.head_on_node,
             },
+        )?;
+        limits::check_runner(
+            &model.hp,
+            model.layer_range.clone(),
+            threads,
+            args.batch,
+            ctx,
+            kv_type,
+            slots,
         )?;
         let runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
         let kv = runner.new_cache(ctx, kv_type);

@@ -44,8 +44,29 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// Bytes `Runner::new` allocates for its scratch buffers (an upper bound; saturating, so
+    /// absurd settings give a huge number rather than an overflow). `limits::check_runner`
+    /// compares it with the memory available before a runner is built.
+    pub fn scratch_bytes(
+        hp: &crate::arch::Hparams,
+        threads: usize,
+        max_batch: usize,
+        max_ctx: usize,
+    ) -> u64 {
+        let mb = max_batch.max(1) as u64;
+        let widest = hp.d_model.max(hp.q_dim()).max(hp.d_ff) as u64;
+        let per_token = (2 * hp.d_model + 2 * hp.q_dim() + 2 * hp.kv_dim() + 2 * hp.d_ff) as u64
+            * 4
+            + (hp.rope_dim / 2) as u64 * 8
+            // Quantized activations: at most 4 bytes per value whatever the block format.
+            + widest * 4;
+        mb.saturating_mul(per_token)
+            .saturating_add((threads.max(1) as u64).saturating_mul(max_ctx.max(1) as u64 * 4))
+    }
+
     /// A runner for `model` with `threads` threads, batches up to `max_batch` tokens and
-    /// contexts up to `max_ctx` positions.
+    /// contexts up to `max_ctx` positions. Settings from a user or a peer go through
+    /// `limits::check_runner` first: this allocates what they ask for.
     pub fn new(model: Arc<Model>, threads: usize, max_batch: usize, max_ctx: usize) -> Runner {
         let hp = &model.hp;
         let mb = max_batch.max(1);

@@ -7,6 +7,7 @@ pub mod error;
 pub mod forward;
 pub mod gguf;
 pub mod kv;
+pub mod limits;
 pub mod model;
 pub mod synth;
 pub mod sys;

@@ -95,6 +95,42 @@ def test_bad_input_gives_one_clear_line(ringllm, tmp_path):
     _fails([ringllm, "info", other], "unsupported architecture 'gptneox'")
 
 
+def test_model_paths_that_are_not_files_are_refused_by_kind(ringllm, tmp_path):
+    """A FIFO once hung `run` (open blocks until a writer comes); a folder and /dev/zero gave
+    doubled or misleading messages. Each is now one line naming the path and what it is."""
+    import os
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    for path, kind in [(fifo, "a FIFO"), (tmp_path, "a directory"), ("/dev/zero", "a device")]:
+        r = subprocess.run([ringllm, "run", "-m", path, "-p", "x"], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{path} is not a regular file ({kind})" in lines[0], r.stderr
+        r = subprocess.run([ringllm, "info", path], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and f"is not a regular file ({kind})" in r.stderr, r.stderr
+
+
+def test_oversized_settings_are_refused_before_allocation(ringllm, tmp_path):
+    """Sizes far beyond the machine are a clear one-line error, not an abort in the allocator
+    (`-b 100000000` once asked for 614 GB and died with a backtrace)."""
+    smol = model_path(SMOL.name)
+    base = [ringllm, "run", "-m", smol, "-p", "x", "-n", "1"]
+    for extra, needle in [
+        (["-b", "100000000"], "batch size 100000000 is more than ringllm accepts"),
+        (["-t", "4294967295"], "threads 4294967295 is more than ringllm accepts"),
+        (["-c", "100000000000"], "context size 100000000000 is more than ringllm accepts"),
+        # Within the limits, beyond this machine's memory: refused by the memory check.
+        (["-c", "2000000", "-b", "65536"], "but only"),
+    ]:
+        r = _fails([*base, *extra], needle)
+        assert "memory allocation" not in r.stderr and "backtrace" not in r.stderr
+    _fails([ringllm, "run", "-m", smol, "--serve", "127.0.0.1:0", "--prefill-chunk", "18446744073709551615"],
+           "batch size")
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(f'model = "{smol}"\nkey = "k"\n[[node]]\nname = "n1"\naddress = "127.0.0.1:1"\nthreads = 4294967295\n')
+    _fails([ringllm, "plan", cluster], "at most 1024")
+
+
 def test_info_describes_the_model(ringllm):
     r = run(["info", model_path(GEMMA.name)])
     assert "gemma3" in r.stdout

@@ -45,6 +45,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use ringllm_node::limits;
 use ringllm_protocol::control::KvType;
 use ringllm_protocol::TransportKind;
 use serde::Deserialize;
@@ -167,7 +168,14 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
     let key_file = required_path(&src, raw.key, "key", "\"cluster.key\"", base)?;
     let ctx = match raw.ctx {
         None => None,
-        Some(v) => Some(positive(&src, &v, "", "ctx", "ctx = 2048")?),
+        Some(v) => Some(positive(
+            &src,
+            &v,
+            "",
+            "ctx",
+            "ctx = 2048",
+            limits::MAX_CTX,
+        )?),
     };
     let activations = match raw.activations {
         None => DEFAULT_ACTIVATIONS.to_string(),
@@ -215,7 +223,14 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
             let what = "[coordinator]: ";
             let threads = match c.threads {
                 None => None,
-                Some(t) => Some(positive(&src, &t, what, "threads", "threads = 2")?),
+                Some(t) => Some(positive(
+                    &src,
+                    &t,
+                    what,
+                    "threads",
+                    "threads = 2",
+                    limits::MAX_THREADS,
+                )?),
             };
             let memory = match c.memory {
                 None => None,
@@ -383,9 +398,14 @@ fn positive(
     what: &str,
     field: &str,
     example: &str,
+    max: usize,
 ) -> Result<usize> {
     let n = *v.get_ref();
     match usize::try_from(n) {
+        Ok(n) if n > max => Err(src.err(
+            v,
+            format!("{what}field `{field}` is {n} — ringllm accepts at most {max}, e.g. {example}"),
+        )),
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(src.err(
             v,
@@ -514,7 +534,14 @@ fn node(src: &Source, raw: &RawNode, index: usize, line: usize) -> Result<StageC
     };
     let threads = match &raw.threads {
         None => None,
-        Some(t) => Some(positive(src, t, &what, "threads", "threads = 1")?),
+        Some(t) => Some(positive(
+            src,
+            t,
+            &what,
+            "threads",
+            "threads = 1",
+            limits::MAX_THREADS,
+        )?),
     };
     let transport = match &raw.transport {
         None => None,

@@ -5,13 +5,18 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    /// The file could not be opened or mapped.
-    #[error("cannot read GGUF file {}: {source}", path.display())]
+    /// The file could not be opened or mapped. The cause is part of the message (not a
+    /// `source`), so a chain printed with `{:#}` says it once.
+    #[error("cannot read GGUF file {}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
+
+    /// A directory, FIFO, socket or device where a model file should be: reading it would
+    /// block (a FIFO) or make no sense, so it is refused before it is opened.
+    #[error("{} is not a regular file ({kind}); give the path of a .gguf file", path.display())]
+    NotRegularFile { path: PathBuf, kind: &'static str },
 
     /// The first four bytes are not `GGUF`.
     #[error("not a GGUF file: magic at byte 0 is {found:02x?}, expected \"GGUF\" (47 47 55 46)")]

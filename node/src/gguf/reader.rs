@@ -104,14 +104,57 @@ impl fmt::Debug for GgufFile {
     }
 }
 
+/// Opens `path` for reading if it is a regular file (after symlinks); anything else is
+/// refused by kind before `open`, which would block on a FIFO until a writer appears.
+fn open_regular(path: &Path) -> Result<std::fs::File, GgufError> {
+    let io = |cause| GgufError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
+    let not_regular = |ft: std::fs::FileType| {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else {
+            "not a file"
+        };
+        GgufError::NotRegularFile {
+            path: path.to_path_buf(),
+            kind,
+        }
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    // O_NONBLOCK: should the path be swapped for a FIFO after the check, open still returns.
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    Ok(file)
+}
+
 impl GgufFile {
     /// Memory-maps `path`, then parses and validates it.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let io = |source| GgufError::Io {
+        let file = open_regular(path)?;
+        let io = |cause| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let storage = if len == 0 {
             Storage::Bytes(Vec::new())
@@ -130,11 +173,11 @@ impl GgufFile {
     /// skipped instead of kept: what a node, which never tokenizes, opens (Gemma 3's 262,144
     /// tokens would otherwise cost tens of MiB of heap). The header hash is the same.
     pub fn open_lean(path: &Path) -> Result<GgufFile, GgufError> {
-        let io = |source| GgufError::Io {
+        let file = open_regular(path)?;
+        let io = |cause| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: as in `open`.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         let mut f = GgufFile::parse(Storage::Mmap(map), true)?;

@@ -444,3 +444,19 @@ fn shipped_cluster_configs_parse() {
         }
     }
 }
+
+#[test]
+fn oversized_threads_and_ctx_are_refused_with_the_line() {
+    let e = err(
+        "model = \"m.gguf\"\nkey = \"k\"\n[[node]]\nname = \"n\"\naddress = \"a:1\"\nthreads = 4294967295\n",
+    );
+    assert!(
+        e.contains("dir/cluster.toml:6:") && e.contains("at most 1024"),
+        "{e}"
+    );
+    let e = err("model = \"m.gguf\"\nkey = \"k\"\nctx = 100000000000\n[[node]]\nname = \"n\"\naddress = \"a:1\"\n");
+    assert!(
+        e.contains("dir/cluster.toml:3:") && e.contains("ctx"),
+        "{e}"
+    );
+}
