@@ -9,7 +9,7 @@
 use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::seal::{LinkKeys, Opener, SealError, Sealer, SEAL_LEN};
-use crate::transport::LinkCounters;
+use crate::transport::{LinkCounters, TransportKind};
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
@@ -30,8 +30,8 @@ pub trait DataLink: Send {
     /// A handle that can close the link from another thread (unblocking `recv`).
     fn closer(&self) -> Result<LinkCloser, TransportError>;
     fn counters(&self) -> Arc<LinkCounters>;
-    /// The transport's name, for logs and stats.
-    fn transport(&self) -> &'static str;
+    /// Which transport this link runs on (its `Display` is the name for logs and stats).
+    fn transport(&self) -> TransportKind;
 }
 
 /// Closes a link from another thread: a blocked `recv` or `send` on it returns an error soon
@@ -246,7 +246,7 @@ impl DataLink for TcpDataLink {
         Arc::clone(&self.counters)
     }
 
-    fn transport(&self) -> &'static str {
-        "tcp"
+    fn transport(&self) -> TransportKind {
+        TransportKind::Tcp
     }
 }

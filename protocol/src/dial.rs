@@ -70,7 +70,7 @@ async fn connect_upstream(
 ) -> Result<(std::net::TcpStream, Session), TransportError> {
     let fut = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        crate::tcp::tune(&stream)?;
+        crate::sock::tune_tcp(&stream)?;
         let session = crate::tcp::client_handshake(&mut stream, key, Role::Upstream, name).await?;
         Ok::<_, TransportError>((stream, session))
     };
@@ -153,7 +153,7 @@ fn connect_udp(
 ) -> Result<BoxLink, TransportError> {
     let peer = stream.peer_addr()?;
     let local = stream.local_addr()?;
-    let sock = crate::udp::bind_reuse(SocketAddr::new(local.ip(), 0))?;
+    let sock = crate::sock::bind_udp_reuse(SocketAddr::new(local.ip(), 0))?;
     sock.connect(peer)?;
     let anchor = stream.try_clone()?;
     let mut tcp = TcpDataLink::new(stream, max_payload, &session.link_keys())?;
@@ -213,7 +213,7 @@ pub fn accept_tcp_data(
                 }
                 .into());
             }
-            let sock = crate::udp::bind_reuse(local)?;
+            let sock = crate::sock::bind_udp_reuse(local)?;
             sock.connect(SocketAddr::new(peer.ip(), udp_port))?;
             let answer = attach_msg(
                 info.session,
@@ -311,7 +311,7 @@ impl DataListener {
         kind: TransportKind,
         max_payload: u32,
     ) -> Result<DataListener, TransportError> {
-        let tcp = crate::tcp::listen(addr)?;
+        let tcp = crate::sock::listen_tcp(addr)?;
         let port = tcp.local_addr()?.port();
         let quic = match kind {
             TransportKind::Quic => Some(crate::quic::QuicServer::bind(

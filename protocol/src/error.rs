@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-#[derive(Debug, Error)]
+#[derive(Clone, Debug, Error)]
 pub enum ProtocolError {
     #[error("not a ringllm {what}: magic bytes {found:02x?} (a port scan, a browser, or another program talking to a ringllm port?)")]
     BadMagic { what: &'static str, found: [u8; 4] },

@@ -15,6 +15,7 @@ pub mod handshake;
 pub mod key;
 pub mod quic;
 pub mod seal;
+pub mod sock;
 pub mod tcp;
 pub mod transport;
 pub mod udp;

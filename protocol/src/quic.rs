@@ -36,7 +36,7 @@ use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::handshake::{Role, Session};
 use crate::key::{ct_eq, ClusterKey, HmacSha256};
-use crate::transport::LinkCounters;
+use crate::transport::{LinkCounters, TransportKind};
 use hmac::{KeyInit, Mac};
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{ConnectionError, IdleTimeout, ReadError, ReadExactError, VarInt, WriteError};
@@ -71,8 +71,6 @@ pub const CONNECTION_WINDOW: u32 = 32 << 20;
 /// Starting RTT estimate before the first sample (quinn's default, 333 ms, is for the
 /// Internet; a LAN answers in well under a millisecond).
 pub const INITIAL_RTT: Duration = Duration::from_millis(10);
-/// UDP socket buffers asked of the kernel (best effort: net.core.rmem_max may cap them).
-pub const SOCKET_BUFFER: usize = 4 << 20;
 /// Connections still in their handshakes that a server works on at once; more are refused.
 pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// How long a dropped link keeps delivering what it had sent before it closes.
@@ -286,24 +284,6 @@ pub fn transport_config(server: bool) -> quinn::TransportConfig {
     t
 }
 
-/// A UDP socket for an endpoint: large buffers, non-blocking, SO_REUSEADDR when `reuse`.
-fn udp_socket(addr: SocketAddr, reuse: bool) -> std::io::Result<std::net::UdpSocket> {
-    let s = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::DGRAM,
-        Some(socket2::Protocol::UDP),
-    )?;
-    if reuse {
-        s.set_reuse_address(true)?;
-    }
-    // Best effort: a kernel limit may cap these.
-    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
-    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
-    s.bind(&addr.into())?;
-    s.set_nonblocking(true)?;
-    Ok(s.into())
-}
-
 fn io_err(kind: ErrorKind, msg: String) -> TransportError {
     TransportError::Io(std::io::Error::new(kind, msg))
 }
@@ -494,7 +474,7 @@ impl QuicServer {
             )
         })?;
         let tls = ClusterTls::new(key, name)?;
-        let socket = udp_socket(addr, true).map_err(|e| {
+        let socket = crate::sock::udp_socket(addr, true, true).map_err(|e| {
             io_err(
                 e.kind(),
                 format!("cannot bind the QUIC socket on UDP {addr}: {e}"),
@@ -677,7 +657,7 @@ pub async fn connect(
         } else {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
         };
-        let socket = udp_socket(local, false).map_err(|e| {
+        let socket = crate::sock::udp_socket(local, false, true).map_err(|e| {
             io_err(
                 e.kind(),
                 format!("cannot open a UDP socket to reach {addr}: {e}"),
@@ -1014,8 +994,8 @@ impl DataLink for QuicDataLink {
         Arc::clone(&self.io.counters)
     }
 
-    fn transport(&self) -> &'static str {
-        "quic"
+    fn transport(&self) -> TransportKind {
+        TransportKind::Quic
     }
 }
 

@@ -8,50 +8,16 @@ use crate::frame::{FrameHeader, FrameKind, HEADER_LEN};
 use crate::handshake::{ClientHandshake, HsMsg, Role, ServerHandshake, ServerStep, MSG_HEADER_LEN};
 use crate::key::ClusterKey;
 use crate::seal::{Opener, Sealer, SEAL_LEN};
+use crate::sock::tune_tcp;
 use crate::transport::{BoxFut, FrameReceiver, FrameSender, Link, LinkCounters};
 use std::io::IoSlice;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
-/// Socket buffer size asked of the kernel (it may grant less).
-pub const SOCKET_BUFFER: usize = 4 << 20;
 const READ_BUFFER: usize = 64 << 10;
-
-/// Low latency, big buffers, and a dead peer noticed within seconds (every ringllm TCP link).
-pub fn tune(stream: &TcpStream) -> std::io::Result<()> {
-    stream.set_nodelay(true)?;
-    let s = socket2::SockRef::from(stream);
-    // Best effort: a kernel limit (net.core.wmem_max) may cap these.
-    let _ = s.set_send_buffer_size(SOCKET_BUFFER);
-    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
-    // A dead peer or a pulled cable ends the connection within seconds, not the kernel's
-    // default two hours: probe after 1 s idle, every 1 s, give up after 3 misses; unacked
-    // data gives up after 5 s.
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(1))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    s.set_tcp_keepalive(&ka)?;
-    #[cfg(target_os = "linux")]
-    s.set_tcp_user_timeout(Some(Duration::from_secs(5)))?;
-    Ok(())
-}
-
-/// Binds a listening socket (SO_REUSEADDR, so a restarted node gets its port back at once).
-pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let domain = socket2::Domain::for_address(addr);
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
-    s.set_reuse_address(true)?;
-    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
-    s.bind(&addr.into())?;
-    s.listen(128)?;
-    s.set_nonblocking(true)?;
-    TcpListener::from_std(s.into())
-}
 
 async fn read_hs<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, TransportError> {
     let mut head = [0u8; MSG_HEADER_LEN];
@@ -267,7 +233,7 @@ pub async fn connect(
 ) -> Result<Link, TransportError> {
     let fut = async {
         let mut stream = TcpStream::connect(addr).await?;
-        tune(&stream)?;
+        tune_tcp(&stream)?;
         let session = client_handshake(&mut stream, key, role, name).await?;
         Ok::<_, TransportError>(link_from(stream, session, addr.to_string(), max_payload))
     };
@@ -283,7 +249,7 @@ pub async fn accept_stream(
     name: &str,
     timeout: Duration,
 ) -> Result<crate::handshake::Session, TransportError> {
-    tune(stream)?;
+    tune_tcp(stream)?;
     tokio::time::timeout(timeout, server_handshake(stream, key, name))
         .await
         .map_err(|_| TransportError::Timeout(timeout, "waiting for the handshake"))?
@@ -301,7 +267,7 @@ pub async fn accept(
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    tune(&stream)?;
+    tune_tcp(&stream)?;
     let session = tokio::time::timeout(timeout, server_handshake(&mut stream, key, name))
         .await
         .map_err(|_| TransportError::Timeout(timeout, "waiting for the handshake"))??;

@@ -35,7 +35,7 @@ use crate::blocking::{finish_stream_frame, DataLink, LinkCloser};
 use crate::error::{ProtocolError, TransportError};
 use crate::frame::{FrameHeader, HEADER_LEN};
 use crate::seal::{LinkKeys, Opener, Sealer, SEAL_LEN};
-use crate::transport::LinkCounters;
+use crate::transport::{LinkCounters, TransportKind};
 use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 use std::io;
 use std::net::{Shutdown, TcpStream};
@@ -1144,7 +1144,7 @@ impl DataLink for UringDataLink {
         Arc::clone(&self.counters)
     }
 
-    fn transport(&self) -> &'static str {
-        "uring"
+    fn transport(&self) -> TransportKind {
+        TransportKind::Uring
     }
 }

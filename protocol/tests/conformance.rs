@@ -81,8 +81,8 @@ fn pair(rt: &tokio::runtime::Runtime, kind: TransportKind) -> (BoxLink, BoxLink)
     assert_eq!(info.from, "client", "{kind}");
     assert!(info.input && !info.output, "{kind}");
     assert_eq!(info.transport, kind, "{kind}");
-    assert_eq!(client.transport(), kind.name());
-    assert_eq!(server.transport(), kind.name());
+    assert_eq!(client.transport(), kind);
+    assert_eq!(server.transport(), kind);
     (client, server)
 }
 

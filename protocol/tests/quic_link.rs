@@ -207,7 +207,7 @@ fn frames_of_every_size_arrive_in_order_and_intact_both_ways() {
         assert_eq!(client_session.peer.role, Role::Node);
         assert_eq!(server_session.peer.name, "coord");
         assert_eq!(server_session.peer.role, Role::Upstream);
-        assert_eq!(client.transport(), "quic");
+        assert_eq!(client.transport(), ringllm_protocol::TransportKind::Quic);
         assert_eq!(client.remote_address(), addr);
         // The handshake is not traffic.
         assert_eq!(client.counters().snapshot(), (0, 0, 0, 0));
@@ -926,7 +926,7 @@ fn measure_latency_and_throughput() {
 
     // TCP for comparison.
     let l = rt
-        .block_on(async { ringllm_protocol::tcp::listen("127.0.0.1:0".parse().unwrap()) })
+        .block_on(async { ringllm_protocol::sock::listen_tcp("127.0.0.1:0".parse().unwrap()) })
         .unwrap();
     let taddr = l.local_addr().unwrap();
     let k2 = k.clone();

@@ -33,7 +33,7 @@ async fn within<T>(f: impl Future<Output = T>) -> T {
 }
 
 fn bind() -> (TcpListener, SocketAddr) {
-    let l = tcp::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = ringllm_protocol::sock::listen_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = l.local_addr().unwrap();
     (l, addr)
 }

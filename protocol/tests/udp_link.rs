@@ -4,7 +4,8 @@
 //! guards; `udp_vs_tcp_numbers` (ignored) prints latency and throughput for comparison.
 
 use ringllm_protocol::seal::{DatagramSealer, LinkKeys, SEAL_LEN};
-use ringllm_protocol::udp::{bind_reuse, UdpConfig, UdpDataLink, DATA_HEADER_LEN};
+use ringllm_protocol::sock::bind_udp_reuse as bind_reuse;
+use ringllm_protocol::udp::{UdpConfig, UdpDataLink, DATA_HEADER_LEN};
 use ringllm_protocol::{
     DataLink, Dtype, FrameHeader, FrameKind, ProtocolError, TcpDataLink, TransportError, HEADER_LEN,
 };
@@ -200,7 +201,7 @@ fn both_ways(mut p: Pair, sizes: Vec<usize>, clean: bool) -> Pair {
             assert_eq!(c.replays.load(Ordering::Relaxed), 0, "{name}");
         }
         assert_eq!(c.malformed.load(Ordering::Relaxed), 0, "{name}");
-        assert_eq!(l.transport(), "udp");
+        assert_eq!(l.transport(), ringllm_protocol::TransportKind::Udp);
     }
     p
 }

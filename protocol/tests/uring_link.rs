@@ -262,7 +262,7 @@ fn small_frames_ping_pong_with_every_header_field() {
         // One fixed write per small frame at least, and fixed reads.
         assert!(load(&c.fixed_buf_ops) >= 4000, "{:?}", c.events());
         assert_eq!(load(&c.zc_sends), 0);
-        assert_eq!(a.transport(), "uring");
+        assert_eq!(a.transport(), ringllm_protocol::TransportKind::Uring);
     });
 }
 
