@@ -22,7 +22,7 @@ use ringllm_protocol::control::{
 };
 use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
 use ringllm_protocol::frame::{FLAG_ALL_TOKENS, FLAG_MORE};
-use ringllm_protocol::tcp::{self, control_of};
+use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TransportError,
     TransportKind,
@@ -168,7 +168,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
             .map_err(|e| format!("--listen {}: {e}", opts.listen))?
             .next()
             .ok_or_else(|| format!("--listen {}: no address", opts.listen))?;
-        let listener = tcp::listen(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener = ringllm_protocol::sock::listen_tcp(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         // The transport's own start-up checks: refuse now rather than at the first link.
         let quic = match opts.transport {
             TransportKind::Tcp => None,
@@ -183,7 +183,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
                 None
             }
             TransportKind::Udp => {
-                ringllm_protocol::udp::bind_reuse(addr)
+                ringllm_protocol::sock::bind_udp_reuse(addr)
                     .map_err(|e| format!("--transport udp: cannot bind UDP {addr}: {e}"))?;
                 None
             }
@@ -249,7 +249,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
             let node = Arc::clone(&node);
             tokio::spawn(async move {
                 let mut stream = stream;
-                let session = match tcp::accept_stream(
+                let session = match control_conn::accept_stream(
                     &mut stream,
                     &node.opts.key,
                     &node.opts.name,
@@ -266,7 +266,7 @@ pub fn serve(opts: NodeOptions) -> Result<(), String> {
                 let conn_id = node.next_conn.fetch_add(1, Ordering::Relaxed);
                 match session.peer.role {
                     Role::Coordinator => {
-                        let link = tcp::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
+                        let link = control_conn::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
                         coordinator_conn(node, link, conn_id).await
                     }
                     Role::Upstream => data_conn(node, stream, session, peer).await,

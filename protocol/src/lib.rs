@@ -8,6 +8,7 @@
 pub mod activations;
 pub mod blocking;
 pub mod control;
+pub mod control_conn;
 pub mod dial;
 pub mod error;
 pub mod frame;
@@ -16,7 +17,6 @@ pub mod key;
 pub mod quic;
 pub mod seal;
 pub mod sock;
-pub mod tcp;
 pub mod transport;
 pub mod udp;
 pub mod uring;

@@ -12,7 +12,7 @@
 //!
 //! # Handshake
 //! On the first bidirectional stream (opened by the client), our RLHS handshake runs as on TCP
-//! (`tcp::client_handshake` / `tcp::server_handshake`: peer name, role, cluster id, session
+//! (`control_conn::client_handshake` / `control_conn::server_handshake`: peer name, role, cluster id, session
 //! key). It is then bound to the TLS session: each side sends
 //! `HMAC(session_key, BIND_LABEL ‖ "client"|"server" ‖ exporter)`, where `exporter` is the TLS
 //! exporter value of this connection, and checks the peer's; a mismatch closes the connection.
@@ -604,7 +604,7 @@ async fn server_side(
             .await
             .map_err(|e| conn_error(&e, &peer, "waiting for the handshake stream"))?;
         let mut s = tokio::io::join(recv, send);
-        let session = crate::tcp::server_handshake(&mut s, key, name)
+        let session = crate::control_conn::server_handshake(&mut s, key, name)
             .await
             .map_err(|e| explain(&c, e, &peer))?;
         let (mut recv, mut send) = s.into_inner();
@@ -692,7 +692,7 @@ pub async fn connect(
             .await
             .map_err(|e| conn_error(&e, &peer, "opening the handshake stream"))?;
         let mut s = tokio::io::join(recv, send);
-        let session = crate::tcp::client_handshake(&mut s, key, role, name)
+        let session = crate::control_conn::client_handshake(&mut s, key, role, name)
             .await
             .map_err(|e| explain(&c, e, &peer))?;
         let (mut recv, mut send) = s.into_inner();

@@ -6,7 +6,7 @@ use ringllm_protocol::control::{Control, ErrorCode, ErrorMsg};
 use ringllm_protocol::frame::{DEFAULT_MAX_PAYLOAD, FLAG_ALL_TOKENS};
 use ringllm_protocol::handshake::HsMsg;
 use ringllm_protocol::seal::{SealError, Sealer, SEAL_LEN};
-use ringllm_protocol::tcp::{self, control_of, send_control};
+use ringllm_protocol::control_conn::{self, control_of, send_control};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, ProtocolError, Role, TransportError,
     HEADER_LEN,
@@ -46,7 +46,7 @@ async fn accept_one(
     max_payload: u32,
 ) -> Result<Link, TransportError> {
     let (s, _) = l.accept().await?;
-    tcp::accept(s, k, "node-a", timeout, max_payload).await
+    control_conn::accept(s, k, "node-a", timeout, max_payload).await
 }
 
 /// A connected, authenticated pair: (client, server).
@@ -57,7 +57,7 @@ async fn link_pair(k: &ClusterKey, server_max_payload: u32) -> (Link, Link) {
         tokio::spawn(
             async move { accept_one(&l, &server_key, HS_TIMEOUT, server_max_payload).await },
         );
-    let client = tcp::connect(
+    let client = control_conn::connect(
         &addr.to_string(),
         k,
         Role::Coordinator,
@@ -274,7 +274,7 @@ async fn wrong_key_fails_on_both_sides_and_the_listener_carries_on() {
             let second = accept_one(&l, &k, HS_TIMEOUT, DEFAULT_MAX_PAYLOAD).await;
             (first, second)
         });
-        let bad = tcp::connect(
+        let bad = control_conn::connect(
             &addr.to_string(),
             &key("another key"),
             Role::Coordinator,
@@ -290,7 +290,7 @@ async fn wrong_key_fails_on_both_sides_and_the_listener_carries_on() {
             }
             Err(e) => panic!("expected a rejection, got {e:?}"),
         }
-        let good = tcp::connect(
+        let good = control_conn::connect(
             &addr.to_string(),
             &key("the cluster key"),
             Role::Upstream,
@@ -362,7 +362,7 @@ async fn silent_server_times_out_the_client() {
         // The kernel completes the TCP connection, but nobody answers the hello.
         let (_l, addr) = bind();
         let limit = Duration::from_millis(300);
-        let r = tcp::connect(
+        let r = control_conn::connect(
             &addr.to_string(),
             &key("k"),
             Role::Coordinator,
@@ -418,7 +418,7 @@ async fn raw_client_session(k: &ClusterKey, server_max_payload: u32) -> (TcpStre
             async move { accept_one(&l, &server_key, HS_TIMEOUT, server_max_payload).await },
         );
     let mut raw = TcpStream::connect(addr).await.unwrap();
-    let session = tcp::client_handshake(&mut raw, k, Role::Coordinator, "raw")
+    let session = control_conn::client_handshake(&mut raw, k, Role::Coordinator, "raw")
         .await
         .expect("raw handshake");
     let server = server

@@ -14,7 +14,7 @@ use ringllm_protocol::control::{
 };
 use ringllm_protocol::dial::{self, BoxLink};
 use ringllm_protocol::frame::FLAG_MORE;
-use ringllm_protocol::tcp::{self, control_of};
+use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TransportKind,
 };
@@ -212,7 +212,7 @@ impl Ring {
                 let addr = s.address.clone().unwrap_or_default();
                 let key = spec.key.clone();
                 tasks.push(tokio::spawn(async move {
-                    tcp::connect(
+                    control_conn::connect(
                         &addr,
                         &key,
                         Role::Coordinator,
