@@ -38,8 +38,8 @@ use tracing::{debug, info, warn};
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a new coordinator waits for the previous one's connection to go away.
 pub const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
-/// Largest data payload a node accepts (a 512-token prefill of a d = 16384 model in f32).
-pub const MAX_PAYLOAD: u32 = 32 << 20;
+/// Largest data payload a node accepts (defined, with why, in `ringllm_protocol::frame`).
+pub use ringllm_protocol::frame::NODE_MAX_PAYLOAD as MAX_PAYLOAD;
 
 pub struct NodeOptions {
     pub listen: String,

@@ -1,6 +1,12 @@
-//! TCP transport on tokio: TCP_NODELAY, large socket buffers (socket2), the frame header and
-//! payload in one vectored write, reads through a small buffer so a decode-sized frame costs
-//! one `read` call.
+//! The control plane's connection: a TCP stream on tokio between the coordinator and a node
+//! (assignments, heartbeats, errors, as `Control` messages), split into a `FrameSender` and
+//! a `FrameReceiver` so one task waits for input while another writes. Sockets are tuned by
+//! `sock::tune_tcp`; the frame header and payload go out in one vectored write, and reads
+//! go through a small buffer so a small frame costs one `read` call.
+//!
+//! The handshake over any async stream (`client_handshake`, `server_handshake`) lives here
+//! too: every connection starts with it, data links included (`dial`, `quic`). The data plane
+//! itself is on blocking links (`blocking::DataLink`), not here.
 
 use crate::control::Control;
 use crate::error::{ProtocolError, TransportError};

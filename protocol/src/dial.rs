@@ -13,12 +13,13 @@
 //! - **quic**: a QUIC connection to the node's UDP port of that number (TLS 1.3, mutual, from
 //!   the cluster key), the handshake and `Attach` on its first stream.
 
-use crate::blocking::{DataLink, TcpDataLink};
+use crate::blocking::DataLink;
 use crate::control::Control;
+use crate::control_conn::control_of;
 use crate::error::{ProtocolError, TransportError};
 use crate::handshake::{Role, Session};
 use crate::key::ClusterKey;
-use crate::control_conn::control_of;
+use crate::tcp::TcpDataLink;
 use crate::transport::TransportKind;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -71,7 +72,8 @@ async fn connect_upstream(
     let fut = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         crate::sock::tune_tcp(&stream)?;
-        let session = crate::control_conn::client_handshake(&mut stream, key, Role::Upstream, name).await?;
+        let session =
+            crate::control_conn::client_handshake(&mut stream, key, Role::Upstream, name).await?;
         Ok::<_, TransportError>((stream, session))
     };
     let (stream, session) = tokio::time::timeout(timeout, fut)
@@ -350,7 +352,8 @@ impl DataListener {
                 .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))?;
         }
         let (mut stream, _) = self.tcp.accept().await?;
-        let hs = crate::control_conn::accept_stream(&mut stream, &self.key, &self.name, timeout).await?;
+        let hs =
+            crate::control_conn::accept_stream(&mut stream, &self.key, &self.name, timeout).await?;
         if hs.peer.role != Role::Upstream {
             return Err(ProtocolError::Handshake(format!(
                 "'{}' connected as {:?}, not as a data link",

@@ -23,9 +23,24 @@ use crate::error::ProtocolError;
 pub const FRAME_MAGIC: [u8; 4] = *b"RLFR";
 pub const FRAME_VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 40;
-/// Largest control payload accepted.
+
+// Payload caps, one per role. A receiver checks a frame's length against its cap before it
+// allocates anything, so a peer cannot make it reserve more than this; the cap is the
+// receiver's choice and never travels on the wire.
+
+/// Largest control payload, whatever the link (control messages are assignments, heartbeats,
+/// errors: kilobytes; 1 MiB leaves room for a long model or layer list).
 pub const MAX_CONTROL_LEN: u32 = 1 << 20;
-/// Default cap on data payloads (a receiver may choose a lower one).
+/// Largest data payload a node accepts, on its data links and its control connection: the
+/// activations of a 512-token prefill of a d = 16384 model in f32 (512 × 16384 × 4 bytes).
+pub const NODE_MAX_PAYLOAD: u32 = 32 << 20;
+/// Largest data payload the coordinator accepts from a node, on its data links and control
+/// connections: twice a node's, because what comes back from a ring's last stage may be
+/// logits, whose rows (one per vocabulary entry) are longer than activations.
+pub const COORDINATOR_MAX_PAYLOAD: u32 = 64 << 20;
+/// Cap for tools, tests and benchmarks that are neither a node nor the coordinator (the
+/// transport benchmarks' echo servers, the protocol tests): large enough for any frame they
+/// send.
 pub const DEFAULT_MAX_PAYLOAD: u32 = 256 << 20;
 
 /// Ask the last stage to return the output of every token, not only the last one.

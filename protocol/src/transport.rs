@@ -1,6 +1,7 @@
-//! The transport trait every link implements (TCP now; UDP, QUIC, io_uring and the kernel
-//! module later): send a frame, receive a frame, in order. A link is split into a sender and a
-//! receiver so one task can wait for input while another writes.
+//! The async frame traits of the control plane (`FrameSender`, `FrameReceiver`, and `Link`
+//! which holds one of each; implemented by `control_conn` on tokio TCP), which transport a
+//! data link uses (`TransportKind`), and the counters every link keeps (`LinkCounters`). The
+//! blocking data-plane trait is `blocking::DataLink`.
 
 use crate::error::TransportError;
 use crate::frame::FrameHeader;

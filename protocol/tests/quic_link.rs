@@ -932,9 +932,10 @@ fn measure_latency_and_throughput() {
     let k2 = k.clone();
     let accepted = rt.spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
-        let session = ringllm_protocol::control_conn::accept_stream(&mut s, &k2, "node-a", HS_TIMEOUT)
-            .await
-            .unwrap();
+        let session =
+            ringllm_protocol::control_conn::accept_stream(&mut s, &k2, "node-a", HS_TIMEOUT)
+                .await
+                .unwrap();
         ringllm_protocol::TcpDataLink::new(
             s.into_std().unwrap(),
             DEFAULT_MAX_PAYLOAD,

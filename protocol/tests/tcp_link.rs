@@ -3,10 +3,10 @@
 //! early close, corruption).
 
 use ringllm_protocol::control::{Control, ErrorCode, ErrorMsg};
+use ringllm_protocol::control_conn::{self, control_of, send_control};
 use ringllm_protocol::frame::{DEFAULT_MAX_PAYLOAD, FLAG_ALL_TOKENS};
 use ringllm_protocol::handshake::HsMsg;
 use ringllm_protocol::seal::{SealError, Sealer, SEAL_LEN};
-use ringllm_protocol::control_conn::{self, control_of, send_control};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, ProtocolError, Role, TransportError,
     HEADER_LEN,

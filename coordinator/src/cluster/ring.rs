@@ -13,7 +13,7 @@ use ringllm_protocol::control::{
     Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
 };
 use ringllm_protocol::dial::{self, BoxLink};
-use ringllm_protocol::frame::FLAG_MORE;
+use ringllm_protocol::frame::{COORDINATOR_MAX_PAYLOAD, FLAG_MORE};
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TransportKind,
@@ -218,7 +218,7 @@ impl Ring {
                         Role::Coordinator,
                         "coordinator",
                         CONNECT_TIMEOUT,
-                        64 << 20,
+                        COORDINATOR_MAX_PAYLOAD,
                     )
                     .await
                 }));
@@ -601,7 +601,7 @@ impl Ring {
                         &spec.key,
                         "coordinator",
                         CONNECT_TIMEOUT,
-                        64 << 20,
+                        COORDINATOR_MAX_PAYLOAD,
                         self.session,
                         input,
                         output,
