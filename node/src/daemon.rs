@@ -1,16 +1,30 @@
-//! The node daemon (`ringllm node`): listens, authenticates every connection, takes an
-//! assignment from one coordinator at a time, maps only its slice of the model, and runs its
-//! layers on every frame that reaches it, forwarding the result to its next hop.
+//! The node daemon (`ringllm node`): authenticates every connection, takes an assignment
+//! from one coordinator at a time, maps only its slice of the model, and runs its layers on
+//! every frame that reaches it, forwarding the result to its next hop.
+//!
+//! `serve` takes its sockets (a `Listener`) and a shutdown future from the caller, so the
+//! command binds `--listen` and turns Ctrl-C or SIGTERM into the future, and tests run many
+//! nodes in one process on `127.0.0.1:0` and stop them without a signal.
 //!
 //! Tasks and threads:
-//! - the tokio runtime runs the listener, one task per connection (reading), and one writer
-//!   task per outgoing link (fed by a channel, so compute never waits on a socket);
-//! - one compute thread per assignment owns the `Runner` and the KV cache and takes frames
-//!   from a channel in arrival order.
+//! - the tokio runtime runs the accept loop, one task per connection, and one writer task
+//!   per control connection (fed by a channel, so compute never waits on a socket);
+//! - one compute thread per assignment (`worker`) owns the `Runner` and the KV caches, and
+//!   reads, runs and writes its data links itself (blocking links, no runtime in the hot
+//!   path).
 //!
-//! Connections by role (from the handshake): the coordinator's (control messages, and data
-//! frames when this is the first stage of a segment; results go back on it when this is the
-//! last stage), and an upstream node's (data frames from the previous stage).
+//! Connections by role (from the handshake): the coordinator's control connection (control
+//! messages only: data travels on data links), and data links (`Role::Upstream`) from the
+//! previous stage or the coordinator, over TCP, io_uring, reliable UDP (anchored on a TCP
+//! connection to this listener) or QUIC (on the UDP port of the listener's number).
+//!
+//! On shutdown the node stops accepting, tells a connected coordinator (`Shutdown`), ends the
+//! session (its compute thread sees its links close), waits for the connection tasks and the
+//! compute threads, and returns.
+
+mod error;
+
+pub use error::{AssignError, DaemonError, StageError};
 
 use crate::gguf::GgufFile;
 use crate::model::{LoadOptions, Model};
@@ -20,18 +34,23 @@ use ringllm_protocol::activations;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready, Stats,
 };
+use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
 use ringllm_protocol::frame::{FLAG_ALL_TOKENS, FLAG_MORE};
-use ringllm_protocol::control_conn::{self, control_of};
+use ringllm_protocol::QuicServer;
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TransportError,
     TransportKind,
 };
+use std::future::Future;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 /// How long a connection may take to authenticate.
@@ -40,9 +59,12 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
 /// Largest data payload a node accepts (defined, with why, in `ringllm_protocol::frame`).
 pub use ringllm_protocol::frame::NODE_MAX_PAYLOAD as MAX_PAYLOAD;
+/// How long shutdown waits for connection tasks, then for compute threads, before giving up
+/// on them (a hang guard: both end within milliseconds once their links close).
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
+/// What a node is: its cluster, name, compute threads, models and data-link transport.
 pub struct NodeOptions {
-    pub listen: String,
     pub key: ClusterKey,
     pub name: String,
     /// Worker threads for compute (an assignment may ask for fewer).
@@ -114,12 +136,71 @@ struct Node {
     state: Mutex<State>,
     changed: Notify,
     next_conn: AtomicU64,
+    /// Becomes `true` once, when the daemon shuts down.
+    stopping: watch::Sender<bool>,
+    /// Compute threads started, joined at shutdown (finished ones are dropped as new ones
+    /// start).
+    compute: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Node {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data behind; keep serving.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves once the daemon is shutting down.
+    async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        // The sender lives in `self`: `wait_for` cannot fail while we are borrowed.
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Runs `fut` unless the daemon shuts down first (then `None`; `fut` is dropped).
+    async fn until_stopped<T>(&self, fut: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            r = fut => Some(r),
+            _ = self.stopped() => None,
+        }
+    }
+
+    fn add_compute_thread(&self, t: std::thread::JoinHandle<()>) {
+        let mut threads = self.compute.lock().unwrap_or_else(|e| e.into_inner());
+        threads.retain(|t| !t.is_finished());
+        threads.push(t);
+    }
+}
+
+/// The sockets a node serves on: a TCP listener (handshakes, the coordinator's control
+/// connection, TCP and io_uring data links, the anchors of reliable UDP links, whose
+/// datagrams use the UDP port of the same number) and, when data links travel over QUIC, a
+/// QUIC endpoint on the UDP port of the listener's number.
+pub struct Listener {
+    tcp: TcpListener,
+    quic: Option<QuicServer>,
+}
+
+impl Listener {
+    /// Takes a bound TCP listener; for `--transport quic`, binds the QUIC endpoint on the UDP
+    /// port of its number (so a listener bound to port 0 gets one port for both). Call it
+    /// inside a tokio runtime.
+    pub fn new(tcp: TcpListener, opts: &NodeOptions) -> Result<Listener, DaemonError> {
+        let quic = match opts.transport {
+            TransportKind::Quic => {
+                let addr = tcp.local_addr().map_err(DaemonError::LocalAddr)?;
+                Some(
+                    QuicServer::bind(addr, &opts.key, &opts.name)
+                        .map_err(|source| DaemonError::Quic { addr, source })?,
+                )
+            }
+            TransportKind::Tcp | TransportKind::Udp | TransportKind::Uring => None,
+        };
+        Ok(Listener { tcp, quic })
+    }
+
+    /// The TCP address the node serves on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
     }
 }
 
@@ -155,128 +236,153 @@ fn scan_models(dir: &Path) -> Vec<ModelIdentity> {
     out
 }
 
-/// Runs the daemon until the process is killed. Fails only if the address cannot be bound.
-pub fn serve(opts: NodeOptions) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the I/O runtime: {e}"))?;
-    rt.block_on(async move {
-        let addr: std::net::SocketAddr = tokio::net::lookup_host(&opts.listen)
-            .await
-            .map_err(|e| format!("--listen {}: {e}", opts.listen))?
-            .next()
-            .ok_or_else(|| format!("--listen {}: no address", opts.listen))?;
-        let listener = ringllm_protocol::sock::listen_tcp(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        // The transport's own start-up checks: refuse now rather than at the first link.
-        let quic = match opts.transport {
-            TransportKind::Tcp => None,
-            TransportKind::Uring => {
-                let s = ringllm_protocol::uring::probe().map_err(|e| {
-                    format!(
-                        "--transport uring: io_uring is not usable here: {e} (choose \
-                         --transport tcp, udp or quic)"
-                    )
-                })?;
-                info!(send_zc = s.send_zc, "io_uring available");
-                None
-            }
-            TransportKind::Udp => {
-                ringllm_protocol::sock::bind_udp_reuse(addr)
-                    .map_err(|e| format!("--transport udp: cannot bind UDP {addr}: {e}"))?;
-                None
-            }
-            TransportKind::Quic => Some(
-                ringllm_protocol::quic::QuicServer::bind(addr, &opts.key, &opts.name).map_err(
-                    |e| format!("--transport quic: cannot serve QUIC on UDP {addr}: {e}"),
-                )?,
-            ),
-        };
-        eprintln!(
-            "ringllm node '{}' listening on {addr} (cluster {}, data links over {})",
-            opts.name,
-            opts.key.id_hex(),
-            opts.transport
-        );
-        let threads = opts.threads.max(1);
-        let dir = opts.models_dir.clone();
-        let (speed, models) = tokio::task::spawn_blocking(move || {
-            (
-                sys::matvec_speed(threads, Duration::from_millis(200)),
-                scan_models(&dir),
-            )
-        })
-        .await
-        .map_err(|e| format!("start-up probe failed: {e}"))?;
-        let (total, avail) = sys::memory();
-        let caps = Capabilities {
-            node_name: opts.name.clone(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            memory_total: total,
-            memory_available: avail,
-            threads: threads as u32,
-            cpu_features: sys::cpu_features(),
-            isa: ringllm_kernels::isa().name().to_string(),
-            matvec_bytes_per_s: speed,
-            models,
+/// Serves on `listener` until `shutdown` resolves, then stops accepting, tells a connected
+/// coordinator, ends the session, waits for the connection tasks and compute threads, and
+/// returns. Fails only at start-up (a listener without the QUIC endpoint its transport needs,
+/// a failed start-up probe); a peer's error is logged (and answered) and the node serves on.
+pub async fn serve(
+    listener: Listener,
+    opts: NodeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let Listener { tcp, quic } = listener;
+    if opts.transport == TransportKind::Quic && quic.is_none() {
+        return Err(DaemonError::NoQuicEndpoint {
+            node: opts.name,
             transport: opts.transport,
-        };
-        info!(
-            speed_gbs = speed / 1e9,
-            models = caps.models.len(),
-            "node ready"
-        );
-        let node = Arc::new(Node {
-            opts,
-            caps,
-            state: Mutex::new(State::default()),
-            changed: Notify::new(),
-            next_conn: AtomicU64::new(1),
         });
-        if let Some(q) = quic {
-            tokio::spawn(quic_accept_loop(Arc::clone(&node), q));
-        }
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(x) => x,
+    }
+    let threads = opts.threads.max(1);
+    let dir = opts.models_dir.clone();
+    let (speed, models) = tokio::task::spawn_blocking(move || {
+        (
+            sys::matvec_speed(threads, Duration::from_millis(200)),
+            scan_models(&dir),
+        )
+    })
+    .await
+    .map_err(DaemonError::Probe)?;
+    let (total, avail) = sys::memory();
+    let caps = Capabilities {
+        node_name: opts.name.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        memory_total: total,
+        memory_available: avail,
+        threads: threads as u32,
+        cpu_features: sys::cpu_features(),
+        isa: ringllm_kernels::isa().name().to_string(),
+        matvec_bytes_per_s: speed,
+        models,
+        transport: opts.transport,
+    };
+    info!(
+        speed_gbs = speed / 1e9,
+        models = caps.models.len(),
+        "node ready"
+    );
+    let node = Arc::new(Node {
+        opts,
+        caps,
+        state: Mutex::new(State::default()),
+        changed: Notify::new(),
+        next_conn: AtomicU64::new(1),
+        stopping: watch::Sender::new(false),
+        compute: Mutex::new(Vec::new()),
+    });
+    let mut tasks = JoinSet::new();
+    if let Some(q) = quic {
+        tasks.spawn(quic_accept_loop(Arc::clone(&node), q));
+    }
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            accepted = tcp.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tasks.spawn(connection(Arc::clone(&node), stream, peer));
+                }
                 Err(e) => {
                     warn!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
                 }
-            };
-            let node = Arc::clone(&node);
-            tokio::spawn(async move {
-                let mut stream = stream;
-                let session = match control_conn::accept_stream(
-                    &mut stream,
-                    &node.opts.key,
-                    &node.opts.name,
-                    HANDSHAKE_TIMEOUT,
-                )
-                .await
-                {
-                    Ok(s) => s,
-                    Err(e) => {
-                        warn!("refused connection from {peer}: {e}");
-                        return;
-                    }
-                };
-                let conn_id = node.next_conn.fetch_add(1, Ordering::Relaxed);
-                match session.peer.role {
-                    Role::Coordinator => {
-                        let link = control_conn::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
-                        coordinator_conn(node, link, conn_id).await
-                    }
-                    Role::Upstream => data_conn(node, stream, session, peer).await,
-                    Role::Node => {
-                        warn!("refused connection from {peer}: a node answering, not connecting")
-                    }
-                }
-            });
+            },
+            // Reap finished connection tasks as they end.
+            Some(_) = tasks.join_next() => {}
         }
+    }
+    drop(tcp);
+    info!("node '{}' shutting down", node.opts.name);
+    node.stopping.send_replace(true);
+    node.changed.notify_waiters();
+    let drained = tokio::time::timeout(SHUTDOWN_WAIT, async {
+        while tasks.join_next().await.is_some() {}
     })
+    .await;
+    if drained.is_err() {
+        warn!(
+            "{} connection task(s) still running after {SHUTDOWN_WAIT:?}; abandoning them",
+            tasks.len()
+        );
+        tasks.abort_all();
+    }
+    // Every connection has ended its session; a session left by an aborted task ends here.
+    let left = node.lock().session.take();
+    drop(left);
+    join_compute_threads(&node).await;
+    info!("node '{}' stopped", node.opts.name);
+    Ok(())
+}
+
+/// Waits (up to `SHUTDOWN_WAIT`) for the compute threads, which end once their session's
+/// links are closed, and joins them.
+async fn join_compute_threads(node: &Node) {
+    let threads = std::mem::take(&mut *node.compute.lock().unwrap_or_else(|e| e.into_inner()));
+    let deadline = Instant::now() + SHUTDOWN_WAIT;
+    while threads.iter().any(|t| !t.is_finished()) {
+        if Instant::now() >= deadline {
+            warn!("a compute thread is still running after {SHUTDOWN_WAIT:?}; not waiting for it");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for t in threads {
+        if t.join().is_err() {
+            warn!("a compute thread had panicked");
+        }
+    }
+}
+
+/// One accepted TCP connection: authenticates it, then serves it by role.
+async fn connection(node: Arc<Node>, mut stream: tokio::net::TcpStream, peer: SocketAddr) {
+    let handshake = control_conn::accept_stream(
+        &mut stream,
+        &node.opts.key,
+        &node.opts.name,
+        HANDSHAKE_TIMEOUT,
+    );
+    let session = match node.until_stopped(handshake).await {
+        None => return,
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            warn!("refused connection from {peer}: {e}");
+            return;
+        }
+    };
+    let conn_id = node.next_conn.fetch_add(1, Ordering::Relaxed);
+    match session.peer.role {
+        Role::Coordinator => {
+            let link = control_conn::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
+            coordinator_conn(node, link, conn_id).await
+        }
+        Role::Upstream => {
+            let link = data_conn(Arc::clone(&node), stream, session, peer);
+            let _ = node.until_stopped(link).await;
+        }
+        Role::Node => {
+            warn!("refused connection from {peer}: a node answering, not connecting")
+        }
+    }
 }
 
 fn error_frame(code: ErrorCode, seq: Option<u64>, message: String) -> Option<Outgoing> {
@@ -285,14 +391,15 @@ fn error_frame(code: ErrorCode, seq: Option<u64>, message: String) -> Option<Out
         .ok()
 }
 
-/// Spawns a task that writes every queued frame to `tx`; returns the queue.
+/// Spawns a task that writes every queued frame to `tx`; returns the queue, and the task,
+/// which ends once every sender of the queue is gone and the queue is written.
 fn spawn_writer(
     mut tx: Box<dyn ringllm_protocol::FrameSender>,
     what: String,
     on_error: Option<(mpsc::Sender<Outgoing>, String)>,
-) -> mpsc::Sender<Outgoing> {
+) -> (mpsc::Sender<Outgoing>, tokio::task::JoinHandle<()>) {
     let (qtx, mut qrx) = mpsc::channel::<Outgoing>(256);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         while let Some((h, p)) = qrx.recv().await {
             if let Err(e) = tx.send(&h, &p).await {
                 warn!("{what}: send failed: {e}");
@@ -309,7 +416,7 @@ fn spawn_writer(
             }
         }
     });
-    qtx
+    (qtx, task)
 }
 
 async fn queue_control(q: &mpsc::Sender<Outgoing>, msg: Control) {
@@ -327,8 +434,39 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
         link.session.peer.name, link.peer_addr
     );
     let Link { tx, mut rx, .. } = link;
-    let out = spawn_writer(tx, who.clone(), None);
-    // One coordinator at a time: wait for the previous connection to go away.
+    let (out, writer) = spawn_writer(tx, who.clone(), None);
+    // `None`: shutting down; `Some(None)`: refused as busy (and told so).
+    if let Some(Some(slot)) = node
+        .until_stopped(claim_slot(&node, conn_id, &who, &out))
+        .await
+    {
+        queue_control(&out, Control::Capabilities(node.caps.clone())).await;
+        let served = control_loop(&node, &who, &mut rx, &out, conn_id);
+        if node.until_stopped(served).await.is_none() {
+            info!("{who}: shutting down");
+            let reason = format!("node '{}' is shutting down", node.opts.name);
+            queue_control(&out, Control::Shutdown { reason }).await;
+        }
+        // Ends the session: its compute thread, which holds a sender of `out`, stops.
+        drop(slot);
+    }
+    drop(out);
+    // Everything queued (a refusal, the shutdown notice) is written before the connection
+    // closes.
+    if tokio::time::timeout(SHUTDOWN_WAIT, writer).await.is_err() {
+        warn!("{who}: the last messages were not written within {SHUTDOWN_WAIT:?}");
+    }
+}
+
+/// Takes the coordinator slot for connection `conn_id`: one coordinator at a time, so wait
+/// (up to `TAKEOVER_WAIT`) for the previous connection to go away. `None`: still busy, and
+/// the coordinator was told.
+async fn claim_slot(
+    node: &Arc<Node>,
+    conn_id: u64,
+    who: &str,
+    out: &mpsc::Sender<Outgoing>,
+) -> Option<SlotGuard> {
     let deadline = Instant::now() + TAKEOVER_WAIT;
     loop {
         let notified = node.changed.notified();
@@ -336,13 +474,19 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
             let mut st = node.lock();
             match &st.coordinator {
                 None => {
-                    st.coordinator = Some((conn_id, who.clone()));
+                    st.coordinator = Some((conn_id, who.to_string()));
                     None
                 }
                 Some(c) => Some(c.1.clone()),
             }
         };
-        let Some(busy) = busy else { break };
+        let Some(busy) = busy else {
+            info!("serving {who}");
+            return Some(SlotGuard {
+                node: Arc::clone(node),
+                conn_id,
+            });
+        };
         if Instant::now() >= deadline {
             warn!("refused {who}: still serving {busy}");
             if let Some(f) = error_frame(
@@ -352,19 +496,24 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
             ) {
                 let _ = out.send(f).await;
             }
-            return;
+            return None;
         }
         tokio::select! {
             _ = notified => {}
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
-    info!("serving {who}");
-    let _slot = SlotGuard {
-        node: Arc::clone(&node),
-        conn_id,
-    };
-    queue_control(&out, Control::Capabilities(node.caps.clone())).await;
+}
+
+/// Answers the coordinator's control messages until it closes the connection, ends the
+/// session or sends something unreadable.
+async fn control_loop(
+    node: &Arc<Node>,
+    who: &str,
+    rx: &mut Box<dyn ringllm_protocol::FrameReceiver>,
+    out: &mpsc::Sender<Outgoing>,
+    conn_id: u64,
+) {
     let mut buf = Vec::new();
     loop {
         let h = match rx.recv(&mut buf).await {
@@ -396,29 +545,29 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
                 debug!("{who}: {}", msg.name());
                 match msg {
                     Control::Assign(a) => {
-                        let reply = match assign(&node, a, conn_id, out.clone()).await {
+                        let reply = match assign(node, a, conn_id, out.clone()).await {
                             Ok(r) => Control::Ready(r),
-                            Err((code, message)) => {
-                                warn!("assignment failed: {message}");
+                            Err(e) => {
+                                warn!("assignment failed: {e}");
                                 Control::Error(ErrorMsg {
-                                    code,
+                                    code: e.code(),
                                     seq: None,
-                                    message,
+                                    message: e.to_string(),
                                 })
                             }
                         };
-                        queue_control(&out, reply).await;
+                        queue_control(out, reply).await;
                     }
                     Control::Heartbeat {
                         nonce,
                         reply: false,
                     } => {
-                        queue_control(&out, Control::Heartbeat { nonce, reply: true }).await;
+                        queue_control(out, Control::Heartbeat { nonce, reply: true }).await;
                     }
                     Control::Heartbeat { reply: true, .. } => {}
                     Control::GetStats => {
-                        let stats = node_stats(&node);
-                        queue_control(&out, Control::Stats(stats)).await;
+                        let stats = node_stats(node);
+                        queue_control(out, Control::Stats(stats)).await;
                     }
                     Control::ReleaseSequence { seq } => {
                         let st = node.lock();
@@ -437,7 +586,7 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
                         let m = format!("unexpected {} message from a coordinator", other.name());
                         warn!("{who}: {m}");
                         queue_control(
-                            &out,
+                            out,
                             Control::Error(ErrorMsg {
                                 code: ErrorCode::BadRequest,
                                 seq: None,
@@ -506,8 +655,6 @@ fn node_stats(node: &Node) -> Stats {
     out
 }
 
-type AssignError = (ErrorCode, String);
-
 async fn assign(
     node: &Arc<Node>,
     a: Assignment,
@@ -519,18 +666,15 @@ async fn assign(
     // A new assignment replaces this connection's previous one.
     node.lock().session = None;
     if a.activations == Dtype::Bytes {
-        return Err((
-            ErrorCode::BadRequest,
-            format!("node '{name}': activations must be f32, f16, bf16 or q8"),
-        ));
+        return Err(AssignError::Activations { node: name });
     }
     let kv_type = a.kv_type;
     let fname = a.model.file_name.clone();
     if fname.is_empty() || fname.contains('/') || fname.contains('\\') || fname.starts_with('.') {
-        return Err((
-            ErrorCode::BadRequest,
-            format!("node '{name}': invalid model file name '{fname}'"),
-        ));
+        return Err(AssignError::FileName {
+            node: name,
+            file: fname,
+        });
     }
     let path = node.opts.models_dir.join(&fname);
     let cached = node
@@ -543,34 +687,31 @@ async fn assign(
         Some(f) => f,
         None => {
             if !path.exists() {
-                return Err((
-                    ErrorCode::ModelMissing,
-                    format!(
-                        "node '{name}' has no model file {fname} in {} (copy the file there, or start the node with --models DIR)",
-                        node.opts.models_dir.display()
-                    ),
-                ));
+                return Err(AssignError::NoModelFile {
+                    node: name,
+                    file: fname,
+                    dir: node.opts.models_dir.clone(),
+                });
             }
             let p = path.clone();
             let f = tokio::task::spawn_blocking(move || GgufFile::open_lean(&p))
-                .await
-                .map_err(|e| (ErrorCode::Internal, e.to_string()))?
-                .map_err(|e| {
-                    (
-                        ErrorCode::ModelMissing,
-                        format!("node '{name}': cannot read {}: {e}", path.display()),
-                    )
+                .await?
+                .map_err(|e| AssignError::Unreadable {
+                    node: name.clone(),
+                    path: path.clone(),
+                    source: Box::new(e),
                 })?;
             let f = Arc::new(f);
             let id = model_identity(&path, &f);
             if id != a.model {
-                return Err((
-                    ErrorCode::ModelMismatch,
-                    format!(
-                        "node '{name}': {} is not the coordinator's model (size {} vs {}, header hash {:016x} vs {:016x}); copy the same file to every machine",
-                        path.display(), id.size, a.model.size, id.header_hash, a.model.header_hash
-                    ),
-                ));
+                return Err(AssignError::NotTheModel {
+                    node: name,
+                    path,
+                    size: id.size,
+                    want_size: a.model.size,
+                    hash: id.header_hash,
+                    want_hash: a.model.header_hash,
+                });
             }
             node.lock().cache = Some((id, Arc::clone(&f)));
             f
@@ -596,7 +737,10 @@ async fn assign(
                 head,
             },
         )
-        .map_err(|e| (ErrorCode::BadRequest, format!("node '{n2}': {e}")))?;
+        .map_err(|source| AssignError::Load {
+            node: n2.clone(),
+            source,
+        })?;
         let kv_bytes = KvCache::bytes_for(
             &model.hp,
             model.layer_range.clone(),
@@ -608,20 +752,16 @@ async fn assign(
         let weights = model.prefault() as u64;
         let (_, avail) = sys::memory();
         if avail > 0 && kv_bytes > avail {
-            return Err((
-                ErrorCode::OutOfMemory,
-                format!(
-                    "node '{n2}': the KV cache needs {} MiB but only {} MiB are available",
-                    kv_bytes >> 20,
-                    avail >> 20
-                ),
-            ));
+            return Err(AssignError::KvMemory {
+                node: n2,
+                need: kv_bytes,
+                available: avail,
+            });
         }
         let runner = Runner::new(Arc::new(model), threads, max_batch, ctx);
         Ok((runner, weights, kv_bytes))
     })
-    .await
-    .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
+    .await??;
     let (runner, weight_bytes, kv_bytes) = loaded;
     let stats = Arc::new(SessionStats::default());
     // The link to the next node, if the output does not go back to the coordinator.
@@ -644,11 +784,11 @@ async fn assign(
                 false,
             )
             .await
-            .map_err(|e| {
-                (
-                    ErrorCode::NextHopUnreachable,
-                    format!("node '{name}' cannot reach its next hop '{next}' at {address}: {e}"),
-                )
+            .map_err(|source| AssignError::NextHop {
+                node: name.clone(),
+                next: next.clone(),
+                address: address.clone(),
+                source,
             })?,
         ),
     };
@@ -686,15 +826,11 @@ async fn assign(
         closers: Arc::clone(&closers),
         release: Arc::clone(&release),
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name(format!("compute-{}", a.session))
         .spawn(move || worker.run(attach_rx))
-        .map_err(|e| {
-            (
-                ErrorCode::Internal,
-                format!("cannot start compute thread: {e}"),
-            )
-        })?;
+        .map_err(AssignError::Thread)?;
+    node.add_compute_thread(thread);
     let ready = Ready {
         session: a.session,
         layer_start: a.layer_start,
@@ -741,13 +877,21 @@ async fn data_conn(
     .await
 }
 
-/// Data links arriving over QUIC.
-async fn quic_accept_loop(node: Arc<Node>, server: ringllm_protocol::quic::QuicServer) {
+/// Data links arriving over QUIC, until the daemon shuts down (then the endpoint closes, and
+/// every QUIC link with it).
+async fn quic_accept_loop(node: Arc<Node>, server: QuicServer) {
     loop {
-        let (link, hs, peer) = match server.accept(HANDSHAKE_TIMEOUT, MAX_PAYLOAD).await {
-            None => return,
-            Some(Ok(x)) => x,
-            Some(Err(e)) => {
+        let accepted = node
+            .until_stopped(server.accept(HANDSHAKE_TIMEOUT, MAX_PAYLOAD))
+            .await;
+        let (link, hs, peer) = match accepted {
+            None => {
+                server.close_all();
+                return;
+            }
+            Some(None) => return,
+            Some(Some(Ok(x))) => x,
+            Some(Some(Err(e))) => {
                 warn!("refused QUIC connection: {e}");
                 continue;
             }
@@ -761,9 +905,13 @@ async fn quic_accept_loop(node: Arc<Node>, server: ringllm_protocol::quic::QuicS
             continue;
         }
         let who = format!("data link from '{}' ({peer})", hs.peer.name);
-        tokio::spawn(attach_link(Arc::clone(&node), who, move || {
-            dial::accept_quic_data(link, HANDSHAKE_TIMEOUT)
-        }));
+        let n = Arc::clone(&node);
+        tokio::spawn(async move {
+            let attach = attach_link(Arc::clone(&n), who, move || {
+                dial::accept_quic_data(link, HANDSHAKE_TIMEOUT)
+            });
+            n.until_stopped(attach).await
+        });
     }
 }
 
@@ -994,8 +1142,9 @@ impl Worker {
                         .busy_us
                         .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
                 }
-                Err(msg) => {
+                Err(e) => {
                     let seq = batch.first().map(|b| b.0.seq);
+                    let msg = format!("node '{}': {e}", self.name);
                     self.report(ErrorCode::Compute, seq, msg)
                 }
             }
@@ -1020,68 +1169,58 @@ impl Worker {
         &mut self,
         batch: &[(FrameHeader, Vec<u8>)],
         x: &mut Vec<f32>,
-    ) -> Result<Vec<Outgoing>, String> {
-        let name = self.name.clone();
+    ) -> Result<Vec<Outgoing>, StageError> {
         let d = self.runner.model.hp.d_model;
         let n: usize = batch.iter().map(|(h, _)| h.n_tokens as usize).sum();
         if n > self.runner.max_batch() {
-            return Err(format!(
-                "node '{name}': a batch of {n} tokens exceeds the limit {}",
-                self.runner.max_batch()
-            ));
+            return Err(StageError::BatchTooLarge {
+                n,
+                max: self.runner.max_batch(),
+            });
         }
         let mut seen = vec![false; self.caches.len()];
         for (h, _) in batch {
             let want = h.dtype.bytes_for(d);
             if h.kind != FrameKind::Hidden || want != Some(h.bytes_per_token()) {
-                return Err(format!(
-                    "node '{name}': {:?} frame of {} bytes per token in {}, expected hidden \
-                     states of {} bytes per token ({} × d = {d})",
-                    h.kind,
-                    h.bytes_per_token(),
-                    h.dtype.name(),
-                    want.map_or("no whole".to_string(), |w| w.to_string()),
-                    h.dtype.name(),
-                ));
+                return Err(StageError::NotHidden {
+                    kind: h.kind,
+                    dtype: h.dtype,
+                    bytes_per_token: h.bytes_per_token(),
+                    want,
+                    d,
+                });
             }
             let slot = h.seq as usize;
             if slot >= self.caches.len() {
-                return Err(format!(
-                    "node '{name}': sequence {} is beyond the {} slots assigned",
-                    h.seq,
-                    self.caches.len()
-                ));
+                return Err(StageError::SlotOutOfRange {
+                    seq: h.seq,
+                    slots: self.caches.len(),
+                });
             }
             if std::mem::replace(&mut seen[slot], true) {
-                return Err(format!(
-                    "node '{name}': sequence {} twice in one batch",
-                    h.seq
-                ));
+                return Err(StageError::DuplicateSequence { seq: h.seq });
             }
             let (ctx, ty) = (self.kv_ctx, self.kv_type);
             let cache = self.caches[slot].get_or_insert_with(|| self.runner.new_cache(ctx, ty));
             let pos = h.pos as usize;
             if pos < cache.len {
                 if !cache.can_truncate_to(pos) {
-                    return Err(format!(
-                        "node '{name}': cannot rewind sequence {} to position {pos} (sliding-window cache)",
-                        h.seq
-                    ));
+                    return Err(StageError::CannotRewind { seq: h.seq, pos });
                 }
                 cache.truncate(pos);
             } else if pos > cache.len {
-                return Err(format!(
-                    "node '{name}': frame at position {pos} but the cache holds {} positions of sequence {}",
-                    cache.len, h.seq
-                ));
+                return Err(StageError::PositionGap {
+                    seq: h.seq,
+                    pos,
+                    held: cache.len,
+                });
             }
         }
         x.resize(n * d, 0.0);
         let mut row = 0;
         for (h, payload) in batch {
             let k = h.n_tokens as usize;
-            activations::decode(h.dtype, payload, &mut x[row * d..(row + k) * d])
-                .map_err(|e| format!("node '{name}': {e}"))?;
+            activations::decode(h.dtype, payload, &mut x[row * d..(row + k) * d])?;
             row += k;
         }
         let t = Instant::now();
@@ -1091,7 +1230,7 @@ impl Worker {
                 let slot = h.seq as usize;
                 let c = self.caches[slot]
                     .take()
-                    .ok_or_else(|| format!("node '{name}': no cache for sequence {}", h.seq))?;
+                    .ok_or(StageError::NoCache { seq: h.seq })?;
                 taken.push((slot, c));
             }
             let mut parts: Vec<(&mut KvCache, usize)> = taken
@@ -1104,7 +1243,7 @@ impl Worker {
             for (slot, c) in taken {
                 self.caches[slot] = Some(c);
             }
-            r.map_err(|e| format!("node '{name}': {e}"))?;
+            r?;
         }
         let mut outs = Vec::with_capacity(batch.len());
         let mut row = 0;
@@ -1121,25 +1260,19 @@ impl Worker {
                 };
                 let vocab = self.runner.model.hp.vocab;
                 let xr = &mut xs[rows.start * d..rows.end * d];
-                self.runner
-                    .final_norm(xr, rows.len())
-                    .map_err(|e| format!("node '{name}': {e}"))?;
+                self.runner.final_norm(xr, rows.len())?;
                 let mut logits = vec![0f32; rows.len() * vocab];
-                self.runner
-                    .logits(xr, rows.len(), &mut logits)
-                    .map_err(|e| format!("node '{name}': {e}"))?;
+                self.runner.logits(xr, rows.len(), &mut logits)?;
                 bytes.reserve(logits.len() * 2);
                 for v in &logits {
                     bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
                 }
                 (FrameKind::Logits, Dtype::F16, rows.len())
             } else {
-                activations::encode(self.activations, xs, &mut bytes)
-                    .map_err(|e| format!("node '{name}': {e}"))?;
+                activations::encode(self.activations, xs, &mut bytes)?;
                 (FrameKind::Hidden, self.activations, k)
             };
-            let oh = FrameHeader::new(kind, dtype, h.seq, h.pos, n_out as u32, h.flags, &bytes)
-                .map_err(|e| format!("node '{name}': {e}"))?;
+            let oh = FrameHeader::new(kind, dtype, h.seq, h.pos, n_out as u32, h.flags, &bytes)?;
             outs.push((oh, bytes));
         }
         self.stats

@@ -1,10 +1,15 @@
 //! `ringllm node`: the worker daemon of a ring, serving a slice of a model to a coordinator.
+//! This command binds `--listen`, runs the transport's start-up checks (refusing now rather
+//! than at the first data link), and serves until Ctrl-C or SIGTERM.
 
 use crate::cli::NodeArgs;
 use anyhow::{anyhow, Result};
 use ringllm::engine::default_threads;
-use ringllm_protocol::ClusterKey;
+use ringllm_node::daemon::{self, Listener, NodeOptions};
+use ringllm_protocol::{sock, ClusterKey, TransportKind};
 use std::process::ExitCode;
+use std::time::Duration;
+use tracing::{info, warn};
 
 pub fn node(args: NodeArgs) -> Result<ExitCode> {
     let key = ClusterKey::load(&args.key)?;
@@ -15,14 +20,93 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         let port = args.listen.rsplit(':').next().unwrap_or("");
         format!("{host}:{port}")
     });
-    ringllm_node::daemon::serve(ringllm_node::daemon::NodeOptions {
-        listen: args.listen.clone(),
+    let opts = NodeOptions {
         key,
         name,
         threads: args.threads.unwrap_or_else(default_threads).max(1),
         models_dir: args.models.clone(),
         transport: args.transport,
-    })
-    .map_err(|e| anyhow!(e))?;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow!("cannot start the I/O runtime: {e}"))?;
+    let served = rt.block_on(async move {
+        let listener = bind(&args.listen, &opts).await?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "ringllm node '{}' listening on {addr} (cluster {}, data links over {})",
+            opts.name,
+            opts.key.id_hex(),
+            opts.transport
+        );
+        // The daemon's messages name their causes already: keep them as they are.
+        daemon::serve(listener, opts, shutdown_signal())
+            .await
+            .map_err(|e| anyhow!("{e}"))
+    });
+    // Blocking work still under way (a model being mapped) is not waited for long.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Binds `--listen` and checks the transport can run here.
+async fn bind(listen: &str, opts: &NodeOptions) -> Result<Listener> {
+    let addr: std::net::SocketAddr = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| anyhow!("--listen {listen}: {e}"))?
+        .next()
+        .ok_or_else(|| anyhow!("--listen {listen}: no address"))?;
+    let tcp = sock::listen_tcp(addr).map_err(|e| anyhow!("cannot listen on {addr}: {e}"))?;
+    let addr = tcp.local_addr()?;
+    match opts.transport {
+        TransportKind::Tcp | TransportKind::Quic => {}
+        TransportKind::Uring => {
+            let s = ringllm_protocol::uring::probe().map_err(|e| {
+                anyhow!(
+                    "--transport uring: io_uring is not usable here: {e} (choose --transport \
+                     tcp, udp or quic)"
+                )
+            })?;
+            info!(send_zc = s.send_zc, "io_uring available");
+        }
+        TransportKind::Udp => {
+            // Each reliable UDP link binds the UDP port of the listener's number.
+            sock::bind_udp_reuse(addr)
+                .map_err(|e| anyhow!("--transport udp: cannot bind UDP {addr}: {e}"))?;
+        }
+    }
+    // With QUIC, this binds the QUIC endpoint on the UDP port of the listener's number.
+    Listener::new(tcp, opts).map_err(|e| anyhow!("--transport {}: {e}", opts.transport))
+}
+
+/// Resolves at Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            warn!("cannot watch for Ctrl-C: {e}");
+            std::future::pending::<()>().await
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                warn!("cannot watch for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => info!("Ctrl-C: shutting down"),
+        _ = term => info!("SIGTERM: shutting down"),
+    }
 }
