@@ -773,15 +773,16 @@ async fn assign(
             transport,
         } => Some(
             dial::connect_data_link(
-                *transport,
-                address,
+                &dial::DialSpec {
+                    kind: *transport,
+                    addr: address,
+                    name: &name,
+                    timeout: HANDSHAKE_TIMEOUT,
+                    max_payload: MAX_PAYLOAD,
+                    ring_session: a.session,
+                    role: dial::LinkRole::Input,
+                },
                 &node.opts.key,
-                &name,
-                HANDSHAKE_TIMEOUT,
-                MAX_PAYLOAD,
-                a.session,
-                true,
-                false,
             )
             .await
             .map_err(|source| AssignError::NextHop {
@@ -936,10 +937,10 @@ async fn attach_link(
     let AttachInfo {
         session,
         from,
-        input,
-        output,
+        role,
         ..
     } = info;
+    let (input, output) = (role.input(), role.output());
     let mut link = Some(link);
     // The assignment may still be loading here: wait a little for it.
     let deadline = Instant::now() + TAKEOVER_WAIT;

@@ -9,7 +9,7 @@ use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_node::{KvType, LoadOptions, Model, Runner};
 use ringllm_protocol::control::{Assignment, Capabilities, Input, NextHop};
 use ringllm_protocol::control_conn::{self, control_of};
-use ringllm_protocol::dial::{self, BoxLink};
+use ringllm_protocol::dial::{self, BoxLink, DialSpec, LinkRole};
 use ringllm_protocol::{
     ClusterKey, Control, Dtype, FrameHeader, FrameKind, Link, Role, TransportError, TransportKind,
 };
@@ -295,17 +295,17 @@ async fn a_session_runs_a_frame_and_shutdown_ends_it() {
 
 /// The coordinator's side of a data link into and out of session `session`.
 async fn open_data_link(addr: SocketAddr, session: u64) -> BoxLink {
-    dial::connect_data_link(
-        TransportKind::Tcp,
-        &addr.to_string(),
-        &key(KEY),
-        "test-coordinator",
-        GUARD,
-        daemon::MAX_PAYLOAD,
-        session,
-        true,
-        true,
-    )
-    .await
+    let addr = addr.to_string();
+    let spec = DialSpec {
+        kind: TransportKind::Tcp,
+        addr: &addr,
+        name: "test-coordinator",
+        timeout: GUARD,
+        max_payload: daemon::MAX_PAYLOAD,
+        ring_session: session,
+        role: LinkRole::InputOutput,
+    };
+    dial::connect_data_link(&spec, &key(KEY))
+        .await
     .expect("open the data link")
 }

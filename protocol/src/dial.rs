@@ -26,32 +26,85 @@ use std::time::Duration;
 
 pub type BoxLink = Box<dyn DataLink>;
 
+/// What a data link carries, seen from the node that accepts it. On the wire (`Attach`) it
+/// is two flags, `input` and `output`; a link with neither is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinkRole {
+    /// Frames flow into the accepting node, its input: the coordinator's link to the first
+    /// node of a segment of several nodes, or a node's link to the next node of the ring.
+    Input,
+    /// The accepting node sends its output on it: the coordinator's link to the last node of
+    /// a segment of several nodes.
+    Output,
+    /// Both ways on one link: the coordinator's link to a segment of one node (or a
+    /// benchmark's echo server).
+    InputOutput,
+}
+
+impl LinkRole {
+    /// The role the `Attach` flags name; `None` for a link that carries neither.
+    pub fn from_flags(input: bool, output: bool) -> Option<LinkRole> {
+        match (input, output) {
+            (true, false) => Some(LinkRole::Input),
+            (false, true) => Some(LinkRole::Output),
+            (true, true) => Some(LinkRole::InputOutput),
+            (false, false) => None,
+        }
+    }
+
+    /// The link carries the accepting node's input.
+    pub fn input(self) -> bool {
+        matches!(self, LinkRole::Input | LinkRole::InputOutput)
+    }
+
+    /// The link carries the accepting node's output.
+    pub fn output(self) -> bool {
+        matches!(self, LinkRole::Output | LinkRole::InputOutput)
+    }
+}
+
+/// Which data link to open, and what it will carry (`connect_data_link`).
+#[derive(Clone, Debug)]
+pub struct DialSpec<'a> {
+    pub kind: TransportKind,
+    /// The node's `--listen` address (host:port).
+    pub addr: &'a str,
+    /// Our name, for the handshake and the node's logs.
+    pub name: &'a str,
+    /// Connecting, authenticating and (for UDP) the node's answer must fit in this.
+    pub timeout: Duration,
+    /// Payload cap of frames we receive on the link.
+    pub max_payload: u32,
+    /// The ring session the link belongs to (the node refuses links of another session).
+    pub ring_session: u64,
+    pub role: LinkRole,
+}
+
 /// What the opening side of a data link declared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttachInfo {
     pub session: u64,
     pub from: String,
-    pub input: bool,
-    pub output: bool,
+    pub role: LinkRole,
     pub transport: TransportKind,
 }
 
 /// Label of the keys a reliable UDP link derives from its anchor's handshake.
 const UDP_KEYS: &[u8] = b"udp";
 
-fn attach_msg(
+/// The `Attach` that opens a data link (`udp_port`: the client's, for reliable UDP).
+pub(crate) fn attach_msg(
     ring_session: u64,
     name: &str,
-    input: bool,
-    output: bool,
+    role: LinkRole,
     transport: TransportKind,
     udp_port: u16,
 ) -> Control {
     Control::Attach {
         session: ring_session,
         from: name.to_string(),
-        input,
-        output,
+        input: role.input(),
+        output: role.output(),
         transport,
         udp_port,
     }
@@ -84,20 +137,21 @@ async fn connect_upstream(
     Ok((stream, session))
 }
 
-/// Client side: opens a data link of `kind` to the node listening at `addr`.
-#[allow(clippy::too_many_arguments)]
+/// Client side: opens the data link `spec` describes, authenticated with `key`.
 pub async fn connect_data_link(
-    kind: TransportKind,
-    addr: &str,
+    spec: &DialSpec<'_>,
     key: &ClusterKey,
-    name: &str,
-    timeout: Duration,
-    max_payload: u32,
-    ring_session: u64,
-    input: bool,
-    output: bool,
 ) -> Result<BoxLink, TransportError> {
-    let attach = |kind, port| attach_msg(ring_session, name, input, output, kind, port);
+    let DialSpec {
+        kind,
+        addr,
+        name,
+        timeout,
+        max_payload,
+        ring_session,
+        role,
+    } = *spec;
+    let attach = |kind, port| attach_msg(ring_session, name, role, kind, port);
     match kind {
         TransportKind::Tcp => {
             let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
@@ -121,7 +175,7 @@ pub async fn connect_data_link(
             let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
             // The attach names our UDP port, known once the socket is bound.
             let (ring, from) = (ring_session, name.to_string());
-            let msg = move |port| attach_msg(ring, &from, input, output, kind, port);
+            let msg = move |port| attach_msg(ring, &from, role, kind, port);
             let link = tokio::task::spawn_blocking(move || {
                 connect_udp(stream, &session, msg, max_payload, timeout)
             })
@@ -130,17 +184,8 @@ pub async fn connect_data_link(
             Ok(link)
         }
         TransportKind::Quic => Ok(Box::new(
-            crate::quic::connect_data(
-                addr,
-                key,
-                name,
-                timeout,
-                max_payload,
-                ring_session,
-                input,
-                output,
-            )
-            .await?,
+            crate::quic::connect_data(addr, key, name, timeout, max_payload, &attach(kind, 0))
+                .await?,
         )),
     }
 }
@@ -220,8 +265,7 @@ pub fn accept_tcp_data(
             let answer = attach_msg(
                 info.session,
                 "",
-                info.input,
-                info.output,
+                info.role,
                 TransportKind::Udp,
                 local.port(),
             );
@@ -264,16 +308,21 @@ fn read_attach(
             output,
             transport,
             udp_port,
-        } => Ok((
-            AttachInfo {
-                session,
-                from,
-                input,
-                output,
-                transport,
-            },
-            udp_port,
-        )),
+        } => {
+            let role = LinkRole::from_flags(input, output).ok_or(ProtocolError::BadField {
+                field: "attach input/output (a data link that carries neither)",
+                value: 0,
+            })?;
+            Ok((
+                AttachInfo {
+                    session,
+                    from,
+                    role,
+                    transport,
+                },
+                udp_port,
+            ))
+        }
         Control::Error(e) => Err(ProtocolError::Rejected(e.message).into()),
         other => Err(ProtocolError::Inconsistent(format!(
             "expected an attach message, got {}",

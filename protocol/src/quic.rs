@@ -718,29 +718,18 @@ pub async fn connect(
     r
 }
 
-/// Connects a data link (see `dial`): authenticates as `Role::Upstream` and sends
-/// `Attach`. Call from inside the runtime; use the link from plain threads.
-#[allow(clippy::too_many_arguments)]
+/// Connects a data link (see `dial`): authenticates as `Role::Upstream` and sends its
+/// `attach` message. Call from inside the runtime; use the link from plain threads.
 pub async fn connect_data(
     addr: &str,
     key: &ClusterKey,
     name: &str,
     timeout: Duration,
     max_payload: u32,
-    ring_session: u64,
-    input: bool,
-    output: bool,
+    attach: &crate::control::Control,
 ) -> Result<QuicDataLink, TransportError> {
     let (mut link, _) = connect(addr, key, Role::Upstream, name, timeout, max_payload).await?;
-    let (h, p) = crate::control::Control::Attach {
-        session: ring_session,
-        from: name.to_string(),
-        input,
-        output,
-        transport: crate::TransportKind::Quic,
-        udp_port: 0,
-    }
-    .to_frame()?;
+    let (h, p) = attach.to_frame()?;
     link.io.write_frame(&h, &p).await?;
     Ok(link)
 }

@@ -62,15 +62,16 @@ fn pair(rt: &tokio::runtime::Runtime, kind: TransportKind) -> (BoxLink, BoxLink)
     let server = rt.spawn(async move { l.accept(TIMEOUT).await });
     let client = rt
         .block_on(dial::connect_data_link(
-            kind,
-            &addr,
+            &dial::DialSpec {
+                kind: kind,
+                addr: &addr,
+                name: "client",
+                timeout: TIMEOUT,
+                max_payload: DEFAULT_MAX_PAYLOAD,
+                ring_session: 42,
+                role: dial::LinkRole::Input,
+            },
             &k,
-            "client",
-            TIMEOUT,
-            DEFAULT_MAX_PAYLOAD,
-            42,
-            true,
-            false,
         ))
         .unwrap_or_else(|e| panic!("{kind}: connect: {e}"));
     let (server, info) = rt
@@ -79,7 +80,7 @@ fn pair(rt: &tokio::runtime::Runtime, kind: TransportKind) -> (BoxLink, BoxLink)
         .unwrap_or_else(|e| panic!("{kind}: accept: {e}"));
     assert_eq!(info.session, 42, "{kind}");
     assert_eq!(info.from, "client", "{kind}");
-    assert!(info.input && !info.output, "{kind}");
+    assert_eq!(info.role, dial::LinkRole::Input, "{kind}");
     assert_eq!(info.transport, kind, "{kind}");
     assert_eq!(client.transport(), kind);
     assert_eq!(server.transport(), kind);
@@ -271,15 +272,16 @@ fn a_client_with_the_wrong_key_is_refused_and_the_listener_carries_on() {
         let l2 = Arc::clone(&l);
         let first = rt.spawn(async move { l2.accept(TIMEOUT).await.map(|_| ()) });
         let bad = rt.block_on(dial::connect_data_link(
-            kind,
-            &addr,
+            &dial::DialSpec {
+                kind: kind,
+                addr: &addr,
+                name: "intruder",
+                timeout: TIMEOUT,
+                max_payload: DEFAULT_MAX_PAYLOAD,
+                ring_session: 1,
+                role: dial::LinkRole::Input,
+            },
             &key("another cluster"),
-            "intruder",
-            TIMEOUT,
-            DEFAULT_MAX_PAYLOAD,
-            1,
-            true,
-            false,
         ));
         let e = bad
             .err()
@@ -295,15 +297,16 @@ fn a_client_with_the_wrong_key_is_refused_and_the_listener_carries_on() {
         let next = rt.spawn(async move { l3.accept(TIMEOUT).await });
         let mut c = rt
             .block_on(dial::connect_data_link(
-                kind,
-                &addr,
+                &dial::DialSpec {
+                    kind: kind,
+                    addr: &addr,
+                    name: "client",
+                    timeout: TIMEOUT,
+                    max_payload: DEFAULT_MAX_PAYLOAD,
+                    ring_session: 2,
+                    role: dial::LinkRole::Input,
+                },
                 &k,
-                "client",
-                TIMEOUT,
-                DEFAULT_MAX_PAYLOAD,
-                2,
-                true,
-                false,
             ))
             .unwrap_or_else(|e| panic!("{kind}: good client after a bad one: {e}"));
         let (mut s, _) = rt.block_on(next).unwrap().unwrap();
@@ -327,15 +330,16 @@ fn crash_child() {
     let rt = runtime();
     let mut c = rt
         .block_on(dial::connect_data_link(
-            kind,
-            addr,
+            &dial::DialSpec {
+                kind: kind,
+                addr: addr,
+                name: "doomed",
+                timeout: TIMEOUT,
+                max_payload: DEFAULT_MAX_PAYLOAD,
+                ring_session: 7,
+                role: dial::LinkRole::Input,
+            },
             &key("conformance"),
-            "doomed",
-            TIMEOUT,
-            DEFAULT_MAX_PAYLOAD,
-            7,
-            true,
-            false,
         ))
         .unwrap();
     let _g = rt.enter();

@@ -945,15 +945,16 @@ fn measure_latency_and_throughput() {
     });
     let mut tclient = rt
         .block_on(ringllm_protocol::dial::connect_data_link(
-            ringllm_protocol::TransportKind::Tcp,
-            &taddr.to_string(),
+            &ringllm_protocol::dial::DialSpec {
+                kind: ringllm_protocol::TransportKind::Tcp,
+                addr: &taddr.to_string(),
+                name: "coord",
+                timeout: HS_TIMEOUT,
+                max_payload: DEFAULT_MAX_PAYLOAD,
+                ring_session: 1,
+                role: ringllm_protocol::dial::LinkRole::Input,
+            },
             &k,
-            "coord",
-            HS_TIMEOUT,
-            DEFAULT_MAX_PAYLOAD,
-            1,
-            true,
-            false,
         ))
         .unwrap();
     let mut tserver = rt.block_on(accepted).unwrap();

@@ -254,17 +254,20 @@ enum Client {
 impl Client {
     fn connect(kind: Kind, addr: SocketAddr, rt: &tokio::runtime::Runtime) -> Result<Client> {
         Ok(match kind {
-            Kind::Link(t) => Client::Link(rt.block_on(dial::connect_data_link(
-                t,
-                &addr.to_string(),
-                &key()?,
-                "bench",
-                TIMEOUT,
-                DEFAULT_MAX_PAYLOAD,
-                1,
-                true,
-                true,
-            ))?),
+            Kind::Link(t) => {
+                let addr = addr.to_string();
+                let spec = dial::DialSpec {
+                    kind: t,
+                    addr: &addr,
+                    name: "bench",
+                    timeout: TIMEOUT,
+                    max_payload: DEFAULT_MAX_PAYLOAD,
+                    ring_session: 1,
+                    // The echo server sends every frame back on the same link.
+                    role: dial::LinkRole::InputOutput,
+                };
+                Client::Link(rt.block_on(dial::connect_data_link(&spec, &key()?))?)
+            }
             Kind::RawTcp => {
                 let s = TcpStream::connect(addr)?;
                 s.set_nodelay(true)?;

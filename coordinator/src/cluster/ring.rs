@@ -12,7 +12,7 @@ use ringllm_protocol::activations;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
 };
-use ringllm_protocol::dial::{self, BoxLink};
+use ringllm_protocol::dial::{self, BoxLink, LinkRole};
 use ringllm_protocol::frame::{COORDINATOR_MAX_PAYLOAD, FLAG_MORE};
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::{
@@ -592,27 +592,30 @@ impl Ring {
             let Stage::Segment { first, last } = *seg else {
                 continue;
             };
-            let connect = |i: usize, input: bool, output: bool| {
+            let connect = |i: usize, role: LinkRole| {
                 let n = &self.nodes[i];
+                let dial = dial::DialSpec {
+                    kind: n.caps.transport,
+                    addr: &n.address,
+                    name: "coordinator",
+                    timeout: CONNECT_TIMEOUT,
+                    max_payload: COORDINATOR_MAX_PAYLOAD,
+                    ring_session: self.session,
+                    role,
+                };
                 self.rt
-                    .block_on(dial::connect_data_link(
-                        n.caps.transport,
-                        &n.address,
-                        &spec.key,
-                        "coordinator",
-                        CONNECT_TIMEOUT,
-                        COORDINATOR_MAX_PAYLOAD,
-                        self.session,
-                        input,
-                        output,
-                    ))
+                    .block_on(dial::connect_data_link(&dial, &spec.key))
                     .map_err(|e| anyhow!("{}: data link: {e}", self.who(i)))
             };
-            let input = connect(first, true, first == last)?;
+            let input = if first == last {
+                connect(first, LinkRole::InputOutput)?
+            } else {
+                connect(first, LinkRole::Input)?
+            };
             let output = if first == last {
                 None
             } else {
-                Some(connect(last, false, true)?)
+                Some(connect(last, LinkRole::Output)?)
             };
             links.push(SegmentLinks { input, output });
         }
