@@ -104,9 +104,9 @@ impl std::fmt::Display for KvType {
 }
 
 impl std::str::FromStr for KvType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        KvType::from_name(s).ok_or_else(|| format!("'{s}' is not a KV cache type (f32 or f16)"))
+    type Err = crate::error::NameError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        KvType::from_name(s).ok_or_else(|| crate::error::NameError::KvType(s.to_string()))
     }
 }
 

@@ -24,7 +24,7 @@ pub mod uring;
 
 pub use blocking::{DataLink, LinkCloser};
 pub use control::Control;
-pub use error::{ProtocolError, TransportError};
+pub use error::{NameError, ProtocolError, TransportError};
 pub use frame::{Dtype, FrameHeader, FrameKind, HEADER_LEN};
 pub use handshake::Role;
 pub use key::ClusterKey;

@@ -97,12 +97,16 @@ impl LinkKeys {
 /// Why a sealed frame or datagram was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SealError {
+    /// The tag does not match the bytes: forged, corrupted, or sealed with another key.
     #[error("message authentication failed (forged, corrupted, or sent with another key)")]
     BadMac,
+    /// A stream frame whose counter is not the next one: replayed, dropped or reordered.
     #[error("replayed or out-of-order frame: counter {got}, expected {expected}")]
     OutOfOrder { got: u64, expected: u64 },
+    /// A datagram whose counter was already accepted.
     #[error("replayed datagram: counter {0} was already accepted")]
     Replay(u64),
+    /// A datagram older than the replay window can tell apart from a replay.
     #[error(
         "stale datagram: counter {got} is more than {REPLAY_WINDOW} below the newest {newest}"
     )]

@@ -77,10 +77,9 @@ impl std::fmt::Display for TransportKind {
 }
 
 impl std::str::FromStr for TransportKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        TransportKind::from_name(s)
-            .ok_or_else(|| format!("unknown transport '{s}' (tcp, udp, quic or uring)"))
+    type Err = crate::error::NameError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TransportKind::from_name(s).ok_or_else(|| crate::error::NameError::Transport(s.to_string()))
     }
 }
 
