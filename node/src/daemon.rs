@@ -95,15 +95,21 @@ struct SessionStats {
     busy_us: AtomicU64,
 }
 
+/// The node's side of a running assignment; dropping it ends the session (its compute thread
+/// sees `stop`, or its links close under it).
 struct SessionHandle {
+    /// The ring session the coordinator named.
     id: u64,
+    /// The control connection that made the assignment.
     conn_id: u64,
+    /// Hands the compute thread its data links as they attach.
     attach: std::sync::mpsc::Sender<Attached>,
     stats: Arc<SessionStats>,
     stop: Arc<AtomicBool>,
     /// Closers of the session's data links: dropping the session unblocks its thread.
     closers: Arc<Mutex<Vec<LinkCloser>>>,
-    /// A sequence the coordinator released (`u64::MAX`: none).
+    /// Sequences the coordinator released since the last batch (their caches are cleared
+    /// before the next one).
     release: Arc<Mutex<Vec<u64>>>,
 }
 
@@ -628,7 +634,7 @@ impl Drop for SlotGuard {
             .as_ref()
             .is_some_and(|s| s.conn_id == self.conn_id)
         {
-            st.session = None; // the compute thread ends when its queue closes
+            st.session = None; // its compute thread ends as its links close
         }
         drop(st);
         self.node.changed.notify_waiters();

@@ -1,5 +1,6 @@
 //! ringllm model slice: GGUF reading and writing, architectures as data, KV cache and the
-//! forward pass over a contiguous range of layers.
+//! forward pass over a contiguous range of layers, the limits checked before any of it is
+//! allocated, and the node daemon (`daemon`) that serves a slice to a coordinator.
 
 pub mod arch;
 pub mod daemon;

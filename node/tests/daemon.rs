@@ -307,5 +307,5 @@ async fn open_data_link(addr: SocketAddr, session: u64) -> BoxLink {
     };
     dial::connect_data_link(&spec, &key(KEY))
         .await
-    .expect("open the data link")
+        .expect("open the data link")
 }
