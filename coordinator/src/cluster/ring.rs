@@ -340,7 +340,8 @@ impl Ring {
         // Capabilities arrive first on every connection.
         let mut have = vec![false; ring.nodes.len()];
         while have.iter().any(|h| !h) {
-            let (i, msg) = ring.next_control(Duration::from_secs(10), "capabilities")?;
+            let pending: Vec<usize> = (0..have.len()).filter(|&i| !have[i]).collect();
+            let (i, msg) = ring.next_control(Duration::from_secs(10), "capabilities", &pending)?;
             match msg {
                 Control::Capabilities(c) => {
                     if let Some(want) = ring.nodes[i].declared {
@@ -378,7 +379,7 @@ impl Ring {
                     },
                 )?;
                 loop {
-                    let (j, msg) = ring.next_control(CONNECT_TIMEOUT, "a heartbeat reply")?;
+                    let (j, msg) = ring.next_control(CONNECT_TIMEOUT, "a heartbeat reply", &[i])?;
                     if j == i
                         && msg
                             == (Control::Heartbeat {
@@ -552,14 +553,21 @@ impl Ring {
         }
         // Assign the last nodes first? Nodes connect to their next hop while loading; the next
         // hop waits for its own assignment (TAKEOVER_WAIT), so any order works.
-        let bar = indicatif::ProgressBar::new_spinner();
+        // Cleared when dropped too: an error must not leave the spinner on screen.
+        let bar =
+            indicatif::ProgressBar::new_spinner().with_finish(indicatif::ProgressFinish::AndClear);
         bar.set_message(format!("loading slices on {} node(s)", assigned.len()));
         bar.enable_steady_tick(Duration::from_millis(120));
         let mut ready: Vec<Option<Ready>> = vec![None; self.nodes.len()];
         let deadline = Instant::now() + READY_TIMEOUT;
         while assigned.iter().any(|&i| ready[i].is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
-            let (i, msg) = self.next_control(left, "the nodes to load their slices")?;
+            let pending: Vec<usize> = assigned
+                .iter()
+                .copied()
+                .filter(|&i| ready[i].is_none())
+                .collect();
+            let (i, msg) = self.next_control(left, "the nodes to load their slices", &pending)?;
             match msg {
                 Control::Ready(r) if r.session == self.session => {
                     bar.suspend(|| {
@@ -706,9 +714,26 @@ impl Ring {
             .map_err(|_| anyhow!("{}: the link is gone", self.who(i)))
     }
 
-    /// The next control message from any node, failing on a lost node or after `timeout`.
-    fn next_control(&mut self, timeout: Duration, what: &str) -> Result<(usize, Control)> {
+    /// The next control message from any node, failing on a lost node or after `timeout`;
+    /// a timeout names the nodes in `from` (those not yet heard from).
+    fn next_control(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        from: &[usize],
+    ) -> Result<(usize, Control)> {
         let deadline = Instant::now() + timeout;
+        let what = if from.is_empty() {
+            what.to_string()
+        } else {
+            let names: Vec<String> = from.iter().map(|&i| self.who(i)).collect();
+            format!(
+                "{what} from {} ({:.0} s)",
+                names.join(", "),
+                timeout.as_secs_f64()
+            )
+        };
+        let what = what.as_str();
         match self.next_event(deadline, what)? {
             Event::Control { node, msg } => Ok((node, msg)),
             Event::Frame { node, h, .. } => bail!(
@@ -986,7 +1011,7 @@ impl Ring {
     }
 
     /// Fails if any node was lost, reported an error, or went silent.
-    fn check_health(&mut self) -> Result<()> {
+    pub fn check_health(&mut self) -> Result<()> {
         loop {
             match self.events.try_recv() {
                 Ok(Event::Lost { node, why }) => bail!("{} {why}", self.who(node)),
@@ -1019,7 +1044,8 @@ impl Ring {
         }
         let mut out: Vec<Option<Stats>> = vec![None; self.nodes.len()];
         while out.iter().any(|s| s.is_none()) {
-            let (i, msg) = self.next_control(Duration::from_secs(5), "node statistics")?;
+            let pending: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
+            let (i, msg) = self.next_control(Duration::from_secs(5), "node statistics", &pending)?;
             if let Control::Stats(s) = msg {
                 out[i] = Some(s);
             }
