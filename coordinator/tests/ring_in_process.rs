@@ -1,0 +1,152 @@
+//! The coordinator's library driving node daemons started in this same process: two nodes on
+//! `127.0.0.1:0` (real sockets, real handshakes), a ring built over them with
+//! `Engine::load_ring`, and the single-process `Engine::load` as the oracle: greedy tokens and
+//! every logit equal, bit for bit. The nodes stop through their shutdown future, no `kill`.
+//! Needs the test models (`scripts/fetch-models`). Timeouts are only hang guards.
+
+use ringllm::cluster::ring::{RingSpec, StageSpec};
+use ringllm::engine::{Engine, ModelOptions};
+use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
+use ringllm_protocol::control::KvType;
+use ringllm_protocol::{ClusterKey, Dtype, TransportKind};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const SMOL: &str = "smollm2-135m-instruct-q4_1.gguf";
+const KEY: &str = "ring-in-process-test-key-0123456789abcdef";
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models")
+}
+
+/// Nodes serving on a runtime of their own thread until `stop` is sent.
+struct Nodes {
+    addrs: Vec<SocketAddr>,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: std::thread::JoinHandle<Vec<Result<(), DaemonError>>>,
+}
+
+fn start_nodes(names: &[&str]) -> Nodes {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the nodes");
+        rt.block_on(async move {
+            let mut served = Vec::new();
+            let mut addrs = Vec::new();
+            for name in names {
+                let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind 127.0.0.1:0");
+                let opts = NodeOptions {
+                    key: ClusterKey::from_bytes(KEY.as_bytes()).expect("key"),
+                    name,
+                    threads: 1,
+                    models_dir: models(),
+                    transport: TransportKind::Tcp,
+                };
+                let listener = Listener::new(tcp, &opts).expect("listener");
+                addrs.push(listener.local_addr().expect("local address"));
+                let mut stopped = stopped.clone();
+                served.push(tokio::spawn(daemon::serve(listener, opts, async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })));
+            }
+            tx.send(addrs).expect("hand the addresses over");
+            let mut out = Vec::new();
+            for s in served {
+                out.push(s.await.expect("a node's serve panicked"));
+            }
+            out
+        })
+    });
+    let addrs = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the nodes did not start");
+    Nodes {
+        addrs,
+        stop,
+        thread,
+    }
+}
+
+impl Nodes {
+    fn stop(self) {
+        self.stop.send_replace(true);
+        for r in self.thread.join().expect("the nodes' thread panicked") {
+            r.expect("a node's serve ended with an error");
+        }
+    }
+}
+
+fn options() -> ModelOptions {
+    ModelOptions {
+        model: models().join(SMOL),
+        threads: Some(1),
+        ctx: Some(128),
+        batch: 64,
+        kv: KvType::F32,
+    }
+}
+
+/// Feeds `prompt`, then `n` greedy tokens; returns the tokens and every step's logits.
+fn greedy(engine: &mut Engine, prompt: &str, n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let ids = engine.tokenizer.encode(prompt, true).expect("tokenize");
+    let mut logits = vec![engine.feed(&ids).expect("prefill").to_vec()];
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let last = logits.last().expect("logits");
+        let next = last
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i as u32)
+            .expect("a non-empty vocabulary");
+        out.push(next);
+        logits.push(engine.feed(&[next]).expect("decode").to_vec());
+    }
+    (out, logits)
+}
+
+#[test]
+fn a_ring_of_in_process_nodes_equals_the_single_process() {
+    let nodes = start_nodes(&["n1", "n2"]);
+    let spec = RingSpec {
+        key: ClusterKey::from_bytes(KEY.as_bytes()).expect("key"),
+        stages: nodes
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| StageSpec {
+                name: format!("n{}", i + 1),
+                address: Some(a.to_string()),
+                layers: None,
+                memory: None,
+                threads: Some(1),
+                transport: None,
+            })
+            .collect(),
+        coordinator_memory: None,
+        activations: Dtype::F32,
+    };
+    let prompt = "The three primary colours are";
+    let mut one = Engine::load(&options()).expect("the single process loads");
+    let (want_tokens, want_logits) = greedy(&mut one, prompt, 8);
+    drop(one);
+
+    let mut ring = Engine::load_ring(&options(), spec).expect("the ring builds");
+    let (tokens, logits) = greedy(&mut ring, prompt, 8);
+    ring.close();
+    assert_eq!(tokens, want_tokens, "greedy tokens differ from the single process");
+    for (step, (a, b)) in logits.iter().zip(&want_logits).enumerate() {
+        let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "logits of step {step} differ from the single process");
+    }
+    nodes.stop();
+}
