@@ -63,7 +63,7 @@ fn pair(rt: &tokio::runtime::Runtime, kind: TransportKind) -> (BoxLink, BoxLink)
     let client = rt
         .block_on(dial::connect_data_link(
             &dial::DialSpec {
-                kind: kind,
+                kind,
                 addr: &addr,
                 name: "client",
                 timeout: TIMEOUT,
@@ -273,7 +273,7 @@ fn a_client_with_the_wrong_key_is_refused_and_the_listener_carries_on() {
         let first = rt.spawn(async move { l2.accept(TIMEOUT).await.map(|_| ()) });
         let bad = rt.block_on(dial::connect_data_link(
             &dial::DialSpec {
-                kind: kind,
+                kind,
                 addr: &addr,
                 name: "intruder",
                 timeout: TIMEOUT,
@@ -298,7 +298,7 @@ fn a_client_with_the_wrong_key_is_refused_and_the_listener_carries_on() {
         let mut c = rt
             .block_on(dial::connect_data_link(
                 &dial::DialSpec {
-                    kind: kind,
+                    kind,
                     addr: &addr,
                     name: "client",
                     timeout: TIMEOUT,
@@ -331,8 +331,8 @@ fn crash_child() {
     let mut c = rt
         .block_on(dial::connect_data_link(
             &dial::DialSpec {
-                kind: kind,
-                addr: addr,
+                kind,
+                addr,
                 name: "doomed",
                 timeout: TIMEOUT,
                 max_payload: DEFAULT_MAX_PAYLOAD,

@@ -123,6 +123,9 @@ mod socket;
 mod tx;
 pub mod wire;
 
+#[cfg(test)]
+mod harness;
+
 pub use link::UdpDataLink;
 pub use wire::{
     ACK_HEADER_LEN, DATA_HEADER_LEN, MAX_ACK_BITS, MAX_CHUNK, MAX_DATAGRAM, MIN_CHUNK, PROBE_LEN,
