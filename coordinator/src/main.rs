@@ -2,9 +2,27 @@
 //! `ringllm` library; `bench` holds the benchmark and test equipment. Results go to stdout,
 //! logs and statistics to stderr.
 
+/// `println!` for results: a closed stdout ends the process quietly (see `out`).
+macro_rules! outln {
+    () => {
+        $crate::out::write(format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        $crate::out::write(format_args!($($arg)*), true)
+    };
+}
+
+/// `print!` for results: a closed stdout ends the process quietly (see `out`).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::out::write(format_args!($($arg)*), false)
+    };
+}
+
 mod bench;
 mod cli;
 mod commands;
+mod out;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -41,8 +59,10 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colours only on a terminal: not in a pipe, a file or journald.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

@@ -214,14 +214,14 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
         });
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!(
+        outln!(
             "| activations | bytes/token on a link | max logit error | mean of max error | argmax agreement | greedy tokens equal |"
         );
-        println!("|---|---|---|---|---|---|");
+        outln!("|---|---|---|---|---|---|");
         for r in &rows {
-            println!(
+            outln!(
                 "| {} | {} | {:.4} | {:.4} | {:.2}% | {}/{} |",
                 r.activations,
                 r.bytes_per_token,

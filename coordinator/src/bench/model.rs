@@ -111,17 +111,21 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("| test   | threads |          t/s | roofline |");
-        println!("| ------ | ------: | -----------: | -------: |");
+        outln!("| test   | threads |          t/s | roofline |");
+        outln!("| ------ | ------: | -----------: | -------: |");
         for r in &rows {
             let roof = r
                 .roofline_pct
                 .map_or(String::from("-"), |p| format!("{p:.0}%"));
-            println!(
+            outln!(
                 "| {:<6} | {:>7} | {:>6.2} ± {:<4.2} | {:>8} |",
-                r.test, r.threads, r.tokens_per_s, r.stddev, roof
+                r.test,
+                r.threads,
+                r.tokens_per_s,
+                r.stddev,
+                roof
             );
         }
     }
@@ -352,11 +356,11 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         counted_pass_tokens_per_s: 1.0 / ring_s.max(1e-9),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("| test   | single t/s      | ring t/s        | ring/single |");
-    println!("| ------ | --------------: | --------------: | ----------: |");
+    outln!("| test   | single t/s      | ring t/s        | ring/single |");
+    outln!("| ------ | --------------: | --------------: | ----------: |");
     for ((a, b), r) in report
         .single
         .rows
@@ -364,31 +368,38 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         .zip(&report.ring.rows)
         .zip(&report.ratio)
     {
-        println!(
+        outln!(
             "| {:<6} | {:>7.2} ± {:<5.2} | {:>7.2} ± {:<5.2} | {:>10.3}x |",
-            a.0, a.1, a.2, b.1, b.2, r.1
+            a.0,
+            a.1,
+            a.2,
+            b.1,
+            b.2,
+            r.1
         );
     }
-    println!(
+    outln!(
         "predicted by the planner: {:.1} tokens/s",
         report.predicted_tokens_per_s
     );
-    println!(
+    outln!(
         "decode overhead of the ring: {:.3} ms/token over {} hops = {:.3} ms per hop",
         report.overhead_ms_per_token,
         n_nodes + 1,
         report.per_hop_ms
     );
     for (n, ms) in &report.node_compute_ms {
-        println!("  {n}: compute {ms:.3} ms/token");
+        outln!("  {n}: compute {ms:.3} ms/token");
     }
     for (n, ms) in &report.rtt_ms {
-        println!("  link to {n}: heartbeat round trip {ms:.3} ms");
+        outln!("  link to {n}: heartbeat round trip {ms:.3} ms");
     }
     for l in &report.links {
-        println!(
+        outln!(
             "  {:<28} {:>8.1} bytes/token (one frame: {:.0})",
-            l.link, l.bytes_per_token, l.frame_bytes_per_token
+            l.link,
+            l.bytes_per_token,
+            l.frame_bytes_per_token
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -221,7 +221,7 @@ pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
     let mut busy = busy_ttft;
     let (idle50, busy50) = (percentile(&mut idle, 0.5), percentile(&mut busy, 0.5));
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "levels": levels,
@@ -232,10 +232,10 @@ pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let base = levels.first().map_or(1.0, |l| l.aggregate_tokens_per_s);
-    println!("| clients | requests | aggregate t/s | vs 1 client | per request t/s | TTFT p50 ms | TTFT p99 ms |");
-    println!("| ------: | -------: | ------------: | ----------: | --------------: | ----------: | ----------: |");
+    outln!("| clients | requests | aggregate t/s | vs 1 client | per request t/s | TTFT p50 ms | TTFT p99 ms |");
+    outln!("| ------: | -------: | ------------: | ----------: | --------------: | ----------: | ----------: |");
     for l in &levels {
-        println!(
+        outln!(
             "| {:>7} | {:>8} | {:>13.1} | {:>10.2}x | {:>15.1} | {:>11.0} | {:>11.0} |",
             l.concurrency,
             l.requests,
@@ -246,7 +246,7 @@ pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
             l.ttft_p99_ms
         );
     }
-    println!(
+    outln!(
         "time to first token of a short prompt: {idle50:.0} ms idle, {busy50:.0} ms while 4 streams decode ({:.2}x)",
         busy50 / idle50.max(1e-9)
     );

@@ -485,13 +485,13 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
         r.p50_over_raw_us = o;
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("| transport | frame | one-way p50 µs | p99 µs | p50 − raw µs | MB/s | counters |");
-    println!("|---|---|---|---|---|---|---|");
+    outln!("| transport | frame | one-way p50 µs | p99 µs | p50 − raw µs | MB/s | counters |");
+    outln!("|---|---|---|---|---|---|---|");
     for r in &rows {
-        println!(
+        outln!(
             "| {} | {} | {:.1} | {:.1} | {} | {:.0} | {} |",
             r.transport,
             size_name(r.bytes),

@@ -90,9 +90,9 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
                     .iter()
                     .map(|t| tok.encode(t, add_bos))
                     .collect::<Result<Vec<_>, _>>()?;
-                println!("{}", serde_json::to_string(&ids)?);
+                outln!("{}", serde_json::to_string(&ids)?);
             } else if let Some(p) = prompt {
-                println!("{}", serde_json::to_string(&tok.encode(&p, add_bos)?)?);
+                outln!("{}", serde_json::to_string(&tok.encode(&p, add_bos)?)?);
             }
         }
         DebugCommand::Synth {

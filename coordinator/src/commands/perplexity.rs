@@ -42,7 +42,7 @@ pub fn perplexity(args: PerplexityArgs) -> Result<ExitCode> {
         let _ = std::io::stderr().flush();
     })?;
     eprintln!();
-    println!("Final estimate: PPL = {:.4} +/- {:.5}", res.0, res.1);
+    outln!("Final estimate: PPL = {:.4} +/- {:.5}", res.0, res.1);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -44,7 +44,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                 })
             })
             .collect();
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "nodes": nodes,
@@ -58,7 +58,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             .iter()
             .zip(ring.capabilities().iter().zip(ring.rtts()))
         {
-            println!(
+            outln!(
                 "node {name} ({addr}): {} threads, {:.1} GiB available, matvec {:.1} GB/s, rtt {:.3} ms, isa {}",
                 c.threads,
                 c.memory_available as f64 / (1u64 << 30) as f64,
@@ -67,7 +67,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                 c.isa
             );
         }
-        print!("{}", ring.plan);
+        out!("{}", ring.plan);
     }
     ring.shutdown("plan only");
     Ok(ExitCode::SUCCESS)

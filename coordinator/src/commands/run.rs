@@ -6,7 +6,7 @@ use ringllm::engine::{generate, Engine, FinishReason, Generation, ModelOptions};
 use ringllm::text::resolve_template;
 use ringllm::text::sampler::{Sampler, SamplerParams};
 use ringllm::text::template::Message;
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{BufRead, IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -46,6 +46,12 @@ pub fn session(
     let prompt = match &args.gen.prompt {
         Some(p) => p.clone(),
         None => {
+            if std::io::stdin().is_terminal() {
+                eprintln!(
+                    "[reading the prompt from stdin until Ctrl-D; give one with -p TEXT, or chat \
+                     with --chat]"
+                );
+            }
             let mut s = String::new();
             std::io::stdin()
                 .read_to_string(&mut s)
@@ -59,11 +65,13 @@ pub fn session(
     let mut sampler = Sampler::new(&SamplerParams::from(args.sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     install_ctrlc(Arc::clone(&cancel), None)?;
-    let stdout = std::io::stdout();
     let json = args.gen.json;
+    // A reader that goes away (`| head -c 100`) stops the generation.
+    let closed = AtomicBool::new(false);
     let mut on_text = |t: &str| {
-        if !json {
-            print_now(&stdout, t);
+        if !json && !closed.load(Ordering::SeqCst) && !crate::out::stream(t) {
+            closed.store(true, Ordering::SeqCst);
+            cancel.store(true, Ordering::SeqCst);
         }
     };
     let g = generate(
@@ -76,9 +84,9 @@ pub fn session(
         &mut on_text,
     )?;
     if json {
-        println!("{}", serde_json::to_string(&g)?);
-    } else {
-        println!();
+        outln!("{}", serde_json::to_string(&g)?);
+    } else if !closed.load(Ordering::SeqCst) {
+        outln!();
     }
     report(&engine, &g);
     if let Some(path) = &args.gen.logits_out {
@@ -101,13 +109,6 @@ fn write_logits(path: &std::path::Path, engine: &Engine) -> Result<()> {
         bytes.extend_from_slice(&v.to_le_bytes());
     }
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Streams `t` to stdout at once (a closed pipe only ends the output, not the generation).
-fn print_now(stdout: &std::io::Stdout, t: &str) {
-    let mut o = stdout.lock();
-    let _ = o.write_all(t.as_bytes());
-    let _ = o.flush();
 }
 
 fn report(engine: &Engine, g: &Generation) {
@@ -173,7 +174,10 @@ fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
     let stdin = std::io::stdin();
     let interactive = stdin.is_terminal();
     let mut lines = stdin.lock().lines();
-    let stdout = std::io::stdout();
+    if interactive {
+        eprintln!("[chat: type a message and Enter; Ctrl-C stops a reply, Ctrl-D ends]");
+    }
+    let closed = AtomicBool::new(false);
     loop {
         if interactive {
             eprint!("> ");
@@ -188,11 +192,26 @@ fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
             role: "user".into(),
             content: line,
         });
-        let text = template.render(&messages, true)?;
-        // The template writes BOS itself where the model wants one.
-        let ids = engine.tokenizer.encode(&text, false)?;
+        // Messages are text: `<|im_start|>` typed in one stays characters; only the template's
+        // markup yields control tokens. The template writes BOS itself where the model wants one.
+        let tok = &engine.tokenizer;
+        let rendered = match template.render_pieces(&messages, true, &|c| tok.control_spans(c)) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("error: {e}");
+                messages.pop();
+                continue;
+            }
+        };
+        let ids = tok.encode_pieces(&rendered.pieces(), false)?;
+        tracing::info!("chat prompt: {} tokens", ids.len());
         cancel.store(false, Ordering::SeqCst);
-        let mut on_text = |t: &str| print_now(&stdout, t);
+        let mut on_text = |t: &str| {
+            if !crate::out::stream(t) {
+                closed.store(true, Ordering::SeqCst);
+                cancel.store(true, Ordering::SeqCst);
+            }
+        };
         if engine.ring_down() {
             eprintln!("[rebuilding the ring]");
             if let Err(e) = engine.recover() {
@@ -213,7 +232,7 @@ fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
         ) {
             Ok(g) => g,
             Err(e) if engine.ring.is_some() => {
-                println!();
+                outln!();
                 eprintln!("error: {e:#}");
                 messages.pop();
                 eprintln!("[rebuilding the ring over the nodes still there]");
@@ -225,7 +244,10 @@ fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
             }
             Err(e) => return Err(e),
         };
-        println!();
+        if closed.load(Ordering::SeqCst) {
+            break; // the reader of our output went away
+        }
+        outln!();
         if g.finish_reason == FinishReason::Cancelled {
             eprintln!("[reply stopped]");
         }

@@ -12,6 +12,7 @@ mod openai;
 mod tests;
 
 use super::{Backend, GenEvent, GenRequest, Metrics, SubmitError};
+use crate::text::tokenizer::Piece;
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Request, State};
@@ -436,8 +437,9 @@ async fn completions(
     JsonBody(body): JsonBody<openai::Body>,
 ) -> Result<Response, ApiError> {
     let params = check(&s, &body, Kind::Completion)?;
+    let special = body.parse_special.unwrap_or(false);
     let prompt = match openai::completion_prompt(body.prompt)? {
-        openai::PromptInput::Text(t) => Prompt::Text(t),
+        openai::PromptInput::Text(text) => Prompt::Text { text, special },
         openai::PromptInput::Tokens(t) => Prompt::Tokens(t),
     };
     let prompt = tokenize(&s, prompt).await?;
@@ -458,7 +460,11 @@ fn check(s: &AppState, body: &openai::Body, kind: Kind) -> Result<Params, ApiErr
 
 enum Prompt {
     Chat(Vec<crate::text::template::Message>),
-    Text(String),
+    /// A raw prompt; `special`: its special-token texts are control tokens (`parse_special`).
+    Text {
+        text: String,
+        special: bool,
+    },
     Tokens(Vec<u32>),
 }
 
@@ -468,8 +474,8 @@ async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
     let ids = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
         let b = &s.backend;
         let tok = b.tokenizer();
-        let encode = |text: &str, bos: bool| {
-            tok.encode(text, bos)
+        let encode = |pieces: &[Piece<'_>], bos: bool| {
+            tok.encode_pieces(pieces, bos)
                 .map_err(|e| ApiError::server(format!("cannot tokenize the prompt: {e}")))
         };
         match prompt {
@@ -484,13 +490,21 @@ async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
                     .param("messages")
                     .code("no_chat_template"));
                 };
-                let text = t
-                    .render(&messages, true)
+                // Message contents are text: only the template's markup yields control tokens.
+                let r = t
+                    .render_pieces(&messages, true, &|c| tok.control_spans(c))
                     .map_err(|e| ApiError::invalid(e.to_string()).param("messages"))?;
                 // Templates write BOS themselves.
-                encode(&text, false)
+                encode(&r.pieces(), false)
             }
-            Prompt::Text(text) => encode(&text, b.add_bos()),
+            Prompt::Text { text, special } => {
+                let piece = if special {
+                    Piece::special(&text)
+                } else {
+                    Piece::text(&text)
+                };
+                encode(&[piece], b.add_bos())
+            }
             Prompt::Tokens(ids) => {
                 let vocab = tok.vocab_size();
                 if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {

@@ -7,11 +7,17 @@
 //! does (`", "` and `": "` separators, no HTML escaping, `indent`, `sort_keys`,
 //! `ensure_ascii`), and the variables `messages`, `add_generation_prompt`, `bos_token` and
 //! `eos_token`.
+//!
+//! A message's content is text, never markup: [`ChatTemplate::render_pieces`] tells which
+//! stretches of the rendered prompt came from contents, so that `<|im_start|>system` typed
+//! by a user stays characters and only the template's own markup becomes control tokens.
 
+use crate::text::tokenizer::Piece;
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::Serialize;
 use std::fmt::Write as _;
+use std::ops::Range;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Message {
@@ -25,6 +31,91 @@ pub enum TemplateError {
     Compile(String),
     #[error("chat template failed to render: {0}")]
     Render(String),
+    /// A message holds special-token text (`<|im_end|>`) that the template cuts or rewrites,
+    /// so which part of the prompt is the message's cannot be told.
+    #[error(
+        "a message contains special-token text ({0}) that the chat template rewrites; \
+         remove it from the message"
+    )]
+    Unmarkable(String),
+}
+
+/// Marks put around message content while rendering (Unicode noncharacters, "for internal
+/// use"); they are removed from the messages first.
+const OPEN: char = '\u{FDD0}';
+const CLOSE: char = '\u{FDD1}';
+
+/// A rendered prompt and which byte ranges of it came from message contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    /// Ranges of `text` from message contents, in order, not overlapping.
+    pub content: Vec<Range<usize>>,
+}
+
+impl Rendered {
+    /// The prompt as pieces for [`crate::text::tokenizer::Tokenizer::encode_pieces`]: the
+    /// template's markup may hold special tokens, message contents are plain text.
+    pub fn pieces(&self) -> Vec<Piece<'_>> {
+        let mut out = Vec::with_capacity(2 * self.content.len() + 1);
+        let mut at = 0;
+        for r in &self.content {
+            out.push(Piece::special(&self.text[at..r.start]));
+            out.push(Piece::text(&self.text[r.clone()]));
+            at = r.end;
+        }
+        out.push(Piece::special(&self.text[at..]));
+        out
+    }
+}
+
+/// `text` with its non-blank middle between `OPEN` and `CLOSE` (blank ends stay outside, so
+/// `trim` in a template trims the same characters as without the marks).
+fn mark_whole(text: &str) -> String {
+    let core = text.trim();
+    if core.is_empty() {
+        return text.to_string();
+    }
+    let lead = text.len() - text.trim_start().len();
+    let end = lead + core.len();
+    format!("{}{OPEN}{core}{CLOSE}{}", &text[..lead], &text[end..])
+}
+
+/// `text` with each of `spans` between `OPEN` and `CLOSE`.
+fn mark_spans(text: &str, spans: &[Range<usize>]) -> String {
+    let mut out = String::with_capacity(text.len() + 6 * spans.len());
+    let mut at = 0;
+    for r in spans {
+        out.push_str(&text[at..r.start]);
+        out.push(OPEN);
+        out.push_str(&text[r.clone()]);
+        out.push(CLOSE);
+        at = r.end;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// The marks taken out of a rendering: the text and the ranges they enclosed; `None` when
+/// they do not pair up.
+fn unmark(marked: &str) -> Option<Rendered> {
+    let mut text = String::with_capacity(marked.len());
+    let mut content = Vec::new();
+    let mut open: Option<usize> = None;
+    for c in marked.chars() {
+        match (c, open) {
+            (OPEN, None) => open = Some(text.len()),
+            (CLOSE, Some(start)) => {
+                if start < text.len() {
+                    content.push(start..text.len());
+                }
+                open = None;
+            }
+            (OPEN | CLOSE, _) => return None,
+            (c, _) => text.push(c),
+        }
+    }
+    open.is_none().then_some(Rendered { text, content })
 }
 
 /// ChatML (Qwen, SmolLM, ...).
@@ -118,6 +209,56 @@ impl ChatTemplate {
             eos_token => self.eos,
         })
         .map_err(|e| TemplateError::Render(describe(&e)))
+    }
+
+    /// [`ChatTemplate::render`], telling which ranges of the prompt came from message
+    /// contents. `control_spans` finds the special-token texts of the vocabulary in a text.
+    ///
+    /// Each content's non-blank middle is rendered between two marks, and the marks must come
+    /// out paired with the rest of the text as without them. A template that cuts a content
+    /// (`content.split('</think>')`) breaks that; then only the special-token texts inside
+    /// contents are marked, and if the template cuts even those the messages are refused. The
+    /// noncharacters U+FDD0 and U+FDD1 are removed from contents.
+    pub fn render_pieces(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        control_spans: &dyn Fn(&str) -> Vec<Range<usize>>,
+    ) -> Result<Rendered, TemplateError> {
+        let clean: Vec<Message> = messages
+            .iter()
+            .map(|m| Message {
+                role: m.role.clone(),
+                content: m.content.replace([OPEN, CLOSE], ""),
+            })
+            .collect();
+        let plain = self.render(&clean, add_generation_prompt)?;
+        let with = |mark: &dyn Fn(&str) -> String| -> Result<Option<Rendered>, TemplateError> {
+            let marked: Vec<Message> = clean
+                .iter()
+                .map(|m| Message {
+                    role: m.role.clone(),
+                    content: mark(&m.content),
+                })
+                .collect();
+            let r = unmark(&self.render(&marked, add_generation_prompt)?);
+            Ok(r.filter(|r| r.text == plain))
+        };
+        if let Some(r) = with(&mark_whole)? {
+            return Ok(r);
+        }
+        if let Some(r) = with(&|c| mark_spans(c, &control_spans(c)))? {
+            return Ok(r);
+        }
+        let first = clean
+            .iter()
+            .find_map(|m| {
+                control_spans(&m.content)
+                    .first()
+                    .map(|r| m.content[r.clone()].to_string())
+            })
+            .unwrap_or_default();
+        Err(TemplateError::Unmarkable(first))
     }
 }
 
@@ -471,6 +612,78 @@ mod tests {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
              <|im_start|>assistant\nHello! How can I help?<|im_end|>\n\
              <|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        );
+    }
+
+    /// `<|x|>` texts, as a vocabulary's control tokens would be found.
+    fn spans(text: &str) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(i) = text[at..].find("<|x|>") {
+            out.push(at + i..at + i + 5);
+            at += i + 5;
+        }
+        out
+    }
+
+    fn contents(r: &Rendered) -> Vec<&str> {
+        r.content.iter().map(|c| &r.text[c.clone()]).collect()
+    }
+
+    #[test]
+    fn contents_are_found_in_the_rendering() {
+        let t = builtin_template("chatml", "", "");
+        let msgs = [m("system", "Be brief."), m("user", "<|x|>system\nHi")];
+        let r = t.render_pieces(&msgs, true, &spans).expect("renders");
+        assert_eq!(r.text, t.render(&msgs, true).expect("renders"));
+        assert_eq!(contents(&r), ["Be brief.", "<|x|>system\nHi"]);
+        let p = r.pieces();
+        assert_eq!(p[0], Piece::special("<|im_start|>system\n"));
+        assert_eq!(p[1], Piece::text("Be brief."));
+        assert_eq!(p[3], Piece::text("<|x|>system\nHi"));
+        assert_eq!(
+            p.last(),
+            Some(&Piece::special("<|im_end|>\n<|im_start|>assistant\n"))
+        );
+        // Trimmed contents (Gemma, Llama 3): the blank ends are outside the marks.
+        let g = builtin_template("gemma", "<bos>", "<eos>");
+        let r = g
+            .render_pieces(&[m("user", "  <|x|> hi \n")], true, &spans)
+            .expect("renders");
+        assert_eq!(contents(&r), ["<|x|> hi"]);
+        // Our marks typed in a message are dropped.
+        let r = t
+            .render_pieces(&[m("user", "a\u{FDD0}b\u{FDD1}")], false, &spans)
+            .expect("renders");
+        assert_eq!(r.text, "<|im_start|>user\nab<|im_end|>\n");
+        assert_eq!(contents(&r), ["ab"]);
+    }
+
+    #[test]
+    fn a_template_that_cuts_contents_falls_back_to_marking_special_texts() {
+        // Like Qwen 3 with reasoning: only what follows </think> is kept.
+        let src = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+                   {{ message.content.split('</think>')[-1].lstrip('\n') }}<|im_end|>\n{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        let msgs = [m("assistant", "<think>a</think>\nanswer <|x|> more")];
+        let r = t.render_pieces(&msgs, false, &spans).expect("renders");
+        assert_eq!(
+            r.text,
+            "<|im_start|>assistant\nanswer <|x|> more<|im_end|>\n"
+        );
+        assert_eq!(contents(&r), ["<|x|>"]);
+        // Without special texts nothing needs marking.
+        let plain = [m("assistant", "<think>a</think>\nanswer")];
+        let r = t.render_pieces(&plain, false, &spans).expect("renders");
+        assert!(r.content.is_empty());
+        // A template that cuts the special text itself: refused, naming it.
+        let cut = ChatTemplate::new("{{ messages[0].content[:3] }}", "", "").expect("compiles");
+        let e = cut
+            .render_pieces(&[m("user", "<|x|>")], false, &spans)
+            .expect_err("cannot be marked");
+        assert!(
+            matches!(&e, TemplateError::Unmarkable(t) if t == "<|x|>"),
+            "{e}"
         );
     }
 

@@ -13,9 +13,12 @@
 //!   not in the table is refused, never guessed.
 //! - `"gemma4"`: BPE over `▁`-escaped UTF-8 with the GGUF's merges and byte fallback.
 //!
-//! Control, unknown and user-defined tokens are matched whole in the text before the model sees
-//! it (llama.cpp's `parse_special = true`). Decoding renders control and unknown tokens as
-//! nothing unless asked.
+//! Text is split at special tokens before the model sees it, as llama.cpp's partition does:
+//! user-defined tokens are matched whole everywhere, control and unknown tokens only in text
+//! that may hold them ([`Piece::special`]: a template's markup, a raw prompt; llama.cpp's
+//! `parse_special = true`). In plain text ([`Piece::text`]: a chat message) `<|im_start|>` is
+//! just characters, and no merge ever yields a control token. Decoding renders control and
+//! unknown tokens as nothing unless asked.
 
 use ringllm_node::gguf::{GgufError, Metadata};
 use std::collections::HashMap;
@@ -24,7 +27,7 @@ use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSeq;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
+use tokenizers::{NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -349,6 +352,92 @@ pub struct Tokenizer {
     strip_prefix_space: bool,
     /// Byte-level BPE: byte of each character of GPT-2's alphabet (indexed by code point).
     byte_of_char: Vec<Option<u8>>,
+    /// Control, unknown and user-defined tokens, found in text that may hold special tokens.
+    specials: SpecialMatcher,
+    /// User-defined tokens only, found in plain text.
+    user_defined: SpecialMatcher,
+}
+
+/// A stretch of a prompt, and whether control-token texts in it become control tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece<'a> {
+    pub text: &'a str,
+    /// `<|im_start|>` in `text` is that control token (a template's markup, a raw prompt the
+    /// user asked to have parsed); otherwise it is characters like any others.
+    pub special: bool,
+}
+
+impl<'a> Piece<'a> {
+    /// Text whose special-token texts are the tokens.
+    pub fn special(text: &'a str) -> Piece<'a> {
+        Piece {
+            text,
+            special: true,
+        }
+    }
+
+    /// Plain text: no control token comes out of it.
+    pub fn text(text: &'a str) -> Piece<'a> {
+        Piece {
+            text,
+            special: false,
+        }
+    }
+}
+
+/// Finds token texts in a string, leftmost first and the longest at a place (as the
+/// `tokenizers` added vocabulary does), bucketed by first two bytes.
+#[derive(Default)]
+struct SpecialMatcher {
+    /// (text, id), by first two bytes of the text (one-byte texts: key `[b, 0]` in `short`),
+    /// longest first within a bucket.
+    buckets: HashMap<[u8; 2], Vec<(String, u32)>>,
+    short: HashMap<u8, u32>,
+}
+
+impl SpecialMatcher {
+    fn new(tokens: impl Iterator<Item = (String, u32)>) -> SpecialMatcher {
+        let mut m = SpecialMatcher::default();
+        for (text, id) in tokens {
+            match text.as_bytes() {
+                [] => {}
+                [b] => {
+                    m.short.insert(*b, id);
+                }
+                [a, b, ..] => m.buckets.entry([*a, *b]).or_default().push((text, id)),
+            }
+        }
+        for b in m.buckets.values_mut() {
+            b.sort_by(|x, y| y.0.len().cmp(&x.0.len()).then(x.1.cmp(&y.1)));
+        }
+        m
+    }
+
+    /// The first token text in `s` at or after byte `from`: (start, end, id).
+    fn find(&self, s: &str, from: usize) -> Option<(usize, usize, u32)> {
+        if self.buckets.is_empty() && self.short.is_empty() {
+            return None;
+        }
+        let bytes = s.as_bytes();
+        for at in from..bytes.len() {
+            if !s.is_char_boundary(at) {
+                continue;
+            }
+            if let Some(key) = bytes.get(at..at + 2) {
+                if let Some(cands) = self.buckets.get(&[key[0], key[1]]) {
+                    let rest = &s[at..];
+                    if let Some((t, id)) = cands.iter().find(|(t, _)| rest.starts_with(t.as_str()))
+                    {
+                        return Some((at, at + t.len(), *id));
+                    }
+                }
+            }
+            if let Some(&id) = self.short.get(&bytes[at]) {
+                return Some((at, at + 1, id));
+            }
+        }
+        None
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -461,11 +550,11 @@ impl Tokenizer {
         let (types, eog) = end_of_generation(spec, &index, types);
         let mut add_bos_default = kind == Kind::Spm;
         let mut strip_prefix_space = false;
-        let mut hf = match kind {
+        let hf = match kind {
             Kind::Spm => {
                 let prefix = spec.add_space_prefix.unwrap_or(true);
                 strip_prefix_space = prefix;
-                build_spm(spec, &pieces, &index, prefix)?
+                build_spm(spec, &pieces, &types, &index, prefix)?
             }
             Kind::Bpe => {
                 let name = match spec.pre.as_deref() {
@@ -483,23 +572,24 @@ impl Tokenizer {
                         name: name.to_string(),
                     })?;
                 add_bos_default = def.add_bos;
-                build_bpe(spec, &index, def)?
+                build_bpe(spec, &index, &types, def)?
             }
-            Kind::BpeSpm => build_bpe_spm(spec, &index)?,
+            Kind::BpeSpm => build_bpe_spm(spec, &index, &types)?,
         };
         // Control, unknown and user-defined tokens are matched whole in the raw text, before
-        // normalization and the model.
-        let added: Vec<AddedToken> = pieces
-            .iter()
-            .zip(&types)
-            .filter(|(_, ty)| matches!(**ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED))
-            .map(|(t, ty)| {
-                let mut a = AddedToken::from(t.clone(), *ty != TYPE_USER_DEFINED);
-                a.normalized = false;
-                a
-            })
-            .collect();
-        hf.add_special_tokens(&added);
+        // normalization and the model (see `encode_pieces`).
+        let typed = |keep: fn(i32) -> bool| {
+            pieces
+                .iter()
+                .zip(&types)
+                .enumerate()
+                .filter(move |(_, (_, ty))| keep(**ty))
+                .map(|(id, (t, _))| (t.clone(), id as u32))
+        };
+        let specials = SpecialMatcher::new(typed(|ty| {
+            matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED)
+        }));
+        let user_defined = SpecialMatcher::new(typed(|ty| ty == TYPE_USER_DEFINED));
 
         let add_bos = spec.add_bos.unwrap_or(add_bos_default) && spec.bos.is_some();
         let add_eos = spec.add_eos.unwrap_or(false) && spec.eos.is_some();
@@ -525,21 +615,89 @@ impl Tokenizer {
             add_eos,
             strip_prefix_space,
             byte_of_char,
+            specials,
+            user_defined,
         })
     }
 
     /// Token ids of `text` (special tokens written in the text become their ids), with BOS
     /// first when `add_bos`.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = self.hf.encode_fast(text, false).map_err(hf_err)?;
-        let mut ids = Vec::with_capacity(enc.get_ids().len() + 1);
+        self.encode_pieces(&[Piece::special(text)], add_bos)
+    }
+
+    /// Token ids of plain `text`: special-token texts in it are characters (llama.cpp's
+    /// `parse_special = false`), with BOS first when `add_bos`.
+    pub fn encode_text(&self, text: &str, add_bos: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_pieces(&[Piece::text(text)], add_bos)
+    }
+
+    /// Token ids of a prompt made of pieces, with BOS first when `add_bos`. The text between
+    /// two special tokens is tokenized as one stretch whichever pieces it comes from, so
+    /// cutting a text into pieces changes nothing but which special tokens are found.
+    pub fn encode_pieces(
+        &self,
+        pieces: &[Piece<'_>],
+        add_bos: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
         if add_bos {
             if let Some(b) = self.bos {
                 ids.push(b);
             }
         }
-        ids.extend_from_slice(enc.get_ids());
+        let mut stretch = String::new();
+        for p in pieces {
+            let matcher = if p.special {
+                &self.specials
+            } else {
+                &self.user_defined
+            };
+            let mut at = 0;
+            while let Some((start, end, id)) = matcher.find(p.text, at) {
+                stretch.push_str(&p.text[at..start]);
+                self.encode_stretch(&mut stretch, &mut ids)?;
+                ids.push(id);
+                at = end;
+            }
+            stretch.push_str(&p.text[at..]);
+        }
+        self.encode_stretch(&mut stretch, &mut ids)?;
         Ok(ids)
+    }
+
+    /// Appends the ids of text without special tokens, and empties it.
+    fn encode_stretch(&self, text: &mut String, ids: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let enc = self.hf.encode_fast(text.as_str(), false).map_err(hf_err)?;
+        ids.extend_from_slice(enc.get_ids());
+        text.clear();
+        Ok(())
+    }
+
+    /// Byte ranges of control-token texts in `text` (what [`Piece::special`] would make
+    /// control tokens and [`Piece::text`] keeps as characters).
+    pub fn control_spans(&self, text: &str) -> Vec<std::ops::Range<usize>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some((start, end, id)) = self.specials.find(text, at) {
+            if self.types.get(id as usize) != Some(&TYPE_USER_DEFINED) {
+                out.push(start..end);
+            }
+            at = end;
+        }
+        out
+    }
+
+    /// The name of the vocabulary's kind, as `tokenizer.ggml.model` spells it, with what it is.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            Kind::Spm => "llama (SentencePiece)",
+            Kind::Bpe => "gpt2 (byte-level BPE)",
+            Kind::BpeSpm => "gemma4 (BPE over SentencePiece-style text)",
+        }
     }
 
     /// Whether prompts start with BOS: `tokenizer.ggml.add_bos_token`, else true for
@@ -747,9 +905,19 @@ fn vocab_of(index: &HashMap<String, u32>) -> Vocab {
     index.iter().map(|(k, v)| (k.clone(), *v)).collect()
 }
 
+/// Whether a merge may yield token `id`: never a control or unknown token, so plain text
+/// cannot turn into one.
+fn mergeable(types: &[i32], id: u32) -> bool {
+    !matches!(
+        types.get(id as usize),
+        Some(&TYPE_CONTROL) | Some(&TYPE_UNKNOWN)
+    )
+}
+
 fn build_spm(
     spec: &TokenizerSpec,
     pieces: &[String],
+    types: &[i32],
     index: &HashMap<String, u32>,
     add_space_prefix: bool,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
@@ -770,9 +938,13 @@ fn build_spm(
     };
     // Merges: every way to split a piece into two pieces of the vocabulary, ranked by the
     // merged piece's score (higher first; then by id, then by where the split is). llama.cpp
-    // considers every piece of the vocabulary, whatever its type.
+    // considers every piece of the vocabulary, whatever its type, but we never merge into a
+    // control token (text between special tokens holds none).
     let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
     for (id, piece) in pieces.iter().enumerate() {
+        if !mergeable(types, id as u32) {
+            continue;
+        }
         for (k, _) in piece.char_indices().skip(1) {
             let (a, b) = piece.split_at(k);
             if let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) {
@@ -812,8 +984,12 @@ fn build_spm(
 }
 
 /// `tokenizer.ggml.merges` as pairs (each entry is "left right", split at the first space
-/// after the first byte).
-fn merges_of(spec: &TokenizerSpec) -> Result<Vec<(String, String)>, TokenizerError> {
+/// after the first byte), without those yielding a control token (see [`mergeable`]).
+fn merges_of(
+    spec: &TokenizerSpec,
+    index: &HashMap<String, u32>,
+    types: &[i32],
+) -> Result<Vec<(String, String)>, TokenizerError> {
     let src = spec.merges.as_ref().ok_or_else(|| {
         TokenizerError::Invalid(format!(
             "'{}' vocabulary without tokenizer.ggml.merges",
@@ -833,7 +1009,12 @@ fn merges_of(spec: &TokenizerSpec) -> Result<Vec<(String, String)>, TokenizerErr
                 "tokenizer.ggml.merges[{i}] {m:?} is not 'left right'"
             )));
         };
-        merges.push((m[..at].to_string(), m[at + 1..].to_string()));
+        let (left, right) = (&m[..at], &m[at + 1..]);
+        let merged = format!("{left}{right}");
+        if index.get(&merged).is_some_and(|&id| !mergeable(types, id)) {
+            continue;
+        }
+        merges.push((left.to_string(), right.to_string()));
     }
     Ok(merges)
 }
@@ -851,9 +1032,10 @@ fn split(re: &str) -> Result<PreTokenizerWrapper, TokenizerError> {
 fn build_bpe(
     spec: &TokenizerSpec,
     index: &HashMap<String, u32>,
+    types: &[i32],
     def: &PreTokenizerDef,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let merges = merges_of(spec)?;
+    let merges = merges_of(spec, index, types)?;
     let mut pre: Vec<PreTokenizerWrapper> = Vec::with_capacity(def.splits.len() + 1);
     for re in def.splits {
         pre.push(split(re)?);
@@ -872,8 +1054,9 @@ fn build_bpe(
 fn build_bpe_spm(
     spec: &TokenizerSpec,
     index: &HashMap<String, u32>,
+    types: &[i32],
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let merges = merges_of(spec)?;
+    let merges = merges_of(spec, index, types)?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab_of(index), merges)
         .byte_fallback(true)

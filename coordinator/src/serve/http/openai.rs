@@ -45,6 +45,9 @@ pub(super) struct Body {
     /// Chat: a bool; completions: an integer (how many alternatives).
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<u64>,
+    /// Completions only: special-token texts in the prompt (`<|im_start|>`) become control
+    /// tokens; by default the prompt is plain text (llama.cpp's name).
+    pub parse_special: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -115,6 +118,13 @@ impl Params {
     pub fn from_body(b: &Body, kind: Kind) -> Result<Params, ApiError> {
         if let Some(n) = b.n.filter(|&n| n != 1) {
             return Err(bad("n", format!("only n = 1 is supported, not {n}")));
+        }
+        if kind == Kind::Chat && b.parse_special == Some(true) {
+            return Err(bad(
+                "parse_special",
+                "`parse_special` is for /v1/completions: chat message contents are always text"
+                    .into(),
+            ));
         }
         if kind == Kind::Completion {
             if b.echo == Some(true) {
