@@ -156,6 +156,20 @@ pub struct ServeArgs {
     #[arg(long, env = "RINGLLM_API_KEY")]
     pub api_key: Option<String>,
 }
+    /// Let web pages from ORIGIN (e.g. http://localhost:3000; `*`: any) call the API
+    /// (repeatable). Default: any origin when --api-key is set, none otherwise.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors: Vec<String>,
+    /// Seconds a connection may take to send a request's headers before it is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a request body may take to arrive (then: 408).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// Most connections open at once (lowered to fit the open-file limit); at the cap the
+    /// oldest idle connection is closed for a new one.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
 
 /// Where a ring is described: a cluster file, or flags.
 #[derive(Args, Debug, Clone)]
@@ -454,4 +468,15 @@ impl GenArgs {
             template: self.template.clone(),
         })
     }
+}
+            cors: s.cors.clone(),
+            header_timeout: seconds(s.header_timeout),
+            body_timeout: seconds(s.body_timeout),
+            max_connections: s.max_connections,
+
+/// A timeout flag in seconds (negative or not a number: the shortest, 1 ms).
+fn seconds(s: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(s)
+        .unwrap_or_default()
+        .max(std::time::Duration::from_millis(1))
 }

@@ -29,6 +29,24 @@ pub struct ModelOptions {
     pub kv: KvType,
 }
 
+/// The context size: `asked` (`--ctx`), else the model's trained context capped at 4096. A
+/// size beyond the trained context is allowed (its memory is checked elsewhere) with a
+/// warning: positions past what the model saw in training give worse output.
+pub fn context_size(asked: Option<usize>, ctx_train: usize) -> usize {
+    match asked {
+        Some(c) if ctx_train > 0 && c > ctx_train => {
+            eprintln!(
+                "warning: --ctx {c} is more than the {ctx_train} tokens this model was trained \
+                 on; output past {ctx_train} tokens is likely to degrade"
+            );
+            c
+        }
+        Some(c) => c,
+        None => ctx_train.min(4096),
+    }
+    .max(1)
+}
+
 /// Worker threads when none are asked for: one per physical core.
 pub fn default_threads() -> usize {
     num_cpus::get_physical().max(1)
@@ -85,7 +103,7 @@ impl Engine {
             .with_context(|| format!("tokenizer of {}", args.model.display()))?;
         let model = Model::load(Arc::clone(&file), &LoadOptions::default())
             .with_context(|| format!("cannot load {}", args.model.display()))?;
-        let ctx = args.ctx.unwrap_or(model.hp.ctx_train.min(4096)).max(1);
+        let ctx = context_size(args.ctx, model.hp.ctx_train);
         let kv_type = args.kv;
         if args.batch == 0 {
             bail!("--batch must be at least 1");
@@ -138,7 +156,7 @@ impl Engine {
             .with_context(|| format!("cannot load {}", args.model.display()))?;
         let hp = full.hp.clone();
         drop(full);
-        let ctx = args.ctx.unwrap_or(hp.ctx_train.min(4096)).max(1);
+        let ctx = context_size(args.ctx, hp.ctx_train);
         if args.batch == 0 {
             bail!("--batch must be at least 1");
         }
@@ -406,7 +424,7 @@ impl RingMode {
 }
 
 /// A quick TCP connect to see whether a node is there at all.
-fn reachable(addr: &str) -> bool {
+pub fn reachable(addr: &str) -> bool {
     use std::net::ToSocketAddrs;
     let Ok(mut addrs) = addr.to_socket_addrs() else {
         return false;

@@ -65,10 +65,13 @@ pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// What a node is: its cluster, name, compute threads, models and data-link transport.
 pub struct NodeOptions {
+    /// The cluster key every connection must prove.
     pub key: ClusterKey,
+    /// Shown to coordinators and in every message this node sends.
     pub name: String,
     /// Worker threads for compute (an assignment may ask for fewer).
     pub threads: usize,
+    /// Where the model files assignments name are looked up (by file name only).
     pub models_dir: PathBuf,
     /// The transport this node takes its data links on.
     pub transport: TransportKind,

@@ -46,13 +46,23 @@ struct TestNode {
 
 impl TestNode {
     async fn start(name: &str, key: ClusterKey, models: &Path) -> TestNode {
+        TestNode::start_over(TransportKind::Tcp, name, key, models).await
+    }
+
+    /// A node taking its data links over `transport`.
+    async fn start_over(
+        transport: TransportKind,
+        name: &str,
+        key: ClusterKey,
+        models: &Path,
+    ) -> TestNode {
         let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let opts = NodeOptions {
             key,
             name: name.to_string(),
             threads: 1,
             models_dir: models.to_path_buf(),
-            transport: TransportKind::Tcp,
+            transport,
         };
         let listener = Listener::new(tcp, &opts).expect("listener");
         let addr = listener.local_addr().expect("local address");
@@ -197,12 +207,28 @@ async fn shutdown_while_a_data_link_waits_for_its_attach_returns() {
     drop(link);
 }
 
-/// A one-node ring over a synthetic model: assignment, a data link, a frame through every
-/// layer and the head, logits equal to an in-process run; then shutdown with the session
-/// live ends the session's data link and joins its compute thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_runs_a_frame_and_shutdown_ends_it() {
-    let dir = models_dir("session");
+async fn a_session_over_tcp_runs_a_frame_and_shutdown_ends_it() {
+    session_round_trip(TransportKind::Tcp).await;
+}
+
+/// The UDP data link binds the UDP port of the listener's number (here one the OS chose).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_udp_runs_a_frame_and_shutdown_ends_it() {
+    session_round_trip(TransportKind::Udp).await;
+}
+
+/// The QUIC endpoint is bound by `Listener::new` on the UDP port of the listener's number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_quic_runs_a_frame_and_shutdown_ends_it() {
+    session_round_trip(TransportKind::Quic).await;
+}
+
+/// A one-node ring over a synthetic model: assignment, a data link over `transport`, a frame
+/// through every layer and the head, logits equal to an in-process run; then shutdown with
+/// the session live ends the session's data link and joins its compute thread.
+async fn session_round_trip(transport: TransportKind) {
+    let dir = models_dir(&format!("session-{transport}"));
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
@@ -217,10 +243,11 @@ async fn a_session_runs_a_frame_and_shutdown_ends_it() {
     let (d, vocab, n_layer) = (model.hp.d_model, model.hp.vocab, model.hp.n_layer);
     let (ctx, max_batch) = (32, 4);
 
-    let node = TestNode::start("stage", key(KEY), &dir).await;
+    let node = TestNode::start_over(transport, "stage", key(KEY), &dir).await;
     let mut control = connect(node.addr, &key(KEY)).await.expect("connect");
     let caps = capabilities(&mut control).await;
     assert_eq!(caps.models, vec![identity.clone()]);
+    assert_eq!(caps.transport, transport);
     let assign = Control::Assign(Assignment {
         session: 7,
         model: identity,
@@ -243,7 +270,7 @@ async fn a_session_runs_a_frame_and_shutdown_ends_it() {
         Control::Ready(r) => assert_eq!((r.session, r.layer_end), (7, n_layer as u32)),
         other => panic!("expected ready, got {other:?}"),
     }
-    let mut data = open_data_link(node.addr, 7).await;
+    let mut data = open_data_link(transport, node.addr, 7).await;
 
     // The same token through the same layers in this process.
     let mut runner = Runner::new(Arc::clone(&model), 1, max_batch, ctx);
@@ -293,11 +320,11 @@ async fn a_session_runs_a_frame_and_shutdown_ends_it() {
     assert!(end.is_err(), "the data link outlived the daemon: {end:?}");
 }
 
-/// The coordinator's side of a data link into and out of session `session`.
-async fn open_data_link(addr: SocketAddr, session: u64) -> BoxLink {
+/// The coordinator's side of a data link of `kind` into and out of session `session`.
+async fn open_data_link(kind: TransportKind, addr: SocketAddr, session: u64) -> BoxLink {
     let addr = addr.to_string();
     let spec = DialSpec {
-        kind: TransportKind::Tcp,
+        kind,
         addr: &addr,
         name: "test-coordinator",
         timeout: GUARD,

@@ -6,6 +6,8 @@ the ring behind the API."""
 import http.client
 import json
 import math
+import re
+import resource
 import signal
 import socket
 import subprocess
@@ -23,10 +25,11 @@ SMOL_ID = "smollm2-135m-instruct-q4_1"
 
 
 class Server:
-    def __init__(self, args, env=None):
+    def __init__(self, args, env=None, preexec_fn=None):
         self.port = free_port()
         self.proc = subprocess.Popen([str(_bin()), *map(str, args), "--serve", f"127.0.0.1:{self.port}"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=preexec_fn)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -377,3 +380,161 @@ def test_curl_streams_a_chat(smol):
     full = smol.client().chat.completions.create(model=SMOL_ID, temperature=0, max_tokens=8,
                                                  messages=[{"role": "user", "content": "Say hello."}])
     assert text == full.choices[0].message.content
+
+
+def test_slow_connections_do_not_starve_keyed_clients():
+    """300 connections that never finish their headers, under a 256-descriptor limit: keyed
+    clients are still served (idle connections give way at the cap), and the cap is logged."""
+    def fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    s = Server(["run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256", "--parallel", "2",
+                "--api-key", "sekrit"], preexec_fn=fd_limit)
+    slow = []
+    try:
+        for _ in range(300):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+            slow.append(c)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="sekrit", max_retries=0,
+                               timeout=15)
+        t0 = time.monotonic()
+        assert client.models.list().data[0].id == SMOL_ID
+        r = client.completions.create(model=SMOL_ID, prompt="Hello", max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens >= 1
+        assert time.monotonic() - t0 < 10
+        # The oldest stalled connections were closed to make room.
+        slow[0].settimeout(10)
+        assert slow[0].recv(100) == b""
+    finally:
+        for c in slow:
+            c.close()
+        s.stop()
+    err = s.proc.stderr.read()
+    assert "the open-file limit is 256" in err, err
+    assert "closed the oldest idle one" in err, err
+
+
+def test_a_stalled_request_head_is_closed_after_the_header_timeout():
+    s = Server(["run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256", "--parallel", "1",
+                "--header-timeout", "1"])
+    try:
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=15)
+        c.sendall(b"GET /health HTTP/1.1\r\n")
+        t0 = time.monotonic()
+        assert c.recv(100) == b""  # closed by the server, well before our 15 s timeout
+        assert time.monotonic() - t0 < 10
+        c.close()
+    finally:
+        s.stop()
+
+
+def test_cors_only_with_a_key_or_a_named_origin(smol):
+    pre = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    status, headers, _ = smol.request("OPTIONS", "/v1/completions", headers=pre)
+    assert "access-control-allow-origin" not in {k.lower() for k in headers}
+    status, _, body = smol.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1},
+                                   headers={"Origin": "http://evil.example"})
+    assert status == 403 and "--cors" in json.loads(body)["error"]["message"]
+    s = Server(["run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256", "--parallel", "1",
+                "--cors", "http://localhost:3000"])
+    try:
+        status, headers, _ = s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1},
+                                       headers={"Origin": "http://localhost:3000"})
+        assert status == 200
+        assert {k.lower(): v for k, v in headers.items()}["access-control-allow-origin"] == "http://localhost:3000"
+    finally:
+        s.stop()
+
+
+def test_serve_binds_before_loading_and_says_where_after_binding():
+    # A taken port fails before the model is even opened (the model path does not exist).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = ringllm(["run", "-m", "/nonexistent/model.gguf", "--serve", f"127.0.0.1:{port}"], check=False,
+                    timeout=60)
+        assert r.returncode != 0
+        assert f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+        assert "nonexistent" not in r.stderr, r.stderr
+    # Port 0: the line names the port actually bound, which answers.
+    p = subprocess.Popen([str(_bin()), "run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256",
+                          "--parallel", "1", "--serve", "0.0.0.0:0"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = p.stderr.readline()
+            assert line, f"exited: {''.join(lines)}"
+            lines.append(line)
+            m = re.search(r"serving .* on http://[0-9.]+:(\d+)/v1", line)
+            if m:
+                break
+        assert m and int(m.group(1)) != 0, lines
+        c = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=30)
+        c.request("GET", "/health")
+        assert c.getresponse().status == 200
+        # Beyond loopback without a key: a warning, before the serving line.
+        assert any("without --api-key" in line for line in lines), lines
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+def test_a_context_beyond_the_trained_one_is_a_warning_in_run_up_and_serve():
+    smol = model_path(SMOL.name)  # trained on 8192 tokens
+    r = ringllm(["run", "-m", smol, "-c", "8300", "-p", "Hi", "-n", "1", "--threads", "1"])
+    assert "--ctx 8300 is more than the 8192 tokens" in r.stderr, r.stderr
+    r = ringllm(["run", "-m", smol, "-c", "8192", "-p", "Hi", "-n", "1", "--threads", "1"])
+    assert "trained" not in r.stderr, r.stderr
+    with Nodes(1) as nodes:
+        r = ringllm(["up", "-m", smol, "--key", KEY, *nodes.node_flags(), "-c", "8300", "-p", "Hi", "-n", "1",
+                     "--threads", "1"])
+        assert "--ctx 8300 is more than the 8192 tokens" in r.stderr, r.stderr
+    s = Server(["run", "-m", smol, "--threads", "1", "-c", "8300", "--parallel", "1"])
+    s.stop()
+    assert "--ctx 8300 is more than the 8192 tokens" in s.proc.stderr.read()
+
+
+def test_ring_health_names_lost_nodes_and_failures_are_503_not_500():
+    model = model_path(SMOL.name)
+    q = [{"role": "user", "content": "What is the capital of France?"}]
+    with Nodes(2) as nodes:
+        s = Server(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "--threads", "1", "-c", "512",
+                    "--parallel", "2"])
+        try:
+            status, _, body = s.get("/health")
+            health = json.loads(body)
+            assert status == 200 and health["status"] == "ok", health
+            assert len(health["nodes"]) == 2 and health["missing"] == [], health
+            # A node dies while the server is idle: the next request is still answered (on the
+            # ring rebuilt over the node left), and /health says which node is missing.
+            nodes.kill(1)
+            r = s.client().chat.completions.create(model=SMOL_ID, messages=q, temperature=0, max_tokens=8)
+            assert r.choices[0].message.content
+            status, _, body = s.get("/health")
+            health = json.loads(body)
+            assert status == 200 and health["status"] == "degraded", health
+            assert any("node2" in m for m in health["missing"]), health
+            # Every node is gone: /health is a 503 naming them, requests are 503 + Retry-After.
+            nodes.kill(0)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                status, headers, body = s.get("/health")
+                if status == 503:
+                    break
+                time.sleep(0.2)
+            health = json.loads(body)
+            assert status == 503 and health["status"] == "unavailable", health
+            assert any("node1" in m for m in health["missing"]), health
+            assert int({k.lower(): v for k, v in headers.items()}["retry-after"]) >= 1
+            for stream in (False, True):
+                status, headers, body = s.request("POST", "/v1/completions",
+                                                  {"prompt": "Hi", "max_tokens": 4, "stream": stream})
+                assert status == 503, (status, body)
+                assert int({k.lower(): v for k, v in headers.items()}["retry-after"]) >= 1
+                assert "error" in json.loads(body)
+        finally:
+            s.stop()

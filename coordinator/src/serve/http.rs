@@ -6,7 +6,13 @@
 //!
 //! A client that goes away cancels its request: every submitted request is owned by a
 //! `CancelOnDrop` that the response (or the stream) holds until the backend's last event.
+//!
+//! `conn` bounds the connections (a cap, a header-read timeout); a request body must arrive
+//! within `body_timeout`. Web pages of other origins may call the API only when an API key
+//! is set (any origin) or their origin was named (`--cors ORIGIN`); a request whose `Origin`
+//! is not allowed is refused with a 403 before anything runs.
 
+mod conn;
 mod openai;
 #[cfg(test)]
 mod tests;
@@ -30,23 +36,68 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Where and how to serve.
+pub use conn::raise_open_files;
+
+/// How to serve.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// HOST:PORT to listen on.
-    pub addr: String,
     /// When set, every endpoint but `/health` wants `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
-    /// Permissive CORS (any origin), so browser front ends can call the API.
-    pub cors: bool,
+    /// Origins whose web pages may call the API (`*`: any). Empty: any origin when an API key
+    /// is set, none otherwise.
+    pub cors: Vec<String>,
+    /// Longest wait for a request head (from the connection, or between requests).
+    pub header_timeout: Duration,
+    /// Longest wait for a request body.
+    pub body_timeout: Duration,
+    /// Most connections open at once (lowered to fit the open-file limit).
+    pub max_connections: usize,
 }
 
 impl Default for ServeOptions {
     fn default() -> ServeOptions {
         ServeOptions {
-            addr: "127.0.0.1:8080".into(),
             api_key: None,
-            cors: true,
+            cors: Vec::new(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+        }
+    }
+}
+
+/// Which web origins may call the API.
+#[derive(Clone, Debug, PartialEq)]
+enum Cors {
+    /// None: no CORS headers, and requests carrying an `Origin` are refused.
+    Off,
+    Any,
+    Origins(Vec<HeaderValue>),
+}
+
+impl Cors {
+    fn new(origins: &[String], keyed: bool) -> Result<Cors> {
+        if origins.iter().any(|o| o == "*") {
+            return Ok(Cors::Any);
+        }
+        if origins.is_empty() {
+            return Ok(if keyed { Cors::Any } else { Cors::Off });
+        }
+        let list = origins
+            .iter()
+            .map(|o| {
+                HeaderValue::from_str(o.trim_end_matches('/'))
+                    .with_context(|| format!("--cors {o:?} is not a valid origin"))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Cors::Origins(list))
+    }
+
+    fn allows(&self, origin: &HeaderValue) -> bool {
+        match self {
+            Cors::Off => false,
+            Cors::Any => true,
+            Cors::Origins(list) => list.contains(origin),
         }
     }
 }
@@ -60,6 +111,8 @@ const DRAIN: Duration = Duration::from_secs(10);
 struct AppState {
     backend: Arc<dyn Backend>,
     api_key: Option<String>,
+    cors: Cors,
+    body_timeout: Duration,
     /// Set on SIGTERM/SIGINT: `/health` turns 503, new requests are refused.
     draining: AtomicBool,
     /// Unix time the server started (`created` of the model).
@@ -68,10 +121,24 @@ struct AppState {
 
 type Shared = Arc<AppState>;
 
-/// Serves until SIGTERM or SIGINT; then stops accepting, shuts the backend down (its open
-/// streams end with a finish reason and `[DONE]`), waits up to 10 s for open responses and
-/// returns. Runs its own two-worker tokio runtime.
-pub fn serve(backend: Arc<dyn Backend>, opts: ServeOptions) -> Result<()> {
+/// Binds `addr` (before anything slow, so a taken port fails at once).
+pub fn bind(addr: &str) -> Result<std::net::TcpListener> {
+    let listener =
+        std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    listener
+        .set_nonblocking(true)
+        .context("cannot make the listener non-blocking")?;
+    Ok(listener)
+}
+
+/// Serves on `listener` (from `bind`) until SIGTERM or SIGINT; then stops accepting, shuts
+/// the backend down (its open streams end with a finish reason and `[DONE]`), waits up to
+/// 10 s for open responses and returns. Runs its own two-worker tokio runtime.
+pub fn serve(
+    listener: std::net::TcpListener,
+    backend: Arc<dyn Backend>,
+    opts: ServeOptions,
+) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("ringllm-http")
@@ -79,19 +146,18 @@ pub fn serve(backend: Arc<dyn Backend>, opts: ServeOptions) -> Result<()> {
         .build()
         .context("cannot start the HTTP runtime")?;
     let result = rt.block_on(async {
-        let listener = TcpListener::bind(&opts.addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", opts.addr))?;
+        let listener = TcpListener::from_std(listener).context("cannot use the listener")?;
         run(listener, backend, opts, shutdown_signal()).await
     });
     rt.shutdown_timeout(Duration::from_secs(1));
     result
 }
 
-/// The router alone (no listener, no shutdown handling): for tests and embedding.
+/// The router alone (no listener, no connection limits, no shutdown handling): for tests and
+/// embedding.
 #[cfg_attr(not(test), allow(dead_code))]
-pub fn router(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Router {
-    app(state(backend, opts), opts.cors)
+pub fn router(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Result<Router> {
+    Ok(app(state(backend, opts)?))
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains as `serve` does.
@@ -101,18 +167,22 @@ pub async fn run(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let state = state(backend, &opts);
-    let app = app(Arc::clone(&state), opts.cors);
+    let state = state(backend, &opts)?;
+    let app = app(Arc::clone(&state));
+    let limits = conn::Limits {
+        max_connections: opts.max_connections.max(1),
+        header_timeout: opts.header_timeout,
+    }
+    .fit(conn::raise_open_files());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let mut server = tokio::spawn(conn::serve(listener, app, limits, async {
+        let _ = stop_rx.await;
+    }));
     tokio::select! {
-        r = &mut server => return r.context("the HTTP server panicked")?.context("HTTP server"),
+        r = &mut server => {
+            r.context("the HTTP server panicked")?;
+            anyhow::bail!("the HTTP server stopped");
+        }
         () = shutdown => {}
     }
     tracing::info!("shutting down: no new connections, ending open requests");
@@ -123,9 +193,7 @@ pub async fn run(
         .await
         .context("the backend's shutdown panicked")?;
     match tokio::time::timeout(DRAIN, &mut server).await {
-        Ok(r) => r
-            .context("the HTTP server panicked")?
-            .context("HTTP server"),
+        Ok(r) => r.context("the HTTP server panicked"),
         Err(_) => {
             tracing::warn!(
                 "open responses did not finish within {} s; closing them",
@@ -156,23 +224,31 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-fn state(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Shared {
-    Arc::new(AppState {
+fn state(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Result<Shared> {
+    let api_key = opts.api_key.clone().filter(|k| !k.is_empty());
+    Ok(Arc::new(AppState {
         backend,
-        api_key: opts.api_key.clone().filter(|k| !k.is_empty()),
+        cors: Cors::new(&opts.cors, api_key.is_some())?,
+        api_key,
+        body_timeout: opts.body_timeout,
         draining: AtomicBool::new(false),
         started: openai::unix_now(),
-    })
+    }))
 }
 
-fn app(state: Shared, cors: bool) -> Router {
+fn app(state: Shared) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            allowed_origin,
+        ));
+    let cors = state.cors.clone();
     let app = Router::new()
         .route("/health", get(health))
         .merge(api)
@@ -181,13 +257,15 @@ fn app(state: Shared, cors: bool) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(reject_large))
         .with_state(state);
-    if !cors {
-        return app;
-    }
-    use tower_http::cors::{Any, CorsLayer};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origins = match cors {
+        Cors::Off => return app,
+        Cors::Any => AllowOrigin::any(),
+        Cors::Origins(list) => AllowOrigin::list(list),
+    };
     app.layer(
         CorsLayer::new()
-            .allow_origin(Any)
+            .allow_origin(origins)
             .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
             .expose_headers([header::RETRY_AFTER])
@@ -226,6 +304,19 @@ impl ApiError {
     /// 500: the engine failed.
     fn server(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// The backend's error event: a 503 with `Retry-After` when the engine says retrying
+    /// may work (the ring is down or being rebuilt), else a 500.
+    fn engine(message: String, retry_after_s: Option<u64>) -> ApiError {
+        match retry_after_s {
+            Some(s) => ApiError {
+                retry_after_s: Some(s),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+                    .code("engine_unavailable")
+            },
+            None => ApiError::server(message),
+        }
     }
 
     fn param(mut self, param: &'static str) -> ApiError {
@@ -294,13 +385,27 @@ fn shutting_down() -> ApiError {
 /// A JSON request body whose every failure (not JSON, wrong types, too large) is an
 /// OpenAI-style error instead of axum's plain-text rejection. The Content-Type is not
 /// checked: curl users often leave it out.
+/// A body that does not arrive within `body_timeout` is a 408.
 struct JsonBody<T>(T);
 
-impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T: serde::de::DeserializeOwned> FromRequest<Shared> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+    async fn from_request(req: Request, state: &Shared) -> Result<Self, ApiError> {
+        let limit = state.body_timeout;
+        let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
+        let bytes = read.await.map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {} s",
+                    limit.as_secs_f64()
+                ),
+            )
+            .code("body_timeout")
+        })?;
+        let bytes = bytes.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 too_large()
             } else {
@@ -361,19 +466,64 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Refuses a request from a web page whose origin may not call the API (browsers send
+/// `Origin` on cross-origin requests; other clients do not send it).
+async fn allowed_origin(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        if !s.cors.allows(origin) {
+            let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                format!(
+                    "web pages from {origin} may not call this server: start it with \
+                     --cors {origin} (or with an --api-key, which lets any origin in)"
+                ),
+            )
+            .code("origin_not_allowed")
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
 /// Compares without stopping at the first difference.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// `{"status": "ok"}`; over a ring also its nodes, and any missing (`"degraded"` when it
+/// runs without some); 503 with `Retry-After` while the ring is down or the server drains.
 async fn health(State(s): State<Shared>) -> Response {
     if s.draining.load(Ordering::SeqCst) {
         let body = json!({"status": "shutting_down"});
-        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
-    } else {
-        Json(json!({"status": "ok"})).into_response()
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
+    let h = s.backend.health();
+    let status = match (h.ready, h.missing.is_empty()) {
+        (false, _) => "unavailable",
+        (true, false) => "degraded",
+        (true, true) => "ok",
+    };
+    let mut body = json!({ "status": status });
+    if !h.nodes.is_empty() || !h.missing.is_empty() {
+        body["nodes"] = json!(h.nodes);
+        body["missing"] = json!(h.missing);
+    }
+    if let Some(e) = &h.error {
+        body["error"] = json!(e);
+    }
+    if h.ready {
+        return Json(body).into_response();
+    }
+    let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(HEALTH_RETRY_AFTER_S));
+    r
 }
+
+/// `Retry-After` of a 503 from `/health`.
+const HEALTH_RETRY_AFTER_S: u64 = 5;
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::new(
@@ -571,13 +721,31 @@ async fn generate(s: &AppState, p: Params, prompt: Vec<u32>) -> Result<Response,
         cancel: Arc::clone(&cancel),
     };
     s.backend.submit(req)?;
-    let guard = CancelOnDrop {
+    let mut guard = CancelOnDrop {
         flag: cancel,
         armed: true,
     };
     let reply = openai::Reply::new(&p, s.backend.model_id());
     if p.stream {
-        let body = Body::from_stream(openai::sse(reply, rx, guard));
+        // The status waits for the first event: a request that fails before its first token
+        // gets a real error status, not a 200 with an error inside.
+        let mut rx = rx;
+        let first = rx.recv().await;
+        match first {
+            Some(GenEvent::Error {
+                message,
+                retry_after_s,
+            }) => {
+                guard.disarm();
+                return Err(ApiError::engine(message, retry_after_s));
+            }
+            None => {
+                guard.disarm();
+                return Err(stopped());
+            }
+            Some(_) => {}
+        }
+        let body = Body::from_stream(openai::sse(reply, first, rx, guard));
         let headers = [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
@@ -638,18 +806,23 @@ async fn collect(
                     },
                 });
             }
-            Some(GenEvent::Error { message }) => {
+            Some(GenEvent::Error {
+                message,
+                retry_after_s,
+            }) => {
                 guard.disarm();
-                return Err(ApiError::server(message));
+                return Err(ApiError::engine(message, retry_after_s));
             }
             None => {
                 guard.disarm();
-                return Err(ApiError::server(
-                    "the engine stopped before finishing the request",
-                ));
+                return Err(stopped());
             }
         }
     }
+}
+
+fn stopped() -> ApiError {
+    ApiError::server("the engine stopped before finishing the request")
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {

@@ -98,7 +98,36 @@ pub enum GenEvent {
     },
     Error {
         message: String,
+        /// `Some(seconds)`: the engine cannot serve for now (a ring lost its nodes) and the
+        /// client may try again after this long (HTTP 503 with `Retry-After`); `None`: the
+        /// engine failed (HTTP 500).
+        retry_after_s: Option<u64>,
     },
+}
+
+/// Whether the engine can serve, for `/health`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Health {
+    /// False while requests cannot be served (the ring is down): `/health` answers 503.
+    pub ready: bool,
+    /// The ring's nodes in use, as "name (address)"; empty on one machine.
+    pub nodes: Vec<String>,
+    /// Nodes of the cluster that are not in the ring (lost, or not answering).
+    pub missing: Vec<String>,
+    /// Why the ring is down or runs without some nodes.
+    pub error: Option<String>,
+}
+
+impl Health {
+    /// One machine, or a ring with every node.
+    pub fn ready() -> Health {
+        Health {
+            ready: true,
+            nodes: Vec::new(),
+            missing: Vec::new(),
+            error: None,
+        }
+    }
 }
 
 /// Why a request was not queued.
@@ -144,6 +173,10 @@ pub trait Backend: Send + Sync + 'static {
     /// fit is a 400.
     fn ctx(&self) -> usize;
     fn metrics(&self) -> Metrics;
+    /// Whether requests can be served now (a ring: which nodes are in it, which are missing).
+    fn health(&self) -> Health {
+        Health::ready()
+    }
     /// Stop taking requests; cancel or finish what runs, then return.
     fn shutdown(&self);
 }
@@ -163,6 +196,29 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Built-in chat template to use instead of the model's.
     pub template: Option<String>,
+    /// Web origins allowed to call the API (`--cors`; see `http::ServeOptions::cors`).
+    pub cors: Vec<String>,
+    /// Longest wait for a request head.
+    pub header_timeout: std::time::Duration,
+    /// Longest wait for a request body.
+    pub body_timeout: std::time::Duration,
+    /// Most connections open at once.
+    pub max_connections: usize,
+}
+
+/// Binds the serve address first (a taken port fails before the model loads) and warns when
+/// it is reachable beyond this machine without an API key.
+fn bind(cfg: &ServeConfig) -> anyhow::Result<std::net::TcpListener> {
+    let listener = http::bind(&cfg.addr)?;
+    let public = listener.local_addr().is_ok_and(|a| !a.ip().is_loopback());
+    if public && cfg.api_key.as_deref().is_none_or(str::is_empty) {
+        eprintln!(
+            "warning: serving on {} without --api-key: anyone who can reach this port can use \
+             the model; set --api-key KEY (or RINGLLM_API_KEY), or listen on 127.0.0.1",
+            cfg.addr
+        );
+    }
+    Ok(listener)
 }
 
 /// `ringllm run -m MODEL --serve ADDR`: the whole model in this process behind the API.
@@ -171,7 +227,7 @@ pub fn serve_local(
     cfg: &ServeConfig,
 ) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
-    let addr = cfg.addr.clone();
+    let listener = bind(cfg)?;
     let file = crate::engine::open_gguf(&margs.model)?;
     let spec = crate::text::tokenizer::TokenizerSpec::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", margs.model.display()))?;
@@ -180,7 +236,7 @@ pub fn serve_local(
         crate::text::resolve_template(cfg.template.as_deref(), &spec, &tokenizer, &margs.model)?;
     let model = ringllm_node::Model::load(file, &ringllm_node::LoadOptions::default())
         .with_context(|| format!("cannot load {}", margs.model.display()))?;
-    let ctx = margs.ctx.unwrap_or(model.hp.ctx_train.min(4096)).max(2);
+    let ctx = crate::engine::context_size(margs.ctx, model.hp.ctx_train).max(2);
     let kv = margs.kv;
     let threads = margs
         .threads
@@ -190,11 +246,24 @@ pub fn serve_local(
     if s.parallel == 0 || s.prefill_chunk == 0 {
         anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
     }
-    let runner =
-        ringllm_node::Runner::new(Arc::new(model), threads, s.prefill_chunk + s.parallel, ctx);
+    ringllm_node::limits::check_runner(
+        &model.hp,
+        model.layer_range.clone(),
+        threads,
+        s.prefill_chunk.saturating_add(s.parallel),
+        ctx,
+        kv,
+        s.parallel,
+    )?;
+    let runner = ringllm_node::Runner::new(
+        Arc::new(model),
+        threads,
+        s.prefill_chunk.saturating_add(s.parallel),
+        ctx,
+    );
     let stepper = scheduler::LocalStepper::new(runner, s.parallel, ctx, kv);
-    eprintln!(
-        "serving {} on http://{addr}/v1 ({} slots, context {ctx}, {threads} threads)",
+    let what = format!(
+        "{} ({} slots, context {ctx}, {threads} threads)",
         margs.model.display(),
         s.parallel
     );
@@ -205,11 +274,14 @@ pub fn serve_local(
         &margs.model,
         ctx,
         cfg,
-        addr,
+        listener,
+        &what,
     )
 }
 
-/// Starts the scheduler over `stepper` and serves the API until SIGTERM.
+/// Starts the scheduler over `stepper` and serves the API on `listener` until SIGTERM; says
+/// so (with `what` is served) once it does.
+#[allow(clippy::too_many_arguments)]
 fn start_and_serve(
     stepper: Box<dyn scheduler::Stepper>,
     tokenizer: Arc<Tokenizer>,
@@ -217,7 +289,8 @@ fn start_and_serve(
     model: &std::path::Path,
     ctx: usize,
     cfg: &ServeConfig,
-    addr: String,
+    listener: std::net::TcpListener,
+    what: &str,
 ) -> anyhow::Result<std::process::ExitCode> {
     let s = cfg;
     let backend = scheduler::SchedBackend::start(
@@ -232,14 +305,18 @@ fn start_and_serve(
             ctx,
         },
     )?;
-    http::serve(
-        backend,
-        http::ServeOptions {
-            addr,
-            api_key: s.api_key.clone(),
-            cors: true,
-        },
-    )?;
+    let opts = http::ServeOptions {
+        api_key: s.api_key.clone(),
+        cors: s.cors.clone(),
+        header_timeout: s.header_timeout,
+        body_timeout: s.body_timeout,
+        max_connections: s.max_connections,
+    };
+    let at = listener
+        .local_addr()
+        .map_or_else(|_| s.addr.clone(), |a| a.to_string());
+    eprintln!("serving {what} on http://{at}/v1");
+    http::serve(listener, backend, opts)?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 
@@ -257,11 +334,11 @@ pub fn serve_ring(
     cfg: &ServeConfig,
 ) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
-    let addr = cfg.addr.clone();
     let s = cfg;
     if s.parallel == 0 || s.prefill_chunk == 0 {
         anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
     }
+    let listener = bind(cfg)?;
     let file = crate::engine::open_gguf(&margs.model)?;
     let tspec = crate::text::tokenizer::TokenizerSpec::from_gguf(file.metadata())
         .with_context(|| format!("tokenizer of {}", margs.model.display()))?;
@@ -277,10 +354,10 @@ pub fn serve_ring(
         },
     )?
     .hp;
-    let ctx = margs.ctx.unwrap_or(hp.ctx_train.min(4096)).max(2);
+    let ctx = crate::engine::context_size(margs.ctx, hp.ctx_train).max(2);
     let args = ModelOptions {
         ctx: Some(ctx),
-        batch: s.prefill_chunk + s.parallel,
+        batch: s.prefill_chunk.saturating_add(s.parallel),
         ..margs.clone()
     };
     let mode = crate::engine::RingMode {
@@ -291,8 +368,8 @@ pub fn serve_ring(
         hp,
     };
     let stepper = ring_step::RingStepper::new(mode, s.parallel)?;
-    eprintln!(
-        "serving {} over the ring on http://{addr}/v1 ({} slots, context {ctx})",
+    let what = format!(
+        "{} over the ring ({} slots, context {ctx})",
         margs.model.display(),
         s.parallel
     );
@@ -303,6 +380,7 @@ pub fn serve_ring(
         &margs.model,
         ctx,
         cfg,
-        addr,
+        listener,
+        &what,
     )
 }

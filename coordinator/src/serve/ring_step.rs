@@ -1,13 +1,20 @@
 //! The scheduler's stepper over a ring: the coordinator embeds, runs its local layers and the
 //! head; every step's sequences travel the ring together as one batch (one frame each, one
 //! pass per node). After a failure the ring is rebuilt over the nodes still there on the next
-//! step.
+//! step; while idle, the nodes' heartbeats are checked every second, so a node lost between
+//! requests is noticed (and the ring rebuilt) before the next request comes.
 
 use super::scheduler::{embed_feeds, head_logits, layers_for_feeds, Feed, Stepper};
+use super::Health;
 use crate::cluster::ring::{Part, Ring};
 use crate::engine::RingMode;
 use anyhow::{anyhow, Result};
 use ringllm_node::{KvCache, KvType, Runner};
+use std::time::{Duration, Instant};
+
+/// How long a client is told to wait (`Retry-After`) while the ring is down, and how often an
+/// idle server tries to rebuild it.
+const REBUILD_EVERY: Duration = Duration::from_secs(5);
 
 /// A batch in the ring: its parts, which want logits, its rows.
 type InFlight = (Vec<Part>, Vec<bool>, Vec<f32>);
@@ -26,6 +33,12 @@ pub struct RingStepper {
     node_logits: Vec<f32>,
     /// Batches sent and not yet collected.
     pending: std::collections::VecDeque<InFlight>,
+    /// Why the ring went down, until it is rebuilt.
+    down: Option<String>,
+    /// Nodes left out of the ring (or not answering while it is down), as "name (address)".
+    missing: Vec<String>,
+    /// When an idle server last tried to rebuild the ring.
+    last_attempt: Option<Instant>,
 }
 
 impl RingStepper {
@@ -35,6 +48,7 @@ impl RingStepper {
         let (runner, _) = mode.build(false, slots)?;
         let ring = mode.ring.take();
         let local = (0..slots).map(|_| runner.new_cache(ctx, kv)).collect();
+        let missing = missing_nodes(&mode, ring.as_ref());
         Ok(RingStepper {
             mode,
             ring,
@@ -48,19 +62,66 @@ impl RingStepper {
             rows: Vec::new(),
             node_logits: Vec::new(),
             pending: Default::default(),
+            down: None,
+            missing,
+            last_attempt: None,
         })
     }
 
     fn rebuild(&mut self) -> Result<()> {
         eprintln!("[rebuilding the ring over the nodes still there]");
-        let (runner, _) = self.mode.build(true, self.slots)?;
+        self.last_attempt = Some(Instant::now());
+        self.lens = vec![0; self.slots];
+        let (runner, _) = match self.mode.build(true, self.slots) {
+            Ok(r) => r,
+            Err(e) => {
+                self.down = Some(format!("{e:#}"));
+                self.missing = missing_nodes(&self.mode, None);
+                return Err(e);
+            }
+        };
         self.ring = self.mode.ring.take();
         self.local = (0..self.slots)
             .map(|_| runner.new_cache(self.ctx, self.kv))
             .collect();
         self.runner = runner;
-        self.lens = vec![0; self.slots];
+        self.missing = missing_nodes(&self.mode, self.ring.as_ref());
+        self.down = None;
+        let nodes = self.ring.as_ref().map_or(0, |r| r.node_names().len());
+        eprintln!("[the ring is up again: {nodes} node(s)]");
+        if !self.missing.is_empty() {
+            eprintln!("[without {}]", self.missing.join(", "));
+        }
         Ok(())
+    }
+
+    /// Drops the ring after a failure (it is rebuilt on the next step).
+    fn lost(&mut self, why: &anyhow::Error) {
+        self.pending.clear();
+        if let Some(old) = self.ring.take() {
+            old.shutdown("failure");
+        }
+        self.down = Some(format!("{why:#}"));
+    }
+}
+
+/// The cluster's nodes that are not in `ring`: every node when it is `None`, but only those
+/// that do not take a TCP connection are named then (the others may be fine).
+fn missing_nodes(mode: &RingMode, ring: Option<&Ring>) -> Vec<String> {
+    let stages = mode.spec.stages.iter();
+    let remote = stages.filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)));
+    match ring {
+        Some(r) => {
+            let there: Vec<String> = r.node_names().into_iter().map(|(_, a)| a).collect();
+            remote
+                .filter(|(_, a)| !there.iter().any(|t| t == a))
+                .map(|(n, a)| format!("{n} ({a})"))
+                .collect()
+        }
+        None => remote
+            .filter(|(_, a)| !crate::engine::reachable(a))
+            .map(|(n, a)| format!("{n} ({a})"))
+            .collect(),
     }
 }
 
@@ -98,9 +159,7 @@ impl Stepper for RingStepper {
             &mut run_local,
         );
         if let Err(e) = r {
-            if let Some(old) = self.ring.take() {
-                old.shutdown("failure");
-            }
+            self.lost(&e);
             return Err(e);
         }
         let head_on_node = ring.head_on_node;
@@ -155,7 +214,7 @@ impl Stepper for RingStepper {
             .as_mut()
             .ok_or_else(|| anyhow!("the ring is down"))?;
         if let Err(e) = ring.send_batch(&parts, &x, d) {
-            self.abort();
+            self.lost(&e);
             return Err(e);
         }
         for f in feeds {
@@ -179,7 +238,7 @@ impl Stepper for RingStepper {
             .as_mut()
             .ok_or_else(|| anyhow!("the ring is down"))?;
         if let Err(e) = ring.recv_batch(&parts, &mut x, d, &mut self.node_logits) {
-            self.abort();
+            self.lost(&e);
             return Err(e);
         }
         logits.clear();
@@ -204,7 +263,56 @@ impl Stepper for RingStepper {
         self.pending.clear();
         if let Some(old) = self.ring.take() {
             old.shutdown("failure");
+            self.down.get_or_insert_with(|| "a step failed".into());
         }
+    }
+
+    fn health(&self) -> Option<Health> {
+        let nodes = self.ring.as_ref().map_or_else(Vec::new, |r| {
+            r.node_names()
+                .into_iter()
+                .map(|(n, a)| format!("{n} ({a})"))
+                .collect()
+        });
+        let error = match (&self.down, self.missing.is_empty()) {
+            (Some(why), _) => Some(why.clone()),
+            (None, false) => Some(format!("the ring runs without {}", self.missing.join(", "))),
+            (None, true) => None,
+        };
+        Some(Health {
+            ready: self.ring.is_some(),
+            nodes,
+            missing: self.missing.clone(),
+            error,
+        })
+    }
+
+    fn idle(&mut self) -> bool {
+        if let Some(ring) = self.ring.as_mut() {
+            let Err(e) = ring.check_health() else {
+                return false;
+            };
+            tracing::warn!("the ring lost a node while idle: {e:#}");
+            eprintln!("[a node was lost: {e:#}]");
+            self.lost(&e);
+            self.missing = missing_nodes(&self.mode, None);
+        } else if self
+            .last_attempt
+            .is_some_and(|t| t.elapsed() < REBUILD_EVERY)
+        {
+            return false;
+        }
+        if let Err(e) = self.rebuild() {
+            eprintln!(
+                "[the ring is down: {e:#}; trying again in {} s]",
+                REBUILD_EVERY.as_secs()
+            );
+        }
+        true
+    }
+
+    fn retry_after_s(&self) -> Option<u64> {
+        Some(REBUILD_EVERY.as_secs())
     }
 
     fn len(&self, slot: usize) -> usize {
@@ -215,6 +323,9 @@ impl Stepper for RingStepper {
         let Some(&cur) = self.lens.get(slot) else {
             return false;
         };
+        if len > cur {
+            return false;
+        }
         let ok = ringllm_node::kv::can_truncate(
             &self.mode.hp,
             self.ctx,

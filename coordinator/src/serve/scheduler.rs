@@ -1,13 +1,15 @@
 //! The batching scheduler: one thread owns the model (or the ring) and a fixed number of KV
-//! slots. Every step it takes the decode token of every running sequence plus at most one
-//! prefill chunk (so a long prompt never stalls the others), runs them as one batch (one
-//! matrix × matrix pass over the weights), computes the logits of every sequence that needs
-//! a token in one batched head product, samples each with its own sampler, and streams text
-//! back. Requests wait first come, first served in a bounded queue; a finished sequence keeps
-//! its slot's cache so a conversation that comes back with its history reuses the prefix.
+//! slots. Every step it takes the decode token of every running sequence plus prompt tokens
+//! of sequences still prefilling (at most one partial chunk, see `plan_prefill`, so a long
+//! prompt never stalls the others), runs them as one batch (one matrix × matrix pass over the
+//! weights), computes the logits of every sequence that needs a token in one batched head
+//! product, samples each with its own sampler, and streams text back. Requests wait first
+//! come, first served in a bounded queue; a finished sequence keeps its slot's cache so a
+//! conversation that comes back with its history reuses the prefix. A request the engine
+//! fails before its first token (a ring losing a node) is queued again once.
 
 use super::{
-    Backend, Finish, GenEvent, GenRequest, Metrics, SubmitError, TokenLogprob, TopLogprob,
+    Backend, Finish, GenEvent, GenRequest, Health, Metrics, SubmitError, TokenLogprob, TopLogprob,
 };
 use crate::text::sampler::{Sampler, SamplerParams, StopStrings};
 use crate::text::template::ChatTemplate;
@@ -60,6 +62,20 @@ pub trait Stepper: Send {
     }
     /// Forgets batches in flight after a failure.
     fn abort(&mut self) {}
+    /// Whether the engine can serve (`None`: always; one machine).
+    fn health(&self) -> Option<Health> {
+        None
+    }
+    /// Called about once a second while no sequence runs: a ring checks its nodes and rebuilds
+    /// itself when one was lost. True when every slot's cache was emptied meanwhile.
+    fn idle(&mut self) -> bool {
+        false
+    }
+    /// `Some(seconds)` when a failed step is worth retrying after that long (a ring that
+    /// lost a node is rebuilt over the others); `None`: a failure is an engine error.
+    fn retry_after_s(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The output head over the last row of every part that wants logits: `parts` gives each
@@ -225,6 +241,8 @@ struct Shared {
     /// Decode tokens/s × 1000, over the last window.
     rate_milli: AtomicU64,
     node_latency: Mutex<Vec<(String, f64)>>,
+    /// The stepper's last health report (`None`: one machine, always ready).
+    health: Mutex<Option<Health>>,
 }
 
 enum Msg {
@@ -261,7 +279,8 @@ impl SchedBackend {
         let slots = stepper.slots();
         let ctx = opts.ctx;
         let queue = opts.queue;
-        let sched = Scheduler::new(stepper, Arc::clone(&tokenizer), Arc::clone(&shared), opts);
+        let mut sched = Scheduler::new(stepper, Arc::clone(&tokenizer), Arc::clone(&shared), opts);
+        sched.publish_health();
         let thread = std::thread::Builder::new()
             .name("scheduler".into())
             .spawn(move || sched.run(rx))?;
@@ -345,6 +364,15 @@ impl Backend for SchedBackend {
         }
     }
 
+    fn health(&self) -> Health {
+        self.shared
+            .health
+            .lock()
+            .ok()
+            .and_then(|h| h.clone())
+            .unwrap_or_else(Health::ready)
+    }
+
     fn shutdown(&self) {
         self.shared.accepting.store(false, Ordering::SeqCst);
         let _ = self
@@ -373,6 +401,17 @@ struct Active {
     cached: usize,
     /// Part of a batch in flight (pipelined ring).
     in_flight: bool,
+    /// Already queued again once after an engine failure.
+    retried: bool,
+    /// The step that last carried some of its prompt (`None`: its prefill has not started).
+    last_fed: Option<u64>,
+}
+
+/// A request waiting for a slot.
+struct Waiting {
+    req: Box<GenRequest>,
+    /// Queued again after an engine failure before its first token.
+    retried: bool,
 }
 
 struct Slot {
@@ -388,7 +427,7 @@ struct Scheduler {
     shared: Arc<Shared>,
     opts: SchedulerOptions,
     slots: Vec<Slot>,
-    queue: VecDeque<Box<GenRequest>>,
+    queue: VecDeque<Waiting>,
     eog: Vec<u32>,
     logits: Vec<f32>,
     clock: u64,
@@ -396,6 +435,12 @@ struct Scheduler {
     recent: VecDeque<(Instant, usize)>,
     /// Batches in flight, oldest first: (slot, tokens fed) each.
     inflight: VecDeque<Vec<(usize, usize)>>,
+    /// Batches formed so far (the prefill planner's clock).
+    steps: u64,
+    /// When the stepper's `idle` last ran.
+    last_idle: Instant,
+    /// Whether the health last published says ready.
+    ready_published: bool,
 }
 
 impl Scheduler {
@@ -425,6 +470,9 @@ impl Scheduler {
             clock: 0,
             recent: VecDeque::new(),
             inflight: VecDeque::new(),
+            steps: 0,
+            last_idle: Instant::now(),
+            ready_published: false,
         }
     }
 
@@ -447,38 +495,85 @@ impl Scheduler {
             }
             for m in msgs {
                 match m {
-                    Msg::Submit(r) => self.queue.push_back(r),
+                    Msg::Submit(req) => self.queue.push_back(Waiting {
+                        req,
+                        retried: false,
+                    }),
                     Msg::Shutdown => {
                         self.shutdown();
                         return;
                     }
                 }
             }
+            if idle && self.queue.is_empty() && self.last_idle.elapsed() >= IDLE_CHECK {
+                self.last_idle = Instant::now();
+                if self.stepper.idle() {
+                    for s in &mut self.slots {
+                        s.tokens.clear();
+                    }
+                }
+                self.publish_health();
+            }
             self.admit();
             self.reap_cancelled();
-            if let Err(e) = self.step() {
-                // The engine failed (e.g. a node was lost): every running request fails.
-                let msg = format!("{e:#}");
-                tracing::warn!("step failed: {msg}");
-                self.inflight.clear();
-                self.stepper.abort();
-                for i in 0..self.slots.len() {
-                    if let Some(a) = self.slots[i].active.take() {
-                        self.shared.failed.fetch_add(1, Ordering::Relaxed);
-                        let _ = a.req.events.send(GenEvent::Error {
-                            message: msg.clone(),
-                        });
-                        self.shared.busy.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    self.slots[i].tokens.clear();
-                    self.stepper.truncate(i, 0);
-                }
+            match self.step() {
+                Ok(()) if !self.ready_published => self.publish_health(),
+                Ok(()) => {}
+                Err(e) => self.failed(&e),
             }
         }
     }
 
+    fn publish_health(&mut self) {
+        let h = self.stepper.health();
+        self.ready_published = h.as_ref().is_none_or(|h| h.ready);
+        if let Ok(mut shared) = self.shared.health.lock() {
+            *shared = h;
+        }
+    }
+
+    /// The engine failed (e.g. a node was lost): every running request that has not had a
+    /// token yet is queued again, once (the ring is rebuilt on the next step); the others
+    /// fail.
+    fn failed(&mut self, e: &anyhow::Error) {
+        let message = format!("{e:#}");
+        tracing::warn!("step failed: {message}");
+        self.inflight.clear();
+        self.stepper.abort();
+        let retry_after_s = self.stepper.retry_after_s();
+        let mut again = Vec::new();
+        for i in 0..self.slots.len() {
+            if let Some(a) = self.slots[i].active.take() {
+                self.shared.busy.fetch_sub(1, Ordering::SeqCst);
+                if a.generated == 0 && !a.retried && retry_after_s.is_some() {
+                    again.push((self.slots[i].last_used, a.req));
+                } else {
+                    self.shared.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = a.req.events.send(GenEvent::Error {
+                        message: message.clone(),
+                        retry_after_s,
+                    });
+                }
+            }
+            self.slots[i].tokens.clear();
+            self.stepper.truncate(i, 0);
+        }
+        // Ahead of the queue, in their first order; they were counted once already.
+        again.sort_by_key(|(order, _)| std::cmp::Reverse(*order));
+        for (_, req) in again {
+            tracing::info!("retrying a request the failure interrupted before its first token");
+            self.shared.queued.fetch_add(1, Ordering::SeqCst);
+            self.shared.requests.fetch_sub(1, Ordering::Relaxed);
+            self.shared
+                .prompt_tokens
+                .fetch_sub(req.prompt.len() as u64, Ordering::Relaxed);
+            self.queue.push_front(Waiting { req, retried: true });
+        }
+        self.publish_health();
+    }
+
     fn shutdown(&mut self) {
-        while let Some(r) = self.queue.pop_front() {
+        while let Some(Waiting { req: r, .. }) = self.queue.pop_front() {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             let _ = r.events.send(GenEvent::Done {
                 finish: Finish::Cancelled,
@@ -496,7 +591,7 @@ impl Scheduler {
     /// Gives waiting requests free slots, preferring the slot whose cache shares the longest
     /// prefix with the prompt.
     fn admit(&mut self) {
-        while let Some(req) = self.queue.front() {
+        while let Some(Waiting { req, .. }) = self.queue.front() {
             let free: Vec<usize> = (0..self.slots.len())
                 .filter(|&i| self.slots[i].active.is_none())
                 .collect();
@@ -523,7 +618,7 @@ impl Scheduler {
                 keep = 0;
                 self.stepper.truncate(best, 0);
             }
-            let Some(req) = self.queue.pop_front() else {
+            let Some(Waiting { req, retried }) = self.queue.pop_front() else {
                 break;
             };
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
@@ -561,6 +656,8 @@ impl Scheduler {
                 counts: Default::default(),
                 cached: keep,
                 in_flight: false,
+                retried,
+                last_fed: None,
                 req,
             });
         }
@@ -604,8 +701,9 @@ impl Scheduler {
         });
     }
 
-    /// A batch of runnable sequences (not in flight): one decode token each, then at most
-    /// one prefill chunk; at most `cap` sequences. Empty when nothing can run.
+    /// A batch of runnable sequences (not in flight): one decode token each, then prompt
+    /// tokens as `plan_prefill` picks them; at most `cap` sequences. Empty when nothing can
+    /// run.
     fn form_group(&mut self, cap: usize) -> Vec<(usize, usize)> {
         let max_batch = self.stepper.max_batch();
         let mut plan: Vec<(usize, usize)> = Vec::new(); // (slot, tokens to feed)
@@ -618,24 +716,25 @@ impl Scheduler {
                 }
             }
         }
+        self.steps += 1;
         let budget = self.opts.prefill_chunk.min(max_batch.saturating_sub(total));
-        if budget > 0 && plan.len() < cap.max(1) {
-            // The prefill that has waited longest (lowest last_used) goes first.
-            let mut waiting: Vec<usize> = (0..self.slots.len())
-                .filter(|&i| {
-                    self.slots[i]
-                        .active
-                        .as_ref()
-                        .is_some_and(|a| !a.in_flight && a.pending.len() > 1)
+        let room = cap.max(1).saturating_sub(plan.len());
+        if budget > 0 && room > 0 {
+            let waiting: Vec<PrefillCand> = (0..self.slots.len())
+                .filter_map(|i| {
+                    let a = self.slots[i].active.as_ref()?;
+                    (!a.in_flight && a.pending.len() > 1).then_some(PrefillCand {
+                        slot: i,
+                        pending: a.pending.len(),
+                        last_fed: a.last_fed,
+                        admitted: self.slots[i].last_used,
+                    })
                 })
                 .collect();
-            waiting.sort_by_key(|&i| self.slots[i].last_used);
-            if let Some(&i) = waiting.first() {
-                let n = self.slots[i]
-                    .active
-                    .as_ref()
-                    .map_or(0, |a| a.pending.len())
-                    .min(budget);
+            for (i, n) in plan_prefill(&waiting, budget, room, self.steps) {
+                if let Some(a) = self.slots[i].active.as_mut() {
+                    a.last_fed = Some(self.steps);
+                }
                 plan.push((i, n));
             }
         }
@@ -762,6 +861,62 @@ impl Scheduler {
             *v = self.stepper.node_latency_ms();
         }
     }
+}
+
+/// How often an idle scheduler lets the stepper check its engine (a ring its nodes).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// A sequence with prompt left to feed, as `plan_prefill` sees it.
+#[derive(Clone, Copy, Debug)]
+struct PrefillCand {
+    slot: usize,
+    /// Prompt tokens still to feed (more than one: the last is fed as a decode token).
+    pending: usize,
+    /// The step that last carried some of its prompt (`None`: not started).
+    last_fed: Option<u64>,
+    /// Admission order.
+    admitted: u64,
+}
+
+/// Which prompts step number `step` carries, within `budget` tokens and `room` sequences:
+/// (slot, tokens), in order. Fair to prompts short and long:
+/// - a prefill under way never waits two steps in a row: one the previous step left out goes
+///   first (least recently fed first);
+/// - otherwise prompts not started yet go first, oldest first, then the others;
+/// - a prompt is taken whole when it fits what is left of the budget; a partial chunk only
+///   as the step's first prefill. So a short prompt arriving while a long one prefills is fed
+///   whole in the next step, without a long chunk beside it, and the long one resumes in the
+///   step after.
+fn plan_prefill(
+    cands: &[PrefillCand],
+    budget: usize,
+    room: usize,
+    step: u64,
+) -> Vec<(usize, usize)> {
+    let previous = step.saturating_sub(1);
+    // Rank: 0 = under way and left out of the previous step, 1 = not started, 2 = under way.
+    let rank = |c: &PrefillCand| match c.last_fed {
+        Some(f) if f < previous => (0, f, c.admitted),
+        None => (1, 0, c.admitted),
+        Some(f) => (2, f, c.admitted),
+    };
+    let mut order: Vec<&PrefillCand> = cands.iter().collect();
+    order.sort_by_key(|c| rank(c));
+    let mut plan = Vec::new();
+    let mut left = budget;
+    for c in order {
+        if left == 0 || plan.len() >= room {
+            break;
+        }
+        if c.pending <= left {
+            plan.push((c.slot, c.pending));
+            left -= c.pending;
+        } else if plan.is_empty() {
+            plan.push((c.slot, left));
+            break;
+        }
+    }
+    plan
 }
 
 /// Samples the next token of `a` from `logits` (modified in place by penalties), streams it,
@@ -942,7 +1097,7 @@ mod tests {
                     cached_tokens,
                     ..
                 }) => return (ids, finish, cached_tokens),
-                Some(GenEvent::Error { message }) => panic!("{message}"),
+                Some(GenEvent::Error { message, .. }) => panic!("{message}"),
                 None => panic!("events ended without Done"),
             }
         }
@@ -1044,5 +1199,257 @@ mod tests {
             }),
             Err(SubmitError::ShuttingDown)
         ));
+    }
+
+    /// A stand-in engine: every step's feeds, as (slot, tokens), go to the test; a gated one
+    /// waits for the test's go-ahead before finishing each step; steps `fail` picks fail.
+    struct Scripted {
+        slots: usize,
+        vocab: usize,
+        token: u32,
+        lens: Vec<usize>,
+        log: std::sync::mpsc::Sender<Vec<(usize, usize)>>,
+        gate: Option<Receiver<()>>,
+        fail: fn(usize) -> bool,
+        steps: usize,
+        retry: Option<u64>,
+    }
+
+    impl Stepper for Scripted {
+        fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()> {
+            self.steps += 1;
+            let fed = feeds.iter().map(|f| (f.slot, f.tokens.len())).collect();
+            let _ = self.log.send(fed);
+            if let Some(g) = &self.gate {
+                let _ = g.recv();
+            }
+            if (self.fail)(self.steps) {
+                anyhow::bail!("node 'n2' (10.0.0.2:7701) stopped answering");
+            }
+            logits.clear();
+            for f in feeds {
+                self.lens[f.slot] += f.tokens.len();
+                if f.want_logits {
+                    let mut row = vec![0.0; self.vocab];
+                    row[self.token as usize] = 1.0;
+                    logits.extend_from_slice(&row);
+                }
+            }
+            Ok(())
+        }
+
+        fn len(&self, slot: usize) -> usize {
+            self.lens[slot]
+        }
+
+        fn truncate(&mut self, slot: usize, len: usize) -> bool {
+            if len > self.lens[slot] {
+                return false;
+            }
+            self.lens[slot] = len;
+            true
+        }
+
+        fn vocab(&self) -> usize {
+            self.vocab
+        }
+
+        fn slots(&self) -> usize {
+            self.slots
+        }
+
+        fn max_batch(&self) -> usize {
+            16 + self.slots
+        }
+
+        fn retry_after_s(&self) -> Option<u64> {
+            self.retry
+        }
+    }
+
+    /// The backend, the feeds of every step, and the go-ahead sender.
+    type ScriptedRun = (
+        Arc<SchedBackend>,
+        Receiver<Vec<(usize, usize)>>,
+        std::sync::mpsc::Sender<()>,
+    );
+
+    /// A scheduler over `Scripted` (2 slots, chunks of 16); `gated`: each step waits for the
+    /// go-ahead.
+    fn scripted(gated: bool, fail: fn(usize) -> bool, retry: Option<u64>) -> ScriptedRun {
+        let bytes = synth_model(&SynthSpec::new(
+            SynthArch::Llama,
+            ringllm_kernels::GgmlType::Q8_0,
+            7,
+        ))
+        .unwrap();
+        let file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+        let spec = TokenizerSpec::from_gguf(file.metadata()).unwrap();
+        let tok = Arc::new(Tokenizer::new(&spec).unwrap());
+        let eog = tok.eog_ids();
+        let token = (3..).find(|t| !eog.contains(t)).unwrap();
+        let (log, steps) = std::sync::mpsc::channel();
+        let (go, gate) = std::sync::mpsc::channel();
+        let stepper = Scripted {
+            slots: 2,
+            vocab: tok.vocab_size(),
+            token,
+            lens: vec![0; 2],
+            log,
+            gate: gated.then_some(gate),
+            fail,
+            steps: 0,
+            retry,
+        };
+        let b = SchedBackend::start(
+            Box::new(stepper),
+            tok,
+            None,
+            "scripted".into(),
+            false,
+            SchedulerOptions {
+                queue: 4,
+                prefill_chunk: 16,
+                ctx: 512,
+            },
+        )
+        .unwrap();
+        (b, steps, go)
+    }
+
+    fn never(_: usize) -> bool {
+        false
+    }
+
+    fn run(n: usize, first: u32) -> Vec<u32> {
+        (first..first + n as u32).collect()
+    }
+
+    fn pc(slot: usize, pending: usize, last_fed: Option<u64>, admitted: u64) -> PrefillCand {
+        PrefillCand {
+            slot,
+            pending,
+            last_fed,
+            admitted,
+        }
+    }
+
+    #[test]
+    fn the_prefill_planner_takes_short_prompts_whole_and_never_skips_one_twice() {
+        // A long prompt under way (fed in step 4) and a short one just admitted: step 5 is the
+        // short one alone; the long one does not wait a second step.
+        let long = pc(0, 500, Some(4), 1);
+        let short = pc(1, 3, None, 2);
+        assert_eq!(plan_prefill(&[long, short], 16, 8, 5), vec![(1, 3)]);
+        let long = pc(0, 500, Some(4), 1);
+        let another = pc(2, 3, None, 3);
+        assert_eq!(plan_prefill(&[long, another], 16, 8, 6), vec![(0, 16)]);
+        // Short prompts that fit ride together; a partial chunk only comes first.
+        let cands = [pc(0, 5, None, 1), pc(1, 40, None, 2), pc(2, 6, None, 3)];
+        assert_eq!(plan_prefill(&cands, 16, 8, 1), vec![(0, 5), (2, 6)]);
+        assert_eq!(plan_prefill(&cands[1..2], 16, 8, 1), vec![(1, 16)]);
+        // Two long prompts alternate.
+        let (a, b) = (pc(0, 100, Some(1), 1), pc(1, 100, Some(2), 2));
+        assert_eq!(plan_prefill(&[a, b], 16, 8, 3), vec![(0, 16)]);
+        let (a, b) = (pc(0, 84, Some(3), 1), pc(1, 100, Some(2), 2));
+        assert_eq!(plan_prefill(&[a, b], 16, 8, 4), vec![(1, 16)]);
+        // Room for one sequence: one prompt.
+        assert_eq!(plan_prefill(&cands, 16, 1, 1), vec![(0, 5)]);
+        assert!(plan_prefill(&cands, 0, 8, 1).is_empty());
+    }
+
+    #[test]
+    fn a_short_prompt_is_fed_in_the_step_after_it_arrives_while_a_long_one_prefills() {
+        let (b, steps, go) = scripted(true, never, None);
+        let long = submit(&b, run(100, 10), 1);
+        let first = steps.recv().unwrap();
+        assert_eq!(first.len(), 1);
+        let (long_slot, n) = first[0];
+        assert_eq!(n, 16, "the long prompt's first chunk");
+        // Arrives while that chunk runs.
+        let short = submit(&b, run(3, 200), 1);
+        go.send(()).unwrap();
+        let second = steps.recv().unwrap();
+        assert_eq!(second.len(), 1, "{second:?}: the short prompt alone");
+        assert_ne!(second[0].0, long_slot);
+        assert_eq!(second[0].1, 3, "the short prompt, whole");
+        go.send(()).unwrap();
+        assert_eq!(
+            steps.recv().unwrap(),
+            vec![(long_slot, 16)],
+            "the long one resumes"
+        );
+        drop(go);
+        let (ids, finish, _) = collect(short);
+        assert_eq!((ids.len(), finish), (1, Finish::Length));
+        let (ids, _, _) = collect(long);
+        assert_eq!(ids.len(), 1);
+        // The long prompt was fed in chunks of 16, then its last 4 tokens.
+        let rest: Vec<usize> = steps.try_iter().flatten().map(|(_, n)| n).collect();
+        assert_eq!(rest, vec![16, 16, 16, 16, 4]);
+        b.shutdown();
+    }
+
+    fn first_step_fails(step: usize) -> bool {
+        step == 1
+    }
+
+    fn second_step_fails(step: usize) -> bool {
+        step == 2
+    }
+
+    fn every_step_fails(_: usize) -> bool {
+        true
+    }
+
+    /// The first `Error` of a request, or its tokens when it ends well.
+    fn outcome(
+        mut rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    ) -> Result<usize, (String, Option<u64>)> {
+        let mut n = 0;
+        loop {
+            match rx.blocking_recv() {
+                Some(GenEvent::Token { .. }) => n += 1,
+                Some(GenEvent::Done { .. }) => return Ok(n),
+                Some(GenEvent::Error {
+                    message,
+                    retry_after_s,
+                }) => return Err((message, retry_after_s)),
+                None => panic!("events ended without Done"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_failing_before_its_first_token_is_retried_once() {
+        // The ring fails once, then works: the request is served.
+        let (b, steps, _go) = scripted(false, first_step_fails, Some(5));
+        assert_eq!(outcome(submit(&b, run(3, 10), 2)), Ok(2));
+        let fed: Vec<_> = steps.try_iter().map(|s| s[0].1).collect();
+        assert_eq!(
+            fed,
+            vec![3, 3, 1],
+            "the prompt fed again whole after the failure"
+        );
+        assert_eq!(b.metrics().requests_total, 1);
+        b.shutdown();
+        // It keeps failing: the second failure is the answer, with a retry time.
+        let (b, steps, _go) = scripted(false, every_step_fails, Some(5));
+        let (message, retry) = outcome(submit(&b, run(3, 10), 2)).unwrap_err();
+        assert!(message.contains("'n2'"), "{message}");
+        assert_eq!(retry, Some(5));
+        assert_eq!(steps.try_iter().count(), 2, "one retry");
+        b.shutdown();
+        // A failure after the first token is not retried.
+        let (b, steps, _go) = scripted(false, second_step_fails, Some(5));
+        let (_, retry) = outcome(submit(&b, run(3, 10), 4)).unwrap_err();
+        assert_eq!(retry, Some(5));
+        assert_eq!(steps.try_iter().count(), 2);
+        b.shutdown();
+        // One machine: an engine failure is an error at once, with no retry time.
+        let (b, steps, _go) = scripted(false, first_step_fails, None);
+        assert_eq!(outcome(submit(&b, run(3, 10), 2)).unwrap_err().1, None);
+        assert_eq!(steps.try_iter().count(), 1);
+        b.shutdown();
     }
 }

@@ -530,6 +530,8 @@ struct Streamer {
     /// Characters sent so far (the legacy `text_offset`).
     chars: usize,
 }
+    /// An event received before the stream started (the HTTP layer waits for the first).
+    first: Option<GenEvent>,
 
 impl Streamer {
     async fn next(&mut self) -> Option<String> {
@@ -543,7 +545,11 @@ impl Streamer {
             }
         }
         loop {
-            match self.rx.recv().await {
+            let next = match self.first.take() {
+                Some(e) => Some(e),
+                None => self.rx.recv().await,
+            };
+            match next {
                 Some(GenEvent::Token { text, logprob, .. }) => {
                     if text.is_empty() && logprob.is_none() {
                         continue;
@@ -580,7 +586,7 @@ impl Streamer {
                     out += DONE;
                     return Some(out);
                 }
-                Some(GenEvent::Error { message }) => return Some(self.fail(message)),
+                Some(GenEvent::Error { message, .. }) => return Some(self.fail(message)),
                 None => {
                     return Some(
                         self.fail("the engine stopped before finishing the request".into()),
@@ -607,11 +613,13 @@ pub(super) fn sse(
         reply,
         rx,
         guard,
+    first: Option<GenEvent>,
         started: false,
         ended: false,
         chars: 0,
     };
     futures_util::stream::unfold(s, |mut s| async move {
+        first,
         let text = s.next().await?;
         Some((Ok(Bytes::from(text)), s))
     })

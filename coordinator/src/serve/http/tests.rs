@@ -5,7 +5,8 @@
 
 use super::{router, run, ServeOptions};
 use crate::serve::{
-    Backend, Finish, GenEvent, GenRequest, Metrics, Sampling, SubmitError, TokenLogprob, TopLogprob,
+    Backend, Finish, GenEvent, GenRequest, Health, Metrics, Sampling, SubmitError, TokenLogprob,
+    TopLogprob,
 };
 use crate::text::template::{ChatTemplate, Message};
 use crate::text::tokenizer::{Tokenizer, TokenizerSpec};
@@ -80,6 +81,8 @@ struct Scripted {
     /// Senders of `Silent` requests, kept open.
     open: Mutex<Vec<UnboundedSender<GenEvent>>>,
     shut: Arc<AtomicBool>,
+    /// What `health` answers (`None`: the trait's default).
+    health: Option<Health>,
 }
 
 impl Scripted {
@@ -91,7 +94,13 @@ impl Scripted {
             seen: Mutex::new(Vec::new()),
             open: Mutex::new(Vec::new()),
             shut: Arc::new(AtomicBool::new(false)),
+            health: None,
         }
+    }
+
+    fn health(mut self, h: Health) -> Scripted {
+        self.health = Some(h);
+        self
     }
 
     fn ctx(mut self, ctx: usize) -> Scripted {
@@ -221,6 +230,10 @@ impl Backend for Scripted {
         }
     }
 
+    fn health(&self) -> Health {
+        self.health.clone().unwrap_or_else(Health::ready)
+    }
+
     fn shutdown(&self) {
         self.shut.store(true, Ordering::SeqCst);
         for tx in self.open.lock().unwrap().drain(..) {
@@ -257,6 +270,14 @@ struct Server {
 }
 
 fn start(backend: Scripted, api_key: Option<&str>) -> Server {
+    let opts = ServeOptions {
+        api_key: api_key.map(str::to_string),
+        ..ServeOptions::default()
+    };
+    start_with(backend, opts)
+}
+
+fn start_with(backend: Scripted, opts: ServeOptions) -> Server {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -268,11 +289,6 @@ fn start(backend: Scripted, api_key: Option<&str>) -> Server {
     let addr = listener.local_addr().unwrap();
     let backend = Arc::new(backend);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let opts = ServeOptions {
-        addr: addr.to_string(),
-        api_key: api_key.map(str::to_string),
-        cors: true,
-    };
     let dyn_backend: Arc<dyn Backend> = backend.clone();
     let task = rt.spawn(run(listener, dyn_backend, opts, async move {
         let _ = stopped.await;
@@ -846,6 +862,7 @@ fn an_engine_error_is_a_500_or_an_error_chunk() {
         token("Hi"),
         GenEvent::Error {
             message: "node 2 is gone".into(),
+            retry_after_s: None,
         },
     ];
     let s = start(Scripted::new(Script::Events(events)), None);
@@ -1118,7 +1135,8 @@ fn models_health_and_unknown_paths() {
     let app = router(
         Arc::new(Scripted::new(Script::Silent)),
         &ServeOptions::default(),
-    );
+    )
+    .unwrap();
     rt.spawn(async move { axum::serve(listener, app).await });
     let v = get(addr, "/v1/models").json();
     assert_eq!(v["object"], "list");
@@ -1239,4 +1257,220 @@ fn shutdown_ends_open_streams_properly_then_returns() {
     );
     // Nothing listens any more.
     assert!(TcpStream::connect(addr).is_err());
+}
+
+fn unavailable() -> GenEvent {
+    GenEvent::Error {
+        message: "node 'n2' (10.0.0.2:7701) stopped answering".into(),
+        retry_after_s: Some(5),
+    }
+}
+
+#[test]
+fn an_engine_that_cannot_serve_now_is_a_503_with_retry_after() {
+    let s = start(Scripted::new(Script::Events(vec![unavailable()])), None);
+    for stream in [false, true] {
+        let r = post(
+            s.addr,
+            "/v1/completions",
+            &json!({"prompt": "x", "stream": stream}),
+        );
+        let e = r.error(503);
+        assert!(e["message"].as_str().unwrap().contains("'n2'"), "{e}");
+        assert_eq!(e["code"], "engine_unavailable");
+        assert_eq!(r.header("retry-after"), Some("5"), "stream: {stream}");
+    }
+    // After a token, a whole response is still a 503; a stream ends with an error chunk.
+    let s = start(
+        Scripted::new(Script::Events(vec![token("Hi"), unavailable()])),
+        None,
+    );
+    let r = post(s.addr, "/v1/completions", &json!({"prompt": "x"}));
+    r.error(503);
+    let r = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "stream": true}),
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.chunks()[1]["error"]["message"].is_string());
+}
+
+#[test]
+fn health_reflects_the_ring() {
+    let down = Health {
+        ready: false,
+        nodes: Vec::new(),
+        missing: vec!["n1 (10.0.0.1:7701)".into(), "n2 (10.0.0.2:7701)".into()],
+        error: Some("node(s) 'n1', 'n2' do not answer".into()),
+    };
+    let s = start(Scripted::new(Script::Silent).health(down), Some("k"));
+    let r = get(s.addr, "/health");
+    assert_eq!(r.status, 503);
+    assert_eq!(r.header("retry-after"), Some("5"));
+    let v = r.json();
+    assert_eq!(v["status"], "unavailable");
+    assert_eq!(v["missing"][1], "n2 (10.0.0.2:7701)");
+    assert!(v["error"].as_str().unwrap().contains("do not answer"));
+    let degraded = Health {
+        ready: true,
+        nodes: vec!["n1 (10.0.0.1:7701)".into()],
+        missing: vec!["n2 (10.0.0.2:7701)".into()],
+        error: Some("the ring runs without n2 (10.0.0.2:7701)".into()),
+    };
+    let s = start(Scripted::new(Script::Silent).health(degraded), None);
+    let r = get(s.addr, "/health");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["status"], "degraded");
+    assert_eq!(r.json()["nodes"][0], "n1 (10.0.0.1:7701)");
+}
+
+#[test]
+fn cross_origin_only_with_a_key_or_a_named_origin() {
+    let preflight = [
+        ("Origin", "http://evil.example"),
+        ("Access-Control-Request-Method", "POST"),
+        ("Access-Control-Request-Headers", "content-type"),
+    ];
+    let body = json!({"prompt": "x"}).to_string();
+    // No key, no --cors: no CORS headers, and a page's request is refused before it runs.
+    let s = start(Scripted::new(Script::Events(hello())), None);
+    let r = send(s.addr, "OPTIONS", "/v1/completions", &preflight, None);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        None,
+        "{}",
+        r.status
+    );
+    let r = send(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &[("Origin", "http://evil.example")],
+        Some(body.as_bytes()),
+    );
+    assert_eq!(r.error(403)["code"], "origin_not_allowed");
+    assert!(s.backend.seen(|r| r.is_empty()), "nothing was generated");
+    // Clients that are not browsers send no Origin.
+    assert_eq!(
+        post(s.addr, "/v1/completions", &json!({"prompt": "x"})).status,
+        200
+    );
+    // --cors names the origins allowed.
+    let opts = ServeOptions {
+        cors: vec!["http://localhost:3000".into()],
+        ..ServeOptions::default()
+    };
+    let s = start_with(Scripted::new(Script::Events(hello())), opts);
+    let ok = [("Origin", "http://localhost:3000")];
+    let r = send(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &ok,
+        Some(body.as_bytes()),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    let r = send(s.addr, "OPTIONS", "/v1/completions", &preflight, None);
+    assert_eq!(r.header("access-control-allow-origin"), None);
+    let r = send(
+        s.addr,
+        "POST",
+        "/v1/completions",
+        &[("Origin", "http://evil.example")],
+        Some(body.as_bytes()),
+    );
+    r.error(403);
+}
+
+/// A connection that has sent `bytes` and then nothing.
+fn stalled(addr: SocketAddr, bytes: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.write_all(bytes.as_bytes()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c
+}
+
+/// Reads until the server closes the connection (an error if it does not within the read
+/// timeout); what it sent.
+fn until_closed(c: &mut TcpStream) -> std::io::Result<String> {
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw)?;
+    Ok(String::from_utf8_lossy(&raw).into_owned())
+}
+
+#[test]
+fn a_request_head_that_never_ends_is_cut_off() {
+    let opts = ServeOptions {
+        header_timeout: Duration::from_millis(200),
+        ..ServeOptions::default()
+    };
+    let s = start_with(Scripted::new(Script::Events(hello())), opts);
+    let mut c = stalled(s.addr, "GET /v1/models HTTP/1.1\r\nHost: x\r\n");
+    until_closed(&mut c).expect("the server closes a connection whose head never ends");
+    // Idle between requests counts the same.
+    let mut c = stalled(s.addr, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let got = until_closed(&mut c).expect("an idle kept-alive connection is closed");
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+}
+
+#[test]
+fn a_body_that_never_arrives_is_a_408() {
+    let opts = ServeOptions {
+        body_timeout: Duration::from_millis(300),
+        ..ServeOptions::default()
+    };
+    let s = start_with(Scripted::new(Script::Events(hello())), opts);
+    let mut c = stalled(
+        s.addr,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"pro",
+    );
+    let got = until_closed(&mut c).unwrap();
+    assert_eq!(parse(got.as_bytes()).error(408)["code"], "body_timeout");
+}
+
+#[test]
+fn at_the_connection_cap_idle_connections_make_room_and_busy_ones_stay() {
+    let opts = ServeOptions {
+        max_connections: 4,
+        ..ServeOptions::default()
+    };
+    let s = start_with(Scripted::new(Script::Silent), opts);
+    let mut slow: Vec<TcpStream> = (0..4)
+        .map(|_| stalled(s.addr, "GET /v1/models HTTP/1.1\r\n"))
+        .collect();
+    // Each connection is registered before the next is accepted; a request still goes through.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(get(s.addr, "/health").status, 200);
+    // It took the place of the oldest stalled connection.
+    until_closed(&mut slow[0]).expect("the oldest idle connection is closed");
+    // Four requests in progress fill the cap; a fifth connection is refused with a 503.
+    let body = json!({"prompt": "x"}).to_string();
+    let busy: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let c = stalled(s.addr, "");
+            let mut c2 = c.try_clone().unwrap();
+            c2.write_all(&raw_request(
+                "POST",
+                "/v1/completions",
+                &[],
+                Some(body.as_bytes()),
+            ))
+            .unwrap();
+            c
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.backend.seen(|r| r.len()) < 4 {
+        assert!(Instant::now() < deadline, "never submitted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = get(s.addr, "/health");
+    assert_eq!(r.error(503)["code"], "too_many_connections");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop(busy);
 }
