@@ -3,9 +3,13 @@
 //! processes for the crash case. Each test runs every transport in turn and names the one
 //! that failed.
 
+mod common;
+
+use common::{key, pattern, runtime, within_named};
+
 use ringllm_protocol::dial::{self, BoxLink, DataListener};
 use ringllm_protocol::frame::DEFAULT_MAX_PAYLOAD;
-use ringllm_protocol::{ClusterKey, Dtype, FrameHeader, FrameKind, TransportKind};
+use ringllm_protocol::{Dtype, FrameHeader, FrameKind, TransportKind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,25 +17,6 @@ use std::time::{Duration, Instant};
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Env var that turns this test binary into a crashing peer (see `crash_child`).
 const CHILD_ENV: &str = "RINGLLM_CONFORMANCE_CHILD";
-
-fn key(s: &str) -> ClusterKey {
-    ClusterKey::from_bytes(s.as_bytes()).unwrap()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// A pattern that differs per frame and per byte.
-fn pattern(len: usize, tag: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(tag * 7) as u8)
-        .collect()
-}
 
 fn frame(len: usize, seq: u64) -> (FrameHeader, Vec<u8>) {
     let p = pattern(len, seq);
@@ -94,24 +79,10 @@ fn each(f: impl Fn(&tokio::runtime::Runtime, TransportKind)) {
         if !only.is_empty() && !only.split(',').any(|o| o == kind.name()) {
             continue;
         }
-        let rt = runtime();
+        let rt = runtime(1);
         eprintln!("-- {kind}");
         f(&rt, kind);
     }
-}
-
-/// Runs `f` on a thread and fails the test if it does not finish within `limit`.
-fn within<T: Send + 'static>(
-    what: String,
-    limit: Duration,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit)
-        .unwrap_or_else(|_| panic!("{what}: no result within {limit:?} (hung?)"))
 }
 
 #[test]
@@ -208,7 +179,7 @@ fn peer_close_is_a_clean_close_at_a_frame_boundary() {
         c.send(&h, &p).unwrap();
         drop(c);
         let mut s = s;
-        let r = within(format!("{kind}: recv after close"), TIMEOUT, move || {
+        let r = within_named(&format!("{kind}: recv after close"), TIMEOUT, move || {
             let mut buf = Vec::new();
             let first = s.recv(&mut buf).map(|h| (h.seq, buf.len()));
             let second = s.recv(&mut buf).map(|h| h.seq);
@@ -239,7 +210,7 @@ fn closer_unblocks_a_waiting_receiver() {
         });
         std::thread::sleep(Duration::from_millis(100));
         closer.close();
-        let r = within(format!("{kind}: recv after closer"), TIMEOUT, move || {
+        let r = within_named(&format!("{kind}: recv after closer"), TIMEOUT, move || {
             waiter.join().unwrap()
         });
         assert!(r.is_err(), "{kind}: recv returned a frame after close");
@@ -327,7 +298,7 @@ fn crash_child() {
     };
     let (kind, addr) = spec.split_once('@').unwrap();
     let kind = TransportKind::from_name(kind).unwrap();
-    let rt = runtime();
+    let rt = runtime(1);
     let mut c = rt
         .block_on(dial::connect_data_link(
             &dial::DialSpec {
@@ -367,8 +338,8 @@ fn peer_crash_is_an_error_not_a_hang() {
         child.kill().unwrap();
         let _ = child.wait();
         let t = Instant::now();
-        let r = within(
-            format!("{kind}: recv after the peer was killed"),
+        let r = within_named(
+            &format!("{kind}: recv after the peer was killed"),
             Duration::from_secs(20),
             move || {
                 let mut buf = Vec::new();

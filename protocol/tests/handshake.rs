@@ -1,15 +1,15 @@
 //! The handshake state machines driven by hand, message by message, with no I/O: success,
 //! wrong keys on either side, version mismatch, replay and garbage.
 
+mod common;
+
+use common::key;
+
 use ringllm_protocol::handshake::{
     ClientHandshake, Hello, HsMsg, ServerHandshake, ServerStep, Session, CAP_TCP, MSG_HEADER_LEN,
     PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use ringllm_protocol::{ClusterKey, ProtocolError, Role};
-
-fn key(s: &str) -> ClusterKey {
-    ClusterKey::from_bytes(s.as_bytes()).unwrap()
-}
 
 /// Splits the concatenation of whole handshake messages into its messages.
 fn split_msgs(mut b: &[u8]) -> Vec<Vec<u8>> {

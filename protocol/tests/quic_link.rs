@@ -5,13 +5,16 @@
 //! The runtime is built explicitly (multi-thread, 2 workers); links are used from std threads,
 //! as the data plane does.
 
+mod common;
+
+use common::{data_frame, key, pattern, percentile, runtime, within};
+
 use ringllm_protocol::control::Control;
 use ringllm_protocol::frame::DEFAULT_MAX_PAYLOAD;
 use ringllm_protocol::handshake::Session;
 use ringllm_protocol::quic::{self, QuicDataLink, QuicServer};
 use ringllm_protocol::{
-    ClusterKey, DataLink, Dtype, FrameHeader, FrameKind, ProtocolError, Role, TransportError,
-    HEADER_LEN,
+    ClusterKey, DataLink, FrameKind, ProtocolError, Role, TransportError, HEADER_LEN,
 };
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,38 +27,6 @@ const HS_TIMEOUT: Duration = Duration::from_secs(10);
 const TEST_LIMIT: Duration = Duration::from_secs(120);
 
 type Accepted = Result<(QuicDataLink, Session, SocketAddr), TransportError>;
-
-fn key(s: &str) -> ClusterKey {
-    ClusterKey::from_bytes(s.as_bytes()).unwrap()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Runs `f` on its own thread and fails the test if it takes longer than `TEST_LIMIT`.
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(TEST_LIMIT) {
-        Ok(v) => {
-            let _ = h.join();
-            v
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("test took longer than {TEST_LIMIT:?}"),
-        // The body panicked: re-raise its panic.
-        Err(mpsc::RecvTimeoutError::Disconnected) => match h.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => unreachable!(),
-        },
-    }
-}
 
 /// A server on 127.0.0.1 and a task accepting on it forever, handing results to the channel.
 fn serve(
@@ -133,34 +104,6 @@ fn pair_via(
     }
 }
 
-/// Deterministic, position-dependent bytes (xorshift), different for every `seed`.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        let n = (len - out.len()).min(8);
-        out.extend_from_slice(&b[..n]);
-    }
-    out
-}
-
-fn data_frame(seq: u64, payload: &[u8]) -> FrameHeader {
-    FrameHeader::new(
-        FrameKind::Hidden,
-        Dtype::F16,
-        seq,
-        seq as u32,
-        1,
-        0,
-        payload,
-    )
-    .unwrap()
-}
-
 fn send_all(link: &mut QuicDataLink, sizes: &[usize], seed: u64) {
     for (i, &n) in sizes.iter().enumerate() {
         let p = pattern(n, seed + i as u64);
@@ -191,8 +134,8 @@ fn auth_error(e: &TransportError) -> bool {
 
 #[test]
 fn frames_of_every_size_arrive_in_order_and_intact_both_ways() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("loopback key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let Pair {
@@ -282,8 +225,8 @@ fn frames_of_every_size_arrive_in_order_and_intact_both_ways() {
 
 #[test]
 fn wrong_cluster_key_is_refused_on_both_sides_and_the_server_carries_on() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("the right key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
 
@@ -358,8 +301,8 @@ fn raw_client_attempt(
 
 #[test]
 fn certificates_not_from_the_cluster_ca_are_refused() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("ca key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
 
@@ -470,8 +413,8 @@ impl Drop for Proxy {
 
 #[test]
 fn replayed_handshakes_and_garbage_datagrams_do_not_disturb_the_server() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("replay key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let proxy = Proxy::new(addr);
@@ -524,8 +467,8 @@ fn replayed_handshakes_and_garbage_datagrams_do_not_disturb_the_server() {
 
 #[test]
 fn peer_close_is_closed_and_frames_sent_before_it_arrive() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("close key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
 
@@ -557,8 +500,8 @@ fn peer_close_is_closed_and_frames_sent_before_it_arrive() {
 
 #[test]
 fn a_crashed_peer_is_an_error_within_seconds() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("crash key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let proxy = Proxy::new(addr);
@@ -605,8 +548,8 @@ fn a_crashed_peer_is_an_error_within_seconds() {
 
 #[test]
 fn closer_unblocks_a_receiver_from_another_thread() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("closer key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let mut p = pair_via(&rt, addr, &rx, &k);
@@ -633,8 +576,8 @@ fn closer_unblocks_a_receiver_from_another_thread() {
 
 #[test]
 fn closer_unblocks_a_sender_held_back_by_flow_control() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("closer send key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let p = pair_via(&rt, addr, &rx, &k);
@@ -660,8 +603,8 @@ fn closer_unblocks_a_sender_held_back_by_flow_control() {
 
 #[test]
 fn a_sender_blocks_while_the_receiver_does_not_read_then_resumes() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("backpressure key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let mut p = pair_via(&rt, addr, &rx, &k);
@@ -699,8 +642,8 @@ fn a_sender_blocks_while_the_receiver_does_not_read_then_resumes() {
 
 #[test]
 fn recv_timeout_is_none_when_idle_and_then_delivers() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("timeout key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let mut p = pair_via(&rt, addr, &rx, &k);
@@ -739,8 +682,8 @@ fn recv_timeout_is_none_when_idle_and_then_delivers() {
 
 #[test]
 fn a_timed_out_recv_keeps_a_partly_received_header() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("torn key");
         let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
         let mut p = pair_via(&rt, addr, &rx, &k);
@@ -783,8 +726,8 @@ fn a_timed_out_recv_keeps_a_partly_received_header() {
 
 #[test]
 fn oversized_frames_are_refused() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("cap key");
         let (_server, addr, rx) = serve(&rt, &k, 1 << 20);
         let mut p = pair_via(&rt, addr, &rx, &k);
@@ -801,8 +744,8 @@ fn oversized_frames_are_refused() {
 
 #[test]
 fn closing_the_server_ends_accept_but_not_its_links() {
-    within(|| {
-        let rt = runtime();
+    within(TEST_LIMIT, || {
+        let rt = runtime(2);
         let k = key("server close key");
         let server = rt
             .block_on(async { QuicServer::bind("127.0.0.1:0".parse().unwrap(), &k, "node-a") })
@@ -840,10 +783,6 @@ fn closing_the_server_ends_accept_but_not_its_links() {
         send_all(&mut l, &[10], 2);
         recv_all(&mut c, &[10], 2);
     });
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// One-way latency of a 2.5 KB frame (half a ping-pong) and 1 MiB frame throughput over a
@@ -916,7 +855,7 @@ fn measure(what: &str, client: &mut dyn DataLink, mut server: Box<dyn DataLink>)
 #[test]
 #[ignore]
 fn measure_latency_and_throughput() {
-    let rt = runtime();
+    let rt = runtime(2);
     let k = key("measure key");
     let (_server, addr, rx) = serve(&rt, &k, DEFAULT_MAX_PAYLOAD);
     let p = pair_via(&rt, addr, &rx, &k);

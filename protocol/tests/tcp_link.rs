@@ -2,6 +2,10 @@
 //! of every size, control messages, and peers that misbehave (wrong key, garbage, silence,
 //! early close, corruption).
 
+mod common;
+
+use common::{data_frame, key, pattern};
+
 use ringllm_protocol::control::{Control, ErrorCode, ErrorMsg};
 use ringllm_protocol::control_conn::{self, control_of, send_control};
 use ringllm_protocol::frame::{DEFAULT_MAX_PAYLOAD, FLAG_ALL_TOKENS};
@@ -21,10 +25,6 @@ use tokio::net::{TcpListener, TcpStream};
 const HS_TIMEOUT: Duration = Duration::from_secs(5);
 /// No test should come near this; it turns a hang into a failure.
 const TEST_LIMIT: Duration = Duration::from_secs(30);
-
-fn key(s: &str) -> ClusterKey {
-    ClusterKey::from_bytes(s.as_bytes()).unwrap()
-}
 
 async fn within<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(TEST_LIMIT, f)
@@ -69,32 +69,6 @@ async fn link_pair(k: &ClusterKey, server_max_payload: u32) -> (Link, Link) {
     .expect("client connects");
     let server = server.await.unwrap().expect("server accepts");
     (client, server)
-}
-
-/// Deterministic, position-dependent bytes (xorshift), different for every `seed`.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn data_frame(seq: u64, payload: &[u8]) -> FrameHeader {
-    FrameHeader::new(
-        FrameKind::Hidden,
-        Dtype::F16,
-        seq,
-        seq as u32,
-        1,
-        0,
-        payload,
-    )
-    .unwrap()
 }
 
 #[tokio::test]

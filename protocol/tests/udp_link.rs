@@ -3,6 +3,10 @@
 //! another thread, peers that close or crash, and wrong keys. No timing assertions beyond hang
 //! guards; `udp_vs_tcp_numbers` (ignored) prints latency and throughput for comparison.
 
+mod common;
+
+use common::{data_frame, pattern, within};
+
 use ringllm_protocol::seal::{DatagramSealer, LinkKeys, SEAL_LEN};
 use ringllm_protocol::sock::bind_udp_reuse as bind_reuse;
 use ringllm_protocol::udp::{UdpConfig, UdpDataLink, DATA_HEADER_LEN};
@@ -11,33 +15,13 @@ use ringllm_protocol::{
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// No test should come near this; it turns a hang into a failure.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
 const MAX_PAYLOAD: u32 = 64 << 20;
-
-/// Runs `f` on its own thread and fails if it does not finish within `limit`.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let h = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(v) => {
-            let _ = h.join();
-            v
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("test hung for {limit:?}"),
-        // The closure panicked: re-raise its panic.
-        Err(mpsc::RecvTimeoutError::Disconnected) => match h.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => panic!("test thread ended without a result"),
-        },
-    }
-}
 
 fn session_key() -> [u8; 32] {
     let mut k = [0u8; 32];
@@ -109,33 +93,6 @@ fn links_with_keys(
 fn direct_pair() -> Pair {
     let (sa, sb) = socket_pair();
     links(sa, sb, UdpConfig::default(), UdpConfig::default())
-}
-
-/// Deterministic bytes, different for every `seed` (xorshift, 8 bytes per step).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-fn data_frame(seq: u64, payload: &[u8]) -> FrameHeader {
-    FrameHeader::new(
-        FrameKind::Hidden,
-        Dtype::F16,
-        seq,
-        seq as u32,
-        1,
-        0,
-        payload,
-    )
-    .unwrap()
 }
 
 /// Sends frames `sizes` (payload seeded by index + `seed`) on `link` from a new thread.

@@ -2,6 +2,10 @@
 //! itself and against `TcpDataLink` in both directions, back-pressure, closing from another
 //! thread, and peers that misbehave (early close, forged seals, replays, huge lengths).
 
+mod common;
+
+use common::{data_frame, pattern, percentile, within};
+
 use ringllm_protocol::frame::{FrameHeader, FLAG_ALL_TOKENS};
 use ringllm_protocol::seal::{LinkKeys, SealError, Sealer, SEAL_LEN};
 use ringllm_protocol::uring::{probe, UringConfig, UringDataLink};
@@ -19,25 +23,6 @@ use std::time::{Duration, Instant};
 /// No test should come near this; it turns a hang into a failure.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
 const MAX: u32 = 256 << 20;
-
-/// Runs `f` on its own thread and fails the test if it does not finish within `TEST_LIMIT`.
-fn guarded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(TEST_LIMIT) {
-        Ok(v) => {
-            let _ = h.join();
-            v
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => match h.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => unreachable!("the test thread ended without a result"),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("test took longer than {TEST_LIMIT:?}"),
-    }
-}
 
 /// A connected loopback pair: (initiator, acceptor).
 fn socket_pair() -> (TcpStream, TcpStream) {
@@ -79,32 +64,6 @@ fn uring_pair(cfg_a: UringConfig, cfg_b: UringConfig) -> (UringDataLink, UringDa
         UringDataLink::new(sa, MAX, &ka, cfg_a).unwrap(),
         UringDataLink::new(sb, MAX, &kb, cfg_b).unwrap(),
     )
-}
-
-/// Deterministic, position-dependent bytes (xorshift), different for every `seed`.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn data_frame(seq: u64, payload: &[u8]) -> FrameHeader {
-    FrameHeader::new(
-        FrameKind::Hidden,
-        Dtype::F16,
-        seq,
-        seq as u32,
-        1,
-        0,
-        payload,
-    )
-    .unwrap()
 }
 
 fn load(c: &std::sync::atomic::AtomicU64) -> u64 {
@@ -200,7 +159,7 @@ fn probe_succeeds_and_reports_send_zc() {
 
 #[test]
 fn uring_to_uring_frames_of_every_size_both_ways() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (ca, cb) = both_ways(Kind::Uring, Kind::Uring);
         for c in [&ca, &cb] {
             assert!(load(&c.zc_sends) > 0, "{:?}", c.events());
@@ -215,7 +174,7 @@ fn uring_to_uring_frames_of_every_size_both_ways() {
 
 #[test]
 fn uring_sender_to_tcp_receiver_and_back() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (cu, ct) = both_ways(Kind::Uring, Kind::Tcp);
         assert!(load(&cu.zc_sends) > 0, "{:?}", cu.events());
         assert!(load(&cu.fixed_buf_ops) > 0);
@@ -225,7 +184,7 @@ fn uring_sender_to_tcp_receiver_and_back() {
 
 #[test]
 fn tcp_sender_to_uring_receiver_and_back() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (ct, cu) = both_ways(Kind::Tcp, Kind::Uring);
         assert!(load(&cu.zc_sends) > 0, "{:?}", cu.events());
         assert!(load(&cu.fixed_buf_ops) > 0);
@@ -235,7 +194,7 @@ fn tcp_sender_to_uring_receiver_and_back() {
 
 #[test]
 fn small_frames_ping_pong_with_every_header_field() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (mut a, mut b) = uring_pair(UringConfig::default(), UringConfig::default());
         let mut buf = Vec::new();
         for i in 0..2000u64 {
@@ -268,7 +227,7 @@ fn small_frames_ping_pong_with_every_header_field() {
 
 #[test]
 fn zero_copy_can_be_turned_off_and_pieces_configured() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let off = UringConfig {
             zc_threshold: usize::MAX,
             ..UringConfig::default()
@@ -295,7 +254,7 @@ fn zero_copy_can_be_turned_off_and_pieces_configured() {
 
 #[test]
 fn back_pressure_blocks_the_sender_until_the_receiver_reads() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         for zc in [true, false] {
             let cfg = UringConfig {
                 zc_threshold: if zc { 64 << 10 } else { usize::MAX },
@@ -335,7 +294,7 @@ fn back_pressure_blocks_the_sender_until_the_receiver_reads() {
 
 #[test]
 fn closer_unblocks_a_pending_recv_from_another_thread() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (_a, mut b) = uring_pair(UringConfig::default(), UringConfig::default());
         let closer = b.closer().unwrap();
         let (tx, rx) = mpsc::channel();
@@ -357,7 +316,7 @@ fn closer_unblocks_a_pending_recv_from_another_thread() {
 
 #[test]
 fn closer_unblocks_a_sender_stuck_on_a_peer_that_does_not_read() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         for zc in [true, false] {
             let cfg = UringConfig {
                 zc_threshold: if zc { 64 << 10 } else { usize::MAX },
@@ -390,7 +349,7 @@ fn closer_unblocks_a_sender_stuck_on_a_peer_that_does_not_read() {
 /// link refuses to be used afterwards.
 #[test]
 fn closer_ends_a_wait_for_zero_copy_notifications() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         for chunk in [64usize << 10, 1 << 20] {
             let cfg = UringConfig {
                 zc_threshold: 1,
@@ -432,7 +391,7 @@ fn closer_ends_a_wait_for_zero_copy_notifications() {
 
 #[test]
 fn peer_close_at_a_frame_boundary_is_closed() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         for (a, b) in [
             (Kind::Uring, Kind::Uring),
             (Kind::Tcp, Kind::Uring),
@@ -478,7 +437,7 @@ fn raw_and_uring(max: u32) -> (TcpStream, UringDataLink, Sealer) {
 
 #[test]
 fn close_in_the_middle_of_a_frame_is_an_error_not_a_clean_close() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         for cut in [20usize, HEADER_LEN, HEADER_LEN + 100, HEADER_LEN + 70_000] {
             let (mut raw, mut link, mut sealer) = raw_and_uring(MAX);
             let payload = pattern(100_000, 3);
@@ -503,7 +462,7 @@ fn close_in_the_middle_of_a_frame_is_an_error_not_a_clean_close() {
 
 #[test]
 fn corrupted_payload_is_a_checksum_error() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (mut raw, mut link, mut sealer) = raw_and_uring(MAX);
         let payload = pattern(256, 7);
         let h = data_frame(7, &payload);
@@ -524,7 +483,7 @@ fn corrupted_payload_is_a_checksum_error() {
 
 #[test]
 fn forged_seal_mid_stream_is_refused_and_counted() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         for size in [300usize, 300_000] {
             let (mut raw, mut link, mut sealer) = raw_and_uring(MAX);
             let mut buf = Vec::new();
@@ -558,7 +517,7 @@ fn forged_seal_mid_stream_is_refused_and_counted() {
 
 #[test]
 fn replayed_frame_mid_stream_is_refused_and_counted() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (mut raw, mut link, mut sealer) = raw_and_uring(MAX);
         let mut buf = Vec::new();
         let payload = pattern(64, 5);
@@ -584,7 +543,7 @@ fn replayed_frame_mid_stream_is_refused_and_counted() {
 
 #[test]
 fn recv_timeout_is_none_when_idle_and_a_frame_when_one_comes() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (mut a, mut b) = uring_pair(UringConfig::default(), UringConfig::default());
         let mut buf = Vec::new();
         for _ in 0..3 {
@@ -636,7 +595,7 @@ fn recv_timeout_is_none_when_idle_and_a_frame_when_one_comes() {
 
 #[test]
 fn oversized_frame_is_refused_before_reading_it() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         let (mut raw, mut link, _) = raw_and_uring(1 << 20);
         let mut head = data_frame(1, &[0u8; 4]).encode();
         head[24..28].copy_from_slice(&(1u32 << 30).to_le_bytes());
@@ -660,7 +619,7 @@ fn oversized_frame_is_refused_before_reading_it() {
 
 #[test]
 fn wire_format_matches_tcp_data_link_byte_for_byte() {
-    guarded(|| {
+    within(TEST_LIMIT, || {
         // The same frames from a TcpDataLink and a UringDataLink with the same keys produce
         // the same bytes on the wire.
         let frames: Vec<Vec<u8>> = [0usize, 1, 3000, 70_000, 2 << 20]
@@ -693,10 +652,6 @@ fn wire_format_matches_tcp_data_link_byte_for_byte() {
 // ---------------------------------------------------------------------------------------
 // Measurement (run with `cargo test --release -p ringllm-protocol --test uring_link --
 // --ignored --nocapture measure`).
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
 
 /// One-way latency (half the round trip) of `size`-byte frames bounced between two links.
 fn ping_pong_links(
