@@ -155,7 +155,6 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` (do set one when binding beyond loopback).
     #[arg(long, env = "RINGLLM_API_KEY")]
     pub api_key: Option<String>,
-}
     /// Let web pages from ORIGIN (e.g. http://localhost:3000; `*`: any) call the API
     /// (repeatable). Default: any origin when --api-key is set, none otherwise.
     #[arg(long, value_name = "ORIGIN")]
@@ -170,6 +169,7 @@ pub struct ServeArgs {
     /// oldest idle connection is closed for a new one.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+}
 
 /// Where a ring is described: a cluster file, or flags.
 #[derive(Args, Debug, Clone)]
@@ -466,13 +466,13 @@ impl GenArgs {
             prefill_chunk: s.prefill_chunk,
             api_key: s.api_key.clone(),
             template: self.template.clone(),
-        })
-    }
-}
             cors: s.cors.clone(),
             header_timeout: seconds(s.header_timeout),
             body_timeout: seconds(s.body_timeout),
             max_connections: s.max_connections,
+        })
+    }
+}
 
 /// A timeout flag in seconds (negative or not a number: the shortest, 1 ms).
 fn seconds(s: f64) -> std::time::Duration {

@@ -523,6 +523,8 @@ const DONE: &str = "data: [DONE]\n\n";
 /// (the client went away) cancels the request.
 struct Streamer {
     reply: Reply,
+    /// An event received before the stream started (the HTTP layer waits for the first).
+    first: Option<GenEvent>,
     rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     guard: CancelOnDrop,
     started: bool,
@@ -530,8 +532,6 @@ struct Streamer {
     /// Characters sent so far (the legacy `text_offset`).
     chars: usize,
 }
-    /// An event received before the stream started (the HTTP layer waits for the first).
-    first: Option<GenEvent>,
 
 impl Streamer {
     async fn next(&mut self) -> Option<String> {
@@ -606,20 +606,20 @@ impl Streamer {
 /// The SSE body of a streamed request.
 pub(super) fn sse(
     reply: Reply,
+    first: Option<GenEvent>,
     rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     guard: CancelOnDrop,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let s = Streamer {
         reply,
+        first,
         rx,
         guard,
-    first: Option<GenEvent>,
         started: false,
         ended: false,
         chars: 0,
     };
     futures_util::stream::unfold(s, |mut s| async move {
-        first,
         let text = s.next().await?;
         Some((Ok(Bytes::from(text)), s))
     })
