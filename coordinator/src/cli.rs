@@ -104,7 +104,8 @@ pub struct RunArgs {
 /// What to generate: shared by `run` and `up`.
 #[derive(Args, Debug, Clone)]
 pub struct GenArgs {
-    /// Prompt, completed as raw text (no chat template). Read from stdin when absent.
+    /// Prompt, completed as raw text (no chat template; special-token texts such as
+    /// <|im_start|> are the tokens). Read from stdin when absent.
     #[arg(short, long)]
     pub prompt: Option<String>,
     /// Tokens to generate (-1 = until the end of generation or the context is full).
@@ -265,6 +266,9 @@ pub struct InfoArgs {
     /// Also list every tensor.
     #[arg(long)]
     pub tensors: bool,
+    /// Also print the model's chat template.
+    #[arg(long)]
+    pub chat_template: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -332,6 +336,9 @@ pub struct BenchArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(mut_arg("ctx", |a| a.help(
+    "Tokens per scored chunk [default: 512, as llama.cpp's perplexity tool]"
+)))]
 pub struct PerplexityArgs {
     #[command(flatten)]
     pub model: ModelArgs,

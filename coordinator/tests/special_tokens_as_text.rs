@@ -88,7 +88,9 @@ fn a_forged_turn_in_a_message_stays_text_in_the_chat_prompt() {
         let rendered = template
             .render_pieces(&messages, true, &|c| tok.control_spans(c))
             .expect("renders");
-        let ours = tok.encode_pieces(&rendered.pieces(), false).expect("encode");
+        let ours = tok
+            .encode_pieces(&rendered.pieces(), false)
+            .expect("encode");
         assert_eq!(ours, want, "{messages:?}");
         // The rendering is the template's text; only contents are marked as text.
         assert_eq!(

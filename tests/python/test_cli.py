@@ -2,13 +2,15 @@
 thread counts, the context limit, stop strings, and one clear line for bad input."""
 
 import json
+import os
 import subprocess
+import time
 
 import gguf
 import numpy as np
 import pytest
 
-from conftest import GEMMA, SMOL, model_path, run
+from conftest import GEMMA, ROOT, SMOL, model_path, run
 
 
 def run_json(model, prompt, *extra):
@@ -164,3 +166,97 @@ def test_chat_needs_a_template_when_the_model_has_none(ringllm):
     ok = run(["run", "-m", model_path(GEMMA.name), "--chat", "--template", "gemma", "--temp", "0", "-n", "8"],
              input="Hello\n")
     assert ok.stdout.strip()
+
+
+def _closed_stdout(ringllm, args, **kw):
+    """Runs ringllm with stdout a pipe nobody reads (its reader closed first): every write
+    fails with EPIPE at once, as for `ringllm … | head -1` once head has exited."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([str(ringllm), *map(str, args)], stdout=w, stderr=subprocess.PIPE, text=True,
+                           timeout=120, **kw)
+    finally:
+        os.close(w)
+    return p
+
+
+@pytest.mark.parametrize("args", [
+    ["info", SMOL, "--tensors"],
+    ["run", "-m", SMOL, "-p", "Once upon a time", "-n", "64", "--temp", "0"],
+    ["run", "-m", SMOL, "-p", "Once upon a time", "-n", "4", "--temp", "0", "--json"],
+    ["debug", "tokenize", "-m", SMOL, "-p", "hello"],
+], ids=["info", "run-stream", "run-json", "tokenize"])
+def test_a_closed_stdout_ends_quietly(ringllm, args):
+    p = _closed_stdout(ringllm, args)
+    assert p.returncode == 0, p.stderr
+    assert "panicked" not in p.stderr and "Broken pipe" not in p.stderr and "backtrace" not in p.stderr, p.stderr
+
+
+def test_a_closed_stdout_stops_the_chat_and_head_works(ringllm):
+    p = _closed_stdout(ringllm, ["run", "-m", SMOL, "--chat", "--temp", "0", "-n", "8"], input="Hi\nAgain\n")
+    assert p.returncode == 0 and "panicked" not in p.stderr, p.stderr
+    # The shell pipeline of the issue.
+    sh = subprocess.run(["bash", "-o", "pipefail", "-c", f"'{ringllm}' info '{SMOL}' --tensors | head -1"],
+                        capture_output=True, text=True, timeout=60)
+    assert sh.returncode == 0 and sh.stdout.startswith("file:") and sh.stderr == "", sh.stderr
+
+
+def _on_a_terminal(ringllm, args, then):
+    """Runs ringllm with a terminal on stdin; returns its stderr once `then` was typed."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(ringllm), *map(str, args)], stdin=slave, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    try:
+        time.sleep(2)
+        os.write(master, then)
+        out, err = p.communicate(timeout=120)
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, err
+
+
+def test_reading_stdin_on_a_terminal_says_so(ringllm):
+    # Without -p the prompt comes from stdin: on a terminal a hint says so (Ctrl-D ends it).
+    rc, err = _on_a_terminal(ringllm, ["run", "-m", SMOL, "-n", "2", "--temp", "0"], b"Hello\n\x04")
+    assert rc == 0 and "reading the prompt from stdin until Ctrl-D" in err and "--chat" in err, err
+    rc, err = _on_a_terminal(ringllm, ["run", "-m", SMOL, "--chat", "-n", "2", "--temp", "0"], b"Hi\n\x04")
+    assert rc == 0 and "Ctrl-D ends" in err, err
+    # Not on a terminal (a pipe, a file): no hint.
+    r = run(["run", "-m", SMOL, "-n", "2", "--temp", "0"], input="Hello")
+    assert "Ctrl-D" not in r.stderr
+
+
+def test_logs_have_no_colours_when_not_on_a_terminal():
+    r = run(["run", "-m", SMOL, "-p", "Hi", "-n", "2", "--temp", "0", "-v"])
+    assert "INFO" in r.stderr and "\x1b[" not in r.stderr, repr(r.stderr[:300])
+
+
+def test_info_shows_the_tokenizer_and_chat_template():
+    r = run(["info", SMOL])
+    assert "tokenizer:     gpt2 (byte-level BPE), pre-tokenizer 'smollm', 49152 tokens" in r.stdout
+    assert 'bos:           1 "<|im_start|>" (not added)' in r.stdout
+    assert 'eos:           2 "<|im_end|>"' in r.stdout
+    assert "chat template: the model's own, ChatML" in r.stdout
+    assert "{% for message in messages %}" in run(["info", SMOL, "--chat-template"]).stdout
+    g = run(["info", model_path(GEMMA.name)]).stdout
+    assert "llama (SentencePiece)" in g and '2 "<bos>" (added to prompts)' in g
+    assert "chat template: none (chat with --template" in g
+
+
+def test_help_and_example_configs_say_what_is_true():
+    help_text = run(["perplexity", "--help"]).stdout
+    assert "default: 512" in help_text and "capped at 4096" not in help_text
+    configs = ROOT / "cluster-configs"
+    homelab = (configs / "homelab.example.toml").read_text()
+    assert "only choice" not in homelab and all(t in homelab for t in ['"f16"', '"bf16"', '"q8"'])
+    assert "homelab.example.toml --chat" in homelab
+    for f in configs.glob("*.toml"):
+        text = f.read_text()
+        if "test-cluster.key" in text.split("\nkey =", 1)[-1].split("\n", 1)[0]:
+            assert "TEST key" in text and "never on a network" in text, f.name

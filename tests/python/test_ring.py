@@ -66,7 +66,11 @@ def test_cluster_file_loopback_2(tmp_path):
         layers = [tuple(s["layers"]) for s in j["stages"]]
         assert layers[0][0] == 0 and layers[0][1] == layers[1][0] and layers[1][1] == 30
         assert j["predicted_tokens_per_s"] > 0
-        got, logits, _ = generation(["up", cfg, "-p", prompt, *GEN], tmp_path / "ring.f32")
+        # The text plan ends its last line; `up` prints the plan with the load lines below it.
+        assert ringllm(["plan", cfg]).stdout.endswith(" tokens/s\n")
+        got, logits, err = generation(["up", cfg, "-p", prompt, *GEN], tmp_path / "ring.f32")
+        predicted = next(l for l in err.splitlines() if l.startswith("predicted:"))
+        assert predicted.endswith(" tokens/s"), err
         assert got["token_ids"] == want["token_ids"]
         assert logits == want_logits
     finally:

@@ -701,7 +701,7 @@ impl fmt::Display for Plan {
             self.link_s * 1e3,
             self.transfer_s * 1e3
         )?;
-        write!(
+        writeln!(
             f,
             "predicted: {:.2} ms/token, {:.1} tokens/s",
             self.predicted_s_per_token * 1e3,
