@@ -1,9 +1,29 @@
-//! ringllm's wire format and transports. The codecs (`frame`, `control`, `handshake`, `key`,
-//! `seal`, `activations`) do no I/O; `tcp` runs them over tokio sockets for the control plane.
-//! The data plane's blocking links implement `blocking::DataLink`: `TcpDataLink`,
-//! `uring::UringDataLink` (the same wire on io_uring), `udp::UdpDataLink` (reliable UDP) and
-//! `quic::QuicDataLink` (QUIC with mutual TLS derived from the cluster key); `dial` opens any
-//! of them on both sides.
+//! ringllm's wire format and transports.
+//!
+//! # Layout
+//!
+//! The codecs do no I/O: they encode and decode byte buffers and refuse what is malformed
+//! with a `ProtocolError` (`error`).
+//!
+//! * `frame`: the 40-byte data-frame header, and the payload caps, one per role.
+//! * `control`: control messages (assignments, heartbeats, errors, `Attach`).
+//! * `handshake`: the versioned, mutually authenticated handshake every connection opens with.
+//! * `key`: the cluster key. `seal`: per-frame and per-datagram authentication.
+//! * `activations`: hidden states as f32, f16, bf16 or q8.
+//!
+//! The control plane runs on tokio: `control_conn` (a `transport::Link` over TCP, and the
+//! handshake over any async stream). The data plane runs on blocking links owned by one
+//! thread each, behind `blocking::DataLink`, one transport per file:
+//!
+//! * `tcp`: `TcpDataLink`, frames on a TCP stream.
+//! * `uring`: `UringDataLink`, the same wire driven by io_uring.
+//! * `udp`: `UdpDataLink`, reliable UDP (a folder: wire format, sender and receiver state
+//!   machines, socket calls, the link).
+//! * `quic`: `QuicDataLink`, QUIC with mutual TLS derived from the cluster key.
+//!
+//! `dial` opens a data link of any transport, both sides (`DialSpec`, `LinkRole`); `sock`
+//! sets up every transport's sockets (buffer sizes, TCP tuning, UDP sockets); `transport`
+//! holds `TransportKind` and the counters every link keeps.
 
 pub mod activations;
 pub mod blocking;

@@ -1,5 +1,5 @@
 //! The data plane on io_uring: the same frames as `TcpDataLink` (header ‖ payload ‖ seal, see
-//! `blocking` and `seal`), written and read through one io_uring instance per link.
+//! `tcp` and `seal`), written and read through one io_uring instance per link.
 //!
 //! * Frames that fit the registered send buffer (`UringConfig::buffer`, 64 KiB) are
 //!   assembled there and written with one `IORING_OP_WRITE_FIXED`. Every read lands in a
