@@ -200,21 +200,62 @@ fn peer_close_is_a_clean_close_at_a_frame_boundary() {
 #[test]
 fn closer_unblocks_a_waiting_receiver() {
     each(|rt, kind| {
-        let (_c, mut s) = pair(rt, kind);
+        let (mut c, s) = pair(rt, kind);
         let _rt_guard = rt.enter();
         let closer = s.closer().unwrap();
         let t = Instant::now();
+        let mut s = s;
         let waiter = std::thread::spawn(move || {
             let mut buf = Vec::new();
-            s.recv(&mut buf).map(|_| ())
+            let r = s.recv(&mut buf).map(|_| ());
+            (r, s)
         });
         std::thread::sleep(Duration::from_millis(100));
         closer.close();
-        let r = within_named(&format!("{kind}: recv after closer"), TIMEOUT, move || {
+        let (r, mut s) = within_named(&format!("{kind}: recv after closer"), TIMEOUT, move || {
             waiter.join().unwrap()
         });
         assert!(r.is_err(), "{kind}: recv returned a frame after close");
         eprintln!("{kind}: unblocked after {:?}", t.elapsed());
+        // The link stays closed, both ways.
+        assert!(s.recv(&mut Vec::new()).is_err(), "{kind}: a second recv");
+        let (h, p) = frame(8, 1);
+        assert!(s.send(&h, &p).is_err(), "{kind}: send after close");
+        // The peer sees a clean close.
+        let r = within_named(&format!("{kind}: the peer's recv"), TIMEOUT, move || {
+            let mut buf = Vec::new();
+            c.recv(&mut buf).map(|h| h.seq)
+        });
+        assert!(matches!(&r, Err(e) if e.is_closed()), "{kind}: {r:?}");
+    });
+}
+
+#[test]
+fn closer_unblocks_a_sender_held_back_by_a_receiver_that_does_not_read() {
+    each(|rt, kind| {
+        let (c, _s) = pair(rt, kind);
+        let _rt_guard = rt.enter();
+        let closer = c.closer().unwrap();
+        let mut c = c;
+        let sender = std::thread::spawn(move || {
+            // Nobody reads: this blocks once the buffers and windows are full.
+            let (h, p) = frame(1 << 20, 0);
+            for _ in 0..1024 {
+                if let Err(e) = c.send(&h, &p) {
+                    return Some(e.to_string());
+                }
+            }
+            None
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        closer.close();
+        let r = within_named(&format!("{kind}: send after closer"), TIMEOUT, move || {
+            sender.join().unwrap()
+        });
+        match r {
+            Some(e) => eprintln!("{kind}: the blocked send ended with: {e}"),
+            None => panic!("{kind}: 1 GiB sent to a peer that never reads"),
+        }
     });
 }
 
@@ -224,12 +265,48 @@ fn recv_timeout_is_none_when_idle_then_gets_the_frame() {
         let (mut c, mut s) = pair(rt, kind);
         let _rt_guard = rt.enter();
         let mut buf = Vec::new();
-        let r = s.recv_timeout(&mut buf, Duration::from_millis(50)).unwrap();
+        // Idle: a zero timeout polls, a longer one is waited out.
+        for ms in [0, 1, 50] {
+            let t = Instant::now();
+            let r = s.recv_timeout(&mut buf, Duration::from_millis(ms)).unwrap();
+            assert!(r.is_none(), "{kind}: {ms} ms");
+            assert!(t.elapsed() >= Duration::from_millis(ms), "{kind}: early");
+        }
+        // Two frames: the first through a long timeout, the second by polling.
+        let (h1, p1) = frame(33, 5);
+        let (h2, p2) = frame(300_000, 6);
+        c.send(&h1, &p1).unwrap();
+        c.send(&h2, &p2).unwrap();
+        let got = s.recv_timeout(&mut buf, TIMEOUT).unwrap().expect("a frame");
+        assert_eq!((got.seq, &buf), (5, &p1), "{kind}");
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(h) = s.recv_timeout(&mut buf, Duration::ZERO).unwrap() {
+                assert_eq!((h.seq, &buf), (6, &p2), "{kind}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{kind}: the second frame never came"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let r = s.recv_timeout(&mut buf, Duration::from_millis(20)).unwrap();
         assert!(r.is_none(), "{kind}");
-        let (h, p) = frame(2560, 5);
-        c.send(&h, &p).unwrap();
-        let got = s.recv_timeout(&mut buf, TIMEOUT).unwrap().unwrap();
-        assert_eq!((got.seq, &buf), (5, &p), "{kind}");
+        // A frame that arrives while the receiver waits.
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let (h, p) = frame(2 << 20, 7);
+            c.send(&h, &p).unwrap();
+            c
+        });
+        let got = s.recv_timeout(&mut buf, TIMEOUT).unwrap().expect("a frame");
+        assert_eq!(got.seq, 7, "{kind}");
+        assert!(buf == pattern(2 << 20, 7), "{kind}");
+        // Once the peer is gone, a timed receive reports the close.
+        drop(sender.join().unwrap());
+        let r = s.recv_timeout(&mut buf, TIMEOUT);
+        assert!(matches!(&r, Err(e) if e.is_closed()), "{kind}: {r:?}");
     });
 }
 

@@ -55,7 +55,8 @@ struct Pair {
     b: UdpDataLink,
     /// Clones of the anchors (to simulate a crash).
     anchor_a: TcpStream,
-    anchor_b: TcpStream,
+    /// Held so the anchor stays open as long as the pair.
+    _anchor_b: TcpStream,
 }
 
 fn links(sa: UdpSocket, sb: UdpSocket, cfg_a: UdpConfig, cfg_b: UdpConfig) -> Pair {
@@ -86,7 +87,7 @@ fn links_with_keys(
         a,
         b,
         anchor_a,
-        anchor_b,
+        _anchor_b: anchor_b,
     }
 }
 
@@ -599,49 +600,6 @@ fn an_owner_busy_elsewhere_does_not_stall_the_link() {
 }
 
 #[test]
-fn closer_unblocks_recv_and_send_from_another_thread() {
-    within(TEST_LIMIT, || {
-        // A blocked recv.
-        let mut p = direct_pair();
-        let closer = p.b.closer().unwrap();
-        let mut b = p.b;
-        let t = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            b.recv(&mut buf)
-        });
-        std::thread::sleep(Duration::from_millis(100));
-        let t0 = Instant::now();
-        closer.close();
-        assert!(t.join().unwrap().is_err());
-        assert!(t0.elapsed() < Duration::from_secs(5));
-        // The other side sees the close.
-        let mut buf = Vec::new();
-        assert!(matches!(p.a.recv(&mut buf), Err(TransportError::Closed)));
-
-        // A send blocked on a receiver that reads nothing.
-        let (sa, sb) = socket_pair();
-        let cfg = UdpConfig {
-            recv_buffer: 1 << 20,
-            ..UdpConfig::default()
-        };
-        let p = links(sa, sb, cfg.clone(), cfg);
-        let closer = p.a.closer().unwrap();
-        let mut a = p.a;
-        let t = std::thread::spawn(move || {
-            let body = pattern(1 << 20, 1);
-            for i in 0..100 {
-                a.send(&data_frame(i, &body), &body)?;
-            }
-            Ok::<_, TransportError>(())
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        closer.close();
-        assert!(t.join().unwrap().is_err());
-        drop(p.b);
-    });
-}
-
-#[test]
 fn peer_close_is_closed_after_every_frame_even_through_loss() {
     within(TEST_LIMIT, || {
         let (sa, sb, mut relay) = relayed_sockets(RelayOpts {
@@ -745,35 +703,6 @@ fn peer_reset_is_an_error_not_a_hang() {
         drop(ta);
         let (r, _) = t.join().unwrap();
         assert!(r.is_err(), "{r:?}");
-    });
-}
-
-#[test]
-fn recv_timeout_is_none_when_idle_and_some_when_a_frame_comes() {
-    within(TEST_LIMIT, || {
-        let mut p = direct_pair();
-        let mut buf = Vec::new();
-        let t0 = Instant::now();
-        assert!(p
-            .b
-            .recv_timeout(&mut buf, Duration::from_millis(100))
-            .unwrap()
-            .is_none());
-        assert!(t0.elapsed() >= Duration::from_millis(100));
-        let body = pattern(5000, 1);
-        p.a.send(&data_frame(1, &body), &body).unwrap();
-        let h =
-            p.b.recv_timeout(&mut buf, Duration::from_secs(30))
-                .unwrap()
-                .expect("a frame");
-        assert_eq!(h.seq, 1);
-        assert_eq!(buf, body);
-        assert!(p
-            .b
-            .recv_timeout(&mut buf, Duration::from_millis(10))
-            .unwrap()
-            .is_none());
-        let _ = p.anchor_b;
     });
 }
 

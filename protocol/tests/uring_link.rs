@@ -16,7 +16,7 @@ use ringllm_protocol::{
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -293,28 +293,6 @@ fn back_pressure_blocks_the_sender_until_the_receiver_reads() {
 }
 
 #[test]
-fn closer_unblocks_a_pending_recv_from_another_thread() {
-    within(TEST_LIMIT, || {
-        let (_a, mut b) = uring_pair(UringConfig::default(), UringConfig::default());
-        let closer = b.closer().unwrap();
-        let (tx, rx) = mpsc::channel();
-        let h = thread::spawn(move || {
-            let mut buf = Vec::new();
-            tx.send(()).unwrap();
-            let r = b.recv(&mut buf);
-            (r.map(|_| ()), b)
-        });
-        rx.recv().unwrap();
-        thread::sleep(Duration::from_millis(100));
-        closer.close();
-        let (r, mut b) = h.join().unwrap();
-        assert!(r.is_err(), "recv returned a frame after close");
-        // And the link stays closed.
-        assert!(b.recv(&mut Vec::new()).is_err());
-    });
-}
-
-#[test]
 fn closer_unblocks_a_sender_stuck_on_a_peer_that_does_not_read() {
     within(TEST_LIMIT, || {
         for zc in [true, false] {
@@ -541,55 +519,25 @@ fn replayed_frame_mid_stream_is_refused_and_counted() {
     });
 }
 
+/// What the conformance suite's recv_timeout case does not cover: an endless timeout is
+/// clamped, not refused, and frames already in the registered receive buffer are returned
+/// without waiting.
 #[test]
-fn recv_timeout_is_none_when_idle_and_a_frame_when_one_comes() {
+fn recv_timeout_clamps_an_endless_wait_and_returns_buffered_frames_at_once() {
     within(TEST_LIMIT, || {
         let (mut a, mut b) = uring_pair(UringConfig::default(), UringConfig::default());
         let mut buf = Vec::new();
-        for _ in 0..3 {
-            assert!(b
-                .recv_timeout(&mut buf, Duration::from_millis(30))
-                .unwrap()
-                .is_none());
-        }
-        // A zero timeout polls; an endless one is clamped, not refused.
-        assert!(b.recv_timeout(&mut buf, Duration::ZERO).unwrap().is_none());
         let p = pattern(100, 8);
         a.send(&data_frame(8, &p), &p).unwrap();
         let h = b.recv_timeout(&mut buf, Duration::MAX).unwrap();
         assert_eq!(h.map(|h| h.seq), Some(8));
         let p = pattern(5000, 9);
-        a.send(&data_frame(9, &p), &p).unwrap();
-        let h = b
-            .recv_timeout(&mut buf, Duration::from_secs(10))
-            .unwrap()
-            .expect("the frame");
-        assert_eq!(h.seq, 9);
-        assert_eq!(buf, p);
-        // Frames already buffered are returned without waiting.
         a.send(&data_frame(10, &p), &p).unwrap();
         a.send(&data_frame(11, &p), &p).unwrap();
         assert_eq!(b.recv(&mut buf).unwrap().seq, 10);
         let h = b.recv_timeout(&mut buf, Duration::from_millis(1)).unwrap();
         assert_eq!(h.map(|h| h.seq), Some(11));
-        // A frame arriving while waiting.
-        let sender = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(50));
-            let big = pattern(2 << 20, 12);
-            a.send(&data_frame(12, &big), &big).unwrap();
-            a
-        });
-        let h = b
-            .recv_timeout(&mut buf, Duration::from_secs(10))
-            .unwrap()
-            .expect("the frame");
-        assert_eq!(h.seq, 12);
-        assert!(buf == pattern(2 << 20, 12));
-        drop(sender.join().unwrap());
-        assert!(matches!(
-            b.recv_timeout(&mut buf, Duration::from_secs(10)),
-            Err(TransportError::Closed)
-        ));
+        assert_eq!(buf, p);
     });
 }
 
