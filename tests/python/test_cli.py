@@ -260,3 +260,11 @@ def test_help_and_example_configs_say_what_is_true():
         text = f.read_text()
         if "test-cluster.key" in text.split("\nkey =", 1)[-1].split("\n", 1)[0]:
             assert "TEST key" in text and "never on a network" in text, f.name
+
+
+def test_bench_table_columns_line_up():
+    r = run(["bench", "-m", SMOL, "-p", "8,64", "-n", "4", "-r", "2", "-t", "1"], timeout=300)
+    table = [l for l in r.stdout.splitlines() if l.startswith("|")]
+    assert len(table) == 2 + 3, r.stdout
+    bars = {tuple(i for i, c in enumerate(l) if c == "|") for l in table}
+    assert len(bars) == 1, "\n".join(table)

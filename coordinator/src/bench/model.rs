@@ -113,23 +113,60 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        outln!("| test   | threads |          t/s | roofline |");
-        outln!("| ------ | ------: | -----------: | -------: |");
-        for r in &rows {
-            let roof = r
-                .roofline_pct
-                .map_or(String::from("-"), |p| format!("{p:.0}%"));
-            outln!(
-                "| {:<6} | {:>7} | {:>6.2} ± {:<4.2} | {:>8} |",
-                r.test,
-                r.threads,
-                r.tokens_per_s,
-                r.stddev,
-                roof
-            );
-        }
+        let cells = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.test.clone(),
+                    r.threads.to_string(),
+                    format!("{:.2} ± {:.2}", r.tokens_per_s, r.stddev),
+                    r.roofline_pct
+                        .map_or(String::from("-"), |p| format!("{p:.0}%")),
+                ]
+            })
+            .collect();
+        out!(
+            "{}",
+            markdown_table(&["test", "threads", "t/s", "roofline"], cells)
+        );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A Markdown table whose columns are as wide as their widest cell: the first column
+/// left-aligned, the others (numbers) right-aligned; every line ends with a newline.
+fn markdown_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = String>| -> String {
+        let mut s = String::from("|");
+        for (j, c) in cells.enumerate() {
+            let pad = " ".repeat(width[j].saturating_sub(c.chars().count()));
+            if j == 0 {
+                s.push_str(&format!(" {c}{pad} |"));
+            } else {
+                s.push_str(&format!(" {pad}{c} |"));
+            }
+        }
+        s.push('\n');
+        s
+    };
+    let mut out = line(&mut header.iter().map(|h| h.to_string()));
+    out.push_str(&line(&mut width.iter().enumerate().map(|(j, &w)| {
+        if j == 0 {
+            "-".repeat(w)
+        } else {
+            format!("{}:", "-".repeat(w.saturating_sub(1)))
+        }
+    })));
+    for r in rows {
+        out.push_str(&line(&mut r.into_iter()));
+    }
+    out
 }
 
 fn stats(v: &[f64]) -> (f64, f64) {
@@ -359,25 +396,25 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    outln!("| test   | single t/s      | ring t/s        | ring/single |");
-    outln!("| ------ | --------------: | --------------: | ----------: |");
-    for ((a, b), r) in report
+    let cells = report
         .single
         .rows
         .iter()
         .zip(&report.ring.rows)
         .zip(&report.ratio)
-    {
-        outln!(
-            "| {:<6} | {:>7.2} ± {:<5.2} | {:>7.2} ± {:<5.2} | {:>10.3}x |",
-            a.0,
-            a.1,
-            a.2,
-            b.1,
-            b.2,
-            r.1
-        );
-    }
+        .map(|((a, b), r)| {
+            vec![
+                a.0.clone(),
+                format!("{:.2} ± {:.2}", a.1, a.2),
+                format!("{:.2} ± {:.2}", b.1, b.2),
+                format!("{:.3}x", r.1),
+            ]
+        })
+        .collect();
+    out!(
+        "{}",
+        markdown_table(&["test", "single t/s", "ring t/s", "ring/single"], cells)
+    );
     outln!(
         "predicted by the planner: {:.1} tokens/s",
         report.predicted_tokens_per_s
