@@ -143,7 +143,10 @@ fn a_ring_of_in_process_nodes_equals_the_single_process() {
     let mut ring = Engine::load_ring(&options(), spec).expect("the ring builds");
     let (tokens, logits) = greedy(&mut ring, prompt, 8);
     ring.close();
-    assert_eq!(tokens, want_tokens, "greedy tokens differ from the single process");
+    assert_eq!(
+        tokens, want_tokens,
+        "greedy tokens differ from the single process"
+    );
     for (step, (a, b)) in logits.iter().zip(&want_logits).enumerate() {
         let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "logits of step {step} differ from the single process");

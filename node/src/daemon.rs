@@ -30,7 +30,7 @@ use worker::{Attached, SessionStats, Worker};
 
 use crate::gguf::GgufFile;
 use crate::model::{LoadOptions, Model};
-use crate::sys;
+use crate::{limits, sys};
 use crate::{KvCache, Runner};
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready, Stats,
@@ -55,8 +55,16 @@ use tracing::{debug, info, warn};
 
 /// How long a connection may take to authenticate.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a new coordinator waits for the previous one's connection to go away.
-pub const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
+/// How long a new coordinator waits for the previous one's connection to go away (shorter
+/// than the coordinator's own wait for capabilities, so a refusal reaches it as a message
+/// naming the holder rather than as its timeout).
+pub const TAKEOVER_WAIT: Duration = Duration::from_secs(7);
+/// Longest silence from a coordinator with a running session (it sends a heartbeat every
+/// 0.5 s): past it the coordinator is taken for stopped (a frozen process, a pulled cable,
+/// a stall mid-frame) and its slot and session are freed for the next one.
+pub const COORDINATOR_SILENCE: Duration = Duration::from_secs(5);
+/// Longest silence from a coordinator before its session starts (it plans meanwhile).
+pub const COORDINATOR_SETUP_SILENCE: Duration = Duration::from_secs(60);
 /// Largest data payload a node accepts (defined, with why, in `ringllm_protocol::frame`).
 pub use ringllm_protocol::frame::NODE_MAX_PAYLOAD as MAX_PAYLOAD;
 /// How long shutdown waits for connection tasks, then for compute threads, before giving up
@@ -113,15 +121,25 @@ impl Drop for SessionHandle {
 
 #[derive(Default)]
 struct State {
-    /// Connection id and address of the coordinator being served.
-    coordinator: Option<(u64, String)>,
+    /// The coordinator being served.
+    coordinator: Option<Holder>,
     session: Option<SessionHandle>,
     /// The last model file opened, kept mapped for the next assignment.
     cache: Option<(ModelIdentity, Arc<GgufFile>)>,
 }
 
+/// Who holds a node's coordinator slot.
+struct Holder {
+    conn_id: u64,
+    /// "coordinator 'name' (address)".
+    who: String,
+    since: Instant,
+}
+
 struct Node {
     opts: NodeOptions,
+    /// The address this node listens on, for messages.
+    addr: SocketAddr,
     caps: Capabilities,
     state: Mutex<State>,
     changed: Notify,
@@ -235,6 +253,7 @@ pub async fn serve(
     opts: NodeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
+    let addr = listener.local_addr().map_err(DaemonError::LocalAddr)?;
     let Listener { tcp, quic } = listener;
     if opts.transport == TransportKind::Quic && quic.is_none() {
         return Err(DaemonError::NoQuicEndpoint {
@@ -272,6 +291,7 @@ pub async fn serve(
     );
     let node = Arc::new(Node {
         opts,
+        addr,
         caps,
         state: Mutex::new(State::default()),
         changed: Notify::new(),
@@ -464,10 +484,18 @@ async fn claim_slot(
             let mut st = node.lock();
             match &st.coordinator {
                 None => {
-                    st.coordinator = Some((conn_id, who.to_string()));
+                    st.coordinator = Some(Holder {
+                        conn_id,
+                        who: who.to_string(),
+                        since: Instant::now(),
+                    });
                     None
                 }
-                Some(c) => Some(c.1.clone()),
+                Some(h) => Some(format!(
+                    "{}, busy for {:.0} s",
+                    h.who,
+                    h.since.elapsed().as_secs_f64()
+                )),
             }
         };
         let Some(busy) = busy else {
@@ -482,7 +510,13 @@ async fn claim_slot(
             if let Some(f) = error_frame(
                 ErrorCode::Busy,
                 None,
-                format!("node '{}' is serving {busy}", node.opts.name),
+                format!(
+                    "node '{}' ({}) is serving {busy}; stop that coordinator first (a \
+                     coordinator silent for {} s is dropped)",
+                    node.opts.name,
+                    node.addr,
+                    COORDINATOR_SILENCE.as_secs()
+                ),
             ) {
                 let _ = out.send(f).await;
             }
@@ -506,7 +540,33 @@ async fn control_loop(
 ) {
     let mut buf = Vec::new();
     loop {
-        let h = match rx.recv(&mut buf).await {
+        let in_session = node
+            .lock()
+            .session
+            .as_ref()
+            .is_some_and(|s| s.conn_id == conn_id);
+        let limit = if in_session {
+            COORDINATOR_SILENCE
+        } else {
+            COORDINATOR_SETUP_SILENCE
+        };
+        let Ok(received) = tokio::time::timeout(limit, rx.recv(&mut buf)).await else {
+            warn!(
+                "{who}: nothing heard for {} s (process stopped, link cut or a stalled \
+                 frame); dropping it so another coordinator can take the node",
+                limit.as_secs()
+            );
+            let m = format!(
+                "node '{}' heard nothing from this coordinator for {} s and dropped it",
+                node.opts.name,
+                limit.as_secs()
+            );
+            if let Some(f) = error_frame(ErrorCode::BadRequest, None, m) {
+                let _ = out.send(f).await;
+            }
+            break;
+        };
+        let h = match received {
             Ok(h) => h,
             Err(TransportError::Closed) => {
                 info!("{who} closed the connection");
@@ -610,7 +670,11 @@ struct SlotGuard {
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         let mut st = self.node.lock();
-        if st.coordinator.as_ref().is_some_and(|c| c.0 == self.conn_id) {
+        if st
+            .coordinator
+            .as_ref()
+            .is_some_and(|c| c.conn_id == self.conn_id)
+        {
             st.coordinator = None;
         }
         if st
@@ -716,7 +780,16 @@ async fn assign(
     }
     .max(1);
     let (ctx, max_batch) = (a.kv_ctx.max(1) as usize, a.max_batch.max(1) as usize);
-    let slots = a.kv_slots.clamp(1, 1024) as usize;
+    let slots = a.kv_slots.max(1) as usize;
+    // A coordinator's settings are checked again here: a wrong one must not abort the node.
+    let limit = |source| AssignError::Limit {
+        node: name.clone(),
+        source,
+    };
+    limits::check("threads", threads, limits::MAX_THREADS).map_err(limit)?;
+    limits::check("batch size", max_batch, limits::MAX_BATCH).map_err(limit)?;
+    limits::check("context size", ctx, limits::MAX_CTX).map_err(limit)?;
+    limits::check("KV slots", slots, limits::MAX_SLOTS).map_err(limit)?;
     let n2 = name.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         let model = Model::load(
@@ -739,17 +812,19 @@ async fn assign(
             kv_type,
         ) as u64
             * slots as u64;
+        limits::check_runner(
+            &model.hp,
+            model.layer_range.clone(),
+            threads,
+            max_batch,
+            ctx,
+            kv_type,
+            slots,
+        )
+        .map_err(|source| AssignError::Limit { node: n2, source })?;
         let weights = model.prefault() as u64;
-        let (_, avail) = sys::memory();
-        if avail > 0 && kv_bytes > avail {
-            return Err(AssignError::KvMemory {
-                node: n2,
-                need: kv_bytes,
-                available: avail,
-            });
-        }
         let runner = Runner::new(Arc::new(model), threads, max_batch, ctx);
-        Ok((runner, weights, kv_bytes))
+        Ok::<_, AssignError>((runner, weights, kv_bytes))
     })
     .await??;
     let (runner, weight_bytes, kv_bytes) = loaded;

@@ -336,3 +336,87 @@ async fn open_data_link(kind: TransportKind, addr: SocketAddr, session: u64) -> 
         .await
         .expect("open the data link")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
+    let dir = models_dir("oversized");
+    let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
+    let path = dir.join("synth-llama.gguf");
+    std::fs::write(&path, &bytes).expect("write the model");
+    let identity = daemon::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let n_layer = GgufFile::from_bytes(bytes)
+        .map(|f| Model::load(Arc::new(f), &LoadOptions::default()).expect("load"))
+        .expect("read back")
+        .hp
+        .n_layer as u32;
+    let node = TestNode::start("stage", key(KEY), &dir).await;
+    let mut control = connect(node.addr, &key(KEY)).await.expect("connect");
+    capabilities(&mut control).await;
+    let base = Assignment {
+        session: 1,
+        model: identity,
+        layer_start: 0,
+        layer_end: n_layer,
+        head: true,
+        input: Input::Coordinator,
+        next_hop: NextHop::Coordinator,
+        activations: Dtype::F32,
+        kv_ctx: 32,
+        kv_type: KvType::F32,
+        max_batch: 4,
+        threads: 1,
+        kv_slots: 1,
+    };
+    // Each once aborted the node in the allocator (a 4-billion-thread pool, 614 GB of scratch).
+    let cases = [
+        (
+            Assignment {
+                threads: u32::MAX,
+                ..base.clone()
+            },
+            "threads 4294967295 is more than ringllm accepts",
+        ),
+        (
+            Assignment {
+                max_batch: 100_000_000,
+                ..base.clone()
+            },
+            "batch size 100000000 is more than ringllm accepts",
+        ),
+        (
+            Assignment {
+                kv_ctx: u32::MAX,
+                ..base.clone()
+            },
+            "context size 4294967295 is more than ringllm accepts",
+        ),
+        (
+            Assignment {
+                kv_ctx: 2_000_000,
+                kv_slots: 4000,
+                ..base.clone()
+            },
+            "but only",
+        ),
+    ];
+    for (session, (a, needle)) in (2u64..).zip(cases) {
+        let a = Assignment { session, ..a };
+        control_conn::send_control(control.tx.as_mut(), &Control::Assign(a))
+            .await
+            .expect("send the assignment");
+        match recv_control(&mut control).await.expect("an answer") {
+            Control::Error(e) => assert!(e.message.contains(needle), "{}", e.message),
+            other => panic!("expected an error for {needle:?}, got {other:?}"),
+        }
+    }
+    // Still serving, on the same connection.
+    control_conn::send_control(control.tx.as_mut(), &Control::Assign(base))
+        .await
+        .expect("send the assignment");
+    match recv_control(&mut control).await.expect("an answer") {
+        Control::Ready(r) => assert_eq!(r.session, 1),
+        other => panic!("expected ready, got {other:?}"),
+    }
+    drop(control);
+    node.stop().await.expect("clean stop");
+}

@@ -224,6 +224,40 @@ def test_chat_survives_a_node_death_by_replanning(tmp_path):
     assert third.strip() or second.strip(), err
 
 
+def test_a_busy_node_names_its_coordinator_and_drops_a_silent_one(tmp_path):
+    """One coordinator at a time: a second one is refused with who holds the node (by name
+    and address), not a bare timeout; a coordinator that freezes (SIGSTOP) is dropped once
+    silent past the node's bound, and the next coordinator is served."""
+    import signal
+    model = model_path(SMOL.name)
+    with Nodes(1) as nodes:
+        a = subprocess.Popen(
+            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+             "--chat", "--temp", "0", "-n", "4", "--threads", "1", "-c", "256"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            a.stdin.write("Hi\n")
+            a.stdin.flush()
+            assert a.stdout.readline().strip(), "the first coordinator did not answer"
+            second = ["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", "Hi", *GEN]
+            t0 = time.monotonic()
+            r = ringllm(second, check=False, timeout=120)
+            assert r.returncode != 0, "a second coordinator was served while the first is live"
+            assert "timed out" not in r.stderr, r.stderr
+            assert f"node 'node1' (127.0.0.1:{nodes.ports[0]}) is serving coordinator" in r.stderr, r.stderr
+            assert time.monotonic() - t0 < 60
+            a.send_signal(signal.SIGSTOP)
+            time.sleep(2)
+            r = ringllm(second, check=False, timeout=120)
+            assert r.returncode == 0, f"the node did not drop a frozen coordinator:\n{r.stderr}"
+            assert "heard nothing from this coordinator" not in r.stderr
+            assert nodes.alive(0)
+        finally:
+            a.send_signal(signal.SIGCONT)
+            a.kill()
+            a.wait(timeout=30)
+
+
 def test_head_on_the_last_node_when_the_coordinator_lacks_memory(tmp_path):
     """An untied model whose head does not fit the coordinator's budget: the last node computes
     the logits and sends them as f16; tokens equal the single process's, logits within f16."""

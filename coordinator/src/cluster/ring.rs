@@ -12,9 +12,9 @@ use ringllm_protocol::activations;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
 };
+use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, BoxLink, LinkRole};
 use ringllm_protocol::frame::{COORDINATOR_MAX_PAYLOAD, FLAG_MORE};
-use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TransportKind,
 };
@@ -274,6 +274,12 @@ impl Ring {
                                             msg: Control::Heartbeat { nonce, reply: true },
                                         }
                                     }
+                                    // The node is going away and says why; the
+                                    // connection closes next.
+                                    Ok(Control::Shutdown { reason }) => Event::Lost {
+                                        node: i,
+                                        why: format!("is shutting down ({reason})"),
+                                    },
                                     Ok(msg) => Event::Control { node: i, msg },
                                     Err(e) => Event::Lost {
                                         node: i,
@@ -1045,7 +1051,8 @@ impl Ring {
         let mut out: Vec<Option<Stats>> = vec![None; self.nodes.len()];
         while out.iter().any(|s| s.is_none()) {
             let pending: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
-            let (i, msg) = self.next_control(Duration::from_secs(5), "node statistics", &pending)?;
+            let (i, msg) =
+                self.next_control(Duration::from_secs(5), "node statistics", &pending)?;
             if let Control::Stats(s) = msg {
                 out[i] = Some(s);
             }

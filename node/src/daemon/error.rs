@@ -86,16 +86,13 @@ pub enum AssignError {
         #[source]
         source: ModelError,
     },
-    /// The KV caches asked for do not fit in the memory available.
-    #[error(
-        "node '{node}': the KV cache needs {} MiB but only {} MiB are available",
-        need >> 20,
-        available >> 20
-    )]
-    KvMemory {
+    /// A setting of the assignment (threads, batch, context, slots) beyond its limit, or
+    /// scratch and KV caches beyond the memory available: refused before allocation.
+    #[error("node '{node}': {source}")]
+    Limit {
         node: String,
-        need: u64,
-        available: u64,
+        #[source]
+        source: crate::limits::LimitError,
     },
     /// The link to the next node of the ring could not be opened.
     #[error("node '{node}' cannot reach its next hop '{next}' at {address}: {source}")]
@@ -125,7 +122,10 @@ impl AssignError {
                 ErrorCode::ModelMissing
             }
             AssignError::NotTheModel { .. } => ErrorCode::ModelMismatch,
-            AssignError::KvMemory { .. } => ErrorCode::OutOfMemory,
+            AssignError::Limit { source, .. } => match source {
+                crate::limits::LimitError::Memory { .. } => ErrorCode::OutOfMemory,
+                _ => ErrorCode::BadRequest,
+            },
             AssignError::NextHop { .. } => ErrorCode::NextHopUnreachable,
             AssignError::Task(_) | AssignError::Thread(_) => ErrorCode::Internal,
         }
