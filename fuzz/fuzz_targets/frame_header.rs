@@ -12,7 +12,11 @@ fuzz_target!(|data: &[u8]| {
     };
     for cap in [0, 1 << 10, DEFAULT_MAX_PAYLOAD] {
         if let Ok(h) = FrameHeader::decode(head, cap) {
-            assert_eq!(&h.encode(), head, "a decoded header re-encodes to its bytes");
+            assert_eq!(
+                &h.encode(),
+                head,
+                "a decoded header re-encodes to its bytes"
+            );
             let _ = h.verify(payload);
         }
     }
