@@ -212,6 +212,11 @@ pub struct UpArgs {
     /// KV cache element type on every node: f32 or f16.
     #[arg(long)]
     pub kv: Option<KvType>,
+    /// Seconds to wait at start-up for nodes that do not listen yet (machines still booting).
+    /// With --serve, nodes still missing then are left out and taken into the ring when
+    /// they come.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub wait: f64,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]

@@ -538,3 +538,40 @@ def test_ring_health_names_lost_nodes_and_failures_are_503_not_500():
                 assert "error" in json.loads(body)
         finally:
             s.stop()
+
+
+def test_up_serve_starts_without_a_late_node_and_takes_it_in_when_it_comes():
+    """Boot order in a home lab is anyone's: `up --serve` waits `--wait` seconds for nodes,
+    starts with those that listen, and takes a node into the ring once it appears."""
+    model = model_path(SMOL.name)
+    q = [{"role": "user", "content": "What is the capital of France?"}]
+    nodes = Nodes(0)
+    late_port = free_port()
+    try:
+        p, port, name, log = nodes.start_one(0)
+        nodes.procs.append(p)
+        nodes.ports.append(port)
+        flags = ["--node", f"127.0.0.1:{port}", "--node", f"127.0.0.1:{late_port}"]
+        s = Server(["up", "-m", model, "--key", KEY, *flags, "--wait", "1", "--threads", "1",
+                    "-c", "512", "--parallel", "2"])
+        try:
+            health = json.loads(s.get("/health")[2])
+            assert health["status"] == "degraded" and len(health["nodes"]) == 1, health
+            assert any(str(late_port) in m for m in health["missing"]), health
+            p2, _, _, _ = nodes.start_one(1, port=late_port)
+            nodes.procs.append(p2)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                health = json.loads(s.get("/health")[2])
+                if len(health["nodes"]) == 2:
+                    break
+                time.sleep(0.5)
+            assert health["status"] == "ok" and health["missing"] == [], health
+            r = s.client().chat.completions.create(model=SMOL_ID, messages=q, temperature=0, max_tokens=16)
+            assert r.choices[0].message.content.strip() == cli_chat(q[0]["content"], 16)
+        finally:
+            s.stop()
+        err = s.proc.stderr.read()
+        assert "waiting up to 1 s for node2" in err and "back: taking it into the ring" in err, err
+    finally:
+        nodes.__exit__(None, None, None)

@@ -148,3 +148,32 @@ pub fn setup(src: &Source) -> Result<Setup> {
         }
     }
 }
+
+/// Waits up to `wait` for every node of `spec` to take a TCP connection (machines of a home
+/// lab boot in any order), saying once on stderr which ones it waits for. Returns the nodes
+/// still not listening then, as "name (address)".
+pub fn wait_for_nodes(spec: &RingSpec, wait: std::time::Duration) -> Vec<String> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        let missing: Vec<String> = spec
+            .stages
+            .iter()
+            .filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)))
+            .filter(|(_, a)| !crate::engine::reachable(a))
+            .map(|(n, a)| format!("{n} ({a})"))
+            .collect();
+        if missing.is_empty() || std::time::Instant::now() >= deadline {
+            return missing;
+        }
+        if !said {
+            eprintln!(
+                "waiting up to {:.0} s for {} to listen",
+                wait.as_secs_f64(),
+                missing.join(", ")
+            );
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}

@@ -16,6 +16,13 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
         batch: args.batch,
         kv: args.kv.or(s.kv).unwrap_or_default(),
     };
+    if !(args.wait >= 0.0 && args.wait <= 86_400.0) {
+        anyhow::bail!("--wait {}: give seconds from 0 to 86400", args.wait);
+    }
+    let missing = cluster::wait_for_nodes(&s.spec, std::time::Duration::from_secs_f64(args.wait));
+    if !missing.is_empty() {
+        eprintln!("{} not listening after {} s", missing.join(", "), args.wait);
+    }
     if let Some(cfg) = args.gen.serve_config() {
         return ringllm::serve::serve_ring(&model, s.spec.clone(), &cfg);
     }

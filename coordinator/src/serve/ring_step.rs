@@ -45,7 +45,9 @@ impl RingStepper {
     pub fn new(mut mode: RingMode, slots: usize) -> Result<RingStepper> {
         let ctx = mode.args.ctx.unwrap_or(4096);
         let kv = mode.args.kv;
-        let (runner, _) = mode.build(false, slots)?;
+        // Nodes that do not answer yet are left out (unless they hold pinned layers) and
+        // taken in when they come (`idle`).
+        let (runner, _) = mode.build(true, slots)?;
         let ring = mode.ring.take();
         let local = (0..slots).map(|_| runner.new_cache(ctx, kv)).collect();
         let missing = missing_nodes(&mode, ring.as_ref());
@@ -93,6 +95,48 @@ impl RingStepper {
             eprintln!("[without {}]", self.missing.join(", "));
         }
         Ok(())
+    }
+
+    /// While idle with a ring that runs without some of its nodes: every `REBUILD_EVERY`,
+    /// looks for them, and when one listens again rebuilds the ring to take it back (the
+    /// caches of finished sequences are emptied: their next turn is computed anew). True
+    /// when it rebuilt.
+    fn take_back_returned_nodes(&mut self) -> bool {
+        if self.missing.is_empty()
+            || self
+                .last_attempt
+                .is_some_and(|t| t.elapsed() < REBUILD_EVERY)
+        {
+            return false;
+        }
+        self.last_attempt = Some(Instant::now());
+        let back: Vec<&str> = self
+            .mode
+            .spec
+            .stages
+            .iter()
+            .filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)))
+            .filter(|(n, a)| {
+                self.missing.iter().any(|m| *m == format!("{n} ({a})"))
+                    && crate::engine::reachable(a)
+            })
+            .map(|(n, _)| n)
+            .collect();
+        if back.is_empty() {
+            return false;
+        }
+        tracing::info!(nodes = ?back, "nodes are back; rebuilding the ring");
+        eprintln!("[{} back: taking it into the ring]", back.join(", "));
+        if let Some(old) = self.ring.take() {
+            old.shutdown("re-planning with a node that came back");
+        }
+        if let Err(e) = self.rebuild() {
+            eprintln!(
+                "[the ring is down: {e:#}; trying again in {} s]",
+                REBUILD_EVERY.as_secs()
+            );
+        }
+        true
     }
 
     /// Drops the ring after a failure (it is rebuilt on the next step).
@@ -290,7 +334,7 @@ impl Stepper for RingStepper {
     fn idle(&mut self) -> bool {
         if let Some(ring) = self.ring.as_mut() {
             let Err(e) = ring.check_health() else {
-                return false;
+                return self.take_back_returned_nodes();
             };
             tracing::warn!("the ring lost a node while idle: {e:#}");
             eprintln!("[a node was lost: {e:#}]");
