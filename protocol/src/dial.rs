@@ -417,3 +417,25 @@ impl DataListener {
             .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_roles_map_to_the_attach_flags_and_back() {
+        for role in [LinkRole::Input, LinkRole::Output, LinkRole::InputOutput] {
+            assert_eq!(
+                LinkRole::from_flags(role.input(), role.output()),
+                Some(role)
+            );
+        }
+        assert_eq!(LinkRole::from_flags(false, false), None);
+        let Control::Attach { input, output, .. } =
+            attach_msg(7, "n", LinkRole::Output, TransportKind::Tcp, 0)
+        else {
+            panic!("not an attach");
+        };
+        assert_eq!((input, output), (false, true));
+    }
+}
