@@ -244,20 +244,51 @@ impl ChatTemplate {
             let r = unmark(&self.render(&marked, add_generation_prompt)?);
             Ok(r.filter(|r| r.text == plain))
         };
-        if let Some(r) = with(&mark_whole)? {
-            return Ok(r);
+        let first = clean.iter().find_map(|m| {
+            control_spans(&m.content)
+                .first()
+                .map(|r| m.content[r.clone()].to_string())
+        });
+        let Some(first) = first else {
+            // No content holds a special-token text: nothing to keep apart.
+            return Ok(with(&mark_whole)?.unwrap_or(Rendered {
+                text: plain,
+                content: Vec::new(),
+            }));
+        };
+        let r = match with(&mark_whole)? {
+            Some(r) => Some(r),
+            None => with(&|c| mark_spans(c, &control_spans(c)))?,
+        };
+        // A safety net for templates that lose the marks (`tojson(ensure_ascii=true)` escapes
+        // them): outside the contents there may be no more special-token texts than the
+        // template writes when the contents hold none.
+        if let Some(r) = r {
+            // Each special-token text becomes a space (removing it could join two halves).
+            let stripped: Vec<Message> = clean
+                .iter()
+                .map(|m| {
+                    let mut content = m.content.clone();
+                    for span in control_spans(&m.content).iter().rev() {
+                        content.replace_range(span.clone(), " ");
+                    }
+                    Message {
+                        role: m.role.clone(),
+                        content,
+                    }
+                })
+                .collect();
+            let own = control_spans(&self.render(&stripped, add_generation_prompt)?).len();
+            let outside: usize = r
+                .pieces()
+                .iter()
+                .filter(|p| p.special)
+                .map(|p| control_spans(p.text).len())
+                .sum();
+            if outside <= own {
+                return Ok(r);
+            }
         }
-        if let Some(r) = with(&|c| mark_spans(c, &control_spans(c)))? {
-            return Ok(r);
-        }
-        let first = clean
-            .iter()
-            .find_map(|m| {
-                control_spans(&m.content)
-                    .first()
-                    .map(|r| m.content[r.clone()].to_string())
-            })
-            .unwrap_or_default();
         Err(TemplateError::Unmarkable(first))
     }
 }
@@ -685,6 +716,39 @@ mod tests {
             matches!(&e, TemplateError::Unmarkable(t) if t == "<|x|>"),
             "{e}"
         );
+        // A template that escapes the marks (JSON with ensure_ascii) while the special text
+        // stays: refused too, not parsed.
+        let json = ChatTemplate::new(
+            "<|x|>{{ messages[0].content | tojson(ensure_ascii=true) }}<|x|>",
+            "",
+            "",
+        )
+        .expect("compiles");
+        let e = json
+            .render_pieces(&[m("user", "a <|x|> b")], false, &spans)
+            .expect_err("marks lost");
+        assert!(matches!(e, TemplateError::Unmarkable(_)), "{e}");
+        let ok = json
+            .render_pieces(&[m("user", "a b")], false, &spans)
+            .expect("nothing to keep apart");
+        assert_eq!(ok.text, "<|x|>\"a b\"<|x|>");
+        // A template that drops the marks and keeps the text: caught by counting the special
+        // texts outside contents against the template's own.
+        let drop = ChatTemplate::new(
+            "<|x|>{{ messages[0].content | replace('\\ufdd0', '') | replace('\\ufdd1', '') }}",
+            "",
+            "",
+        )
+        .expect("compiles");
+        assert_eq!(
+            drop.render(&[m("user", "a\u{FDD0}b\u{FDD1}")], false)
+                .expect("renders"),
+            "<|x|>ab"
+        );
+        let e = drop
+            .render_pieces(&[m("user", "<|x|>")], false, &spans)
+            .expect_err("marks dropped");
+        assert!(matches!(e, TemplateError::Unmarkable(_)), "{e}");
     }
 
     #[test]
