@@ -224,6 +224,23 @@ def test_chat_survives_a_node_death_by_replanning(tmp_path):
     assert third.strip() or second.strip(), err
 
 
+def test_a_fifo_in_the_models_folder_does_not_stop_the_node(tmp_path):
+    """Reading a FIFO blocks until a writer comes: a `.gguf` FIFO in the models folder once
+    kept the node from ever listening. It is skipped with a warning naming it."""
+    import os
+    models = tmp_path / "models"
+    models.mkdir()
+    os.mkfifo(models / "trap.gguf")
+    (models / "folder.gguf").mkdir()
+    os.symlink(model_path(SMOL.name), models / SMOL.name)
+    with Nodes(1, models=models, log_dir=tmp_path) as nodes:
+        r = ringllm(["up", "-m", model_path(SMOL.name), "--key", KEY, *nodes.node_flags(), "-p", "Hi",
+                     *GEN], timeout=120)
+        assert r.stdout.strip()
+        log = nodes.log(0)
+    assert "trap.gguf" in log and "is not a regular file (a FIFO)" in log, log
+
+
 def test_a_busy_node_names_its_coordinator_and_drops_a_silent_one(tmp_path):
     """One coordinator at a time: a second one is refused with who holds the node (by name
     and address), not a bare timeout; a coordinator that freezes (SIGSTOP) is dropped once
