@@ -9,11 +9,11 @@
 //! the sender's timers, and taking complete frames in order.
 
 use super::rx::{DataOutcome, Rx};
+use super::socket::chunks_per_send;
 use super::tx::{OutFrame, Resends, Tx};
-use super::wire::{probe_bytes, Datagram, DATA_HEADER_LEN, MAX_DATAGRAM};
+use super::wire::{probe_bytes, Datagram};
 use super::{End, UdpConfig, FRAME_OVERHEAD};
 use crate::frame::{Dtype, FrameHeader, FrameKind, HEADER_LEN};
-use crate::seal::SEAL_LEN;
 use crate::transport::LinkCounters;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -156,7 +156,7 @@ impl Pair {
     /// and puts chunks in flight while the congestion window has room.
     fn pump_sender(&mut self) {
         let cs = self.cfg.chunk_payload;
-        let per_send = (MAX_DATAGRAM / (DATA_HEADER_LEN + cs + SEAL_LEN)).max(1);
+        let per_send = chunks_per_send(cs);
         while let Some(p) = self.pending.front_mut() {
             let total = HEADER_LEN + p.payload.len();
             let count = total.div_ceil(cs);

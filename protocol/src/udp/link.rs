@@ -4,9 +4,9 @@
 use super::reader::{io_thread, Reader};
 use super::rx::Rx;
 use super::shared::{lock, Shared};
-use super::socket::{enable_gro, wait_readable, GSO_MAX_SEGMENTS};
+use super::socket::{chunks_per_send, enable_gro, wait_readable};
 use super::tx::{OutFrame, Tx};
-use super::wire::{DATA_HEADER_LEN, MAX_DATAGRAM};
+use super::wire::DATA_HEADER_LEN;
 use super::{End, UdpConfig, FRAME_OVERHEAD};
 use crate::blocking::{DataLink, LinkCloser};
 use crate::error::{ProtocolError, TransportError};
@@ -270,7 +270,7 @@ impl DataLink for UdpDataLink {
         let cfg = &sh.cfg;
         let cs = cfg.chunk_payload;
         let seg = DATA_HEADER_LEN + cs + SEAL_LEN;
-        let per_send = (MAX_DATAGRAM / seg).clamp(1, GSO_MAX_SEGMENTS);
+        let per_send = chunks_per_send(cs);
         let count = total.div_ceil(cs);
         let head = header.encode();
         let cost = total as u64 + FRAME_OVERHEAD;

@@ -2,6 +2,8 @@
 //! `sendmmsg`), coalesced receives (UDP_GRO), `ppoll` waits, and which send errors only lose
 //! a datagram.
 
+use super::wire::{DATA_HEADER_LEN, MAX_DATAGRAM};
+use crate::seal::SEAL_LEN;
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, RawFd};
@@ -20,7 +22,7 @@ fn lost_datagram(e: &io::Error) -> bool {
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 /// Most segments one UDP_SEGMENT send may carry (the kernel's UDP_MAX_SEGMENTS, older value).
-pub(super) const GSO_MAX_SEGMENTS: usize = 64;
+const GSO_MAX_SEGMENTS: usize = 64;
 
 pub(super) fn send_retrying(sock: &UdpSocket, d: &[u8]) -> io::Result<()> {
     loop {
@@ -177,4 +179,10 @@ pub(super) fn enable_gro(socket: &UdpSocket) {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
+}
+
+/// Chunks of `chunk` frame bytes that one segmentation-offload send carries: as many sealed
+/// datagrams as fit one UDP payload, at most `GSO_MAX_SEGMENTS`.
+pub(super) fn chunks_per_send(chunk: usize) -> usize {
+    (MAX_DATAGRAM / (DATA_HEADER_LEN + chunk + SEAL_LEN)).clamp(1, GSO_MAX_SEGMENTS)
 }
