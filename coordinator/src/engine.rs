@@ -361,7 +361,7 @@ impl RingMode {
                 .iter()
                 .zip(&reachable)
                 .filter(|(_, r)| !**r)
-                .map(|(s, _)| format!("'{}' ({})", s.name, s.address.as_deref().unwrap_or("")))
+                .map(|(s, _)| s.label())
                 .collect();
             if spec
                 .stages
@@ -388,6 +388,14 @@ impl RingMode {
             kv_type,
             threads,
         )?;
+        // Nodes known only by their address now go by the names they gave (messages, /health).
+        for (name, address) in ring.node_names() {
+            for s in self.spec.stages.iter_mut() {
+                if s.name == address && s.address.as_deref() == Some(address.as_str()) {
+                    s.name = name.clone();
+                }
+            }
+        }
         eprint!("{}", ring.plan);
         let identity = crate::cluster::ring::identity_of(&args.model, &self.file);
         ring.assign(&spec, &identity, ctx, args.batch, kv_type, slots)?;

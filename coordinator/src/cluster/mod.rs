@@ -116,12 +116,14 @@ pub fn setup(src: &Source) -> Result<Setup> {
             }
             let key = ClusterKey::load(key)?;
             let mut stages = Vec::new();
-            for (i, n) in nodes.iter().enumerate() {
+            for n in nodes {
                 if !n.contains(':') {
                     bail!("--node {n}: write it as HOST:PORT, e.g. {n}:7701");
                 }
                 stages.push(StageSpec {
-                    name: format!("node{}", i + 1),
+                    // Called by its address until it answers, then by the name it gives
+                    // itself (`node --name`; see Ring::connect), so both ends say the same.
+                    name: n.clone(),
                     address: Some(n.clone()),
                     layers: None,
                     memory: None,
@@ -159,9 +161,12 @@ pub fn wait_for_nodes(spec: &RingSpec, wait: std::time::Duration) -> Vec<String>
         let missing: Vec<String> = spec
             .stages
             .iter()
-            .filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)))
-            .filter(|(_, a)| !crate::engine::reachable(a))
-            .map(|(n, a)| format!("{n} ({a})"))
+            .filter(|s| {
+                s.address
+                    .as_deref()
+                    .is_some_and(|a| !crate::engine::reachable(a))
+            })
+            .map(|s| s.label())
             .collect();
         if missing.is_empty() || std::time::Instant::now() >= deadline {
             return missing;

@@ -49,6 +49,18 @@ pub struct StageSpec {
     pub transport: Option<TransportKind>,
 }
 
+impl StageSpec {
+    /// How messages name the stage: "'name' (address)", or the address alone for a node
+    /// known only by it.
+    pub fn label(&self) -> String {
+        match self.address.as_deref() {
+            Some(a) if a == self.name => a.to_string(),
+            Some(a) => format!("'{}' ({a})", self.name),
+            None => format!("'{}' (local)", self.name),
+        }
+    }
+}
+
 /// Everything needed to build a ring.
 #[derive(Clone, Debug)]
 pub struct RingSpec {
@@ -225,11 +237,7 @@ impl Ring {
             }
             let mut out = Vec::new();
             for (t, s) in tasks.into_iter().zip(&remote) {
-                let who = format!(
-                    "node '{}' at {}",
-                    s.name,
-                    s.address.as_deref().unwrap_or("")
-                );
+                let who = format!("node {}", s.label());
                 let link = t
                     .await
                     .map_err(|e| anyhow!("{who}: {e}"))?
@@ -350,6 +358,11 @@ impl Ring {
             let (i, msg) = ring.next_control(Duration::from_secs(10), "capabilities", &pending)?;
             match msg {
                 Control::Capabilities(c) => {
+                    // A node known only by its address (`--node`) goes by its own name.
+                    let n = &mut ring.nodes[i];
+                    if n.name == n.address && !c.node_name.is_empty() {
+                        n.name = c.node_name.clone();
+                    }
                     if let Some(want) = ring.nodes[i].declared {
                         if want != c.transport {
                             bail!(
@@ -437,7 +450,7 @@ impl Ring {
                     let n = &ring.nodes[ni];
                     let budget = n.caps.memory_available.saturating_sub(HEADROOM);
                     inputs.push(StageInput {
-                        name: s.name.clone(),
+                        name: n.name.clone(),
                         address: a.clone(),
                         local: false,
                         memory_budget: s.memory.map_or(budget, |m| m.min(budget)),
@@ -667,6 +680,7 @@ impl Ring {
 
     pub fn who(&self, i: usize) -> String {
         match self.nodes.get(i) {
+            Some(n) if n.name == n.address => format!("node at {}", n.address),
             Some(n) => format!("node '{}' ({})", n.name, n.address),
             None => format!("node #{i}"),
         }
