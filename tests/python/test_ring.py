@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from conftest import GEMMA, ROOT, SMOL, _bin, model_path
-from ringutil import KEY, Nodes, generation, ringllm, wait_port
+from conftest import GEMMA, MODELS, ROOT, SMOL, _bin, model_path
+from ringutil import KEY, Nodes, free_port, generation, ringllm, wait_port
 
 PROMPTS = {
     "smollm": "The three primary colors are",
@@ -314,3 +314,26 @@ address = "{b}"
     top2 = np.sort(x)[-2:]
     if top2[1] - top2[0] > 2 * err_max:
         assert got["token_ids"] == want["token_ids"]
+
+
+def test_nodes_given_by_address_go_by_their_own_names():
+    """`up --node ADDR` knows no names: the plan and the load lines use what each node calls
+    itself (`node --name`), so the coordinator and the node logs say the same name."""
+    procs, flags = [], []
+    try:
+        for name in ("alpha", "beta"):
+            port = free_port()
+            p = subprocess.Popen([str(_bin()), "node", "--listen", f"127.0.0.1:{port}", "--key", KEY,
+                                  "--models", MODELS, "--name", name, "--threads", "1"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            procs.append(p)
+            wait_port("127.0.0.1", port, p)
+            flags += ["--node", f"127.0.0.1:{port}"]
+        r = ringllm(["up", "-m", model_path(SMOL.name), "--key", KEY, *flags, "-p", "Hi", *GEN])
+        plan = [l.split()[0] for l in r.stderr.splitlines() if "127.0.0.1:" in l and "layers" not in l]
+        assert plan == ["alpha", "beta"], r.stderr
+        assert "node1" not in r.stderr and "node2" not in r.stderr, r.stderr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
