@@ -374,6 +374,12 @@ async fn connection(node: Arc<Node>, mut stream: tokio::net::TcpStream, peer: So
     let session = match node.until_stopped(handshake).await {
         None => return,
         Some(Ok(s)) => s,
+        // Connected and closed without a byte: a reachability probe (`up` waiting for its
+        // nodes, a monitor), not a fault worth a warning after every run.
+        Some(Err(e)) if e.is_closed() => {
+            debug!("connection from {peer} closed before its handshake");
+            return;
+        }
         Some(Err(e)) => {
             warn!("refused connection from {peer}: {e}");
             return;

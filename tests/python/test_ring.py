@@ -337,3 +337,17 @@ def test_nodes_given_by_address_go_by_their_own_names():
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "udp"])
+def test_a_normal_run_leaves_no_warning(tmp_path, transport):
+    """A session that ends normally is no fault: the last node's input link closing as the
+    ring winds down, or `up` probing that the nodes listen, are not warnings."""
+    model = model_path(SMOL.name)
+    with Nodes(2, log_dir=tmp_path, transport=transport) as nodes:
+        r = ringllm(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "--transport", transport,
+                     "-p", "Hi", *GEN])
+        time.sleep(1.0)  # past the nodes' grace for a closing input link
+        logs = [nodes.log(i) for i in range(2)]
+    for text in [r.stderr, *logs]:
+        assert "WARN" not in text and "warning" not in text, text

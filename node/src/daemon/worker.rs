@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+/// How long a closed input link waits for the session to end before it is reported.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
 /// A data link handed to a session's compute thread.
 pub(super) struct Attached {
     pub(super) link: BoxLink,
@@ -79,6 +82,20 @@ struct Io {
 }
 
 impl Worker {
+    /// Whether the session is stopped now or within `grace`.
+    fn stopping_within(&self, grace: Duration) -> bool {
+        let deadline = Instant::now() + grace;
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn report(&self, code: ErrorCode, seq: Option<u64>, msg: String) {
         warn!("{msg}");
         if let Some(f) = error_frame(code, seq, msg) {
@@ -145,7 +162,12 @@ impl Worker {
                 let h = match io.input.recv(&mut buf) {
                     Ok(h) => h,
                     Err(e) => {
-                        if !self.stop.load(Ordering::SeqCst) {
+                        // At the end of a session the upstream node may close its link a
+                        // moment before this node hears the coordinator's goodbye: not a fault
+                        // worth a warning.
+                        let ending = self.stop.load(Ordering::SeqCst)
+                            || e.is_closed() && self.stopping_within(CLOSE_GRACE);
+                        if !ending {
                             let why = if e.is_closed() {
                                 "closed".to_string()
                             } else {
