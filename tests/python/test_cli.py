@@ -268,3 +268,15 @@ def test_bench_table_columns_line_up():
     assert len(table) == 2 + 3, r.stdout
     bars = {tuple(i for i, c in enumerate(l) if c == "|") for l in table}
     assert len(bars) == 1, "\n".join(table)
+
+
+def test_info_describes_a_model_whose_vocabulary_cannot_be_built(tmp_path):
+    """`info` describes the network even when the tokenizer metadata is unusable."""
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    src = gguf.GGUFReader(str(model_path(SMOL.name)))
+    out = tmp_path / "odd-vocab.gguf"
+    w = gguf.GGUFWriter(str(out), "llama")
+    copy_with_new_metadata(src, w, {"tokenizer.ggml.model": MetadataDetails(gguf.GGUFValueType.STRING, "rwkv")}, [])
+    r = run(["info", out])
+    assert "layers:        30" in r.stdout and "tokenizer:     none usable" in r.stdout and "rwkv" in r.stdout, r.stdout

@@ -76,7 +76,10 @@ pub fn info(args: InfoArgs) -> Result<ExitCode> {
         "read/token:    {:.1} MiB",
         mib(model.weight_bytes_per_token() as u64)
     );
-    text_facts(md, args.chat_template)?;
+    // A model without a usable vocabulary is still described.
+    if let Err(e) = text_facts(md, args.chat_template) {
+        outln!("tokenizer:     none usable ({e:#})");
+    }
     if args.tensors {
         for t in file.tensors() {
             outln!("  {:<40} {:<6} {:?}", t.name, t.ty.name(), t.dims);
