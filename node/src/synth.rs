@@ -3,6 +3,22 @@
 //!
 //! The tokenizer is a made-up SentencePiece (`tokenizer.ggml.model = "llama"`) vocabulary:
 //! `<unk>`, `<s>`, `</s>`, the 256 byte tokens `<0x00>`..`<0xFF>`, then word pieces.
+//!
+//! Real-size models (`--shape`: the hyper-parameters of Llama 3, Gemma 3, Qwen 2 models, in
+//! llama.cpp's Q4_K_M mix or one type) are streamed to a file without building it in memory:
+//! `shape` holds the table and the type mix, `vocab` their generated tokenizers, `stream`
+//! the writer.
+
+mod shape;
+mod stream;
+mod vocab;
+
+pub use shape::{
+    shape, shape_names, use_more_bits, Llama3Rope, Shape, VocabKind, WeightMix, SHAPES,
+};
+pub use stream::{
+    shape_model_bytes, shape_tensors, tokenizer_gguf, write_shape_model, ShapeSpec, SynthError,
+};
 
 use crate::gguf::{Array, GgufError, GgufWriter, Value};
 use rand::rngs::StdRng;
@@ -14,6 +30,8 @@ use std::collections::HashSet;
 pub enum SynthArch {
     Llama,
     Gemma3,
+    /// Real-size shapes only (`--shape qwen2-7b`).
+    Qwen2,
 }
 
 impl SynthArch {
@@ -22,6 +40,7 @@ impl SynthArch {
         match self {
             SynthArch::Llama => "llama",
             SynthArch::Gemma3 => "gemma3",
+            SynthArch::Qwen2 => "qwen2",
         }
     }
 }
@@ -81,6 +100,7 @@ impl SynthSpec {
         let per_layer = match self.arch {
             SynthArch::Llama => 9,
             SynthArch::Gemma3 => 13,
+            SynthArch::Qwen2 => 12,
         };
         2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
     }
@@ -88,6 +108,12 @@ impl SynthSpec {
     fn validate(&self) -> Result<(), GgufError> {
         let bad = |why: String| Err(GgufError::InvalidInput(format!("synthetic model: {why}")));
         let s = self;
+        if s.arch == SynthArch::Qwen2 {
+            return bad(
+                "the small synthetic models are llama or gemma3; qwen2 comes with --shape qwen2-7b"
+                    .into(),
+            );
+        }
         if [
             s.n_layer,
             s.d_model,
@@ -281,7 +307,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add(&k("attention.value_length"), Value::U32(s.head_dim));
     let (rope_base, eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
-        SynthArch::Gemma3 => (1e6, 1e-6),
+        SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
     };
     w.add(&k("rope.freq_base"), Value::F32(rope_base));
     w.add(&k("attention.layer_norm_rms_epsilon"), Value::F32(eps));
@@ -293,6 +319,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         SynthArch::Gemma3 => {
             w.add(&k("attention.sliding_window"), Value::U32(s.sliding_window));
         }
+        SynthArch::Qwen2 => {}
     }
 
     let vocab = vocabulary(s.vocab as usize);

@@ -4,7 +4,9 @@ use crate::cli::{DebugArgs, DebugCommand};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm::engine::{default_threads, open_gguf};
 use ringllm_kernels::{kernels, GgmlType};
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_node::synth::{
+    shape_names, synth_model, write_shape_model, ShapeSpec, SynthArch, SynthSpec, WeightMix,
+};
 use ringllm_node::{LoadOptions, Model, Runner};
 use std::io::Write;
 use std::path::Path;
@@ -97,20 +99,13 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
         }
         DebugCommand::Synth {
             arch,
+            shape,
             ty,
+            layers,
+            vocab,
             seed,
             output,
-        } => {
-            let arch = match arch.as_str() {
-                "llama" => SynthArch::Llama,
-                "gemma3" => SynthArch::Gemma3,
-                other => bail!("--arch must be llama or gemma3, not '{other}'"),
-            };
-            let ty = GgmlType::from_name(&ty).ok_or_else(|| anyhow!("unknown type '{ty}'"))?;
-            let bytes = synth_model(&SynthSpec::new(arch, ty, seed))?;
-            std::fs::write(&output, bytes)
-                .with_context(|| format!("writing {}", output.display()))?;
-        }
+        } => synth(arch, shape, ty, layers, vocab, seed, &output)?,
         DebugCommand::DelayProxy {
             listen,
             to,
@@ -127,6 +122,64 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `debug synth`: a small model in memory, or a real-size shape streamed to `output`.
+fn synth(
+    arch: Option<String>,
+    shape: Option<String>,
+    ty: Option<String>,
+    layers: Option<u32>,
+    vocab: Option<u32>,
+    seed: u64,
+    output: &Path,
+) -> Result<()> {
+    let Some(name) = shape else {
+        let arch = match arch.as_deref() {
+            Some("llama") => SynthArch::Llama,
+            Some("gemma3") => SynthArch::Gemma3,
+            other => bail!(
+                "--arch must be llama or gemma3, not '{}'",
+                other.unwrap_or("")
+            ),
+        };
+        let ty = ty.ok_or_else(|| anyhow!("--type is required with --arch"))?;
+        let ty = GgmlType::from_name(&ty).ok_or_else(|| anyhow!("unknown type '{ty}'"))?;
+        let bytes = synth_model(&SynthSpec::new(arch, ty, seed))?;
+        std::fs::write(output, bytes).with_context(|| format!("writing {}", output.display()))?;
+        return Ok(());
+    };
+    let base = ringllm_node::synth::shape(&name).ok_or_else(|| {
+        anyhow!(
+            "unknown shape '{name}' (known: {})",
+            shape_names().join(", ")
+        )
+    })?;
+    let ty = ty.unwrap_or_else(|| "q4_k_m".to_string());
+    let mix = WeightMix::from_name(&ty)
+        .ok_or_else(|| anyhow!("unknown weight type '{ty}' (q4_k_m or a type such as q8_0)"))?;
+    let mut spec = ShapeSpec::new(base, mix, seed);
+    if let Some(n) = layers {
+        spec.shape.n_layer = n;
+    }
+    if let Some(v) = vocab {
+        spec.shape.vocab = v;
+    }
+    let started = std::time::Instant::now();
+    let file =
+        std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let n = write_shape_model(&spec, std::io::BufWriter::with_capacity(1 << 20, file))
+        .with_context(|| format!("writing {}", output.display()))?;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {} ({} layers, vocab {}, {}): {:.2} GB in {secs:.1} s",
+        output.display(),
+        spec.shape.n_layer,
+        spec.shape.vocab,
+        mix.name(),
+        n as f64 / 1e9
+    );
+    Ok(())
 }
 
 /// Writes a little-endian f32 array in NumPy's .npy format (version 1.0).

@@ -15,7 +15,7 @@ pub use reader::{
     fnv1a64, GgufFile, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS,
     MAX_NAME_LEN, MAX_STRING_LEN,
 };
-pub use writer::GgufWriter;
+pub use writer::{GgufWriter, TensorStream};
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,9 @@
 //! GGUF writer (version 3, little-endian): metadata in insertion order, tensors in insertion
 //! order, each tensor's data aligned to the file's alignment.
+//!
+//! A tensor is added with its bytes (`add_tensor`) or declared by shape and type alone
+//! (`add_tensor_info`); offsets follow from the sizes, so the header can be written before any
+//! data exists and a file of any size streamed through [`TensorStream`] without holding it.
 
 use super::error::GgufError;
 use super::metadata::{Array, Value};
@@ -12,10 +16,14 @@ struct PendingTensor {
     name: String,
     dims: Vec<u64>,
     ty: GgmlType,
-    data: Vec<u8>,
+    /// Encoded size in bytes.
+    size: u64,
+    /// `None`: declared only; the bytes come through a [`TensorStream`].
+    data: Option<Vec<u8>>,
 }
 
-/// Builds a GGUF file in memory.
+/// Builds a GGUF file: in memory (`to_bytes`), or header first with the tensor data streamed
+/// after it (`stream`).
 pub struct GgufWriter {
     version: u32,
     alignment: usize,
@@ -83,6 +91,42 @@ impl GgufWriter {
         ty: GgmlType,
         data: Vec<u8>,
     ) -> Result<(), GgufError> {
+        let size = self.check_tensor(name, dims, ty)?;
+        if size != data.len() as u64 {
+            return Err(GgufError::InvalidInput(format!(
+                "tensor '{name}': {dims:?} of {ty} take {size} bytes, data has {}",
+                data.len()
+            )));
+        }
+        self.push(name, dims, ty, size, Some(data));
+        Ok(())
+    }
+
+    /// Declares a tensor of shape `dims` whose data will be written through [`TensorStream`];
+    /// returns its size in bytes.
+    pub fn add_tensor_info(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+    ) -> Result<u64, GgufError> {
+        let size = self.check_tensor(name, dims, ty)?;
+        self.push(name, dims, ty, size, None);
+        Ok(size)
+    }
+
+    fn push(&mut self, name: &str, dims: &[u64], ty: GgmlType, size: u64, data: Option<Vec<u8>>) {
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            ty,
+            size,
+            data,
+        });
+    }
+
+    /// Checks a new tensor's name and shape; returns its encoded size.
+    fn check_tensor(&self, name: &str, dims: &[u64], ty: GgmlType) -> Result<u64, GgufError> {
         let bad = |why: String| GgufError::InvalidInput(format!("tensor '{name}': {why}"));
         if name.len() > MAX_NAME_LEN {
             return Err(bad(format!("name longer than {MAX_NAME_LEN} bytes")));
@@ -107,21 +151,9 @@ impl GgufWriter {
                 dims[0]
             )));
         }
-        let size = (n_el / block).checked_mul(ty.type_size() as u64);
-        if size != Some(data.len() as u64) {
-            return Err(bad(format!(
-                "{n_el} elements of {ty} take {} bytes, data has {}",
-                size.map_or_else(|| "2^64+".to_string(), |s| s.to_string()),
-                data.len()
-            )));
-        }
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            dims: dims.to_vec(),
-            ty,
-            data,
-        });
-        Ok(())
+        (n_el / block)
+            .checked_mul(ty.type_size() as u64)
+            .ok_or_else(|| bad(format!("{n_el} elements of {ty} overflow a 64-bit size")))
     }
 
     /// The metadata as written: `general.alignment` set to the writer's alignment (`align`
@@ -147,7 +179,8 @@ impl GgufWriter {
             .collect()
     }
 
-    /// The whole file.
+    /// The whole file. A tensor declared without data (`add_tensor_info`) is written as
+    /// zeros; stream real data with [`GgufWriter::stream`].
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         // Writing into a Vec cannot fail.
@@ -155,15 +188,28 @@ impl GgufWriter {
         out
     }
 
-    /// Writes the file to `path`.
+    /// Writes the file to `path` (declared-only tensors as zeros).
     pub fn write(&self, path: &Path) -> io::Result<()> {
         let mut f = io::BufWriter::new(std::fs::File::create(path)?);
         self.write_to(&mut f)?;
         f.flush()
     }
 
-    /// Streams the file to `w`.
+    /// Writes the file to `w` (declared-only tensors as zeros).
     pub fn write_to<W: Write>(&self, w: W) -> io::Result<()> {
+        let mut s = self.stream(w)?;
+        let zeros = vec![0u8; 1 << 16];
+        while let Some((_, _, _, size)) = s.current() {
+            let left = size - s.written;
+            s.write_data(&zeros[..left.min(zeros.len() as u64) as usize])?;
+        }
+        s.finish().map(|_| ())
+    }
+
+    /// Writes the header and the metadata to `w`, then returns the stream that takes the data
+    /// of every declared tensor, in order (tensors added with their data are written as the
+    /// stream reaches them).
+    pub fn stream<W: Write>(&self, w: W) -> io::Result<TensorStream<'_, W>> {
         let mut w = Counting { inner: w, n: 0 };
         let align_value = Value::U32(self.alignment as u32);
         let kv = self.effective_kv(&align_value);
@@ -186,15 +232,107 @@ impl GgufWriter {
             }
             w.write_all(&(t.ty as u32).to_le_bytes())?;
             w.write_all(&rel.to_le_bytes())?;
-            rel = (rel + t.data.len() as u64).next_multiple_of(align);
+            rel = rel
+                .checked_add(t.size)
+                .map(|e| e.next_multiple_of(align))
+                .ok_or_else(|| invalid("tensor data exceeds 2^64 bytes".into()))?;
         }
         pad(&mut w, align)?;
-        for t in &self.tensors {
-            w.write_all(&t.data)?;
-            pad(&mut w, align)?;
+        let mut s = TensorStream {
+            gguf: self,
+            w,
+            index: 0,
+            written: 0,
+        };
+        s.skip_in_memory()?;
+        Ok(s)
+    }
+}
+
+/// The data part of a GGUF file being written: takes the bytes of each declared tensor in
+/// order, pads between tensors, and checks every tensor gets exactly its size.
+pub struct TensorStream<'a, W: Write> {
+    gguf: &'a GgufWriter,
+    w: Counting<W>,
+    /// The tensor being written (`gguf.tensors.len()` when done).
+    index: usize,
+    /// Bytes of it written so far.
+    written: u64,
+}
+
+impl<W: Write> TensorStream<'_, W> {
+    /// Name, dims, type and size of the tensor whose data comes next; `None` when all are
+    /// written.
+    pub fn current(&self) -> Option<(&str, &[u64], GgmlType, u64)> {
+        self.gguf
+            .tensors
+            .get(self.index)
+            .map(|t| (t.name.as_str(), t.dims.as_slice(), t.ty, t.size))
+    }
+
+    /// Appends `bytes` to the current tensor's data; they must not run past its end. A tensor
+    /// is complete when its last byte is written, and the stream moves to the next.
+    pub fn write_data(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let Some(t) = self.gguf.tensors.get(self.index) else {
+            return Err(invalid(format!(
+                "{} bytes of tensor data after the last tensor",
+                bytes.len()
+            )));
+        };
+        let left = t.size - self.written;
+        if bytes.len() as u64 > left {
+            return Err(invalid(format!(
+                "tensor '{}': {} bytes written where {left} were left of {}",
+                t.name,
+                bytes.len(),
+                t.size
+            )));
+        }
+        self.w.write_all(bytes)?;
+        self.written += bytes.len() as u64;
+        if self.written == t.size {
+            self.next_tensor()?;
+            self.skip_in_memory()?;
         }
         Ok(())
     }
+
+    fn next_tensor(&mut self) -> io::Result<()> {
+        pad(&mut self.w, self.gguf.alignment as u64)?;
+        self.index += 1;
+        self.written = 0;
+        Ok(())
+    }
+
+    /// Writes the tensors that came with their data, up to the next declared one.
+    fn skip_in_memory(&mut self) -> io::Result<()> {
+        while let Some(t) = self.gguf.tensors.get(self.index) {
+            match &t.data {
+                Some(d) => {
+                    self.w.write_all(d)?;
+                    self.next_tensor()?;
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the file; an error if a tensor's data is missing or incomplete.
+    pub fn finish(mut self) -> io::Result<W> {
+        if let Some(t) = self.gguf.tensors.get(self.index) {
+            return Err(invalid(format!(
+                "tensor '{}': {} of its {} bytes were written",
+                t.name, self.written, t.size
+            )));
+        }
+        self.w.flush()?;
+        Ok(self.w.inner)
+    }
+}
+
+fn invalid(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, why)
 }
 
 struct Counting<W> {

@@ -1,0 +1,344 @@
+//! The real-size shapes `ringllm debug synth --shape` writes, and which weight type each
+//! matrix gets: a single type for all, or llama.cpp's Q4_K_M mix.
+
+use super::SynthArch;
+use crate::arch::TensorKind;
+use ringllm_kernels::GgmlType;
+
+/// Llama 3.1 "llama3" RoPE scaling: long wavelengths divided by `factor`, short ones kept,
+/// a smooth ramp between (the published `rope_scaling` of the Llama 3.1/3.2 configs). In GGUF
+/// it is the `rope_freqs.weight` tensor of per-frequency divisors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Rope {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_ctx: u32,
+}
+
+/// The generated tokenizer's family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VocabKind {
+    /// Byte-level BPE with Llama 3's pre-tokenizer (`llama-bpe`); the last 256 ids are
+    /// Llama 3's special tokens.
+    Llama3,
+    /// Byte-level BPE with Qwen 2's pre-tokenizer; 3 specials then `[PAD…]` tokens fill the
+    /// last 421 ids, as in Qwen 2's 152064-entry vocabulary.
+    Qwen2,
+    /// SentencePiece (`llama`) with byte fallback, as Gemma 3 uses.
+    Spm,
+}
+
+impl VocabKind {
+    /// Ids at the end of the vocabulary that are not BPE merges.
+    pub(crate) fn tail(self) -> u32 {
+        match self {
+            VocabKind::Llama3 => 256,
+            VocabKind::Qwen2 => 421,
+            VocabKind::Spm => 0,
+        }
+    }
+
+    /// The smallest vocabulary `--vocab` may ask for.
+    pub fn min_vocab(self) -> u32 {
+        match self {
+            VocabKind::Spm => super::N_FIXED_TOKENS + 64,
+            _ => self.tail() + 256 + 512,
+        }
+    }
+}
+
+/// Hyper-parameters of a real model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shape {
+    /// `--shape` name.
+    pub name: &'static str,
+    /// The published model whose config.json these values come from.
+    pub source: &'static str,
+    pub arch: SynthArch,
+    pub n_layer: u32,
+    pub d_model: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub d_ff: u32,
+    pub vocab: u32,
+    /// `context_length` (max_position_embeddings).
+    pub ctx: u32,
+    pub rope_base: f32,
+    pub rope_scaling: Option<Llama3Rope>,
+    pub rms_eps: f32,
+    /// Gemma 3: window of the local layers; every `sliding_window_pattern`-th layer is global
+    /// (llama.cpp's fixed 5:1 pattern, which readers assume when the GGUF does not say).
+    pub sliding_window: u32,
+    pub sliding_window_pattern: u32,
+    /// No `output.weight`: the head is the embedding.
+    pub tied: bool,
+    pub vocab_kind: VocabKind,
+}
+
+const LLAMA31_ROPE: Llama3Rope = Llama3Rope {
+    factor: 8.0,
+    low_freq_factor: 1.0,
+    high_freq_factor: 4.0,
+    original_ctx: 8192,
+};
+
+/// Every shape. The numbers are those of each source model's config.json (hidden_size,
+/// intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+/// vocab_size, max_position_embeddings, rope_theta, rope_scaling, rms_norm_eps,
+/// sliding_window, tie_word_embeddings), which is also what llama.cpp's converter puts in GGUF.
+pub const SHAPES: &[Shape] = &[
+    // Not a published model: a Llama-3-like miniature for fast tests (untied, llama3 RoPE,
+    // row lengths whole K-quant blocks so the Q4_K_M mix applies as on the big shapes).
+    Shape {
+        name: "tiny",
+        source: "none (Llama 3 layout in miniature)",
+        arch: SynthArch::Llama,
+        n_layer: 2,
+        d_model: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        d_ff: 768,
+        vocab: 2048,
+        ctx: 4096,
+        rope_base: 500_000.0,
+        rope_scaling: Some(LLAMA31_ROPE),
+        rms_eps: 1e-5,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Llama3,
+    },
+    // meta-llama/Llama-3.2-1B
+    Shape {
+        name: "llama3-1b",
+        source: "meta-llama/Llama-3.2-1B",
+        arch: SynthArch::Llama,
+        n_layer: 16,
+        d_model: 2048,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 64,
+        d_ff: 8192,
+        vocab: 128_256,
+        ctx: 131_072,
+        rope_base: 500_000.0,
+        rope_scaling: Some(Llama3Rope {
+            factor: 32.0,
+            ..LLAMA31_ROPE
+        }),
+        rms_eps: 1e-5,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: true,
+        vocab_kind: VocabKind::Llama3,
+    },
+    // meta-llama/Llama-3.1-8B
+    Shape {
+        name: "llama3-8b",
+        source: "meta-llama/Llama-3.1-8B",
+        arch: SynthArch::Llama,
+        n_layer: 32,
+        d_model: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 14_336,
+        vocab: 128_256,
+        ctx: 131_072,
+        rope_base: 500_000.0,
+        rope_scaling: Some(LLAMA31_ROPE),
+        rms_eps: 1e-5,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Llama3,
+    },
+    // google/gemma-3-1b-pt (query_pre_attn_scalar 256 = head_dim, rope_local_base_freq 10000,
+    // no rope scaling, no final logit soft-capping).
+    Shape {
+        name: "gemma3-1b",
+        source: "google/gemma-3-1b-pt",
+        arch: SynthArch::Gemma3,
+        n_layer: 26,
+        d_model: 1152,
+        n_head: 4,
+        n_head_kv: 1,
+        head_dim: 256,
+        d_ff: 6912,
+        vocab: 262_144,
+        ctx: 32_768,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 512,
+        sliding_window_pattern: 6,
+        tied: true,
+        vocab_kind: VocabKind::Spm,
+    },
+    // Qwen/Qwen2-7B-Instruct (Q/K/V biases; use_sliding_window false).
+    Shape {
+        name: "qwen2-7b",
+        source: "Qwen/Qwen2-7B-Instruct",
+        arch: SynthArch::Qwen2,
+        n_layer: 28,
+        d_model: 3584,
+        n_head: 28,
+        n_head_kv: 4,
+        head_dim: 128,
+        d_ff: 18_944,
+        vocab: 152_064,
+        ctx: 32_768,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen2,
+    },
+];
+
+/// The shape called `name`.
+pub fn shape(name: &str) -> Option<&'static Shape> {
+    SHAPES.iter().find(|s| s.name == name)
+}
+
+/// Every shape name, for messages.
+pub fn shape_names() -> Vec<&'static str> {
+    SHAPES.iter().map(|s| s.name).collect()
+}
+
+impl Shape {
+    /// Llama 3 RoPE divisors for each of the `head_dim / 2` rotated frequency pairs.
+    pub fn rope_freqs(&self) -> Option<Vec<f32>> {
+        let r = self.rope_scaling?;
+        let dim = self.head_dim as f64;
+        let low_wavelen = f64::from(r.original_ctx) / f64::from(r.low_freq_factor);
+        let high_wavelen = f64::from(r.original_ctx) / f64::from(r.high_freq_factor);
+        let factors = (0..self.head_dim / 2)
+            .map(|i| {
+                let freq = f64::from(self.rope_base).powf(-2.0 * f64::from(i) / dim);
+                let wavelen = std::f64::consts::TAU / freq;
+                let f = f64::from(r.factor);
+                let div = if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    f
+                } else {
+                    let smooth = (f64::from(r.original_ctx) / wavelen
+                        - f64::from(r.low_freq_factor))
+                        / f64::from(r.high_freq_factor - r.low_freq_factor);
+                    1.0 / ((1.0 - smooth) / f + smooth)
+                };
+                div as f32
+            })
+            .collect();
+        Some(factors)
+    }
+}
+
+/// Weight types of the matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightMix {
+    /// Every matrix in one type (with llama.cpp's fallback where rows are not whole blocks).
+    Single(GgmlType),
+    /// llama.cpp's `Q4_K_M`: Q4_K, with Q6_K for the output head (the embedding when tied)
+    /// and for `attn_v` and `ffn_down` in the layers `use_more_bits` picks (the first and last
+    /// eighth and every third between); rows that are not whole 256-blocks fall back to
+    /// Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as llama.cpp's `llama_tensor_get_type` does.
+    Q4KM,
+}
+
+impl WeightMix {
+    /// `q4_k_m` or a single type's name (`q8_0`, `Q4_K`, `f16`...).
+    pub fn from_name(name: &str) -> Option<WeightMix> {
+        if name.eq_ignore_ascii_case("q4_k_m") {
+            return Some(WeightMix::Q4KM);
+        }
+        GgmlType::from_name(name)
+            .filter(|t| !matches!(t, GgmlType::Q8_1 | GgmlType::Q8_K))
+            .map(WeightMix::Single)
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            WeightMix::Single(t) => t.to_string(),
+            WeightMix::Q4KM => "Q4_K_M".to_string(),
+        }
+    }
+
+    /// llama.cpp's `general.file_type` (`llama_ftype`) of this mix, when it has one.
+    pub fn file_type(self) -> Option<u32> {
+        Some(match self {
+            WeightMix::Q4KM => 15,
+            WeightMix::Single(t) => match t {
+                GgmlType::F32 => 0,
+                GgmlType::F16 => 1,
+                GgmlType::Q4_0 => 2,
+                GgmlType::Q4_1 => 3,
+                GgmlType::Q8_0 => 7,
+                GgmlType::Q5_0 => 8,
+                GgmlType::Q5_1 => 9,
+                GgmlType::Q4_K => 14,
+                GgmlType::Q5_K => 16,
+                GgmlType::Q6_K => 18,
+                GgmlType::BF16 => 32,
+                GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+            },
+        })
+    }
+
+    /// The type of matrix `kind` of layer `il` (of `n_layer`) whose rows hold `row_len`
+    /// values; `tied`: the embedding is also the output head.
+    pub fn matrix_type(
+        self,
+        kind: TensorKind,
+        il: u32,
+        n_layer: u32,
+        row_len: u32,
+        tied: bool,
+    ) -> GgmlType {
+        let want = match self {
+            WeightMix::Single(t) => t,
+            WeightMix::Q4KM => {
+                let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
+                let more = matches!(kind, TensorKind::AttnV | TensorKind::FfnDown)
+                    && use_more_bits(il, n_layer);
+                if head || more {
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q4_K
+                }
+            }
+        };
+        fallback(want, row_len)
+    }
+}
+
+/// llama.cpp's choice of the layers whose `attn_v` / `ffn_down` get more bits.
+pub fn use_more_bits(il: u32, n_layer: u32) -> bool {
+    let (i, n) = (i64::from(il), i64::from(n_layer));
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// `want`, or llama.cpp's replacement when `row_len` is not a whole number of its blocks.
+fn fallback(want: GgmlType, row_len: u32) -> GgmlType {
+    let fits = |t: GgmlType| (row_len as usize).is_multiple_of(t.block_size());
+    if fits(want) {
+        return want;
+    }
+    let next = match want {
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
+        GgmlType::Q6_K => GgmlType::Q8_0,
+        _ => GgmlType::F16,
+    };
+    if fits(next) {
+        next
+    } else {
+        GgmlType::F16
+    }
+}

@@ -1,0 +1,211 @@
+//! Generated tokenizers of any vocabulary size for the real-size shapes: byte-level BPE
+//! (`gpt2`, with Llama 3's or Qwen 2's pre-tokenizer) or SentencePiece with byte fallback.
+//!
+//! The BPE vocabulary is GPT-2's 256 byte characters, then merges that spell common English
+//! words letter by letter (with and without a leading space), then every letter string
+//! breadth-first (`Ġa`..`Ġz`, `a`..`z`, then each of those with one more letter...) until the
+//! vocabulary is full; every merge joins two tokens already present, so each added token is
+//! reachable and every text encodes (bytes at worst) and decodes back.
+
+use super::shape::VocabKind;
+use super::{vocabulary, SUFFIXES, WORDS};
+use crate::gguf::{Array, GgufWriter, Value};
+use std::collections::HashSet;
+
+const TOKEN_TYPE_NORMAL: i32 = 1;
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_UNUSED: i32 = 5;
+
+/// GPT-2's byte → printable character mapping: printable Latin-1 bytes stand for themselves,
+/// the other 68 bytes for U+0100.. in byte order.
+pub(crate) fn byte_chars() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut next = 0x100u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let cp = if printable {
+            u32::from(b)
+        } else {
+            next += 1;
+            next - 1
+        };
+        out[usize::from(b)] = char::from_u32(cp).unwrap_or('\0');
+    }
+    out
+}
+
+/// `n` BPE tokens (the 256 bytes first) and the merges that build tokens 256.., in rank order.
+pub(crate) fn bpe_vocabulary(n: usize) -> (Vec<String>, Vec<String>) {
+    let chars = byte_chars();
+    let space = chars[usize::from(b' ')].to_string();
+    let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
+    let mut seen: HashSet<String> = tokens.iter().cloned().collect();
+    let mut merges = Vec::with_capacity(n.saturating_sub(256));
+    let mut add = |left: &str, right: &str, tokens: &mut Vec<String>| {
+        if tokens.len() >= n {
+            return;
+        }
+        let joined = format!("{left}{right}");
+        if seen.insert(joined.clone()) {
+            tokens.push(joined);
+            merges.push(format!("{left} {right}"));
+        }
+    };
+    // Words, letter by letter: "Ġ t", "Ġt h", "Ġth e"...
+    for w in WORDS.iter().chain(SUFFIXES) {
+        for prefix in [space.as_str(), ""] {
+            let mut cur = String::new();
+            for (i, c) in w.chars().enumerate() {
+                let c = c.to_string();
+                if i == 0 && prefix.is_empty() {
+                    cur = c;
+                    continue;
+                }
+                let left = if i == 0 { prefix.to_string() } else { cur };
+                add(&left, &c, &mut tokens);
+                cur = format!("{left}{c}");
+            }
+        }
+    }
+    // Then letter strings breadth-first.
+    let letters: Vec<String> = ('a'..='z').map(String::from).collect();
+    let mut level: Vec<String> = std::iter::once(space.clone())
+        .chain(letters.iter().cloned())
+        .collect();
+    while tokens.len() < n {
+        let mut next = Vec::with_capacity(level.len() * letters.len());
+        for t in &level {
+            for c in &letters {
+                add(t, c, &mut tokens);
+                next.push(format!("{t}{c}"));
+            }
+            if tokens.len() >= n {
+                break;
+            }
+        }
+        level = next;
+    }
+    (tokens, merges)
+}
+
+/// Llama 3.1's special tokens, in id order from `<|begin_of_text|>`.
+fn llama3_special(i: u32) -> String {
+    match i {
+        0 => "<|begin_of_text|>".into(),
+        1 => "<|end_of_text|>".into(),
+        4 => "<|finetune_right_pad_id|>".into(),
+        6 => "<|start_header_id|>".into(),
+        7 => "<|end_header_id|>".into(),
+        8 => "<|eom_id|>".into(),
+        9 => "<|eot_id|>".into(),
+        10 => "<|python_tag|>".into(),
+        2 | 3 => format!("<|reserved_special_token_{}|>", i - 2),
+        5 => "<|reserved_special_token_2|>".into(),
+        _ => format!("<|reserved_special_token_{}|>", i - 8),
+    }
+}
+
+/// Adds the tokenizer of `kind` with `vocab` tokens to `w`.
+pub fn add_tokenizer(w: &mut GgufWriter, kind: VocabKind, vocab: u32) {
+    let n = vocab as usize;
+    match kind {
+        VocabKind::Spm => {
+            let v = vocabulary(n);
+            w.add("tokenizer.ggml.model", Value::Str("llama".into()));
+            w.add(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::Str(v.iter().map(|t| t.0.clone()).collect())),
+            );
+            w.add(
+                "tokenizer.ggml.scores",
+                Value::Array(Array::F32(v.iter().map(|t| t.1).collect())),
+            );
+            w.add(
+                "tokenizer.ggml.token_type",
+                Value::Array(Array::I32(v.iter().map(|t| t.2).collect())),
+            );
+            w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
+            w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
+            w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
+            w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+            w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
+            w.add("tokenizer.ggml.add_space_prefix", Value::Bool(false));
+        }
+        VocabKind::Llama3 | VocabKind::Qwen2 => {
+            let regular = vocab - kind.tail();
+            let (mut tokens, merges) = bpe_vocabulary(regular as usize);
+            let mut types = vec![TOKEN_TYPE_NORMAL; tokens.len()];
+            let (pre, bos, eos, add_bos) = match kind {
+                VocabKind::Llama3 => {
+                    for i in 0..kind.tail() {
+                        tokens.push(llama3_special(i));
+                        types.push(TOKEN_TYPE_CONTROL);
+                    }
+                    // Base model: end of text ends generation; <|eot_id|> as in Llama 3.1.
+                    w.add("tokenizer.ggml.eot_token_id", Value::U32(regular + 9));
+                    ("llama-bpe", regular, regular + 1, true)
+                }
+                _ => {
+                    for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+                        tokens.push(t.to_string());
+                        types.push(TOKEN_TYPE_CONTROL);
+                    }
+                    while tokens.len() < n {
+                        tokens.push(format!("[PAD{}]", tokens.len()));
+                        types.push(TOKEN_TYPE_UNUSED);
+                    }
+                    w.add("tokenizer.ggml.padding_token_id", Value::U32(regular));
+                    ("qwen2", regular, regular + 2, false)
+                }
+            };
+            w.add("tokenizer.ggml.model", Value::Str("gpt2".into()));
+            w.add("tokenizer.ggml.pre", Value::Str(pre.into()));
+            w.add("tokenizer.ggml.tokens", Value::Array(Array::Str(tokens)));
+            w.add("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+            w.add("tokenizer.ggml.merges", Value::Array(Array::Str(merges)));
+            w.add("tokenizer.ggml.bos_token_id", Value::U32(bos));
+            w.add("tokenizer.ggml.eos_token_id", Value::U32(eos));
+            w.add("tokenizer.ggml.add_bos_token", Value::Bool(add_bos));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bpe_vocabulary_is_unique_and_every_merge_joins_present_tokens() {
+        let (tokens, merges) = bpe_vocabulary(20_000);
+        assert_eq!(tokens.len(), 20_000);
+        assert_eq!(merges.len(), 20_000 - 256);
+        let set: HashSet<&String> = tokens.iter().collect();
+        assert_eq!(set.len(), tokens.len());
+        for (i, m) in merges.iter().enumerate() {
+            let (l, r) = m.split_once(' ').unwrap();
+            let at = |s: &str| tokens.iter().position(|t| t == s);
+            let (li, ri) = (at(l).unwrap(), at(r).unwrap());
+            assert!(
+                li < 256 + i && ri < 256 + i,
+                "merge {i} '{m}' uses a later token"
+            );
+            assert_eq!(tokens[256 + i], format!("{l}{r}"));
+            if i > 2000 {
+                break; // the position scan is quadratic; the first merges cover every rule
+            }
+        }
+        assert!(tokens.contains(&"Ġhello".to_string()));
+        assert_eq!(tokens[usize::from(b'a')], "a");
+        assert_eq!(tokens[usize::from(b' ')], "Ġ");
+    }
+
+    #[test]
+    fn llama3_specials_sit_where_llama3_has_them() {
+        assert_eq!(llama3_special(0), "<|begin_of_text|>");
+        assert_eq!(llama3_special(9), "<|eot_id|>");
+        assert_eq!(llama3_special(11), "<|reserved_special_token_3|>");
+        assert_eq!(llama3_special(255), "<|reserved_special_token_247|>");
+        let all: HashSet<String> = (0..256).map(llama3_special).collect();
+        assert_eq!(all.len(), 256);
+    }
+}
