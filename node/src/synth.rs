@@ -10,6 +10,8 @@
 //! the writer.
 
 mod shape;
+#[cfg(test)]
+mod shape_tests;
 mod stream;
 mod vocab;
 

@@ -420,3 +420,55 @@ fn write_array<W: Write>(w: &mut W, a: &Array) -> io::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod stream_tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+
+    fn two_tensors(declared: bool) -> GgufWriter {
+        let mut w = GgufWriter::new();
+        w.add("general.architecture", Value::Str("llama".into()));
+        let a: Vec<u8> = (0..40u8).collect();
+        if declared {
+            assert_eq!(w.add_tensor_info("a", &[10], GgmlType::F32).unwrap(), 40);
+        } else {
+            w.add_tensor("a", &[10], GgmlType::F32, a).unwrap();
+        }
+        w.add_tensor("b", &[3], GgmlType::F32, vec![7; 12]).unwrap();
+        w
+    }
+
+    #[test]
+    fn streamed_data_gives_the_same_file_as_data_in_memory() {
+        let want = two_tensors(false).to_bytes();
+        let w = two_tensors(true);
+        let mut s = w.stream(Vec::new()).unwrap();
+        assert_eq!(s.current().map(|c| c.0), Some("a"));
+        let a: Vec<u8> = (0..40u8).collect();
+        s.write_data(&a[..7]).unwrap();
+        s.write_data(&a[7..]).unwrap();
+        // "b" came with its data: written as the stream reached it.
+        assert!(s.current().is_none());
+        assert_eq!(s.finish().unwrap(), want);
+        let f = GgufFile::from_bytes(want).unwrap();
+        assert_eq!(f.tensor_data(f.tensor("a").unwrap()), &a[..]);
+    }
+
+    #[test]
+    fn a_stream_refuses_too_many_or_too_few_bytes() {
+        let w = two_tensors(true);
+        let mut s = w.stream(Vec::new()).unwrap();
+        let e = s.write_data(&[0; 41]).unwrap_err().to_string();
+        assert!(e.contains("'a'") && e.contains("41 bytes"), "{e}");
+        s.write_data(&[0; 39]).unwrap();
+        let e = s.finish().unwrap_err().to_string();
+        assert!(e.contains("39 of its 40"), "{e}");
+        // Declared tensors left without data are zeros in `to_bytes`.
+        let f = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        assert_eq!(f.tensor_data(f.tensor("a").unwrap()), &[0u8; 40][..]);
+        let full = two_tensors(false);
+        let mut s = full.stream(Vec::new()).unwrap();
+        assert!(s.write_data(&[1]).is_err());
+    }
+}

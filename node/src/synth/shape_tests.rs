@@ -1,0 +1,293 @@
+//! Tests of the real-size shapes: the table, the Q4_K_M mix, the streamed writer against the
+//! in-memory one, and what the loader reads back.
+
+use super::*;
+use crate::gguf::GgufFile;
+use crate::{LoadOptions, Model};
+use ringllm_kernels::GgmlType;
+use std::sync::Arc;
+
+fn spec(name: &str, mix: WeightMix) -> ShapeSpec {
+    ShapeSpec::new(shape(name).unwrap(), mix, 1)
+}
+
+/// The types `spec` gives each tensor, by name.
+fn types(spec: &ShapeSpec) -> std::collections::HashMap<String, GgmlType> {
+    shape_tensors(spec)
+        .into_iter()
+        .map(|(n, _, t)| (n, t))
+        .collect()
+}
+
+fn total_bytes(spec: &ShapeSpec) -> u64 {
+    shape_tensors(spec)
+        .iter()
+        .map(|(_, dims, ty)| {
+            dims.iter().product::<u64>() / ty.block_size() as u64 * ty.type_size() as u64
+        })
+        .sum()
+}
+
+/// A shape small enough to build in memory, of `arch`'s layout.
+fn small(name: &str, n_layer: u32) -> ShapeSpec {
+    let mut s = spec(name, WeightMix::Q4KM);
+    let sh = &mut s.shape;
+    sh.n_layer = n_layer;
+    sh.d_model = 256;
+    sh.n_head = 4;
+    sh.n_head_kv = if sh.arch == SynthArch::Gemma3 { 1 } else { 2 };
+    sh.head_dim = 64;
+    sh.d_ff = 512;
+    sh.vocab = sh.vocab_kind.min_vocab() + 11;
+    sh.sliding_window = sh.sliding_window.min(8);
+    s
+}
+
+#[test]
+fn shape_table_holds_the_published_hyper_parameters() {
+    let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        ["tiny", "llama3-1b", "llama3-8b", "gemma3-1b", "qwen2-7b"]
+    );
+    let l8 = shape("llama3-8b").unwrap();
+    assert_eq!(
+        (
+            l8.n_layer,
+            l8.d_model,
+            l8.n_head,
+            l8.n_head_kv,
+            l8.head_dim,
+            l8.d_ff,
+            l8.vocab
+        ),
+        (32, 4096, 32, 8, 128, 14336, 128_256)
+    );
+    assert_eq!(
+        (l8.rope_base, l8.rms_eps, l8.tied),
+        (500_000.0, 1e-5, false)
+    );
+    let l1 = shape("llama3-1b").unwrap();
+    assert_eq!(
+        (
+            l1.n_layer,
+            l1.d_model,
+            l1.n_head,
+            l1.n_head_kv,
+            l1.d_ff,
+            l1.tied
+        ),
+        (16, 2048, 32, 8, 8192, true)
+    );
+    assert_eq!(l1.rope_scaling.unwrap().factor, 32.0);
+    let g = shape("gemma3-1b").unwrap();
+    assert_eq!(
+        (
+            g.n_layer,
+            g.d_model,
+            g.n_head,
+            g.n_head_kv,
+            g.head_dim,
+            g.d_ff,
+            g.vocab
+        ),
+        (26, 1152, 4, 1, 256, 6912, 262_144)
+    );
+    assert_eq!((g.sliding_window, g.sliding_window_pattern), (512, 6));
+    let q = shape("qwen2-7b").unwrap();
+    assert_eq!(
+        (
+            q.n_layer,
+            q.d_model,
+            q.n_head,
+            q.n_head_kv,
+            q.head_dim,
+            q.d_ff,
+            q.vocab
+        ),
+        (28, 3584, 28, 4, 128, 18944, 152_064)
+    );
+    for s in SHAPES {
+        assert!(s.n_head.is_multiple_of(s.n_head_kv), "{}", s.name);
+        assert!(!s.source.is_empty());
+        if s.arch != SynthArch::Gemma3 {
+            assert_eq!(s.n_head * s.head_dim, s.d_model, "{}", s.name);
+        }
+        assert!(s.vocab >= s.vocab_kind.min_vocab());
+    }
+    assert!(shape("llama3-70b").is_none());
+}
+
+#[test]
+fn llama3_rope_factors_ramp_from_one_to_the_scaling_factor() {
+    let f = shape("llama3-8b").unwrap().rope_freqs().unwrap();
+    assert_eq!(f.len(), 64);
+    assert_eq!(f[0], 1.0);
+    assert_eq!(f[63], 8.0);
+    assert!(f.windows(2).all(|w| w[0] <= w[1]));
+    assert!(f.iter().any(|&x| x > 1.0 && x < 8.0), "no smooth ramp");
+    assert!(shape("qwen2-7b").unwrap().rope_freqs().is_none());
+}
+
+#[test]
+fn q4_k_m_mix_follows_llama_cpp() {
+    // The layers llama.cpp gives more bits, for 32 layers: the first 4, the last 4, and
+    // every third from 6.
+    let more: Vec<u32> = (0..32).filter(|&i| use_more_bits(i, 32)).collect();
+    assert_eq!(
+        more,
+        [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    );
+    let t = types(&spec("llama3-8b", WeightMix::Q4KM));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q4_K);
+    assert_eq!(t["output.weight"], GgmlType::Q6_K);
+    assert_eq!(t["rope_freqs.weight"], GgmlType::F32);
+    for il in 0..32 {
+        let b = |n: &str| t[&format!("blk.{il}.{n}.weight")];
+        let want = if more.contains(&il) {
+            GgmlType::Q6_K
+        } else {
+            GgmlType::Q4_K
+        };
+        assert_eq!(b("attn_v"), want, "layer {il}");
+        assert_eq!(b("ffn_down"), want, "layer {il}");
+        for n in ["attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"] {
+            assert_eq!(b(n), GgmlType::Q4_K, "layer {il} {n}");
+        }
+        assert_eq!(b("attn_norm"), GgmlType::F32);
+    }
+    // Tied: the embedding is the head, Q6_K.
+    let t = types(&spec("llama3-1b", WeightMix::Q4KM));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q6_K);
+    assert!(!t.contains_key("output.weight"));
+    // Gemma 3 1B: rows of 1152 are not whole 256-blocks: Q4_K falls back to Q5_0, Q6_K to
+    // Q8_0; rows of 1024 (attn_output) and 6912 (ffn_down) keep the K-quants.
+    let t = types(&spec("gemma3-1b", WeightMix::Q4KM));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q8_0);
+    assert_eq!(t["blk.0.attn_q.weight"], GgmlType::Q5_0);
+    assert_eq!(t["blk.0.attn_v.weight"], GgmlType::Q8_0);
+    assert_eq!(t["blk.4.attn_v.weight"], GgmlType::Q5_0);
+    assert_eq!(t["blk.0.attn_output.weight"], GgmlType::Q4_K);
+    assert_eq!(t["blk.0.ffn_down.weight"], GgmlType::Q6_K);
+    assert_eq!(t["blk.4.ffn_down.weight"], GgmlType::Q4_K);
+    assert_eq!(t["blk.0.post_ffw_norm.weight"], GgmlType::F32);
+    // Qwen 2: biases in F32.
+    let t = types(&spec("qwen2-7b", WeightMix::Q4KM));
+    assert_eq!(t["blk.3.attn_k.bias"], GgmlType::F32);
+    assert_eq!(t["output.weight"], GgmlType::Q6_K);
+    // One type for every matrix, with the same fallback.
+    let t = types(&spec("llama3-8b", WeightMix::Single(GgmlType::Q8_0)));
+    assert!(t
+        .iter()
+        .all(|(n, ty)| *ty == GgmlType::Q8_0 || (*ty == GgmlType::F32 && !n.contains("attn_q."))));
+    let t = types(&spec("gemma3-1b", WeightMix::Single(GgmlType::Q4_K)));
+    assert_eq!(t["blk.0.ffn_up.weight"], GgmlType::Q5_0);
+    assert_eq!(WeightMix::from_name("Q4_K_M"), Some(WeightMix::Q4KM));
+    assert_eq!(
+        WeightMix::from_name("q6_k"),
+        Some(WeightMix::Single(GgmlType::Q6_K))
+    );
+    assert_eq!(WeightMix::from_name("q8_k"), None);
+}
+
+#[test]
+fn q4_k_m_sizes_match_the_published_files() {
+    // llama.cpp's Llama-3.1-8B Q4_K_M is 4.92 GB, Llama-3.2-1B Q4_K_M 0.81 GB, Gemma 3 1B
+    // 0.81 GB, Qwen2-7B 4.68 GB (the tensor data; headers add a few MB).
+    let gb = |n: &str| total_bytes(&spec(n, WeightMix::Q4KM)) as f64 / 1e9;
+    let near = |x: f64, want: f64| (x / want - 1.0).abs() < 0.03;
+    assert!(near(gb("llama3-8b"), 4.92), "llama3-8b {}", gb("llama3-8b"));
+    assert!(near(gb("llama3-1b"), 0.81), "llama3-1b {}", gb("llama3-1b"));
+    assert!(near(gb("gemma3-1b"), 0.81), "gemma3-1b {}", gb("gemma3-1b"));
+    assert!(near(gb("qwen2-7b"), 4.68), "qwen2-7b {}", gb("qwen2-7b"));
+}
+
+#[test]
+fn streamed_file_equals_the_in_memory_one_and_reads_back() {
+    for s in [
+        spec("tiny", WeightMix::Q4KM),
+        spec("tiny", WeightMix::Single(GgmlType::F16)),
+        small("gemma3-1b", 7),
+        small("qwen2-7b", 2),
+        small("llama3-1b", 3),
+    ] {
+        let what = format!("{} {}", s.shape.name, s.mix.name());
+        let mut streamed = Vec::new();
+        let n = write_shape_model(&s, &mut streamed).unwrap();
+        assert_eq!(n, streamed.len() as u64, "{what}");
+        assert_eq!(streamed, shape_model_bytes(&s).unwrap(), "{what}");
+
+        let f = GgufFile::from_bytes(streamed.clone()).unwrap();
+        let planned = shape_tensors(&s);
+        assert_eq!(f.tensors().len(), planned.len(), "{what}");
+        let mut end = 0;
+        for (t, (name, dims, ty)) in f.tensors().iter().zip(&planned) {
+            assert_eq!((&t.name, &t.dims, t.ty), (name, dims, *ty), "{what}");
+            assert_eq!(f.tensor_data(t).len() as u64, t.size, "{what} {name}");
+            assert!(t.offset + t.size <= streamed.len() as u64, "{what} {name}");
+            assert!(
+                t.offset >= end,
+                "{what} {name} overlaps the previous tensor"
+            );
+            end = t.offset + t.size;
+        }
+        let m = Model::load(Arc::new(f), &LoadOptions::default()).unwrap();
+        assert_eq!(m.hp.n_layer, s.shape.n_layer as usize, "{what}");
+        assert_eq!(m.hp.vocab, s.shape.vocab as usize, "{what}");
+        assert_eq!(m.rope_freqs.is_some(), s.shape.rope_scaling.is_some());
+        if s.shape.arch == SynthArch::Gemma3 {
+            // Readers derive the 5:1 local/global pattern from the window alone.
+            let want: Vec<bool> = (0..7).map(|il| (il + 1) % 6 != 0).collect();
+            assert_eq!(m.hp.sliding, want);
+        }
+        assert!(m.hp.qkv_bias == (s.shape.arch == SynthArch::Qwen2));
+
+        // Deterministic per seed, different across seeds.
+        let mut again = Vec::new();
+        write_shape_model(&s, &mut again).unwrap();
+        assert_eq!(again, streamed);
+        let mut other = s.clone();
+        other.seed ^= 1;
+        let mut b = Vec::new();
+        write_shape_model(&other, &mut b).unwrap();
+        assert_ne!(b, streamed);
+    }
+}
+
+#[test]
+fn matrix_values_are_finite_with_the_requested_scale() {
+    let s = spec("tiny", WeightMix::Q4KM);
+    let f = GgufFile::from_bytes(shape_model_bytes(&s).unwrap()).unwrap();
+    for name in [
+        "blk.1.ffn_up.weight",
+        "blk.1.ffn_down.weight",
+        "output.weight",
+    ] {
+        let t = f.tensor(name).unwrap();
+        let mut v = vec![0f32; t.n_elements() as usize];
+        (ringllm_kernels::reference(t.ty).dequantize)(f.tensor_data(t), &mut v);
+        assert!(v.iter().all(|x| x.is_finite()), "{name}");
+        let var = v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32;
+        let want = 1.0 / t.dims[0] as f32;
+        assert!(
+            (var / want - 1.0).abs() < 0.15,
+            "{name}: variance {var}, want {want}"
+        );
+        // Rows differ (blocks are picked per position, not repeated).
+        let row = t.dims[0] as usize;
+        assert_ne!(v[..row], v[row..2 * row], "{name}");
+    }
+}
+
+#[test]
+fn bad_shape_requests_are_refused() {
+    let mut s = spec("tiny", WeightMix::Q4KM);
+    s.shape.n_layer = 0;
+    assert!(write_shape_model(&s, Vec::new()).is_err());
+    let mut s = spec("llama3-8b", WeightMix::Q4KM);
+    s.shape.vocab = 300;
+    let e = write_shape_model(&s, Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("vocabulary 300"), "{e}");
+    let s = spec("tiny", WeightMix::Single(GgmlType::Q8_K));
+    assert!(write_shape_model(&s, Vec::new()).is_err());
+}
