@@ -4,12 +4,14 @@ vocabulary so CI stays small) our forward pass agrees with the NumPy reference w
 budgets of test_forward.py. A ring over a shape is bit-identical to the single process."""
 
 import json
+import pathlib
+import subprocess
 
 import numpy as np
 import pytest
 
 import reference
-from conftest import forward_dump, run
+from conftest import _bin, forward_dump, run
 from ringutil import KEY, Nodes, generation
 from test_forward import compare
 
@@ -63,13 +65,19 @@ def test_single_types_and_the_small_models_still_work(tmp_path):
     assert len(run_json(f, "Hello")["token_ids"]) >= 1
     # --arch still writes the small in-memory models; --layers needs --shape.
     run(["debug", "synth", "--arch", "llama", "--type", "q4_0", "-o", tmp_path / "small.gguf"])
-    import subprocess
-
-    from conftest import _bin
-
     r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-70b", "-o", tmp_path / "x.gguf"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "llama3-8b" in r.stderr, r.stderr
+    # A refused request leaves no file behind.
+    bad = tmp_path / "bad.gguf"
+    r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-8b", "--vocab", "100", "-o", bad],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "vocabulary 100" in r.stderr and not bad.exists(), r.stderr
+    # A full disk is an error, not a short file.
+    r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "tiny", "-o", "/dev/full"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "No space left" in r.stderr, r.stderr
+    assert pathlib.Path("/dev/full").exists()
 
 
 def test_ring_over_a_shape_is_bit_identical_to_the_single_process(tmp_path):

@@ -168,8 +168,17 @@ fn synth(
     let started = std::time::Instant::now();
     let file =
         std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
-    let n = write_shape_model(&spec, std::io::BufWriter::with_capacity(1 << 20, file))
-        .with_context(|| format!("writing {}", output.display()))?;
+    let n = match write_shape_model(&spec, std::io::BufWriter::with_capacity(1 << 20, file)) {
+        Ok(n) => n,
+        Err(e) => {
+            // No half-written model left behind (a full disk, a refused shape); never
+            // remove what is not a regular file (`-o /dev/null`).
+            if std::fs::metadata(output).is_ok_and(|m| m.is_file()) {
+                let _ = std::fs::remove_file(output);
+            }
+            return Err(e).with_context(|| format!("writing {}", output.display()));
+        }
+    };
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
         "wrote {} ({} layers, vocab {}, {}): {:.2} GB in {secs:.1} s",
