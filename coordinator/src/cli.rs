@@ -400,28 +400,7 @@ pub enum DebugCommand {
     },
     /// Write a synthetic random-weight model: a small one (--arch llama|gemma3) or a real-size
     /// shape (--shape tiny|llama3-1b|llama3-8b|gemma3-1b|qwen2-7b), streamed to the file.
-    Synth {
-        /// Small model architecture: llama or gemma3.
-        #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
-        arch: Option<String>,
-        /// Real-size shape (the published model's hyper-parameters).
-        #[arg(long)]
-        shape: Option<String>,
-        /// Weight type: one type (q8_0, q4_k, f16...) or, with --shape, q4_k_m (the default
-        /// there: llama.cpp's Q4_K / Q6_K mix).
-        #[arg(long = "type")]
-        ty: Option<String>,
-        /// With --shape: keep only this many layers (tests of a big shape's layers).
-        #[arg(long, requires = "shape")]
-        layers: Option<u32>,
-        /// With --shape: a smaller vocabulary (embedding, head and tokenizer).
-        #[arg(long, requires = "shape")]
-        vocab: Option<u32>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[arg(short, long)]
-        output: PathBuf,
-    },
+    Synth(SynthArgs),
     /// A TCP proxy that delays every chunk by a fixed time (tests add link latency with it).
     DelayProxy {
         #[arg(long)]
@@ -431,6 +410,31 @@ pub enum DebugCommand {
         #[arg(long)]
         delay_ms: f64,
     },
+}
+
+/// `debug synth`.
+#[derive(Args, Debug, Clone)]
+pub struct SynthArgs {
+    /// Small model architecture: llama or gemma3.
+    #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
+    pub arch: Option<String>,
+    /// Real-size shape (the published model's hyper-parameters).
+    #[arg(long)]
+    pub shape: Option<String>,
+    /// Weight type: one type (q8_0, q4_k, f16...) or, with --shape, q4_k_m (the default
+    /// there: llama.cpp's Q4_K / Q6_K mix).
+    #[arg(long = "type")]
+    pub ty: Option<String>,
+    /// With --shape: keep only this many layers (tests of a big shape's layers).
+    #[arg(long)]
+    pub layers: Option<u32>,
+    /// With --shape: a smaller vocabulary (embedding, head and tokenizer).
+    #[arg(long)]
+    pub vocab: Option<u32>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 impl From<&ModelArgs> for ModelOptions {

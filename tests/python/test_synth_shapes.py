@@ -68,6 +68,9 @@ def test_single_types_and_the_small_models_still_work(tmp_path):
     r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-70b", "-o", tmp_path / "x.gguf"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "llama3-8b" in r.stderr, r.stderr
+    r = subprocess.run([str(_bin()), "debug", "synth", "--arch", "llama", "--type", "q8_0", "--layers", "2",
+                        "-o", tmp_path / "y.gguf"], capture_output=True, text=True)
+    assert r.returncode != 0 and "--layers" in r.stderr, r.stderr
     # A refused request leaves no file behind.
     bad = tmp_path / "bad.gguf"
     r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-8b", "--vocab", "100", "-o", bad],

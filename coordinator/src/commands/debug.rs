@@ -1,6 +1,6 @@
 //! `ringllm debug`: dumps for the correctness oracles (tests/python).
 
-use crate::cli::{DebugArgs, DebugCommand};
+use crate::cli::{DebugArgs, DebugCommand, SynthArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm::engine::{default_threads, open_gguf};
 use ringllm_kernels::{kernels, GgmlType};
@@ -97,15 +97,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
                 outln!("{}", serde_json::to_string(&tok.encode(&p, add_bos)?)?);
             }
         }
-        DebugCommand::Synth {
-            arch,
-            shape,
-            ty,
-            layers,
-            vocab,
-            seed,
-            output,
-        } => synth(arch, shape, ty, layers, vocab, seed, &output)?,
+        DebugCommand::Synth(a) => synth(a)?,
         DebugCommand::DelayProxy {
             listen,
             to,
@@ -125,16 +117,21 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
 }
 
 /// `debug synth`: a small model in memory, or a real-size shape streamed to `output`.
-fn synth(
-    arch: Option<String>,
-    shape: Option<String>,
-    ty: Option<String>,
-    layers: Option<u32>,
-    vocab: Option<u32>,
-    seed: u64,
-    output: &Path,
-) -> Result<()> {
+fn synth(a: SynthArgs) -> Result<()> {
+    let SynthArgs {
+        arch,
+        shape,
+        ty,
+        layers,
+        vocab,
+        seed,
+        output,
+    } = a;
+    let output = output.as_path();
     let Some(name) = shape else {
+        if layers.is_some() || vocab.is_some() {
+            bail!("--layers and --vocab cut a --shape; the --arch models have a fixed size");
+        }
         let arch = match arch.as_deref() {
             Some("llama") => SynthArch::Llama,
             Some("gemma3") => SynthArch::Gemma3,
