@@ -291,3 +291,37 @@ fn bad_shape_requests_are_refused() {
     let s = spec("tiny", WeightMix::Single(GgmlType::Q8_K));
     assert!(write_shape_model(&s, Vec::new()).is_err());
 }
+
+/// Runs `spec`'s model on a few tokens; returns the last position's logits.
+fn logits_of(spec: &ShapeSpec, tokens: &[u32]) -> Vec<f32> {
+    let f = GgufFile::from_bytes(shape_model_bytes(spec).unwrap()).unwrap();
+    let m = Arc::new(Model::load(Arc::new(f), &LoadOptions::default()).unwrap());
+    let (d, vocab) = (m.hp.d_model, m.hp.vocab);
+    let n = tokens.len();
+    let mut r = crate::Runner::new(m, 1, n, n);
+    let mut kv = r.new_cache(n, crate::KvType::F32);
+    let mut x = vec![0f32; n * d];
+    r.embed(tokens, &mut x).unwrap();
+    r.layers(&mut x, n, &mut kv, None).unwrap();
+    r.final_norm(&mut x, n).unwrap();
+    let mut out = vec![0f32; vocab];
+    r.logits(&x[(n - 1) * d..], 1, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn activations_stay_sane_through_many_layers() {
+    // The scales keep the logits O(1) however deep the model: 40 layers of each layout.
+    for name in ["tiny", "gemma3-1b", "qwen2-7b"] {
+        let mut s = if name == "tiny" {
+            spec(name, WeightMix::Q4KM)
+        } else {
+            small(name, 40)
+        };
+        s.shape.n_layer = 40;
+        let l = logits_of(&s, &[5, 77, 300, 12, 200]);
+        assert!(l.iter().all(|v| v.is_finite()), "{name}: non-finite logits");
+        let rms = (l.iter().map(|v| v * v).sum::<f32>() / l.len() as f32).sqrt();
+        assert!((0.3..3.0).contains(&rms), "{name}: logit rms {rms}");
+    }
+}
