@@ -230,6 +230,14 @@ pub struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Plan for serving this many sequences at once, as `up --serve --parallel N` does: KV
+    /// caches for N slots on every stage and batches of --prefill-chunk + N tokens (default:
+    /// one conversation, as `up` without --serve).
+    #[arg(long)]
+    pub parallel: Option<usize>,
+    /// With --parallel: the serving prefill chunk (`up --serve --prefill-chunk`).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -253,6 +261,14 @@ pub struct NodeArgs {
     /// io_uring). udp and quic use the UDP port of the same number as --listen.
     #[arg(long, default_value = "tcp")]
     pub transport: TransportKind,
+    /// The most memory this node may use, e.g. "2GiB" or "512MiB" (default: what the machine
+    /// and its cgroup leave; the smaller of the two applies when given).
+    #[arg(long, value_parser = parse_memory)]
+    pub memory: Option<u64>,
+}
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    ringllm::cluster::file::parse_size(s)
 }
 
 #[derive(Args, Debug, Clone)]

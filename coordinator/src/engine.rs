@@ -379,15 +379,14 @@ impl RingMode {
             let mut keep = reachable.iter();
             spec.stages.retain(|_| *keep.next().unwrap_or(&true));
         }
-        let mut ring = Ring::connect(
-            &spec,
-            &args.model,
-            &self.file,
+        // Every node plans for `slots` KV caches (serving) and the largest batch.
+        let sizing = crate::cluster::ring::Sizing {
             ctx,
-            args.batch,
-            kv_type,
-            threads,
-        )?;
+            max_batch: args.batch,
+            kv: kv_type,
+            slots,
+        };
+        let mut ring = Ring::connect(&spec, &args.model, &self.file, &sizing, threads)?;
         // Nodes known only by their address now go by the names they gave (messages, /health).
         for (name, address) in ring.node_names() {
             for s in self.spec.stages.iter_mut() {

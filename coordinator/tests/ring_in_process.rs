@@ -50,6 +50,7 @@ fn start_nodes(names: &[&str]) -> Nodes {
                     threads: 1,
                     models_dir: models(),
                     transport: TransportKind::Tcp,
+                    memory: None,
                 };
                 let listener = Listener::new(tcp, &opts).expect("listener");
                 addrs.push(listener.local_addr().expect("local address"));

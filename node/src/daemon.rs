@@ -83,6 +83,9 @@ pub struct NodeOptions {
     pub models_dir: PathBuf,
     /// The transport this node takes its data links on.
     pub transport: TransportKind,
+    /// `--memory`: the most this node may use; its budget is the smaller of this and what the
+    /// machine and its cgroup leave ([`limits::budget`]). `None`: no cap of its own.
+    pub memory: Option<u64>,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -272,11 +275,14 @@ pub async fn serve(
     .await
     .map_err(DaemonError::Probe)?;
     let (total, avail) = sys::memory();
+    // What the planner may use here: --memory, MemAvailable and the cgroup limits, whichever
+    // is smallest.
+    let budget = limits::budget(opts.memory).unwrap_or(avail);
     let caps = Capabilities {
         node_name: opts.name.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         memory_total: total,
-        memory_available: avail,
+        memory_available: budget,
         threads: threads as u32,
         cpu_features: sys::cpu_features(),
         isa: ringllm_kernels::isa().name().to_string(),
@@ -287,6 +293,7 @@ pub async fn serve(
     info!(
         speed_gbs = speed / 1e9,
         models = caps.models.len(),
+        budget_mib = budget >> 20,
         "node ready"
     );
     let node = Arc::new(Node {
@@ -797,6 +804,7 @@ async fn assign(
     limits::check("context size", ctx, limits::MAX_CTX).map_err(limit)?;
     limits::check("KV slots", slots, limits::MAX_SLOTS).map_err(limit)?;
     let n2 = name.clone();
+    let cap = node.opts.memory;
     let loaded = tokio::task::spawn_blocking(move || {
         let model = Model::load(
             file,
@@ -827,7 +835,23 @@ async fn assign(
             kv_type,
             slots,
         )
-        .map_err(|source| AssignError::Limit { node: n2, source })?;
+        .map_err(|source| AssignError::Limit {
+            node: n2.clone(),
+            source,
+        })?;
+        if cap.is_some() {
+            let (what, need) = limits::runner_memory(
+                &model.hp,
+                model.layer_range.clone(),
+                threads,
+                max_batch,
+                ctx,
+                kv_type,
+                slots,
+            );
+            limits::check_memory_within(cap, what, need)
+                .map_err(|source| AssignError::Limit { node: n2, source })?;
+        }
         let weights = model.prefault() as u64;
         let runner = Runner::new(Arc::new(model), threads, max_batch, ctx);
         Ok::<_, AssignError>((runner, weights, kv_bytes))

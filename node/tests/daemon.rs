@@ -63,6 +63,7 @@ impl TestNode {
             threads: 1,
             models_dir: models.to_path_buf(),
             transport,
+            memory: None,
         };
         let listener = Listener::new(tcp, &opts).expect("listener");
         let addr = listener.local_addr().expect("local address");

@@ -28,6 +28,14 @@
 //! [`StageInput::memory_budget`], and a caller with one budget for the whole coordinator process
 //! splits it between the two.
 //!
+//! # What a stage holds
+//!
+//! A stage's memory is its layers' weights, their KV caches at the context for every slot
+//! ([`ModelCost::slots`]: serving's `--parallel` keeps one cache per sequence), the runner's
+//! scratch for the largest batch ([`StageInput::scratch_bytes`], whatever its layers) and the
+//! output head when it holds it. Each must fit the stage's budget, which the caller gives with
+//! the headroom already taken off.
+//!
 //! # How layers are split
 //!
 //! Every stage gets one contiguous range of at least one layer, in stage order. Pinned stages
@@ -56,6 +64,16 @@ use std::ops::Range;
 pub const ASSUMED_LINK_BYTES_PER_S: f64 = 125e6;
 /// Stand-in for a speed that is 0, negative or not a finite number.
 pub const MIN_BYTES_PER_S: f64 = 1.0;
+/// Memory kept free on a machine beyond weights, KV and scratch: at most this, …
+pub const HEADROOM: u64 = 256 << 20;
+/// … at least this (a node's own overhead: runtime, threads, frame buffers, allocator slack) …
+pub const MIN_HEADROOM: u64 = 48 << 20;
+
+/// … and otherwise an eighth of what the machine reports: a node capped at 512 MiB (cgroup or
+/// `node --memory`) keeps 64 MiB, one with 8 GiB free keeps 256 MiB.
+pub fn headroom(available: u64) -> u64 {
+    (available / 8).clamp(MIN_HEADROOM, HEADROOM)
+}
 
 /// Sizes of the model, in bytes, at the configured context.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,8 +81,10 @@ pub struct ModelCost {
     pub n_layer: usize,
     /// Per layer: bytes of weights (also the bytes read per decoded token).
     pub layer_weight_bytes: Vec<u64>,
-    /// Per layer: KV cache bytes at the configured context.
+    /// Per layer: one KV cache's bytes at the configured context.
     pub layer_kv_bytes: Vec<u64>,
+    /// KV caches every stage keeps: serving's `--parallel`, else 1 (0 is taken as 1).
+    pub slots: usize,
     /// Output head + final norm weights (read per token by whoever computes the logits).
     pub head_bytes: u64,
     /// Token embedding (held by the coordinator; one row read per token).
@@ -85,8 +105,11 @@ pub struct StageInput {
     pub address: String,
     /// Runs inside the coordinator process.
     pub local: bool,
-    /// Bytes available for weights + KV (headroom already taken off).
+    /// Bytes available for weights + KV + scratch (headroom already taken off).
     pub memory_budget: u64,
+    /// The runner's scratch buffers for the largest batch on that machine (its threads):
+    /// held whatever layers the stage gets.
+    pub scratch_bytes: u64,
     /// Measured weight-read speed of a quantized matvec on that machine.
     pub bytes_per_s: f64,
     /// Measured round trip coordinator ↔ stage, seconds (0 for the local stage).
@@ -120,7 +143,9 @@ pub struct StagePlan {
     pub layers: Range<usize>,
     /// Weights of the layers, plus the head's when `holds_head`.
     pub weight_bytes: u64,
+    /// KV caches of the layers, all slots.
     pub kv_bytes: u64,
+    pub scratch_bytes: u64,
     pub memory_budget: u64,
     /// Predicted time per token, seconds (with the head's when `holds_head`).
     pub compute_s: f64,
@@ -132,6 +157,8 @@ pub struct StagePlan {
 pub struct Plan {
     /// One per input stage, same order, each with at least one layer.
     pub stages: Vec<StagePlan>,
+    /// KV caches per stage ([`ModelCost::slots`]).
+    pub slots: usize,
     pub head: HeadPlace,
     /// Head time per token on the coordinator (0 with [`HeadPlace::LastNode`]).
     pub coordinator_s: f64,
@@ -150,6 +177,7 @@ impl Plan {
     pub fn empty() -> Plan {
         Plan {
             stages: Vec::new(),
+            slots: 1,
             head: HeadPlace::Coordinator,
             coordinator_s: 0.0,
             link_s: 0.0,
@@ -289,10 +317,29 @@ pub fn plan(
 
     let pw = prefix(&model.layer_weight_bytes);
     let pkv = prefix(&model.layer_kv_bytes);
+    let slots = model.slots.max(1);
     let weights = |r: &Range<usize>| pw[r.end] - pw[r.start];
-    let kv = |r: &Range<usize>| pkv[r.end] - pkv[r.start];
-    let memory =
-        |i: usize, r: &Range<usize>| weights(r).saturating_add(kv(r)).saturating_add(head_mem(i));
+    let kv = |r: &Range<usize>| (pkv[r.end] - pkv[r.start]).saturating_mul(slots as u64);
+    // Weights + KV for every slot + scratch (+ the head on the last stage when it holds it).
+    let memory = |i: usize, r: &Range<usize>| {
+        weights(r)
+            .saturating_add(kv(r))
+            .saturating_add(stages[i].scratch_bytes)
+            .saturating_add(head_mem(i))
+    };
+    let parts = |i: usize, r: &Range<usize>| {
+        let slot_note = if slots > 1 {
+            format!(" for {slots} slots")
+        } else {
+            String::new()
+        };
+        format!(
+            "weights {} + KV{slot_note} {} + scratch {}",
+            format_bytes(weights(r).saturating_add(head_mem(i))),
+            format_bytes(kv(r)),
+            format_bytes(stages[i].scratch_bytes)
+        )
+    };
     let compute = |i: usize, r: &Range<usize>| {
         weights(r).saturating_add(head_mem(i)) as f64 / speed(stages[i].bytes_per_s)
     };
@@ -314,26 +361,32 @@ pub fn plan(
                     needed: need,
                     available: s.memory_budget,
                     detail: format!(
-                        "Stage \"{}\" is pinned to layers {}, which{head_note} need {} but its \
-                         budget is {}; pin fewer layers to it or raise its memory.",
+                        "Stage \"{}\" is pinned to layers {}, which{head_note} need {} ({}) \
+                         but its budget is {}; pin fewer layers to it or raise its memory.",
                         s.name,
                         format_layers(pin),
                         format_bytes(need),
+                        parts(i, pin),
                         format_bytes(s.memory_budget)
                     ),
                 });
             }
         } else {
-            let smallest = (0..n).map(|l| memory(i, &(l..l + 1))).min().unwrap_or(0);
+            let (smallest, l) = (0..n)
+                .map(|l| (memory(i, &(l..l + 1)), l))
+                .min()
+                .unwrap_or((0, 0));
             if smallest > s.memory_budget {
                 return Err(PlanError::DoesNotFit {
                     needed: smallest,
                     available: s.memory_budget,
                     detail: format!(
                         "Stage \"{}\" cannot hold even one layer{head_note}: the smallest needs {} \
-                         and its budget is {}; raise its memory or remove it from the ring.",
+                         ({}) and its budget is {}; raise its memory, lower the context or \
+                         slots, or remove it from the ring.",
                         s.name,
                         format_bytes(smallest),
+                        parts(i, &(l..l + 1)),
                         format_bytes(s.memory_budget)
                     ),
                 });
@@ -402,6 +455,7 @@ pub fn plan(
             local: s.local,
             weight_bytes: weights(&r).saturating_add(head_mem(i)),
             kv_bytes: kv(&r),
+            scratch_bytes: s.scratch_bytes,
             memory_budget: s.memory_budget,
             compute_s: compute(i, &r),
             holds_head: head_on(i),
@@ -451,6 +505,7 @@ pub fn plan(
     };
     Ok(Plan {
         stages: stage_plans,
+        slots,
         head,
         coordinator_s,
         link_s,
@@ -598,10 +653,17 @@ fn no_split(
     } else {
         String::new()
     };
+    let slots = model.slots.max(1);
+    let (slot_note, fewer) = if slots > 1 {
+        (format!(" for {slots} slots"), ", fewer --parallel slots")
+    } else {
+        (String::new(), "")
+    };
     let detail = if needed > available {
         format!(
-            "All {n} layers with their KV cache need more than the stages' budgets add up to: {}.{head_note} \
-             Add a node, raise memory caps, or use a smaller context or kv = \"f16\".",
+            "All {n} layers with their KV cache{slot_note} need more than the stages' budgets add \
+             up to: {}.{head_note} Add a node, raise memory caps, or use a smaller context{fewer} \
+             or kv = \"f16\".",
             each.join(", ")
         )
     } else {
@@ -628,10 +690,11 @@ impl fmt::Display for Plan {
             "layers",
             "weights MiB",
             "KV MiB",
+            "scratch MiB",
             "budget MiB",
             "ms/token",
         ];
-        let rows: Vec<[String; 7]> = self
+        let rows: Vec<[String; 8]> = self
             .stages
             .iter()
             .map(|s| {
@@ -646,6 +709,7 @@ impl fmt::Display for Plan {
                     format_layers(&s.layers),
                     mib(s.weight_bytes),
                     mib(s.kv_bytes),
+                    mib(s.scratch_bytes),
                     mib(s.memory_budget),
                     format!("{:.2}", s.compute_s * 1e3),
                 ]
@@ -657,7 +721,7 @@ impl fmt::Display for Plan {
                 *w = (*w).max(c.chars().count());
             }
         }
-        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 7]| -> fmt::Result {
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 8]| -> fmt::Result {
             // Text columns left-aligned, numbers right-aligned.
             for (j, c) in cells.iter().enumerate() {
                 let sep = if j == 0 { "" } else { "  " };
@@ -671,7 +735,10 @@ impl fmt::Display for Plan {
         };
         line(f, header)?;
         for r in &rows {
-            line(f, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]])?;
+            line(f, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6], &r[7]])?;
+        }
+        if self.slots > 1 {
+            writeln!(f, "KV: {} slots per stage (--parallel)", self.slots)?;
         }
         match self.head {
             HeadPlace::Coordinator => writeln!(

@@ -3,7 +3,9 @@
 //! around the ring for the engine. Failure of any node or link surfaces as an error naming it
 //! within `HEARTBEAT_TIMEOUT`.
 
-use crate::cluster::planner::{self, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput};
+use crate::cluster::planner::{
+    self, headroom, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm_node::daemon::model_identity;
 use ringllm_node::gguf::GgufFile;
@@ -32,8 +34,18 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Loading a slice may take a while (page-in from disk).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(300);
-/// Memory kept free on every machine beyond weights and KV.
-pub const HEADROOM: u64 = 256 << 20;
+
+/// What every stage's runner and KV caches are sized for.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizing {
+    /// Context positions per KV cache.
+    pub ctx: usize,
+    /// The largest batch (prefill chunk; with serving, chunk + slots).
+    pub max_batch: usize,
+    pub kv: KvType,
+    /// KV caches per stage: serving's `--parallel`, else 1.
+    pub slots: usize,
+}
 
 /// One stage of the ring as configured: a node at an address, or the coordinator itself.
 #[derive(Clone, Debug)]
@@ -190,6 +202,7 @@ pub fn model_cost(
             tied_head: tied,
             hidden_bytes,
             logits_bytes_f16: 2 * hp.vocab as u64,
+            slots: 1,
         },
         hp,
     ))
@@ -202,11 +215,15 @@ impl Ring {
         spec: &RingSpec,
         model_path: &Path,
         file: &Arc<GgufFile>,
-        ctx: usize,
-        max_batch: usize,
-        kv: KvType,
+        sizing: &Sizing,
         coordinator_threads: usize,
     ) -> Result<Ring> {
+        let Sizing {
+            ctx,
+            max_batch,
+            kv,
+            slots,
+        } = *sizing;
         // The control plane (heartbeats, errors) runs on one worker thread; the data plane
         // (hidden states) uses blocking links on the caller's thread.
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -414,12 +431,16 @@ impl Ring {
             ring.nodes[i].rtt_s = best;
         }
         // Plan.
-        let (cost, hp) = model_cost(file, ctx, max_batch, kv, spec.activations)?;
+        let (mut cost, hp) = model_cost(file, ctx, max_batch, kv, spec.activations)?;
+        cost.slots = slots.max(1);
         ring.vocab = hp.vocab;
-        let (_, avail) = sys::memory();
+        let avail = ringllm_node::limits::available_memory().unwrap_or(0);
         let coord_budget = spec
             .coordinator_memory
-            .unwrap_or(avail.saturating_sub(HEADROOM));
+            .unwrap_or(avail.saturating_sub(headroom(avail)));
+        let scratch = |threads: usize| {
+            ringllm_node::Runner::scratch_bytes(&hp, threads.max(1), max_batch, ctx)
+        };
         // Calibration: the probe's speed against this model's real layers and head, measured
         // here; every node's probe speed is scaled by the same factor.
         let coord_probe = sys::matvec_speed(coordinator_threads, Duration::from_millis(150));
@@ -442,18 +463,26 @@ impl Ring {
                     address: "local".into(),
                     local: true,
                     memory_budget: s.memory.unwrap_or(coord_budget.saturating_sub(coord_fixed)),
+                    scratch_bytes: scratch(coordinator_threads),
                     bytes_per_s: coord_speed,
                     link_rtt_s: 0.0,
                     pinned: s.layers.clone(),
                 }),
                 Some(a) => {
                     let n = &ring.nodes[ni];
-                    let budget = n.caps.memory_available.saturating_sub(HEADROOM);
+                    // The node's budget (--memory, MemAvailable, cgroup) less headroom, or
+                    // the cluster file's cap on layers + KV when smaller.
+                    let avail = n.caps.memory_available;
+                    let budget = avail.saturating_sub(headroom(avail));
+                    let budget = s.memory.map_or(budget, |m| m.min(budget));
+                    // The node runs with the cluster file's threads, else its own.
+                    let threads = s.threads.unwrap_or(n.caps.threads as usize);
                     inputs.push(StageInput {
                         name: n.name.clone(),
                         address: a.clone(),
                         local: false,
-                        memory_budget: s.memory.map_or(budget, |m| m.min(budget)),
+                        memory_budget: budget,
+                        scratch_bytes: scratch(threads),
                         bytes_per_s: n.caps.matvec_bytes_per_s * factor,
                         link_rtt_s: n.rtt_s,
                         pinned: s.layers.clone(),

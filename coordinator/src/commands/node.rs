@@ -26,6 +26,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         threads: args.threads.unwrap_or_else(default_threads).max(1),
         models_dir: args.models.clone(),
         transport: args.transport,
+        memory: args.memory,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

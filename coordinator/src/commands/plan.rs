@@ -3,8 +3,10 @@
 
 use crate::cli::PlanArgs;
 use anyhow::Result;
+use ringllm::cluster::ring::Sizing;
 use ringllm::cluster::{self, Ring};
 use ringllm::engine::{default_threads, open_gguf};
+use ringllm_node::limits;
 use std::process::ExitCode;
 
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {
@@ -13,7 +15,22 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     let ctx = args.source.ctx.or(s.ctx).unwrap_or(4096).max(1);
     let kv = s.kv.unwrap_or_default();
     let threads = s.threads.unwrap_or_else(default_threads).max(1);
-    let ring = Ring::connect(&s.spec, &s.model, &file, ctx, 512, kv, threads)?;
+    // As `up` plans: one conversation with batches of 512, or with --parallel N as
+    // `up --serve --parallel N` does (N KV caches, batches of prefill chunk + N).
+    let (slots, max_batch) = match args.parallel {
+        Some(n) => {
+            limits::check("--parallel", n, limits::MAX_SLOTS)?;
+            (n, args.prefill_chunk.max(1).saturating_add(n))
+        }
+        None => (1, 512),
+    };
+    let sizing = Sizing {
+        ctx,
+        max_batch,
+        kv,
+        slots,
+    };
+    let ring = Ring::connect(&s.spec, &s.model, &file, &sizing, threads)?;
     if args.json {
         let caps = ring.capabilities();
         let rtts = ring.rtts();
@@ -40,6 +57,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                     "name": p.name, "address": p.address, "local": p.local,
                     "layers": [p.layers.start, p.layers.end],
                     "weight_bytes": p.weight_bytes, "kv_bytes": p.kv_bytes,
+                    "scratch_bytes": p.scratch_bytes, "memory_budget": p.memory_budget,
                     "compute_ms": p.compute_s * 1e3, "holds_head": p.holds_head,
                 })
             })
@@ -49,6 +67,9 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             serde_json::json!({
                 "nodes": nodes,
                 "stages": stages,
+                "slots": ring.plan.slots,
+                "ctx": ctx,
+                "max_batch": max_batch,
                 "predicted_tokens_per_s": ring.plan.predicted_tokens_per_s,
             })
         );

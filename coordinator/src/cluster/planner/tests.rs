@@ -16,6 +16,7 @@ fn model(n: usize, w: u64, kv: u64) -> ModelCost {
         tied_head: false,
         hidden_bytes: 2304,
         logits_bytes_f16: 2 * 49152,
+        slots: 1,
     }
 }
 
@@ -32,6 +33,7 @@ fn stage(name: &str, budget: u64, speed: f64) -> StageInput {
         address: format!("{name}:7701"),
         local: false,
         memory_budget: budget,
+        scratch_bytes: 0,
         bytes_per_s: speed,
         link_rtt_s: 0.0002,
         pinned: None,
@@ -411,6 +413,7 @@ fn prediction_arithmetic() {
         tied_head: false,
         hidden_bytes: 1250,
         logits_bytes_f16: 250_000,
+        slots: 1,
     };
     let mut a = stage("a", GIB, 1e9);
     a.link_rtt_s = 0.001;
@@ -497,4 +500,94 @@ fn bytes_format() {
     assert_eq!(format_bytes(2 << 40), "2.00 TiB");
     assert_eq!(format_layers(&(0..9)), "0-8");
     assert_eq!(format_layers(&(5..6)), "5-5");
+}
+
+#[test]
+fn headroom_is_an_eighth_within_bounds() {
+    assert_eq!(headroom(0), MIN_HEADROOM);
+    assert_eq!(headroom(200 * MIB), MIN_HEADROOM);
+    assert_eq!(headroom(512 * MIB), 64 * MIB);
+    assert_eq!(headroom(8 * GIB), 256 * MIB);
+    assert_eq!(headroom(64 * GIB), HEADROOM);
+}
+
+#[test]
+fn every_slot_has_its_kv_cache() {
+    // 30 layers of 3 MiB weights and 3 MiB KV per slot; two nodes of 300 MiB. One slot: 6 MiB
+    // a layer, 15 each. Eight slots (serving --parallel 8): 27 MiB a layer, 11 fit a node, so
+    // 30 layers do not fit two (the plan used to count one slot and load eight).
+    let mut m = model(30, 3 * MIB, 3 * MIB);
+    let two = [stage("a", 300 * MIB, 1e9), stage("b", 300 * MIB, 1e9)];
+    let p = plan(&m, &coord(), &two).unwrap();
+    assert_eq!(counts(&p), vec![15, 15]);
+    assert_eq!(p.stages[0].kv_bytes, 45 * MIB);
+    m.slots = 8;
+    let e = plan(&m, &coord(), &two).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("for 8 slots") && msg.contains("fewer --parallel"),
+        "{msg}"
+    );
+    match e {
+        PlanError::DoesNotFit {
+            needed, available, ..
+        } => {
+            assert_eq!(needed, 30 * 27 * MIB);
+            assert_eq!(available, 600 * MIB);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Three nodes hold 33 such layers: 10 + 10 + 10, each with 8 caches.
+    let three = [
+        stage("a", 300 * MIB, 1e9),
+        stage("b", 300 * MIB, 1e9),
+        stage("c", 300 * MIB, 1e9),
+    ];
+    let p = plan(&m, &coord(), &three).unwrap();
+    assert_eq!(counts(&p), vec![10, 10, 10]);
+    assert_eq!(p.slots, 8);
+    for s in &p.stages {
+        assert_eq!(s.kv_bytes, 10 * 24 * MIB);
+        assert!(s.weight_bytes + s.kv_bytes + s.scratch_bytes <= s.memory_budget);
+    }
+    assert!(p.to_string().contains("KV: 8 slots per stage"), "{p}");
+    // 0 slots is taken as 1.
+    m.slots = 0;
+    assert_eq!(counts(&plan(&m, &coord(), &two).unwrap()), vec![15, 15]);
+}
+
+#[test]
+fn scratch_is_held_whatever_the_layers() {
+    // 26 layers of 6 MiB (weights + KV), two nodes of 100 MiB: a's runner needs 40 MiB of
+    // scratch, so a holds 10 layers and b 16, however fast a is.
+    let m = model(26, 3 * MIB, 3 * MIB);
+    let mut a = stage("a", 100 * MIB, 4e9);
+    a.scratch_bytes = 40 * MIB;
+    let b = stage("b", 100 * MIB, 1e9);
+    let p = plan(&m, &coord(), &[a.clone(), b.clone()]).unwrap();
+    assert_eq!(counts(&p), vec![10, 16], "{p}");
+    assert_eq!(p.stages[0].scratch_bytes, 40 * MIB);
+    assert_eq!(p.stages[1].scratch_bytes, 0);
+    assert!(p.to_string().contains("scratch MiB"), "{p}");
+    // With 96 MiB of scratch, a cannot hold one layer: the error names it, what it needs, and
+    // its budget.
+    a.scratch_bytes = 96 * MIB;
+    let msg = plan(&m, &coord(), &[a.clone(), b.clone()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("Stage \"a\" cannot hold even one layer")
+            && msg.contains("needs 102.0 MiB (weights 3.0 MiB + KV 3.0 MiB + scratch 96.0 MiB)")
+            && msg.contains("budget is 100.0 MiB"),
+        "{msg}"
+    );
+    // A pinned stage's message has the parts too.
+    a.scratch_bytes = 40 * MIB;
+    let msg = plan(&m, &coord(), &[pinned(a, 0..11), pinned(b, 11..26)])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("need 106.0 MiB (weights 33.0 MiB + KV 33.0 MiB + scratch 40.0 MiB)"),
+        "{msg}"
+    );
 }
