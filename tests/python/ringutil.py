@@ -36,8 +36,13 @@ def wait_port(host, port, proc=None, timeout=15.0):
 class Nodes:
     """Starts `ringllm node` processes on loopback; kills them on exit."""
 
-    def __init__(self, count, key=KEY, threads=1, models=MODELS, log_dir=None, transport="tcp"):
+    def __init__(self, count, key=KEY, threads=1, models=MODELS, log_dir=None, transport="tcp",
+                 extra_args=None, preexec=None):
+        """`extra_args(i)`: more flags for node i; `preexec(i)`: a preexec_fn for node i (e.g. to
+        enter a cgroup)."""
         self.transport = transport
+        self.extra_args = extra_args or (lambda i: [])
+        self.preexec = preexec or (lambda i: None)
         self.procs = []
         self.ports = []
         self.names = []
@@ -55,8 +60,8 @@ class Nodes:
         p = subprocess.Popen(
             [str(_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
              "--models", str(self.models), "--name", name, "--threads", str(self.threads),
-             "--transport", self.transport],
-            stdout=subprocess.DEVNULL, stderr=log, text=True)
+             "--transport", self.transport, *map(str, self.extra_args(i))],
+            stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=self.preexec(i))
         wait_port("127.0.0.1", port, timeout=15)
         time.sleep(0.05)
         if p.poll() is not None:
