@@ -21,12 +21,14 @@ from test_serve import SMOL_ID, Server
 
 MIB = 1 << 20
 # SmolLM2 135M at context 512 with 8 slots: 2.1 MiB of weights and 6 MiB of KV a layer (30
-# layers), 7.4 MiB of scratch. A node capped at 100 MiB (48 MiB headroom) holds 5 layers; an even
+# layers), 7.4 MiB of scratch. A node capped at 90 MiB (48 MiB headroom) holds 4 layers; an even
 # split, as a planner blind to the cap or the slots makes, gives it 15: 90 MiB of KV + scratch +
-# runtime, past its cap (no swap here: an OOM kill) once the streams fill their contexts.
+# runtime, past its cap (no swap here: an OOM kill) once the streams fill their contexts. Checked
+# by hand (2026-11-24): nodes that report the machine's memory, moved into these caps after
+# planning, split 15/15; node1 peaked at 90 MiB, was OOM-killed and 6 of the 8 requests failed.
 CTX = 512
 SLOTS = 8
-SMALL_CAP = 100 * MIB
+SMALL_CAP = 90 * MIB
 LARGE_CAP = 400 * MIB
 
 
@@ -216,7 +218,7 @@ def test_eight_full_context_streams_under_caps_lose_nothing_and_match_run(tmp_pa
         finally:
             s.stop()
     # The same answers from the single process.
-    for i in (0, SLOTS - 1):
+    for i in range(SLOTS):
         r = ringllm(["run", "-m", model_path(SMOL.name), "-p", long_prompt(i), "--temp", "0", "-n", CTX,
                      "--threads", "2", "-c", CTX, "--json"])
         assert got[i].choices[0].text == json.loads(r.stdout)["text"], i
