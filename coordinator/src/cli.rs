@@ -268,7 +268,12 @@ pub struct NodeArgs {
 }
 
 fn parse_memory(s: &str) -> Result<u64, String> {
-    ringllm::cluster::file::parse_size(s)
+    match ringllm::cluster::file::parse_size(s)? {
+        0 => {
+            Err("a node needs some memory: give a size such as 2GiB, or leave --memory out".into())
+        }
+        n => Ok(n),
+    }
 }
 
 #[derive(Args, Debug, Clone)]

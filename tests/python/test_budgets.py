@@ -147,6 +147,9 @@ def test_a_capped_node_reports_the_capped_budget(tmp_path):
             # The cgroup's limit less what the node already uses; --memory less the node's RSS.
             assert 300 * MIB - 40 * MIB < got[0] <= 300 * MIB, got
             assert 200 * MIB - 40 * MIB < got[1] <= 200 * MIB, got
+    for bad, why in (("2XB", 'unknown unit "XB"'), ("0", "needs some memory")):
+        r = ringllm(["node", "--listen", "127.0.0.1:0", "--key", KEY, "--memory", bad], check=False, timeout=10)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
 
 
 def test_the_planner_fits_weights_kv_and_scratch_of_every_slot_into_each_cap(tmp_path):

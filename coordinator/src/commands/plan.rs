@@ -3,6 +3,7 @@
 
 use crate::cli::PlanArgs;
 use anyhow::Result;
+use ringllm::cluster::planner::format_bytes;
 use ringllm::cluster::ring::Sizing;
 use ringllm::cluster::{self, Ring};
 use ringllm::engine::{default_threads, open_gguf};
@@ -80,9 +81,9 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             .zip(ring.capabilities().iter().zip(ring.rtts()))
         {
             outln!(
-                "node {name} ({addr}): {} threads, {:.1} GiB available, matvec {:.1} GB/s, rtt {:.3} ms, isa {}",
+                "node {name} ({addr}): {} threads, memory budget {}, matvec {:.1} GB/s, rtt {:.3} ms, isa {}",
                 c.threads,
-                c.memory_available as f64 / (1u64 << 30) as f64,
+                format_bytes(c.memory_available),
                 c.matvec_bytes_per_s / 1e9,
                 rtt * 1e3,
                 c.isa
