@@ -435,7 +435,7 @@ pub fn plan(
         }
     }
     if !best[last][n].is_finite() {
-        return Err(no_split(model, stages, head, &memory));
+        return Err(no_split(model, stages, head, &memory, &parts));
     }
     let mut ranges = vec![0..0; k];
     let mut e = n;
@@ -622,6 +622,7 @@ fn no_split(
     stages: &[StageInput],
     head: HeadPlace,
     memory: &dyn Fn(usize, &Range<usize>) -> u64,
+    parts: &dyn Fn(usize, &Range<usize>) -> String,
 ) -> PlanError {
     let n = model.n_layer;
     // All layers on the last stage: with the head exactly when the last stage holds it.
@@ -638,8 +639,19 @@ fn no_split(
                 .take_while(|&c| memory(i, &(0..c)) <= s.memory_budget)
                 .count();
             let pin_note = if s.pinned.is_some() { ", pinned" } else { "" };
+            // What one more layer would need there.
+            let more = if fit < n {
+                format!(
+                    "; {} layers need {} ({})",
+                    fit + 1,
+                    format_bytes(memory(i, &(0..fit + 1))),
+                    parts(i, &(0..fit + 1))
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "\"{}\" {} (about {fit} layers{pin_note})",
+                "\"{}\" budget {} (about {fit} layers{pin_note}{more})",
                 s.name,
                 format_bytes(s.memory_budget)
             )

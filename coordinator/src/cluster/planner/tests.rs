@@ -528,6 +528,14 @@ fn every_slot_has_its_kv_cache() {
         msg.contains("for 8 slots") && msg.contains("fewer --parallel"),
         "{msg}"
     );
+    // Each node: its budget, about how many layers it holds, and what one more would need.
+    assert!(
+        msg.contains(
+            "\"a\" budget 300.0 MiB (about 11 layers; 12 layers need 324.0 MiB (weights 36.0 \
+             MiB + KV for 8 slots 288.0 MiB + scratch 0 B))"
+        ),
+        "{msg}"
+    );
     match e {
         PlanError::DoesNotFit {
             needed, available, ..
