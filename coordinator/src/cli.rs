@@ -217,6 +217,10 @@ pub struct UpArgs {
     /// they come.
     #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
     pub wait: f64,
+    /// Do not send nodes the slices of the model they lack (each node then needs the model
+    /// file, or a slice already in its cache).
+    #[arg(long)]
+    pub no_send: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -265,6 +269,25 @@ pub struct NodeArgs {
     /// and its cgroup leave; the smaller of the two applies when given).
     #[arg(long, value_parser = parse_memory)]
     pub memory: Option<u64>,
+    /// Where slices of models this node lacks are kept when a coordinator sends them
+    /// (default: ~/.cache/ringllm/slices); reused on the next start.
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+}
+
+impl NodeArgs {
+    /// `--cache`, else `$XDG_CACHE_HOME/ringllm/slices`, else `~/.cache/ringllm/slices`.
+    pub fn cache_dir(&self) -> PathBuf {
+        if let Some(c) = &self.cache {
+            return c.clone();
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(|| PathBuf::from(".cache"));
+        base.join("ringllm").join("slices")
+    }
 }
 
 fn parse_memory(s: &str) -> Result<u64, String> {

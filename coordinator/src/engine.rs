@@ -2,7 +2,7 @@
 //! `run`, chat and the ring coordinator (`Engine::load_ring`: the nodes run the layers, this
 //! process embeds, runs any local layers and the head).
 
-use crate::cluster::ring::{Ring, RingSpec, Stage};
+use crate::cluster::ring::{Ring, RingSpec, Stage, TransferCut};
 use crate::text::sampler::{Sampler, StopStrings};
 use crate::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 use anyhow::{anyhow, bail, Context, Result};
@@ -12,7 +12,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What to load and how: the whole model in this process, or the coordinator's part of a ring.
 #[derive(Clone, Debug)]
@@ -386,18 +386,45 @@ impl RingMode {
             kv: kv_type,
             slots,
         };
-        let mut ring = Ring::connect(&spec, &args.model, &self.file, &sizing, threads)?;
-        // Nodes known only by their address now go by the names they gave (messages, /health).
-        for (name, address) in ring.node_names() {
-            for s in self.spec.stages.iter_mut() {
-                if s.name == address && s.address.as_deref() == Some(address.as_str()) {
-                    s.name = name.clone();
+        let identity = crate::cluster::ring::identity_of(&args.model, &self.file);
+        // A node lost while its slice is sent: wait for it (`up --wait`) and start again; it
+        // kept what arrived and is sent the rest.
+        let mut attempt = 0;
+        let ring = loop {
+            attempt += 1;
+            let mut ring = Ring::connect(&spec, &args.model, &self.file, &sizing, threads)?;
+            // Nodes known only by their address now go by the names they gave (messages,
+            // /health).
+            for (name, address) in ring.node_names() {
+                for s in self.spec.stages.iter_mut() {
+                    if s.name == address && s.address.as_deref() == Some(address.as_str()) {
+                        s.name = name.clone();
+                    }
                 }
             }
-        }
-        eprint!("{}", ring.plan);
-        let identity = crate::cluster::ring::identity_of(&args.model, &self.file);
-        ring.assign(&spec, &identity, ctx, args.batch, kv_type, slots)?;
+            if attempt == 1 {
+                eprint!("{}", ring.plan);
+            }
+            match ring.assign(
+                &spec, &self.file, &identity, ctx, args.batch, kv_type, slots,
+            ) {
+                Ok(()) => break ring,
+                Err(e) if e.is::<TransferCut>() && attempt < MAX_TRANSFER_ATTEMPTS => {
+                    ring.shutdown("slice transfer cut");
+                    eprintln!(
+                        "warning: {e}; waiting up to {:.0} s for the node, then resuming",
+                        spec.wait.as_secs_f64()
+                    );
+                    // The node drops the dead connection after its own silence limit.
+                    std::thread::sleep(Duration::from_secs(1));
+                    let missing = crate::cluster::wait_for_nodes(&spec, spec.wait);
+                    if !missing.is_empty() {
+                        bail!("{e}; {} did not come back", missing.join(", "));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let local = ring
             .stages
             .iter()
@@ -429,6 +456,9 @@ impl RingMode {
         Ok((runner, kv))
     }
 }
+
+/// Times `up` starts over after a slice transfer is cut (each time resuming it).
+pub const MAX_TRANSFER_ATTEMPTS: usize = 5;
 
 /// A quick TCP connect to see whether a node is there at all.
 pub fn reachable(addr: &str) -> bool {

@@ -2,6 +2,8 @@
 //! `127.0.0.1:0` (real sockets, real handshakes), a ring built over them with
 //! `Engine::load_ring`, and the single-process `Engine::load` as the oracle: greedy tokens and
 //! every logit equal, bit for bit. The nodes stop through their shutdown future, no `kill`.
+//! Nodes without the model get their slices from the coordinator: sent once, then reused from
+//! their caches, and a corrupted cached tensor is fetched again.
 //! Needs the test models (`scripts/fetch-models`). Timeouts are only hang guards.
 
 use ringllm::cluster::ring::{RingSpec, StageSpec};
@@ -28,6 +30,21 @@ struct Nodes {
 }
 
 fn start_nodes(names: &[&str]) -> Nodes {
+    start_nodes_in(names, models(), scratch("cache-unused"))
+}
+
+/// A fresh directory for this test run.
+fn scratch(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "ringllm-ring-in-process-{}-{what}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("a scratch directory");
+    d
+}
+
+fn start_nodes_in(names: &[&str], models_dir: PathBuf, cache_dir: PathBuf) -> Nodes {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (tx, rx) = std::sync::mpsc::channel();
     let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
@@ -46,9 +63,10 @@ fn start_nodes(names: &[&str]) -> Nodes {
                     .expect("bind 127.0.0.1:0");
                 let opts = NodeOptions {
                     key: ClusterKey::from_bytes(KEY.as_bytes()).expect("key"),
-                    name,
                     threads: 1,
-                    models_dir: models(),
+                    models_dir: models_dir.clone(),
+                    cache_dir: cache_dir.join(&name),
+                    name,
                     transport: TransportKind::Tcp,
                     memory: None,
                 };
@@ -135,6 +153,8 @@ fn a_ring_of_in_process_nodes_equals_the_single_process() {
             .collect(),
         coordinator_memory: None,
         activations: Dtype::F32,
+        send_slices: true,
+        wait: Duration::from_secs(10),
     };
     let prompt = "The three primary colours are";
     let mut one = Engine::load(&options()).expect("the single process loads");
@@ -153,4 +173,143 @@ fn a_ring_of_in_process_nodes_equals_the_single_process() {
         assert!(same, "logits of step {step} differ from the single process");
     }
     nodes.stop();
+}
+
+fn spec_of(nodes: &Nodes, send_slices: bool) -> RingSpec {
+    RingSpec {
+        key: ClusterKey::from_bytes(KEY.as_bytes()).expect("key"),
+        stages: nodes
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| StageSpec {
+                name: format!("n{}", i + 1),
+                address: Some(a.to_string()),
+                layers: None,
+                memory: None,
+                threads: Some(1),
+                transport: None,
+            })
+            .collect(),
+        coordinator_memory: None,
+        activations: Dtype::F32,
+        send_slices,
+        wait: Duration::from_secs(10),
+    }
+}
+
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
+}
+
+/// Every cached slice file (`*.gguf`) under `dir`, sorted.
+fn slice_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "gguf") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn nodes_without_the_model_get_their_slices_once_and_refetch_a_corrupted_tensor() {
+    let empty = scratch("no-models");
+    let cache = scratch("caches");
+    let nodes = start_nodes_in(&["n1", "n2", "n3"], empty, cache.clone());
+    let prompt = "The three primary colours are";
+    let mut one = Engine::load(&options()).expect("the single process loads");
+    let want = greedy(&mut one, prompt, 6);
+    drop(one);
+
+    // Without sending, a node that lacks the model says so and where it looked.
+    let err = Engine::load_ring(&options(), spec_of(&nodes, false))
+        .err()
+        .expect("a ring of nodes without the model and without sending fails");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("no model file") && msg.contains("--no-send"),
+        "{msg}"
+    );
+
+    // First start: every node is sent its slice.
+    let mut ring = Engine::load_ring(&options(), spec_of(&nodes, true)).expect("the ring builds");
+    let sent = ring.ring_mut().expect("a ring").sent.clone();
+    assert_eq!(sent.len(), 3, "every node was sent its slice: {sent:?}");
+    assert!(
+        sent.iter().all(|s| s.bytes > 0 && s.resent == 0),
+        "{sent:?}"
+    );
+    let got = greedy(&mut ring, prompt, 6);
+    ring.close();
+    assert_eq!(
+        got.0, want.0,
+        "greedy tokens differ from the single process"
+    );
+    assert!(
+        same_bits(&got.1, &want.1),
+        "logits differ from the single process"
+    );
+    let files = slice_files(&cache);
+    assert_eq!(files.len(), 3, "one cached slice per node: {files:?}");
+    let weights: u64 = sent.iter().map(|s| s.bytes).sum();
+    let model = std::fs::metadata(models().join(SMOL)).expect("model").len();
+    assert!(
+        weights < model + (3 << 20),
+        "sent {weights} bytes for a {model}-byte model"
+    );
+
+    // Second start: the caches hold every slice; nothing is sent.
+    let mut ring = Engine::load_ring(&options(), spec_of(&nodes, true)).expect("the ring builds");
+    assert!(
+        ring.ring_mut().expect("a ring").sent.is_empty(),
+        "nothing to send"
+    );
+    let got = greedy(&mut ring, prompt, 6);
+    ring.close();
+    assert_eq!(got.0, want.0);
+    assert!(same_bits(&got.1, &want.1));
+
+    // A flipped byte in the middle of a cached slice: that tensor alone is sent again.
+    let victim = &files[1];
+    let mut bytes = std::fs::read(victim).expect("read the slice");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(victim, &bytes).expect("corrupt the slice");
+    // Without sending, the node refuses the corrupted slice instead of running it.
+    let err = Engine::load_ring(&options(), spec_of(&nodes, false))
+        .err()
+        .expect("a corrupted cached slice is not used");
+    assert!(format!("{err:#}").contains("no checked slice"), "{err:#}");
+    let mut ring = Engine::load_ring(&options(), spec_of(&nodes, true)).expect("the ring builds");
+    let sent = ring.ring_mut().expect("a ring").sent.clone();
+    assert_eq!(
+        sent.len(),
+        1,
+        "only the corrupted node is sent anything: {sent:?}"
+    );
+    assert_eq!(sent[0].pieces, 1, "one tensor is sent again: {sent:?}");
+    let got = greedy(&mut ring, prompt, 6);
+    ring.close();
+    assert_eq!(got.0, want.0);
+    assert!(same_bits(&got.1, &want.1));
+    assert_eq!(std::fs::read(victim).expect("read").len(), bytes.len());
+    assert_ne!(
+        std::fs::read(victim).expect("read")[at],
+        bytes[at],
+        "the byte is repaired"
+    );
+    nodes.stop();
+    let _ = std::fs::remove_dir_all(&cache);
 }

@@ -23,6 +23,7 @@
 //! compute threads, and returns.
 
 mod error;
+pub mod slices;
 mod worker;
 
 pub use error::{AssignError, DaemonError, StageError};
@@ -33,10 +34,12 @@ use crate::model::{LoadOptions, Model};
 use crate::{limits, sys};
 use crate::{KvCache, Runner};
 use ringllm_protocol::control::{
-    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready, Stats,
+    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready,
+    SliceKey, Stats,
 };
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
+use ringllm_protocol::frame::SLICE_PROBE;
 use ringllm_protocol::QuicServer;
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, Link, LinkCloser, Role, TransportError,
@@ -81,6 +84,8 @@ pub struct NodeOptions {
     pub threads: usize,
     /// Where the model files assignments name are looked up (by file name only).
     pub models_dir: PathBuf,
+    /// Where slices the coordinator sends are kept (`slices`).
+    pub cache_dir: PathBuf,
     /// The transport this node takes its data links on.
     pub transport: TransportKind,
     /// `--memory`: the most this node may use; its budget is the smaller of this and what the
@@ -552,13 +557,19 @@ async fn control_loop(
     conn_id: u64,
 ) {
     let mut buf = Vec::new();
+    // A slice arriving from this coordinator, and the slices it sent (or offered and found
+    // here) checked, ready for its assignment.
+    let mut receiving: Option<slices::Receiving> = None;
+    let mut checked: Vec<(SliceKey, PathBuf)> = Vec::new();
     loop {
         let in_session = node
             .lock()
             .session
             .as_ref()
             .is_some_and(|s| s.conn_id == conn_id);
-        let limit = if in_session {
+        // Mid-transfer the coordinator sends without pause: silence means it is gone.
+        let expecting = receiving.as_ref().is_some_and(|r| r.expecting());
+        let limit = if in_session || expecting {
             COORDINATOR_SILENCE
         } else {
             COORDINATOR_SETUP_SILENCE
@@ -608,7 +619,7 @@ async fn control_loop(
                 debug!("{who}: {}", msg.name());
                 match msg {
                     Control::Assign(a) => {
-                        let reply = match assign(node, a, conn_id, out.clone()).await {
+                        let reply = match assign(node, a, conn_id, out.clone(), &checked).await {
                             Ok(r) => Control::Ready(r),
                             Err(e) => {
                                 warn!("assignment failed: {e}");
@@ -645,6 +656,44 @@ async fn control_loop(
                         info!("{who} ended the session: {reason}");
                         break;
                     }
+                    Control::SliceOffer(offer) => {
+                        // A new offer replaces a transfer in progress (its `.part` stays).
+                        receiving = None;
+                        let (name, cache) = (node.opts.name.clone(), node.opts.cache_dir.clone());
+                        let key = offer.key.clone();
+                        let prepared = tokio::task::spawn_blocking(move || {
+                            slices::prepare(&name, &cache, offer)
+                        })
+                        .await;
+                        let reply = match prepared {
+                            Ok(Ok(p)) => {
+                                if let Some(path) = p.ready {
+                                    checked.retain(|(k, _)| *k != key);
+                                    checked.push((key, path));
+                                }
+                                receiving = p.receiving;
+                                Control::SliceNeed(p.need)
+                            }
+                            Ok(Err(e)) => {
+                                warn!("{who}: {e}");
+                                let code = match e {
+                                    slices::SliceError::BadOffer { .. } => ErrorCode::BadRequest,
+                                    _ => ErrorCode::CacheFull,
+                                };
+                                Control::Error(ErrorMsg {
+                                    code,
+                                    seq: None,
+                                    message: e.to_string(),
+                                })
+                            }
+                            Err(e) => Control::Error(ErrorMsg {
+                                code: ErrorCode::Internal,
+                                seq: None,
+                                message: format!("node '{}': {e}", node.opts.name),
+                            }),
+                        };
+                        queue_control(out, reply).await;
+                    }
                     other => {
                         let m = format!("unexpected {} message from a coordinator", other.name());
                         warn!("{who}: {m}");
@@ -660,6 +709,44 @@ async fn control_loop(
                     }
                 }
             }
+            // A link-speed probe (`ringllm plan`): read and dropped.
+            FrameKind::Slice if h.seq == SLICE_PROBE => {}
+            FrameKind::Slice => {
+                let Some(r) = receiving.as_mut() else {
+                    let m = format!("node '{}' got slice data without an offer", node.opts.name);
+                    warn!("{who}: {m}");
+                    if let Some(f) = error_frame(ErrorCode::BadRequest, None, m) {
+                        let _ = out.send(f).await;
+                    }
+                    break;
+                };
+                match r.on_frame(h.seq, &buf) {
+                    Ok(slices::Step::More(None)) => {}
+                    Ok(slices::Step::More(Some(p))) => {
+                        queue_control(out, Control::SliceProgress(p)).await
+                    }
+                    Ok(slices::Step::Done { progress, path }) => {
+                        if let Some(path) = path {
+                            let key = r.key().clone();
+                            checked.retain(|(k, _)| *k != key);
+                            checked.push((key, path));
+                            receiving = None;
+                        }
+                        queue_control(out, Control::SliceProgress(progress)).await;
+                    }
+                    Err(e) => {
+                        warn!("{who}: {e}");
+                        receiving = None;
+                        let code = match e {
+                            slices::SliceError::BadOffer { .. } => ErrorCode::BadRequest,
+                            _ => ErrorCode::CacheFull,
+                        };
+                        if let Some(f) = error_frame(code, None, e.to_string()) {
+                            let _ = out.send(f).await;
+                        }
+                    }
+                }
+            }
             FrameKind::Hidden | FrameKind::Logits => {
                 let m = format!(
                     "node '{}' got a data frame on the control connection (data travels on its own link)",
@@ -671,6 +758,9 @@ async fn control_loop(
                 }
             }
         }
+    }
+    if let Some(r) = receiving.filter(|r| r.expecting()) {
+        r.log_cut();
     }
 }
 
@@ -727,6 +817,7 @@ async fn assign(
     a: Assignment,
     conn_id: u64,
     coord_out: mpsc::Sender<Outgoing>,
+    checked: &[(SliceKey, PathBuf)],
 ) -> Result<Ready, AssignError> {
     let t0 = Instant::now();
     let name = node.opts.name.clone();
@@ -752,14 +843,47 @@ async fn assign(
         .map(|(_, f)| Arc::clone(f));
     let file = match cached {
         Some(f) => f,
-        None => {
-            if !path.exists() {
+        None if !path.exists() => {
+            // No model file: a slice the coordinator sent (or offered and found here), else
+            // one in the cache checked against the offer stored with it.
+            let key = SliceKey {
+                model: a.model.clone(),
+                layer_start: a.layer_start,
+                layer_end: a.layer_end,
+                head: a.head,
+            };
+            let found = match checked.iter().find(|(k, _)| *k == key) {
+                Some((_, p)) => Some(p.clone()),
+                None => {
+                    let (cache, k) = (node.opts.cache_dir.clone(), key.clone());
+                    tokio::task::spawn_blocking(move || slices::cached(&cache, &k)).await?
+                }
+            };
+            let Some(slice) = found else {
                 return Err(AssignError::NoModelFile {
                     node: name,
                     file: fname,
                     dir: node.opts.models_dir.clone(),
+                    cache: node.opts.cache_dir.clone(),
                 });
-            }
+            };
+            info!(
+                "layers {}-{}: using the slice {}",
+                a.layer_start,
+                a.layer_end,
+                slice.display()
+            );
+            let p = slice.clone();
+            let f = tokio::task::spawn_blocking(move || GgufFile::open_lean(&p))
+                .await?
+                .map_err(|e| AssignError::Unreadable {
+                    node: name.clone(),
+                    path: slice,
+                    source: Box::new(e),
+                })?;
+            Arc::new(f)
+        }
+        None => {
             let p = path.clone();
             let f = tokio::task::spawn_blocking(move || GgufFile::open_lean(&p))
                 .await?

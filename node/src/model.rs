@@ -110,19 +110,24 @@ impl Model {
         let arch =
             Arch::from_name(&arch_name).ok_or(ModelError::UnsupportedArch { name: arch_name })?;
         let embd_name = TensorKind::TokenEmbd.gguf_name(None);
-        let embd_info = file
-            .tensor(&embd_name)
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: embd_name.clone(),
-            })?;
-        if embd_info.dims.len() != 2 {
-            return Err(ModelError::BadShape {
-                name: embd_name,
-                expected: vec![0, 0],
-                found: embd_info.dims.clone(),
-            });
-        }
-        let vocab = embd_info.dims[1] as usize;
+        // The vocabulary size is the embedding's row count; a slice sent to a node holds no
+        // embedding and says it in its metadata instead.
+        let vocab = match file.tensor(&embd_name) {
+            Some(embd_info) => {
+                if embd_info.dims.len() != 2 {
+                    return Err(ModelError::BadShape {
+                        name: embd_name,
+                        expected: vec![0, 0],
+                        found: embd_info.dims.clone(),
+                    });
+                }
+                embd_info.dims[1] as usize
+            }
+            None if md.get(crate::slice::VOCAB_KEY).is_some() && !opts.embedding => {
+                md.u64(crate::slice::VOCAB_KEY)? as usize
+            }
+            None => return Err(ModelError::MissingTensor { name: embd_name }),
+        };
         let hp = Hparams::from_metadata(arch, md, vocab)?;
         let layer_range = opts.layers.clone().unwrap_or(0..hp.n_layer);
         if layer_range.start > layer_range.end || layer_range.end > hp.n_layer {

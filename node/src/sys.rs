@@ -92,3 +92,23 @@ pub fn matvec_speed(threads: usize, budget: Duration) -> f64 {
     }
     best
 }
+
+/// Bytes free for an unprivileged user on the filesystem holding `path` (`None` when it
+/// cannot be asked).
+pub fn disk_free(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and `st` points to memory
+    // for one `statvfs`, which the call fills when it returns 0 (and only then is it read).
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised `st`.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between targets (u32 on some 32-bit ones).
+    #[allow(clippy::unnecessary_cast)]
+    let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Some(blocks.saturating_mul(size))
+}

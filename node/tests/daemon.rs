@@ -62,6 +62,7 @@ impl TestNode {
             name: name.to_string(),
             threads: 1,
             models_dir: models.to_path_buf(),
+            cache_dir: models.join("slice-cache"),
             transport,
             memory: None,
         };

@@ -162,6 +162,61 @@ pub struct Stats {
     pub rss_bytes: u64,
 }
 
+/// Which slice of which model: the layers `layer_start..layer_end`, and the final norm and
+/// output head when `head`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceKey {
+    pub model: ModelIdentity,
+    pub layer_start: u32,
+    pub layer_end: u32,
+    pub head: bool,
+}
+
+/// One piece of a slice file: `len` bytes at `offset`, and their BLAKE3 hash. Piece 0 is the
+/// GGUF header; every other piece is one tensor's data. The gaps between pieces (alignment
+/// padding) are zeros.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// What the piece holds ("header" or a tensor name), for messages.
+    pub name: String,
+    pub offset: u64,
+    pub len: u64,
+    pub hash: [u8; 32],
+}
+
+/// The coordinator offers a node the slice it is about to assign: a GGUF file of `size`
+/// bytes holding only the slice's tensors (and the metadata), described piece by piece.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SliceOffer {
+    pub key: SliceKey,
+    pub size: u64,
+    pub pieces: Vec<Piece>,
+    /// Only say what would be needed (`ringllm plan`): no file is touched.
+    pub dry_run: bool,
+}
+
+/// What a node lacks of an offered slice: the pieces to send, in order (empty: it has the
+/// slice, every piece checked against the offer's hashes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SliceNeed {
+    pub key: SliceKey,
+    pub pieces: Vec<u32>,
+    /// Bytes of the slice already on the node's disk and checked.
+    pub have_bytes: u64,
+}
+
+/// A node's account of a slice transfer: sent as pieces arrive (at most a few times a
+/// second), and once with `done` when every needed piece has arrived. `bad` lists pieces
+/// whose bytes did not match their hash (the coordinator sends them again).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SliceProgress {
+    pub key: SliceKey,
+    /// Bytes of the needed pieces received so far.
+    pub received: u64,
+    pub done: bool,
+    pub bad: Vec<u32>,
+}
+
 /// Error codes (stable numbers for machines; the message is for people).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorCode {
@@ -173,6 +228,8 @@ pub enum ErrorCode {
     Busy,
     Compute,
     Internal,
+    /// The node's slice cache cannot take the slice (disk full, unwritable directory).
+    CacheFull,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -219,6 +276,9 @@ pub enum Control {
         transport: TransportKind,
         udp_port: u16,
     },
+    SliceOffer(SliceOffer),
+    SliceNeed(SliceNeed),
+    SliceProgress(SliceProgress),
 }
 
 fn config() -> impl bincode::config::Config {
@@ -278,6 +338,9 @@ impl Control {
             Control::Shutdown { .. } => "shutdown",
             Control::GetStats => "get-stats",
             Control::Attach { .. } => "attach",
+            Control::SliceOffer(_) => "slice-offer",
+            Control::SliceNeed(_) => "slice-need",
+            Control::SliceProgress(_) => "slice-progress",
         }
     }
 }

@@ -61,7 +61,13 @@ pub enum FrameKind {
     Hidden = 2,
     /// Logits `[n × vocab]`, from a last stage that holds the output head.
     Logits = 3,
+    /// Bytes of a model slice being sent to a node (`seq` is the piece index; see
+    /// `control::SliceOffer`), or of a link-speed probe (`seq` = `SLICE_PROBE`).
+    Slice = 4,
 }
+
+/// `seq` of a `Slice` frame that carries no slice: a probe of the link's speed, discarded.
+pub const SLICE_PROBE: u64 = u64::MAX;
 
 impl FrameKind {
     pub fn from_u8(v: u8) -> Option<FrameKind> {
@@ -69,6 +75,7 @@ impl FrameKind {
             1 => FrameKind::Control,
             2 => FrameKind::Hidden,
             3 => FrameKind::Logits,
+            4 => FrameKind::Slice,
             _ => return None,
         })
     }
@@ -261,8 +268,8 @@ impl FrameHeader {
             });
         }
         match (kind, dtype) {
-            (FrameKind::Control, Dtype::Bytes) => {}
-            (FrameKind::Control, _) | (_, Dtype::Bytes) => {
+            (FrameKind::Control | FrameKind::Slice, Dtype::Bytes) => {}
+            (FrameKind::Control | FrameKind::Slice, _) | (_, Dtype::Bytes) => {
                 return Err(ProtocolError::BadField {
                     field: "frame dtype for its kind",
                     value: dtype as u64,

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, KvType, ModelIdentity, NextHop,
-    Ready, Stats,
+    Piece, Ready, SliceKey, SliceNeed, SliceOffer, SliceProgress, Stats,
 };
 use ringllm_protocol::frame::{
     FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, KNOWN_FLAGS, MAX_CONTROL_LEN,
@@ -266,7 +266,7 @@ fn stats() -> impl Strategy<Value = Stats> {
     })
 }
 
-const ERROR_CODES: [ErrorCode; 8] = [
+const ERROR_CODES: [ErrorCode; 9] = [
     ErrorCode::BadRequest,
     ErrorCode::ModelMissing,
     ErrorCode::ModelMismatch,
@@ -275,6 +275,7 @@ const ERROR_CODES: [ErrorCode; 8] = [
     ErrorCode::Busy,
     ErrorCode::Compute,
     ErrorCode::Internal,
+    ErrorCode::CacheFull,
 ];
 
 fn error_msg() -> impl Strategy<Value = ErrorMsg> {
@@ -286,8 +287,68 @@ fn error_msg() -> impl Strategy<Value = ErrorMsg> {
         .prop_map(|(code, seq, message)| ErrorMsg { code, seq, message })
 }
 
+fn slice_key() -> impl Strategy<Value = SliceKey> {
+    (model_identity(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(
+        |(model, layer_start, layer_end, head)| SliceKey {
+            model,
+            layer_start,
+            layer_end,
+            head,
+        },
+    )
+}
+
+fn piece() -> impl Strategy<Value = Piece> {
+    (text(), any::<u64>(), any::<u64>(), any::<[u8; 32]>()).prop_map(|(name, offset, len, hash)| {
+        Piece {
+            name,
+            offset,
+            len,
+            hash,
+        }
+    })
+}
+
 fn control() -> impl Strategy<Value = Control> {
     prop_oneof![
+        (
+            slice_key(),
+            any::<u64>(),
+            prop::collection::vec(piece(), 0..4),
+            any::<bool>()
+        )
+            .prop_map(
+                |(key, size, pieces, dry_run)| Control::SliceOffer(SliceOffer {
+                    key,
+                    size,
+                    pieces,
+                    dry_run
+                })
+            ),
+        (
+            slice_key(),
+            prop::collection::vec(any::<u32>(), 0..8),
+            any::<u64>()
+        )
+            .prop_map(|(key, pieces, have_bytes)| Control::SliceNeed(SliceNeed {
+                key,
+                pieces,
+                have_bytes
+            })),
+        (
+            slice_key(),
+            any::<u64>(),
+            any::<bool>(),
+            prop::collection::vec(any::<u32>(), 0..8)
+        )
+            .prop_map(
+                |(key, received, done, bad)| Control::SliceProgress(SliceProgress {
+                    key,
+                    received,
+                    done,
+                    bad
+                })
+            ),
         capabilities().prop_map(Control::Capabilities),
         assignment().prop_map(Control::Assign),
         ready().prop_map(Control::Ready),
@@ -466,7 +527,7 @@ proptest! {
 
     #[test]
     fn decode_past_magic_and_version_respects_caps(
-        kind in prop_oneof![0u8..=4, any::<u8>()],
+        kind in prop_oneof![0u8..=5, any::<u8>()],
         dtype in prop_oneof![0u8..=5, any::<u8>()],
         rest in prop::array::uniform::<_, 32>(any::<u8>()),
         n_tokens in prop_oneof![0u32..=4, any::<u32>()],
@@ -491,6 +552,9 @@ proptest! {
             prop_assert_eq!(u32::from_le_bytes([b[32], b[33], b[34], b[35]]), 0);
             if h.kind == FrameKind::Control {
                 prop_assert!(h.len <= MAX_CONTROL_LEN);
+                prop_assert_eq!(h.dtype, Dtype::Bytes);
+            } else if h.kind == FrameKind::Slice {
+                prop_assert!(h.len <= max);
                 prop_assert_eq!(h.dtype, Dtype::Bytes);
             } else {
                 prop_assert!(h.len <= max);
@@ -574,7 +638,7 @@ fn header_spot_checks() {
     assert!(FrameHeader::decode(&raw_header(1, 0, 0, 0, 0, 0), 0).is_ok());
     assert!(FrameHeader::decode(&raw_header(1, 0, 5, MAX_CONTROL_LEN, 0, 0), 0).is_ok());
     // Kind and dtype that do not go together.
-    for (kind, dtype) in [(1u8, 1u8), (1, 4), (2, 0), (3, 0)] {
+    for (kind, dtype) in [(1u8, 1u8), (1, 4), (2, 0), (3, 0), (4, 1), (4, 2)] {
         let r = FrameHeader::decode(&raw_header(kind, dtype, 1, 4, 0, 0), u32::MAX);
         assert!(
             matches!(
@@ -588,7 +652,7 @@ fn header_spot_checks() {
         );
     }
     // Unknown kind and dtype values.
-    for kind in [0u8, 4, 255] {
+    for kind in [0u8, 5, 255] {
         let r = FrameHeader::decode(&raw_header(kind, 1, 1, 4, 0, 0), u32::MAX);
         assert!(
             matches!(
@@ -688,13 +752,14 @@ fn pinned_frame_kind_and_dtype_values() {
         (FrameKind::Control, 1u8),
         (FrameKind::Hidden, 2),
         (FrameKind::Logits, 3),
+        (FrameKind::Slice, 4),
     ];
     for (k, v) in kinds {
         assert_eq!(k as u8, v, "{k:?}");
         assert_eq!(FrameKind::from_u8(v), Some(k));
     }
     assert_eq!(FrameKind::from_u8(0), None);
-    assert_eq!(FrameKind::from_u8(4), None);
+    assert_eq!(FrameKind::from_u8(5), None);
 
     let dtypes = [
         (Dtype::Bytes, 0u8),
@@ -811,13 +876,54 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
             },
             9,
         ),
+        (Control::SliceOffer(slice_offer_example()), 10),
+        (
+            Control::SliceNeed(SliceNeed {
+                key: slice_offer_example().key,
+                pieces: vec![1, 3],
+                have_bytes: 7,
+            }),
+            11,
+        ),
+        (
+            Control::SliceProgress(SliceProgress {
+                key: slice_offer_example().key,
+                received: 5,
+                done: true,
+                bad: vec![2],
+            }),
+            12,
+        ),
     ]
+}
+
+fn slice_offer_example() -> SliceOffer {
+    SliceOffer {
+        key: SliceKey {
+            model: ModelIdentity {
+                file_name: "m.gguf".into(),
+                size: 10,
+                header_hash: 11,
+            },
+            layer_start: 0,
+            layer_end: 4,
+            head: true,
+        },
+        size: 96,
+        pieces: vec![Piece {
+            name: "header".into(),
+            offset: 0,
+            len: 96,
+            hash: [7; 32],
+        }],
+        dry_run: false,
+    }
 }
 
 #[test]
 fn pinned_control_discriminants() {
     let all = one_of_each_control();
-    assert_eq!(all.len(), 10);
+    assert_eq!(all.len(), 13);
     for (msg, index) in all {
         let b = msg.encode().unwrap();
         assert_eq!(
@@ -869,6 +975,7 @@ fn pinned_error_codes() {
         (ErrorCode::Busy, 5),
         (ErrorCode::Compute, 6),
         (ErrorCode::Internal, 7),
+        (ErrorCode::CacheFull, 8),
     ];
     for (code, v) in expected {
         let b = Control::Error(ErrorMsg {
@@ -971,7 +1078,7 @@ fn control_huge_claimed_lengths_are_refused() {
     assert!(Control::decode(&b).is_err());
 
     // Unknown variant indexes.
-    assert!(Control::decode(&[10]).is_err());
+    assert!(Control::decode(&[13]).is_err());
     assert!(Control::decode(&[250]).is_err());
     assert!(Control::decode(&[]).is_err());
 }

@@ -236,14 +236,14 @@ fn server_rejects_anything_but_a_proof() {
 #[test]
 fn version_mismatch_is_refused_naming_both_versions() {
     let k = key("k");
-    let hello = forged_hello(k.id(), 2, Role::Coordinator, "future");
+    let hello = forged_hello(k.id(), 3, Role::Coordinator, "future");
     let (out, e) = expect_refuse(ServerHandshake::on_hello(&k, "node-a", &hello).unwrap());
     assert!(
         matches!(
             e,
             ProtocolError::Version {
-                ours: 1,
-                theirs: 2,
+                ours: 2,
+                theirs: 3,
                 ..
             }
         ),
@@ -251,10 +251,20 @@ fn version_mismatch_is_refused_naming_both_versions() {
     );
     let text = e.to_string();
     assert!(
-        text.contains("we speak 1") && text.contains("peer speaks 2"),
+        text.contains("we speak 2") && text.contains("peer speaks 3"),
         "{text}"
     );
-    assert!(reject_text(&out).contains("peer speaks 2"));
+    assert!(reject_text(&out).contains("peer speaks 3"));
+    // A peer of the first version (before slices were sent) is refused too.
+    let (_, e) = expect_refuse(
+        ServerHandshake::on_hello(
+            &k,
+            "node-a",
+            &forged_hello(k.id(), 1, Role::Coordinator, "old"),
+        )
+        .unwrap(),
+    );
+    assert!(e.to_string().contains("peer speaks 1"), "{e}");
 
     // The client side applies the same check to the server's hello.
     let (mut client, _) = ClientHandshake::start(&k, Role::Coordinator, "c").unwrap();
@@ -263,7 +273,7 @@ fn version_mismatch_is_refused_naming_both_versions() {
         matches!(
             r,
             Err(ProtocolError::Version {
-                ours: 1,
+                ours: 2,
                 theirs: 0,
                 ..
             })
@@ -272,7 +282,14 @@ fn version_mismatch_is_refused_naming_both_versions() {
     );
 
     // A different minor version is compatible.
-    let mut h = match HsMsg::decode(&forged_hello(k.id(), 1, Role::Coordinator, "x")).unwrap() {
+    let mut h = match HsMsg::decode(&forged_hello(
+        k.id(),
+        PROTOCOL_MAJOR,
+        Role::Coordinator,
+        "x",
+    ))
+    .unwrap()
+    {
         HsMsg::Hello(h) => h,
         _ => unreachable!(),
     };

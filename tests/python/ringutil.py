@@ -6,7 +6,9 @@ import os
 import pathlib
 import signal
 import socket
+import shutil
 import subprocess
+import tempfile
 import time
 
 from conftest import FIXTURES, MODELS, ROOT, _bin
@@ -52,6 +54,8 @@ class Nodes:
         self.threads = threads
         self.models = models
         self.log_dir = pathlib.Path(log_dir) if log_dir else None
+        # Slices the coordinator sends land here, never in the user's ~/.cache.
+        self.cache = pathlib.Path(tempfile.mkdtemp(prefix="ringllm-test-slices-"))
 
     def start_one(self, i, port=None):
         port = port or free_port()
@@ -60,7 +64,7 @@ class Nodes:
         p = subprocess.Popen(
             [str(_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
              "--models", str(self.models), "--name", name, "--threads", str(self.threads),
-             "--transport", self.transport, *map(str, self.extra_args(i))],
+             "--transport", self.transport, "--cache", str(self.cache / name), *map(str, self.extra_args(i))],
             stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=self.preexec(i))
         wait_port("127.0.0.1", port, timeout=15)
         time.sleep(0.05)
@@ -114,6 +118,7 @@ class Nodes:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        shutil.rmtree(self.cache, ignore_errors=True)
 
 
 def ringllm(args, timeout=300, check=True, **kw):

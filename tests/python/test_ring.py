@@ -189,12 +189,19 @@ def test_garbage_and_wrong_version_are_refused_and_the_node_keeps_serving(tmp_pa
         assert log.count("refused connection") >= 3, log
 
 
-def test_missing_model_on_a_node_is_named(tmp_path):
+def test_missing_model_on_a_node_is_named_or_sent(tmp_path):
     model = model_path(SMOL.name)
     with Nodes(1, models=tmp_path) as nodes:
-        r = ringllm(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", "Hi", *GEN], check=False)
-    assert r.returncode != 0
-    assert "node1" in r.stderr and SMOL.name in r.stderr and "no model file" in r.stderr, r.stderr
+        r = ringllm(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", "Hi", *GEN, "--no-send"],
+                    check=False)
+        assert r.returncode != 0
+        assert "node1" in r.stderr and SMOL.name in r.stderr and "no model file" in r.stderr, r.stderr
+        assert "--no-send" in r.stderr, r.stderr
+        # Sending (the default), the node gets its slice and the ring answers as `run` does.
+        ok = ringllm(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", "Hi", *GEN, "--json"])
+        alone = ringllm(["run", "-m", model, "-p", "Hi", *GEN, "--json"])
+        assert json.loads(ok.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
+        assert "node1: sent layers 0-29" in ok.stderr, ok.stderr
 
 
 def test_chat_survives_a_node_death_by_replanning(tmp_path):

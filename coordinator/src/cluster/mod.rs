@@ -34,6 +34,9 @@ pub struct Source {
     pub activations: Option<String>,
 }
 
+/// How long `up` waits for nodes that do not answer yet (`--wait`).
+pub const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The model, key and stages of a ring, from a cluster file or from flags.
 pub struct Setup {
     pub model: PathBuf,
@@ -98,6 +101,8 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     stages,
                     coordinator_memory: cfg.memory,
                     activations,
+                    send_slices: true,
+                    wait: DEFAULT_WAIT,
                 },
                 ctx: cfg.ctx,
                 kv: Some(cfg.kv),
@@ -142,6 +147,8 @@ pub fn setup(src: &Source) -> Result<Setup> {
                         None => Dtype::from_name(file::DEFAULT_ACTIVATIONS)
                             .ok_or_else(|| anyhow!("bad default activation type"))?,
                     },
+                    send_slices: true,
+                    wait: DEFAULT_WAIT,
                 },
                 ctx: None,
                 kv: None,

@@ -21,6 +21,9 @@ use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TransportKind,
 };
 
+mod send;
+pub use send::{Sent, SlicePreview, TransferCut};
+
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,6 +83,11 @@ pub struct RingSpec {
     pub stages: Vec<StageSpec>,
     pub coordinator_memory: Option<u64>,
     pub activations: Dtype,
+    /// Send nodes that lack the model their slices (`up --no-send` turns it off).
+    pub send_slices: bool,
+    /// How long to wait for a node lost mid-transfer to come back (`up --wait`) before
+    /// giving up; the transfer resumes where it stopped.
+    pub wait: Duration,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -103,7 +111,10 @@ enum Event {
 struct RemoteNode {
     name: String,
     address: String,
+    /// Control messages to the node.
     out: mpsc::Sender<Outgoing>,
+    /// Bulk data to the node (slices): written when no control message waits.
+    data: mpsc::Sender<Outgoing>,
     caps: Capabilities,
     /// What the cluster file declared for this node's links.
     declared: Option<TransportKind>,
@@ -157,6 +168,8 @@ pub struct Ring {
     pub session: u64,
     /// Every node's `Ready`, in node order.
     pub ready: Vec<Ready>,
+    /// The slices sent before the assignments (nodes that needed nothing are not listed).
+    pub sent: Vec<Sent>,
     vocab: usize,
     /// How hidden states travel on this ring's data links.
     pub activations: Dtype,
@@ -269,11 +282,19 @@ impl Ring {
             let counters = Arc::clone(&link.counters);
             let ringllm_protocol::Link { mut tx, mut rx, .. } = link;
             let (qtx, mut qrx) = mpsc::channel::<Outgoing>(256);
+            let (dtx, mut drx) = mpsc::channel::<Outgoing>(send::QUEUE);
             let ev = ev_tx.clone();
             let name = s.name.clone();
             let _g = rt.enter();
             tokio::spawn(async move {
-                while let Some((h, p)) = qrx.recv().await {
+                loop {
+                    // Control messages first; slice data when none waits.
+                    let next = tokio::select! {
+                        biased;
+                        m = qrx.recv() => m,
+                        d = drx.recv() => d,
+                    };
+                    let Some((h, p)) = next else { break };
                     if let Err(e) = tx.send(&h, &p).await {
                         let _ = ev.send(Event::Lost {
                             node: i,
@@ -334,6 +355,7 @@ impl Ring {
                 name,
                 address: s.address.clone().unwrap_or_default(),
                 out: qtx,
+                data: dtx,
                 caps: Capabilities {
                     node_name: String::new(),
                     version: String::new(),
@@ -363,6 +385,7 @@ impl Ring {
             head_on_node: false,
             session: 0,
             ready: Vec::new(),
+            sent: Vec::new(),
             vocab: 0,
             activations: Dtype::F32,
             logits_buf: Vec::new(),
@@ -533,16 +556,22 @@ impl Ring {
         Ok(ring)
     }
 
-    /// Loads every node's slice and waits until all are ready.
+    /// Sends the nodes that lack the model their slices (unless `spec.send_slices` is off),
+    /// loads every node's slice and waits until all are ready.
+    #[allow(clippy::too_many_arguments)]
     pub fn assign(
         &mut self,
         spec: &RingSpec,
+        file: &Arc<GgufFile>,
         identity: &ModelIdentity,
         ctx: usize,
         max_batch: usize,
         kv: KvType,
         slots: usize,
     ) -> Result<()> {
+        if spec.send_slices {
+            self.sent = self.send_slices(spec, identity, file)?;
+        }
         self.session =
             (self.t0.elapsed().as_nanos() as u64) ^ ((std::process::id() as u64) << 40) ^ 0x5eed;
         self.activations = spec.activations;
@@ -792,6 +821,18 @@ impl Ring {
             ),
             Event::Lost { node, why } => bail!("{} {why}", self.who(node)),
         }
+    }
+
+    /// The next event within `wait` (`None`: none came), without watching heartbeats.
+    fn poll_event(&mut self, wait: Duration) -> Result<Option<Event>> {
+        let events = &mut self.events;
+        self.rt.block_on(async {
+            match tokio::time::timeout(wait, events.recv()).await {
+                Ok(Some(e)) => Ok(Some(e)),
+                Ok(None) => bail!("every link is closed"),
+                Err(_) => Ok(None),
+            }
+        })
     }
 
     /// The next event, watching heartbeats meanwhile.
@@ -1051,7 +1092,9 @@ impl Ring {
                         *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
                     }
                 }
-                FrameKind::Control => bail!("{who_last}: control frame on a data link"),
+                FrameKind::Control | FrameKind::Slice => {
+                    bail!("{who_last}: {:?} frame on a data link", h.kind)
+                }
             }
             row += m;
         }

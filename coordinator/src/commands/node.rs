@@ -25,6 +25,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         name,
         threads: args.threads.unwrap_or_else(default_threads).max(1),
         models_dir: args.models.clone(),
+        cache_dir: args.cache_dir(),
         transport: args.transport,
         memory: args.memory,
     };
@@ -37,10 +38,11 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         let listener = bind(&args.listen, &opts).await?;
         let addr = listener.local_addr()?;
         eprintln!(
-            "ringllm node '{}' listening on {addr} (cluster {}, data links over {})",
+            "ringllm node '{}' listening on {addr} (cluster {}, data links over {}, slice cache {})",
             opts.name,
             opts.key.id_hex(),
-            opts.transport
+            opts.transport,
+            opts.cache_dir.display()
         );
         // The daemon's messages name their causes already: keep them as they are.
         daemon::serve(listener, opts, shutdown_signal())

@@ -4,7 +4,7 @@
 use crate::cli::PlanArgs;
 use anyhow::Result;
 use ringllm::cluster::planner::format_bytes;
-use ringllm::cluster::ring::Sizing;
+use ringllm::cluster::ring::{Sizing, SlicePreview};
 use ringllm::cluster::{self, Ring};
 use ringllm::engine::{default_threads, open_gguf};
 use ringllm_node::limits;
@@ -31,7 +31,11 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
         kv,
         slots,
     };
-    let ring = Ring::connect(&s.spec, &s.model, &file, &sizing, threads)?;
+    let mut ring = Ring::connect(&s.spec, &s.model, &file, &sizing, threads)?;
+    // What `up` would send the nodes that lack the model, and how long over each link.
+    let identity = cluster::ring::identity_of(&s.model, &file);
+    let slices = ring.preview_slices(&s.spec, &identity, &file)?;
+    let eta = |p: &SlicePreview| p.to_send as f64 / p.link_bytes_per_s.max(1.0);
     if args.json {
         let caps = ring.capabilities();
         let rtts = ring.rtts();
@@ -46,6 +50,17 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                     "threads": c.threads,
                     "matvec_bytes_per_s": c.matvec_bytes_per_s,
                     "rtt_ms": rtt * 1e3,
+                })
+            })
+            .collect();
+        let slices: Vec<serde_json::Value> = slices
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "node": p.node, "layers": [p.layers.start, p.layers.end], "head": p.head,
+                    "size": p.size, "to_send": p.to_send,
+                    "link_bytes_per_s": p.link_bytes_per_s,
+                    "seconds": if p.to_send == 0 { 0.0 } else { eta(p) },
                 })
             })
             .collect();
@@ -68,6 +83,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             serde_json::json!({
                 "nodes": nodes,
                 "stages": stages,
+                "slices": slices,
                 "slots": ring.plan.slots,
                 "ctx": ctx,
                 "max_batch": max_batch,
@@ -90,6 +106,41 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             );
         }
         out!("{}", ring.plan);
+        for p in &slices {
+            let what = format!(
+                "layers {}-{}{}",
+                p.layers.start,
+                p.layers.end.saturating_sub(1),
+                if p.head { " and head" } else { "" }
+            );
+            if p.to_send == 0 {
+                outln!(
+                    "slice for {}: {what}, {} — in its cache, nothing to send",
+                    p.node,
+                    format_bytes(p.size)
+                );
+            } else {
+                outln!(
+                    "slice for {}: {what}, {} — {} to send at {:.0} MB/s (measured): ~{:.0} s",
+                    p.node,
+                    format_bytes(p.size),
+                    format_bytes(p.to_send),
+                    p.link_bytes_per_s / 1e6,
+                    eta(p).ceil()
+                );
+            }
+        }
+        if let Some(slowest) = slices
+            .iter()
+            .filter(|p| p.to_send > 0)
+            .map(eta)
+            .reduce(f64::max)
+        {
+            outln!(
+                "sending takes ~{:.0} s (every node is fed at once)",
+                slowest.ceil()
+            );
+        }
     }
     ring.shutdown("plan only");
     Ok(ExitCode::SUCCESS)

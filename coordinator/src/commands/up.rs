@@ -8,7 +8,7 @@ use ringllm::engine::{Engine, ModelOptions};
 use std::process::ExitCode;
 
 pub fn up(args: UpArgs) -> Result<ExitCode> {
-    let s = cluster::setup(&cluster::Source::from(&args.source))?;
+    let mut s = cluster::setup(&cluster::Source::from(&args.source))?;
     let model = ModelOptions {
         model: s.model.clone(),
         threads: args.threads.or(s.threads),
@@ -19,7 +19,9 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
     if !(args.wait >= 0.0 && args.wait <= 86_400.0) {
         anyhow::bail!("--wait {}: give seconds from 0 to 86400", args.wait);
     }
-    let missing = cluster::wait_for_nodes(&s.spec, std::time::Duration::from_secs_f64(args.wait));
+    s.spec.wait = std::time::Duration::from_secs_f64(args.wait);
+    s.spec.send_slices = !args.no_send;
+    let missing = cluster::wait_for_nodes(&s.spec, s.spec.wait);
     if !missing.is_empty() {
         eprintln!("{} not listening after {} s", missing.join(", "), args.wait);
     }

@@ -46,16 +46,20 @@ pub enum AssignError {
     /// A model file name that is empty, hidden, or not a plain name (a path).
     #[error("node '{node}': invalid model file name '{file}'")]
     FileName { node: String, file: String },
-    /// The models directory holds no file of that name.
+    /// The models directory holds no file of that name, and the slice cache no checked
+    /// slice of it.
     #[error(
-        "node '{node}' has no model file {file} in {} (copy the file there, or start the node \
-         with --models DIR)",
-        dir.display()
+        "node '{node}' has no model file {file} in {} and no checked slice of it in {} (let \
+         the coordinator send it: `up` without --no-send; or copy the file there, or start \
+         the node with --models DIR)",
+        dir.display(),
+        cache.display()
     )]
     NoModelFile {
         node: String,
         file: String,
         dir: PathBuf,
+        cache: PathBuf,
     },
     /// The model file is there but cannot be read as GGUF.
     #[error("node '{node}': cannot read {}: {source}", path.display())]

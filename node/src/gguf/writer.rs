@@ -12,6 +12,9 @@ use ringllm_kernels::GgmlType;
 use std::io::{self, Write};
 use std::path::Path;
 
+/// Where a tensor's data sits in a file: absolute offset and size in bytes.
+pub type Placed = (u64, u64);
+
 struct PendingTensor {
     name: String,
     dims: Vec<u64>,
@@ -204,6 +207,31 @@ impl GgufWriter {
             s.write_data(&zeros[..left.min(zeros.len() as u64) as usize])?;
         }
         s.finish().map(|_| ())
+    }
+
+    /// The file's header (through the padding before the first tensor's data) and the
+    /// absolute offset and size of every tensor's data, in order, without writing any data:
+    /// how a file assembled from pieces (a model slice sent to a node) is laid out. Every
+    /// tensor must be declared without data (`add_tensor_info`).
+    pub fn layout(&self) -> io::Result<(Vec<u8>, Vec<Placed>)> {
+        if let Some(t) = self.tensors.iter().find(|t| t.data.is_some()) {
+            return Err(invalid(format!(
+                "tensor '{}' came with its data; layout() takes declared tensors only",
+                t.name
+            )));
+        }
+        let header = self.stream(Vec::new())?.w.inner;
+        let align = self.alignment as u64;
+        let mut at = header.len() as u64;
+        let mut out = Vec::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            out.push((at, t.size));
+            at = at
+                .checked_add(t.size)
+                .map(|e| e.next_multiple_of(align))
+                .ok_or_else(|| invalid("tensor data exceeds 2^64 bytes".into()))?;
+        }
+        Ok((header, out))
     }
 
     /// Writes the header and the metadata to `w`, then returns the stream that takes the data
