@@ -343,6 +343,11 @@ pub struct BenchArgs {
     /// Benchmark a ring (cluster file) next to the single process, in the same run.
     #[arg(long)]
     pub cluster: Option<PathBuf>,
+    /// With --cluster: a cold start. The nodes discard their cached slices first, so each is
+    /// sent in full; the report gives the time from start to the first token (ring and single
+    /// process) and what was sent, how fast.
+    #[arg(long, requires = "cluster")]
+    pub cold: bool,
     /// Load-test a running server (http://HOST:PORT): streaming completions at each
     /// `--concurrency`, `-n` tokens each, `-r` requests per client.
     #[arg(long)]

@@ -154,6 +154,7 @@ fn a_ring_of_in_process_nodes_equals_the_single_process() {
         coordinator_memory: None,
         activations: Dtype::F32,
         send_slices: true,
+        discard_cached_slices: false,
         wait: Duration::from_secs(10),
     };
     let prompt = "The three primary colours are";
@@ -194,6 +195,7 @@ fn spec_of(nodes: &Nodes, send_slices: bool) -> RingSpec {
         coordinator_memory: None,
         activations: Dtype::F32,
         send_slices,
+        discard_cached_slices: false,
         wait: Duration::from_secs(10),
     }
 }
@@ -310,6 +312,21 @@ fn nodes_without_the_model_get_their_slices_once_and_refetch_a_corrupted_tensor(
         bytes[at],
         "the byte is repaired"
     );
+
+    // A cold start (`bench --cold`): the nodes discard their slices and get them in full.
+    let mut spec = spec_of(&nodes, true);
+    spec.discard_cached_slices = true;
+    let mut ring = Engine::load_ring(&options(), spec).expect("the ring builds");
+    let again = ring.ring_mut().expect("a ring").sent.clone();
+    assert_eq!(again.len(), 3, "{again:?}");
+    assert_eq!(
+        again.iter().map(|s| s.bytes).sum::<u64>(),
+        weights,
+        "every slice is sent in full again"
+    );
+    let got = greedy(&mut ring, prompt, 6);
+    ring.close();
+    assert_eq!(got.0, want.0);
     nodes.stop();
     let _ = std::fs::remove_dir_all(&cache);
 }

@@ -159,7 +159,13 @@ impl SliceSource {
     }
 
     /// The offer that describes this slice, every piece hashed (on up to `threads` threads).
-    pub fn offer(&self, file: &GgufFile, threads: usize, dry_run: bool) -> SliceOffer {
+    pub fn offer(
+        &self,
+        file: &GgufFile,
+        threads: usize,
+        dry_run: bool,
+        discard: bool,
+    ) -> SliceOffer {
         let hashes = hash_all(
             &(0..self.pieces.len())
                 .map(|i| self.bytes(file, i))
@@ -181,6 +187,7 @@ impl SliceSource {
                 })
                 .collect(),
             dry_run,
+            discard,
         }
     }
 }
@@ -332,7 +339,7 @@ mod tests {
             let n = full.hp.n_layer;
             for (layers, head) in [(0..1, false), (1..n, true), (0..n, true), (2..3, false)] {
                 let s = SliceSource::build(&file, identity(), layers.clone(), head).unwrap();
-                let offer = s.offer(&file, 2, false);
+                let offer = s.offer(&file, 2, false, false);
                 check_offer(&offer).unwrap();
                 let mut bytes = vec![0u8; s.size as usize];
                 for (i, p) in s.pieces.iter().enumerate() {
@@ -408,6 +415,7 @@ mod tests {
                 },
             ],
             dry_run: false,
+            discard: false,
         };
         check_offer(&good).unwrap();
         let bad = |f: &dyn Fn(&mut SliceOffer)| {

@@ -193,6 +193,8 @@ pub struct SliceOffer {
     pub pieces: Vec<Piece>,
     /// Only say what would be needed (`ringllm plan`): no file is touched.
     pub dry_run: bool,
+    /// Discard what the cache holds of this slice first (`bench --cold`).
+    pub discard: bool,
 }
 
 /// What a node lacks of an offered slice: the pieces to send, in order (empty: it has the

@@ -315,16 +315,18 @@ fn control() -> impl Strategy<Value = Control> {
             slice_key(),
             any::<u64>(),
             prop::collection::vec(piece(), 0..4),
+            any::<bool>(),
             any::<bool>()
         )
-            .prop_map(
-                |(key, size, pieces, dry_run)| Control::SliceOffer(SliceOffer {
+            .prop_map(|(key, size, pieces, dry_run, discard)| Control::SliceOffer(
+                SliceOffer {
                     key,
                     size,
                     pieces,
-                    dry_run
-                })
-            ),
+                    dry_run,
+                    discard
+                }
+            )),
         (
             slice_key(),
             prop::collection::vec(any::<u32>(), 0..8),
@@ -917,6 +919,7 @@ fn slice_offer_example() -> SliceOffer {
             hash: [7; 32],
         }],
         dry_run: false,
+        discard: false,
     }
 }
 

@@ -267,6 +267,27 @@ struct ClusterReport {
     predicted_tokens_per_s: f64,
     /// Decode speed of the pass whose bytes were counted.
     counted_pass_tokens_per_s: f64,
+    /// From start (loading, connecting, planning, sending slices) to the first token's logits.
+    start: StartReport,
+}
+
+#[derive(Serialize)]
+struct SentRow {
+    node: String,
+    bytes: u64,
+    seconds: f64,
+    bytes_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct StartReport {
+    /// The nodes were asked to discard their cached slices first (`--cold`).
+    cold: bool,
+    single_first_token_s: f64,
+    ring_first_token_s: f64,
+    /// Slices sent before the ring started (nodes fed at once).
+    sent: Vec<SentRow>,
+    sent_bytes: u64,
 }
 
 pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
@@ -291,8 +312,38 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns",
         s.spec.stages.len()
     );
+    // Time to the first token: the single process loads and runs one token; the ring
+    // connects, plans, sends the slices the nodes lack (all of them with --cold), loads them
+    // and runs one token.
+    let t = Instant::now();
     let mut one = Engine::load(&margs)?;
-    let mut e = Engine::load_ring(&margs, s.spec.clone())?;
+    one.feed(&[100])?;
+    let single_first = t.elapsed().as_secs_f64();
+    let mut spec = s.spec.clone();
+    spec.discard_cached_slices = args.cold;
+    let t = Instant::now();
+    let mut e = Engine::load_ring(&margs, spec)?;
+    e.feed(&[100])?;
+    let ring_first = t.elapsed().as_secs_f64();
+    let sent: Vec<SentRow> = e
+        .ring_mut()
+        .map(|r| r.sent.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| SentRow {
+            node: s.node,
+            bytes: s.bytes,
+            seconds: s.secs,
+            bytes_per_s: s.bytes as f64 / s.secs.max(1e-9),
+        })
+        .collect();
+    let start = StartReport {
+        cold: args.cold,
+        single_first_token_s: single_first,
+        ring_first_token_s: ring_first,
+        sent_bytes: sent.iter().map(|s| s.bytes).sum(),
+        sent,
+    };
     let (mut single, mut ring_plain) = (Vec::new(), Vec::new());
     let once = BenchArgs {
         repeat: 1,
@@ -391,6 +442,7 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         links,
         predicted_tokens_per_s: predicted,
         counted_pass_tokens_per_s: 1.0 / ring_s.max(1e-9),
+        start,
     };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
@@ -419,6 +471,26 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         "predicted by the planner: {:.1} tokens/s",
         report.predicted_tokens_per_s
     );
+    let st = &report.start;
+    outln!(
+        "start to first token{}: ring {:.2} s, single process {:.2} s",
+        if st.cold {
+            " (cold: node caches discarded)"
+        } else {
+            ""
+        },
+        st.ring_first_token_s,
+        st.single_first_token_s
+    );
+    for s in &st.sent {
+        outln!(
+            "  sent {}: {:.1} MiB in {:.2} s ({:.1} MB/s)",
+            s.node,
+            s.bytes as f64 / 1048576.0,
+            s.seconds,
+            s.bytes_per_s / 1e6
+        );
+    }
     outln!(
         "decode overhead of the ring: {:.3} ms/token over {} hops = {:.3} ms per hop",
         report.overhead_ms_per_token,

@@ -85,6 +85,9 @@ pub struct RingSpec {
     pub activations: Dtype,
     /// Send nodes that lack the model their slices (`up --no-send` turns it off).
     pub send_slices: bool,
+    /// Have the nodes discard what their caches hold of their slices first, so every slice
+    /// is sent in full (`bench --cold`).
+    pub discard_cached_slices: bool,
     /// How long to wait for a node lost mid-transfer to come back (`up --wait`) before
     /// giving up; the transfer resumes where it stopped.
     pub wait: Duration,

@@ -232,6 +232,14 @@ pub fn prepare(node: &str, cache: &Path, offer: SliceOffer) -> Result<Prepared, 
         let node = node.to_string();
         move |source| SliceError::Io { node, path, source }
     };
+    if offer.discard && !offer.dry_run {
+        for f in [&p.file, &p.part, &p.pieces] {
+            if f.exists() {
+                std::fs::remove_file(f).map_err(io(f))?;
+                info!("slice cache: discarded {} as asked", f.display());
+            }
+        }
+    }
     // What is already here: the finished file, else a partial one.
     let existing = [&p.file, &p.part].into_iter().find(|f| f.exists());
     let mut need: Vec<u32> = match existing {
@@ -566,6 +574,7 @@ impl Receiving {
         self.file.sync_all().map_err(|e| (p.part.clone(), e))?;
         let stored = Control::SliceOffer(SliceOffer {
             dry_run: false,
+            discard: false,
             ..self.offer.clone()
         })
         .encode()

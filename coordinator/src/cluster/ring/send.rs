@@ -153,11 +153,12 @@ impl Ring {
         jobs: &[SliceJob],
         file: &GgufFile,
         dry_run: bool,
+        discard: bool,
     ) -> Result<Vec<SliceNeed>> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut size = 0u64;
         for j in jobs {
-            let offer = j.source.offer(file, threads, dry_run);
+            let offer = j.source.offer(file, threads, dry_run, discard);
             size = size.max(offer.size);
             self.send_control(j.node, &Control::SliceOffer(offer))?;
         }
@@ -231,7 +232,7 @@ impl Ring {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let needs = self.offer_slices(&jobs, file, false)?;
+        let needs = self.offer_slices(&jobs, file, false, spec.discard_cached_slices)?;
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(
             "  {prefix:<14} [{bar:28}] {binary_bytes:>10}/{binary_total_bytes:<10} \
@@ -450,7 +451,7 @@ impl Ring {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let needs = self.offer_slices(&jobs, file, true)?;
+        let needs = self.offer_slices(&jobs, file, true, false)?;
         let mut out = Vec::new();
         for (j, n) in jobs.iter().zip(needs) {
             let rate = if n.pieces.is_empty() {
