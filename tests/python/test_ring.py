@@ -2,6 +2,8 @@
 cluster files, and faults (a killed node, a wrong key, garbage, a wrong version, recovery)."""
 
 import json
+import os
+import re
 import socket
 import struct
 import subprocess
@@ -202,6 +204,27 @@ def test_missing_model_on_a_node_is_named_or_sent(tmp_path):
         alone = ringllm(["run", "-m", model, "-p", "Hi", *GEN, "--json"])
         assert json.loads(ok.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
         assert "node1: sent layers 0-29" in ok.stderr, ok.stderr
+
+
+def test_a_node_whose_cache_disk_is_too_small_says_so(tmp_path):
+    """The node's cache on a 24 MiB tmpfs: SmolLM2's 66 MiB slice does not fit. The coordinator
+    reports the node's message naming the directory and both sizes; the node serves on."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    model = model_path(SMOL.name)
+    with Nodes(1, models=tmp_path) as nodes:
+        cache = nodes.cache / "node1"
+        cache.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(cache)], check=True)
+        try:
+            r = ringllm(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", "Hi", *GEN], check=False)
+            assert r.returncode != 0
+            assert "node1" in r.stderr and str(cache) in r.stderr and "more on disk" in r.stderr, r.stderr
+            assert re.search(r"needs \d+ MiB more on disk, \d+ MiB are free", r.stderr), r.stderr
+            assert nodes.alive(0)
+            assert not list(cache.rglob("*.part")) or all(p.stat().st_size == 0 for p in cache.rglob("*.part"))
+        finally:
+            subprocess.run(["umount", str(cache)], check=False)
 
 
 def test_chat_survives_a_node_death_by_replanning(tmp_path):
