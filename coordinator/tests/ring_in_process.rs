@@ -136,27 +136,7 @@ fn greedy(engine: &mut Engine, prompt: &str, n: usize) -> (Vec<u32>, Vec<Vec<f32
 #[test]
 fn a_ring_of_in_process_nodes_equals_the_single_process() {
     let nodes = start_nodes(&["n1", "n2"]);
-    let spec = RingSpec {
-        key: ClusterKey::from_bytes(KEY.as_bytes()).expect("key"),
-        stages: nodes
-            .addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| StageSpec {
-                name: format!("n{}", i + 1),
-                address: Some(a.to_string()),
-                layers: None,
-                memory: None,
-                threads: Some(1),
-                transport: None,
-            })
-            .collect(),
-        coordinator_memory: None,
-        activations: Dtype::F32,
-        send_slices: true,
-        discard_cached_slices: false,
-        wait: Duration::from_secs(10),
-    };
+    let spec = spec_of(&nodes, true);
     let prompt = "The three primary colours are";
     let mut one = Engine::load(&options()).expect("the single process loads");
     let (want_tokens, want_logits) = greedy(&mut one, prompt, 8);
