@@ -107,8 +107,30 @@ fn scalar_table() -> Table {
     }
 }
 
-fn detected_table() -> Table {
+/// The level `RINGLLM_ISA` asks for (`scalar`, `avx2`; unset or `auto`: the best this CPU
+/// has). `RINGLLM_FORCE_SCALAR=1` is the older spelling of `RINGLLM_ISA=scalar`. A level the
+/// CPU lacks, or a name we do not know, is refused on stderr and the best level is used.
+fn requested() -> Option<Isa> {
     if std::env::var_os("RINGLLM_FORCE_SCALAR").is_some_and(|v| v != "0") {
+        return Some(Isa::Scalar);
+    }
+    let v = std::env::var("RINGLLM_ISA").ok()?;
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => None,
+        "scalar" => Some(Isa::Scalar),
+        "avx2" => Some(Isa::Avx2),
+        other => {
+            eprintln!(
+                "warning: RINGLLM_ISA={other}: write scalar, avx2 or auto; using the best this \
+                 CPU has"
+            );
+            None
+        }
+    }
+}
+
+fn detected_table() -> Table {
+    if requested() == Some(Isa::Scalar) {
         return scalar_table();
     }
     #[cfg(target_arch = "x86_64")]
@@ -128,7 +150,7 @@ fn detected_table() -> Table {
 static SCALAR: OnceLock<Table> = OnceLock::new();
 static DETECTED: OnceLock<Table> = OnceLock::new();
 
-/// The fastest kernels this CPU supports (scalar when `RINGLLM_FORCE_SCALAR=1`).
+/// The fastest kernels this CPU supports, or the level `RINGLLM_ISA` names.
 pub fn kernels(ty: GgmlType) -> &'static TypeKernels {
     DETECTED.get_or_init(detected_table).get(ty)
 }

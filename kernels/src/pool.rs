@@ -1,9 +1,14 @@
 //! A small fork–join thread pool for the per-token loop.
 //!
-//! `run(job)` executes `job(thread_index)` once on every thread of the pool (the caller is
-//! thread 0) and returns when all have finished. Idle workers spin briefly (a decode step
-//! follows the previous one within microseconds) and then sleep on a condition variable, so
-//! a node waiting for frames does not burn its cores. Nothing is allocated per `run`.
+//! `run(job)` calls `job(thread_index)` on the caller (thread 0) and on every worker that
+//! joins in time, and returns when all that joined have finished. Jobs take their work from
+//! shared counters (`Chunks`), never by thread index, so the caller alone can do all of it:
+//! once its own call returns, the job is closed, and a worker that had not yet joined (its
+//! core busy with another process, the machine never idle in a home lab) skips it instead of
+//! stalling the step until the scheduler gets round to it. A thread index only selects
+//! per-thread scratch. Idle workers spin briefly (a decode step follows the previous one
+//! within microseconds) and then sleep on a condition variable, so a node waiting for frames
+//! does not burn its cores. Nothing is allocated per `run`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -15,11 +20,17 @@ const SPIN: Duration = Duration::from_micros(1000);
 
 type Job = dyn Fn(usize) + Sync;
 
+/// `Shared::gate`: the generation it is open for (high bits), a closed bit, and the count of
+/// workers inside the job (low bits).
+const GATE_CLOSED: usize = 1 << 16;
+const GATE_INSIDE: usize = GATE_CLOSED - 1;
+const GATE_GEN_SHIFT: u32 = 17;
+
 struct Shared {
-    /// Incremented for every job; workers run a job when they see a new value.
+    /// Incremented for every job; workers try to join a job when they see a new value.
     generation: AtomicUsize,
-    /// Workers still running the current job.
-    pending: AtomicUsize,
+    /// Who may still join the current job, and who is inside it (see `GATE_*`).
+    gate: AtomicUsize,
     /// The current job, valid while `pending > 0` for the generation it was posted with.
     job: Mutex<Option<JobPtr>>,
     /// Sleeping workers wait here for a new generation.
@@ -56,7 +67,7 @@ impl ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            gate: AtomicUsize::new(GATE_CLOSED),
             job: Mutex::new(None),
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -84,7 +95,10 @@ impl ThreadPool {
         self.n_threads
     }
 
-    /// Runs `job(i)` for every thread index `i` in `0..n_threads()`, in parallel.
+    /// Runs `job(i)` on the calling thread (`i` = 0) and on every worker that joins before
+    /// the caller's own call returns (`i` its index), in parallel; returns once every call
+    /// has. `job` must take its work from shared counters, so that any subset of the threads
+    /// (the caller alone, at worst) does all of it.
     pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
         if self.n_threads == 1 {
             job(0);
@@ -92,8 +106,9 @@ impl ThreadPool {
         }
         let _guard = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let s = &*self.shared;
-        // SAFETY: we erase the lifetime of `job`; this function does not return before
-        // `pending` is back to 0, i.e. before every worker finished calling it.
+        // SAFETY: we erase the lifetime of `job`; this function does not return before the
+        // gate is closed and no worker is inside, i.e. before every worker that called the
+        // job has returned, and none can call it afterwards.
         let ptr =
             JobPtr(
                 unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(job) }
@@ -102,16 +117,19 @@ impl ThreadPool {
         {
             let mut slot = s.job.lock().unwrap_or_else(|p| p.into_inner());
             *slot = Some(ptr);
-            s.pending.store(self.n_threads - 1, Ordering::SeqCst);
-            s.generation.fetch_add(1, Ordering::SeqCst);
+            let generation = s.generation.load(Ordering::SeqCst).wrapping_add(1);
+            s.gate.store(gate_open(generation), Ordering::SeqCst);
+            s.generation.store(generation, Ordering::SeqCst);
         }
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _slot = s.job.lock().unwrap_or_else(|p| p.into_inner());
             s.wake.notify_all();
         }
         let caller = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0)));
+        // The work is all taken: latecomers skip the job from here on.
+        s.gate.fetch_or(GATE_CLOSED, Ordering::SeqCst);
         let start = Instant::now();
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while s.gate.load(Ordering::Acquire) & GATE_INSIDE != 0 {
             if start.elapsed() < SPIN {
                 std::hint::spin_loop();
             } else {
@@ -123,6 +141,27 @@ impl ThreadPool {
         }
         if s.panicked.swap(false, Ordering::SeqCst) {
             panic!("a worker thread panicked while running a kernel");
+        }
+    }
+}
+
+/// The gate of a job just posted as `generation`: open, nobody inside.
+fn gate_open(generation: usize) -> usize {
+    generation << GATE_GEN_SHIFT
+}
+
+/// Joins the job of `generation` if it is still open: counts this worker inside.
+fn try_join(gate: &AtomicUsize, generation: usize) -> bool {
+    let mut v = gate.load(Ordering::SeqCst);
+    loop {
+        if v >> GATE_GEN_SHIFT != generation & (usize::MAX >> GATE_GEN_SHIFT)
+            || v & GATE_CLOSED != 0
+        {
+            return false;
+        }
+        match gate.compare_exchange_weak(v, v + 1, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return true,
+            Err(now) => v = now,
         }
     }
 }
@@ -160,16 +199,19 @@ fn worker(shared: Arc<Shared>, index: usize) {
             return;
         }
         seen = s.generation.load(Ordering::Acquire);
+        if !try_join(&s.gate, seen) {
+            continue; // too late: the caller did the work
+        }
         let job = *s.job.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(JobPtr(ptr)) = job {
-            // SAFETY: `run` keeps the closure alive until `pending` reaches 0, which happens
-            // only after this call returns.
+            // SAFETY: `run` keeps the closure alive until no worker is inside the gate, which
+            // happens only after this call returns.
             let f = unsafe { &*ptr };
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(index))).is_err() {
                 s.panicked.store(true, Ordering::SeqCst);
             }
         }
-        s.pending.fetch_sub(1, Ordering::Release);
+        s.gate.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -250,32 +292,98 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     #[test]
-    fn every_thread_runs_every_job() {
+    fn every_job_is_done_once_by_the_threads_that_join() {
         let pool = ThreadPool::new(3);
-        let hits = AtomicU64::new(0);
+        let (hits, callers) = (AtomicU64::new(0), AtomicU64::new(0));
         for _ in 0..1000 {
+            let chunks = Chunks::new(64, 1);
             pool.run(&|i| {
-                hits.fetch_add(1 << (i * 16), Ordering::Relaxed);
+                assert!(i < 3);
+                if i == 0 {
+                    callers.fetch_add(1, Ordering::Relaxed);
+                }
+                while chunks.next_range().is_some() {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                }
             });
         }
-        let h = hits.load(Ordering::Relaxed);
-        assert_eq!(h & 0xffff, 1000);
-        assert_eq!((h >> 16) & 0xffff, 1000);
-        assert_eq!((h >> 32) & 0xffff, 1000);
+        assert_eq!(hits.load(Ordering::Relaxed), 64 * 1000);
+        assert_eq!(callers.load(Ordering::Relaxed), 1000);
+    }
+
+    /// The gate: a worker joins only the open job of its own generation; once the caller
+    /// closes it (its own share done), a worker that comes late skips it.
+    #[test]
+    fn late_workers_skip_a_closed_job() {
+        let gate = AtomicUsize::new(GATE_CLOSED);
+        assert!(!try_join(&gate, 0));
+        for g in [
+            1usize,
+            2,
+            usize::MAX >> GATE_GEN_SHIFT,
+            (usize::MAX >> GATE_GEN_SHIFT) + 3,
+        ] {
+            gate.store(gate_open(g), Ordering::SeqCst);
+            assert!(!try_join(&gate, g.wrapping_add(1)), "another generation");
+            assert!(try_join(&gate, g) && try_join(&gate, g));
+            assert_eq!(gate.load(Ordering::SeqCst) & GATE_INSIDE, 2);
+            gate.fetch_or(GATE_CLOSED, Ordering::SeqCst);
+            assert!(!try_join(&gate, g), "closed");
+            gate.fetch_sub(2, Ordering::SeqCst);
+            assert_eq!(gate.load(Ordering::SeqCst) & GATE_INSIDE, 0);
+        }
+    }
+
+    /// Jobs complete, every chunk once, while another thread keeps every core busy.
+    #[test]
+    fn jobs_complete_beside_a_busy_loop() {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for _ in 0..std::thread::available_parallelism().map_or(1, |n| n.get()) {
+                sc.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                });
+            }
+            let pool = ThreadPool::new(2);
+            let done = AtomicU64::new(0);
+            for _ in 0..200 {
+                let chunks = Chunks::new(16, 1);
+                pool.run(&|_| {
+                    while chunks.next_range().is_some() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert_eq!(done.load(Ordering::Relaxed), 16 * 200);
+        });
     }
 
     #[test]
     fn workers_sleep_and_wake() {
         let pool = ThreadPool::new(2);
-        let hits = AtomicU64::new(0);
-        pool.run(&|_| {
-            hits.fetch_add(1, Ordering::Relaxed);
-        });
+        // Thread 0 keeps the job open until the worker has joined (a hang guard of 10 s).
+        let both = |hits: &AtomicU64| {
+            pool.run(&|i| {
+                hits.fetch_add(1, Ordering::SeqCst);
+                if i == 0 {
+                    let t = Instant::now();
+                    while hits.load(Ordering::SeqCst) < 2 && t.elapsed() < Duration::from_secs(10) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            hits.load(Ordering::SeqCst)
+        };
+        assert_eq!(both(&AtomicU64::new(0)), 2);
         std::thread::sleep(Duration::from_millis(20)); // past the spin: the worker sleeps
-        pool.run(&|_| {
-            hits.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(hits.load(Ordering::Relaxed), 4);
+        assert_eq!(
+            both(&AtomicU64::new(0)),
+            2,
+            "the sleeping worker woke and joined"
+        );
     }
 
     #[test]
@@ -298,15 +406,31 @@ mod tests {
     #[test]
     fn worker_panic_reaches_the_caller() {
         let pool = ThreadPool::new(2);
+        let joined = AtomicBool::new(false);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pool.run(&|i| assert!(i == 0, "boom"));
+            pool.run(&|i| {
+                if i == 0 {
+                    // Keep the job open until the worker is in (a hang guard of 10 s).
+                    let t = Instant::now();
+                    while !joined.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    joined.store(true, Ordering::SeqCst);
+                    panic!("boom");
+                }
+            });
         }));
+        assert!(joined.load(Ordering::SeqCst), "the worker never joined");
         assert!(r.is_err());
         // The pool still works afterwards.
+        let chunks = Chunks::new(5, 1);
         let hits = AtomicU64::new(0);
         pool.run(&|_| {
-            hits.fetch_add(1, Ordering::Relaxed);
+            while chunks.next_range().is_some() {
+                hits.fetch_add(1, Ordering::Relaxed);
+            }
         });
-        assert_eq!(hits.load(Ordering::Relaxed), 2);
+        assert_eq!(hits.load(Ordering::Relaxed), 5);
     }
 }

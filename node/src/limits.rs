@@ -95,6 +95,15 @@ pub fn cgroup_headroom() -> Option<u64> {
     let fs = RealFs;
     let v1 = Cgroup::V1.headroom(&fs, &groups, &mounts);
     let v2 = Cgroup::V2.headroom(&fs, &groups, &mounts);
+    for c in [Cgroup::V1, Cgroup::V2] {
+        if let Some(group) = c.unreadable(&fs, &groups, &mounts) {
+            tracing::warn!(
+                "this process is in memory cgroup {group}, whose hierarchy is not mounted here \
+                 (`ip netns exec` remounts /sys, for one): its limit cannot be read, so the \
+                 budget ignores it; give --memory"
+            );
+        }
+    }
     smallest([v1, v2])
 }
 
@@ -143,6 +152,22 @@ impl Cgroup {
             };
             ours.then_some(path.trim())
         })
+    }
+
+    /// This process's group when it is not the root group yet the hierarchy is nowhere to be
+    /// read (not in `mountinfo`, and no `cgroup.procs` at the usual place).
+    fn unreadable(self, fs: &dyn CgroupFs, proc_cgroup: &str, mountinfo: &str) -> Option<String> {
+        let path = self.group_path(proc_cgroup)?;
+        if path == "/" || path.is_empty() || self.mount(mountinfo).is_some() {
+            return None;
+        }
+        let usual = match self {
+            Cgroup::V1 => "/sys/fs/cgroup/memory/cgroup.procs",
+            Cgroup::V2 => "/sys/fs/cgroup/cgroup.procs",
+        };
+        fs.read(std::path::Path::new(usual))
+            .is_none()
+            .then(|| path.to_string())
     }
 
     /// Where the hierarchy is mounted, from `/proc/self/mountinfo`: (root of the mount
@@ -332,6 +357,25 @@ mod tests {
             Cgroup::V2.mount(V1_MOUNTS),
             Some(("/".to_string(), "/sys/fs/cgroup/unified".into()))
         );
+    }
+
+    /// In a group whose hierarchy is not mounted (as under `ip netns exec`, which remounts
+    /// /sys), the limit cannot be read: said, not silently skipped.
+    #[test]
+    fn a_group_whose_hierarchy_is_not_mounted_is_reported() {
+        let none = fake(&[]);
+        let sysfs_only = "22 1 0:20 / /sys rw - sysfs sysfs rw\n";
+        assert_eq!(
+            Cgroup::V1.unreadable(&none, V1_GROUPS, sysfs_only),
+            Some("/jobs/node1".to_string())
+        );
+        assert_eq!(Cgroup::V1.headroom(&none, V1_GROUPS, sysfs_only), None);
+        // The root group, or a mounted hierarchy, is not reported.
+        assert_eq!(Cgroup::V2.unreadable(&none, V1_GROUPS, sysfs_only), None);
+        assert_eq!(Cgroup::V1.unreadable(&none, V1_GROUPS, V1_MOUNTS), None);
+        // Mounted at the usual place without a mountinfo line (a bind mount): readable.
+        let usual = fake(&[("/sys/fs/cgroup/memory/cgroup.procs", "1\n")]);
+        assert_eq!(Cgroup::V1.unreadable(&usual, V1_GROUPS, sysfs_only), None);
     }
 
     #[test]

@@ -112,3 +112,57 @@ pub fn disk_free(path: &std::path::Path) -> Option<u64> {
     let (blocks, size) = (st.f_bavail as u64, st.f_frsize as u64);
     Some(blocks.saturating_mul(size))
 }
+
+/// The CPU's model name (from /proc/cpuinfo; "unknown CPU" when it does not say).
+pub fn cpu_model() -> String {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("model name") || l.starts_with("Model"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "unknown CPU".to_string())
+}
+
+/// Size of the largest cache level CPU 0 sees (the L3, where there is one), in bytes, and
+/// its level; `None` when sysfs does not say.
+pub fn last_level_cache() -> Option<(u32, u64)> {
+    let base = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let mut best: Option<(u32, u64)> = None;
+    for e in std::fs::read_dir(base).ok()?.flatten() {
+        let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+        let (Some(level), Some(size)) = (read("level"), read("size")) else {
+            continue;
+        };
+        let Ok(level) = level.trim().parse::<u32>() else {
+            continue;
+        };
+        let size = size.trim();
+        let (num, mult) = match size.strip_suffix('K') {
+            Some(n) => (n, 1u64 << 10),
+            None => match size.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (size, 1),
+            },
+        };
+        let Ok(n) = num.parse::<u64>() else { continue };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, n * mult));
+        }
+    }
+    best
+}
+
+/// "CPU model, L3 480 MiB" for reports.
+pub fn machine_summary() -> String {
+    let cache = match last_level_cache() {
+        Some((level, bytes)) if bytes >= 1 << 20 => format!("L{level} {} MiB", bytes >> 20),
+        Some((level, bytes)) => format!("L{level} {} KiB", bytes >> 10),
+        None => "cache size unknown".to_string(),
+    };
+    format!(
+        "{}, {cache}, {} CPUs",
+        cpu_model(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    )
+}

@@ -313,6 +313,16 @@ class Netns:
         self._procs.append(p)
         return p
 
+    def popen_net_only(self, host, argv, **kw) -> subprocess.Popen:
+        """As `popen`, but through `nsenter --net`: only the network namespace changes.
+        `ip netns exec` also remounts /sys in a mount namespace of its own, which hides the
+        cgroup hierarchy (a node under a memory cap could not read its limit)."""
+        kw.setdefault("start_new_session", True)
+        ns = f"/run/netns/{self.ns[self._known(host)]}"
+        p = subprocess.Popen(["nsenter", f"--net={ns}", "--", *map(str, argv)], **kw)
+        self._procs.append(p)
+        return p
+
     def run(self, host, argv, **kw) -> subprocess.CompletedProcess:
         """Runs argv inside the host's namespace: check=False, capture_output=True, text=True,
         timeout=120 unless given (on timeout subprocess kills the child and raises)."""

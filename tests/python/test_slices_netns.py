@@ -70,7 +70,7 @@ class Cluster:
         (self.tmp / "empty").mkdir(exist_ok=True)
         log = open(self.tmp / f"{host}.log", "a")
         self.logs[host] = log
-        self.procs[host] = self.net.popen(
+        self.procs[host] = self.net.popen_net_only(
             host, [str(_bin()), "-v", "node", "--listen", f"{self.net.addr(host)}:{PORT}", "--key", str(KEY),
                    "--models", str(self.tmp / "empty"), "--cache", str(self.cache(host)), "--name", host,
                    "--threads", "1"],
@@ -129,9 +129,16 @@ def test_slices_are_sent_cached_reused_and_a_flipped_byte_is_refused(net, model,
     with Cluster(net, tmp_path) as c:
         got, logits, err = c.up(model, "first.f32")
         assert got["token_ids"] == want["token_ids"] and logits == want_logits, err
-        # Three stages of consecutive layers: the caps force the three-way split.
+        # Three stages of consecutive layers: the caps force the three-way split. The planner
+        # saw each cap (its budget is below it) and every stage's need fits its budget.
         layers = re.findall(r"layers\s+(\d+)-(\d+)\s+weights", err)
         assert len(layers) == 3, err
+        rows = re.findall(r"^(host\d)\s+\S+\s+(\d+)-(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)",
+                          err, re.M)
+        assert len(rows) == 3, err
+        for host, a, b, w, kv, scratch, budget in rows:
+            assert float(budget) < CAP / MIB and float(w) + float(kv) + float(scratch) <= float(budget), err
+            assert int(b) - int(a) + 1 <= 3, err
         for h in HOSTS:
             assert f"{h}: sent layers" in err, err
             assert len(slices_in(c.cache(h))) == 1, list(c.cache(h).rglob("*"))

@@ -19,6 +19,12 @@ struct Row {
     stddev: f64,
     /// Decode only: % of the roofline (bandwidth ÷ weight bytes per token).
     roofline_pct: Option<f64>,
+    /// Decode only: the roofline itself, tokens/s (measured read bandwidth ÷ weight bytes
+    /// per token).
+    roofline_tokens_per_s: Option<f64>,
+    /// The kernel set and the machine the figure came from.
+    isa: &'static str,
+    machine: String,
 }
 
 /// `ringllm bench -m MODEL`: ppN and tgN at each thread count.
@@ -45,11 +51,12 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     let max_g = args.gen.iter().copied().max().unwrap_or(1);
     let ctx = (max_p + max_g + 1).max(64);
     eprintln!(
-        "model {} | {} | {:.1} MiB read per token | isa {}",
+        "model {} | {} | {:.1} MiB read per token | isa {} | {}",
         model_path.display(),
         model.hp.arch.name(),
         bytes_per_token as f64 / 1048576.0,
-        ringllm_kernels::isa().name()
+        ringllm_kernels::isa().name(),
+        ringllm_node::sys::machine_summary()
     );
     let mut rows = Vec::new();
     for &t in &threads {
@@ -88,6 +95,9 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 tokens_per_s: mean,
                 stddev: sd,
                 roofline_pct: None,
+                roofline_tokens_per_s: None,
+                isa: ringllm_kernels::isa().name(),
+                machine: ringllm_node::sys::machine_summary(),
             });
         }
         for &g in &args.gen {
@@ -107,6 +117,9 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 tokens_per_s: mean,
                 stddev: sd,
                 roofline_pct: Some(100.0 * mean / roof),
+                roofline_tokens_per_s: Some(roof),
+                isa: ringllm_kernels::isa().name(),
+                machine: ringllm_node::sys::machine_summary(),
             });
         }
     }
@@ -269,6 +282,9 @@ struct ClusterReport {
     counted_pass_tokens_per_s: f64,
     /// From start (loading, connecting, planning, sending slices) to the first token's logits.
     start: StartReport,
+    /// The coordinator's kernel set and machine.
+    isa: &'static str,
+    machine: String,
 }
 
 #[derive(Serialize)]
@@ -309,8 +325,11 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         kv: s.kv.unwrap_or_default(),
     };
     eprintln!(
-        "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns",
-        s.spec.stages.len()
+        "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns \
+         | isa {} | {}",
+        s.spec.stages.len(),
+        ringllm_kernels::isa().name(),
+        ringllm_node::sys::machine_summary()
     );
     // Time to the first token: the single process loads and runs one token; the ring
     // connects, plans, sends the slices the nodes lack (all of them with --cold), loads them
@@ -443,6 +462,8 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         predicted_tokens_per_s: predicted,
         counted_pass_tokens_per_s: 1.0 / ring_s.max(1e-9),
         start,
+        isa: ringllm_kernels::isa().name(),
+        machine: ringllm_node::sys::machine_summary(),
     };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
