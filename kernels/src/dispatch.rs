@@ -42,6 +42,9 @@ pub type VecDotTileFn = fn(
 pub enum Isa {
     Scalar,
     Avx2,
+    /// AVX2 with `vpdpbusd` (AVX-VNNI, or AVX-512 VNNI on 256-bit registers) for the dot
+    /// products of the 32-element formats.
+    Avx2Vnni,
 }
 
 impl Isa {
@@ -49,6 +52,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma",
+            Isa::Avx2Vnni => "avx2+vnni",
         }
     }
 }
@@ -107,8 +111,8 @@ fn scalar_table() -> Table {
     }
 }
 
-/// The level `RINGLLM_ISA` asks for (`scalar`, `avx2`; unset or `auto`: the best this CPU
-/// has). `RINGLLM_FORCE_SCALAR=1` is the older spelling of `RINGLLM_ISA=scalar`. A level the
+/// The level `RINGLLM_ISA` asks for (`scalar`, `avx2`, `vnni`; unset or `auto`: the best
+/// this CPU has). `RINGLLM_FORCE_SCALAR=1` is the older spelling of `RINGLLM_ISA=scalar`. A level the
 /// CPU lacks, or a name we do not know, is refused on stderr and the best level is used.
 fn requested() -> Option<Isa> {
     if std::env::var_os("RINGLLM_FORCE_SCALAR").is_some_and(|v| v != "0") {
@@ -119,10 +123,11 @@ fn requested() -> Option<Isa> {
         "" | "auto" => None,
         "scalar" => Some(Isa::Scalar),
         "avx2" => Some(Isa::Avx2),
+        "vnni" | "avx2+vnni" => Some(Isa::Avx2Vnni),
         other => {
             eprintln!(
-                "warning: RINGLLM_ISA={other}: write scalar, avx2 or auto; using the best this \
-                 CPU has"
+                "warning: RINGLLM_ISA={other}: write scalar, avx2, vnni or auto; using the best \
+                 this CPU has"
             );
             None
         }
@@ -135,6 +140,18 @@ fn detected_table() -> Table {
     }
     #[cfg(target_arch = "x86_64")]
     {
+        let want = requested();
+        if let (Some(v), None | Some(Isa::Avx2Vnni)) = (crate::avx2::vnni(), want) {
+            let mut table = scalar_table();
+            table.isa = Isa::Avx2Vnni;
+            for entry in &mut table.entries {
+                crate::avx2::specialize_vnni(entry, v);
+            }
+            return table;
+        }
+        if want == Some(Isa::Avx2Vnni) {
+            eprintln!("warning: RINGLLM_ISA=vnni: this CPU has no VNNI; using avx2");
+        }
         if crate::avx2::available() {
             let mut table = scalar_table();
             table.isa = Isa::Avx2;

@@ -25,6 +25,67 @@ pub fn available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+/// AVX2 and AVX-VNNI (256-bit `vpdpbusd`, VEX: Alder Lake, Sapphire Rapids and later).
+pub fn available_avxvnni() -> bool {
+    available() && is_x86_feature_detected!("avxvnni")
+}
+
+/// AVX2 and AVX-512 VNNI with VL (`vpdpbusd` on 256-bit registers, EVEX: Ice Lake, Zen 4).
+pub fn available_avx512vnni() -> bool {
+    available() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+}
+
+/// Which `vpdpbusd` the VNNI level uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vnni {
+    Avx,
+    Avx512,
+}
+
+/// The VNNI instruction this CPU has, AVX-VNNI first (shorter encoding).
+pub fn vnni() -> Option<Vnni> {
+    if available_avxvnni() {
+        Some(Vnni::Avx)
+    } else if available_avx512vnni() {
+        Some(Vnni::Avx512)
+    } else {
+        None
+    }
+}
+
+/// The AVX2 table, then the legacy formats' dot products with `vpdpbusd` (their integer
+/// sums are exact either way, so results do not change; the K-quants keep their AVX2 loops,
+/// which scale 16-bit partial sums before widening).
+pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
+    specialize(entry);
+    entry.isa = Isa::Avx2Vnni;
+    macro_rules! set {
+        ($m:ident, $b:ty) => {{
+            entry.vec_dot = q8_0::$m::vec_dot::<$b>;
+            entry.vec_dot_multi = Some(q8_0::$m::vec_dot_multi::<$b>);
+            entry.vec_dot_rows = Some(q8_0::$m::vec_dot_rows::<$b>);
+            entry.vec_dot_tile = Some(q8_0::$m::vec_dot_tile::<$b>);
+        }};
+    }
+    macro_rules! level {
+        ($b:ty) => {
+            match v {
+                Vnni::Avx => set!(avxvnni, $b),
+                Vnni::Avx512 => set!(avx512vnni, $b),
+            }
+        };
+    }
+    match entry.ty {
+        GgmlType::Q4_0 => level!(q4_0::Q4_0),
+        GgmlType::Q4_1 => level!(q4_1::Q4_1),
+        GgmlType::Q5_0 => level!(q5_0::Q5_0),
+        GgmlType::Q5_1 => level!(q5_1::Q5_1),
+        GgmlType::Q8_0 => level!(q8_0::Q8_0),
+        GgmlType::Q8_1 => level!(q8_0::Q8_1),
+        _ => {}
+    }
+}
+
 /// Replace the scalar functions of `entry` with AVX2 ones where we have them.
 pub fn specialize(entry: &mut TypeKernels) {
     entry.isa = Isa::Avx2;

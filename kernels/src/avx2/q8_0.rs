@@ -88,37 +88,6 @@ pub(super) unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
 }
 
-/// The integer dot product of one block, as 8 f32 partial sums. `ax` is `|qx|` for signed
-/// formats (unused otherwise).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn block_dot<B: Legacy>(qx: __m256i, ax: __m256i, qy: __m256i) -> __m256 {
-    let p16 = if B::SIGNED {
-        _mm256_maddubs_epi16(ax, _mm256_sign_epi8(qy, qx))
-    } else {
-        _mm256_maddubs_epi16(qx, qy)
-    };
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
-}
-
-/// The f16 header of a block as raw bits: the scale `d` (signed formats) or `d | m << 16`
-/// (Q4_1/Q5_1 weights; `d | s << 16` for Q8_1 activations).
-///
-/// # Safety
-/// `p` points to 4 readable bytes (every block is longer).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn header<const PAIR: bool>(p: *const u8) -> u64 {
-    // SAFETY: 4 readable bytes at `p` (caller); `read_unaligned` has no alignment requirement.
-    unsafe {
-        if PAIR {
-            u64::from(u32::from_le(p.cast::<u32>().read_unaligned()))
-        } else {
-            u64::from(u16::from_le(p.cast::<u16>().read_unaligned()))
-        }
-    }
-}
-
 /// Scale products of a weight block and an activation block from their headers, with one
 /// conversion: lane 0 = dw·da, lane 1 = mw·sa (unsigned formats; 0 otherwise). Building the
 /// vector from a GPR also avoids the false dependency a lone `vpinsrw` + `vcvtph2ps` puts on
@@ -130,460 +99,591 @@ fn scales(hw: u64, ha: u64) -> __m128 {
     _mm_mul_ps(v, _mm_movehl_ps(v, v))
 }
 
-/// Running sums of one activation row: two vector accumulators (even and odd blocks, for
-/// instruction-level parallelism) and, in lane 1 of `off`, the m·s terms of unsigned formats.
-#[derive(Clone, Copy)]
-struct Acc {
-    v: [__m256; 2],
-    off: __m128,
-}
+/// The dot-product loops of the legacy formats, instantiated once per instruction-set level
+/// (`$feat`): they differ only in `$int_dot`, the integer sum of a block's 32 u8 × i8
+/// products in eight i32 lanes. Every level sums exactly (no saturation: |w| ≤ 128 and
+/// |a| ≤ 127), so every level gives the same bits, and within a level the single, multi, rows
+/// and tile forms agree bit for bit.
+macro_rules! legacy_dots {
+    ($feat:literal, $avail:path, $int_dot:path) => {
+        #[allow(unused_imports)]
+        use super::*;
 
-/// Adds block `i` of the weight row (`qx`, `ax`, header `hw`) times the block of the
-/// activation row at `arow` to `acc.v[PAR]`.
-///
-/// # Safety
-/// `arow` points to at least `(i + 1) * B::ABLOCK` readable bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn step<B: Legacy, const PAR: usize>(
-    acc: &mut Acc,
-    arow: *const u8,
-    i: usize,
-    qx: __m256i,
-    ax: __m256i,
-    hw: u64,
-) {
-    // SAFETY: block `i` lies inside the row (caller); offsets stay inside the block.
-    let (qy, ha) = unsafe {
-        let ba = arow.add(i * B::ABLOCK);
-        (
-            _mm256_loadu_si256(ba.add(B::AQS).cast()),
-            if B::SIGNED {
-                header::<false>(ba)
+        /// The integer dot product of one block, as 8 f32 partial sums. `ax` is `|qx|` for signed
+        /// formats (unused otherwise).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn block_dot<B: Legacy>(qx: __m256i, ax: __m256i, qy: __m256i) -> __m256 {
+            let sums = if B::SIGNED {
+                $int_dot(ax, _mm256_sign_epi8(qy, qx))
             } else {
-                header::<true>(ba)
-            },
-        )
-    };
-    let q = block_dot::<B>(qx, ax, qy);
-    let d = scales(hw, ha);
-    acc.v[PAR] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), q, acc.v[PAR]);
-    if !B::SIGNED {
-        acc.off = _mm_add_ps(acc.off, d);
-    }
-}
+                $int_dot(qx, qy)
+            };
+            _mm256_cvtepi32_ps(sums)
+        }
 
-/// Unpacks weight block `i`: quants, their absolute values (signed formats), header.
-///
-/// # Safety
-/// `w` points to at least `(i + 1) * B::BLOCK` readable bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weight_block<B: Legacy>(w: *const u8, i: usize) -> (__m256i, __m256i, u64) {
-    // SAFETY: block `i` lies inside the row (caller).
-    unsafe {
-        let bw = w.add(i * B::BLOCK);
-        let qx = B::unpack(bw);
-        let ax = if B::SIGNED { _mm256_abs_epi8(qx) } else { qx };
-        let hw = if B::SIGNED {
-            header::<false>(bw)
-        } else {
-            header::<true>(bw)
-        };
-        (qx, ax, hw)
-    }
-}
-
-/// Dots of one weight row (`nb` blocks at `w`) with `R` activation rows, the r-th at
-/// `a + r * stride`. Every row sees exactly the same sequence of operations whatever `R` is,
-/// so tiled and single results are bit-identical.
-///
-/// # Safety
-/// `w` holds `nb` weight blocks; each activation row holds `nb` activation blocks; AVX2,
-/// FMA and F16C are available.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows<B: Legacy, const R: usize>(
-    nb: usize,
-    w: *const u8,
-    a: *const u8,
-    stride: usize,
-) -> [f32; R] {
-    let zero = Acc {
-        v: [_mm256_setzero_ps(); 2],
-        off: _mm_setzero_ps(),
-    };
-    let mut acc = [zero; R];
-    let mut rows = [a; R];
-    for (r, row) in rows.iter_mut().enumerate() {
-        *row = a.wrapping_add(r * stride);
-    }
-    let mut i = 0;
-    while i + 1 < nb {
-        // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
-        unsafe {
-            let (qx, ax, hw) = weight_block::<B>(w, i);
-            for (s, row) in acc.iter_mut().zip(rows) {
-                step::<B, 0>(s, row, i, qx, ax, hw);
-            }
-            let (qx, ax, hw) = weight_block::<B>(w, i + 1);
-            for (s, row) in acc.iter_mut().zip(rows) {
-                step::<B, 1>(s, row, i + 1, qx, ax, hw);
-            }
-        }
-        i += 2;
-    }
-    if i < nb {
-        // SAFETY: i < nb (caller).
-        unsafe {
-            let (qx, ax, hw) = weight_block::<B>(w, i);
-            for (s, row) in acc.iter_mut().zip(rows) {
-                step::<B, 0>(s, row, i, qx, ax, hw);
-            }
-        }
-    }
-    let mut out = [0f32; R];
-    for (o, s) in out.iter_mut().zip(&acc) {
-        *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
-        if !B::SIGNED {
-            *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
-        }
-    }
-    out
-}
-
-/// How far ahead (in blocks) the decode kernel asks for weight rows.
-const PREFETCH_BLOCKS: usize = 128;
-
-/// Dots of `R` weight rows (the r-th at `w + r * w_stride`) with one activation row at `a`.
-/// Each row sees the same operations as in `dot_rows`, so results are bit-identical.
-///
-/// # Safety
-/// Every weight row holds `nb` blocks; the activation row holds `nb` activation blocks; AVX2,
-/// FMA and F16C are available.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_wrows<B: Legacy, const R: usize>(
-    nb: usize,
-    w: *const u8,
-    w_stride: usize,
-    a: *const u8,
-) -> [f32; R] {
-    let zero = Acc {
-        v: [_mm256_setzero_ps(); 2],
-        off: _mm_setzero_ps(),
-    };
-    let mut acc = [zero; R];
-    let mut rows = [w; R];
-    for (r, row) in rows.iter_mut().enumerate() {
-        *row = w.wrapping_add(r * w_stride);
-    }
-    let mut i = 0;
-    while i + 1 < nb {
-        // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
-        unsafe {
-            for (s, row) in acc.iter_mut().zip(rows) {
-                // A hint only: prefetching past the end of a row is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(
-                    row.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
-                );
-                let (qx, ax, hw) = weight_block::<B>(row, i);
-                step::<B, 0>(s, a, i, qx, ax, hw);
-            }
-            for (s, row) in acc.iter_mut().zip(rows) {
-                let (qx, ax, hw) = weight_block::<B>(row, i + 1);
-                step::<B, 1>(s, a, i + 1, qx, ax, hw);
-            }
-        }
-        i += 2;
-    }
-    if i < nb {
-        // SAFETY: i < nb (caller).
-        unsafe {
-            for (s, row) in acc.iter_mut().zip(rows) {
-                let (qx, ax, hw) = weight_block::<B>(row, i);
-                step::<B, 0>(s, a, i, qx, ax, hw);
-            }
-        }
-    }
-    let mut out = [0f32; R];
-    for (o, s) in out.iter_mut().zip(&acc) {
-        *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
-        if !B::SIGNED {
-            *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
-        }
-    }
-    out
-}
-
-/// Dots of `W` weight rows (`w_stride` apart) with `R` activation rows (`a_stride` apart):
-/// `[r][o]`. Every weight block is unpacked once for the `R` activation rows. Each pair sees
-/// the same operations as in `dot_rows`/`dot_wrows`, so results are bit-identical to them.
-///
-/// # Safety
-/// As `dot_wrows` for every weight row and `dot_rows` for every activation row.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_tile<B: Legacy, const W: usize, const R: usize>(
-    nb: usize,
-    w: *const u8,
-    w_stride: usize,
-    a: *const u8,
-    a_stride: usize,
-) -> [[f32; W]; R] {
-    let zero = Acc {
-        v: [_mm256_setzero_ps(); 2],
-        off: _mm_setzero_ps(),
-    };
-    let mut acc = [[zero; W]; R];
-    let mut wrows = [w; W];
-    for (o, row) in wrows.iter_mut().enumerate() {
-        *row = w.wrapping_add(o * w_stride);
-    }
-    let mut arows = [a; R];
-    for (r, row) in arows.iter_mut().enumerate() {
-        *row = a.wrapping_add(r * a_stride);
-    }
-    let mut i = 0;
-    while i + 1 < nb {
-        // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
-        unsafe {
-            for (o, wrow) in wrows.iter().enumerate() {
-                // A hint only: prefetching past the end of a row is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(
-                    wrow.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
-                );
-                let (qx, ax, hw) = weight_block::<B>(*wrow, i);
-                for (r, arow) in arows.iter().enumerate() {
-                    step::<B, 0>(&mut acc[r][o], *arow, i, qx, ax, hw);
-                }
-            }
-            for (o, wrow) in wrows.iter().enumerate() {
-                let (qx, ax, hw) = weight_block::<B>(*wrow, i + 1);
-                for (r, arow) in arows.iter().enumerate() {
-                    step::<B, 1>(&mut acc[r][o], *arow, i + 1, qx, ax, hw);
-                }
-            }
-        }
-        i += 2;
-    }
-    if i < nb {
-        // SAFETY: i < nb (caller).
-        unsafe {
-            for (o, wrow) in wrows.iter().enumerate() {
-                let (qx, ax, hw) = weight_block::<B>(*wrow, i);
-                for (r, arow) in arows.iter().enumerate() {
-                    step::<B, 0>(&mut acc[r][o], *arow, i, qx, ax, hw);
-                }
-            }
-        }
-    }
-    let mut out = [[0f32; W]; R];
-    for (orow, arow) in out.iter_mut().zip(&acc) {
-        for (o, s) in orow.iter_mut().zip(arow) {
-            *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
-            if !B::SIGNED {
-                *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
-            }
-        }
-    }
-    out
-}
-
-/// Safe entry: `n_w` weight rows against `n_a` activation rows, in 2 × 2 tiles (then the
-/// single-row kernels for what is left).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn vec_dot_tile<B: Legacy>(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    n_w: usize,
-    a: &[u8],
-    a_stride: usize,
-    n_a: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    if n_w == 0 || n_a == 0 {
-        return;
-    }
-    // Bounds, checked once: the last weight and activation rows hold `nb` blocks.
-    let w_last = (n_w - 1)
-        .checked_mul(w_stride)
-        .unwrap_or_else(|| panic!("vec_dot_tile: weight stride {w_stride} overflows"));
-    let a_last = (n_a - 1)
-        .checked_mul(a_stride)
-        .unwrap_or_else(|| panic!("vec_dot_tile: activation stride {a_stride} overflows"));
-    assert!(
-        w_last <= w.len() && a_last <= a.len(),
-        "vec_dot_tile: rows do not fit"
-    );
-    let nb = check_dot(n, QK, &w[w_last..], B::BLOCK, &a[a_last..], B::ABLOCK);
-    assert!(
-        w_stride >= nb * B::BLOCK && (n_a == 1 || a_stride >= nb * B::ABLOCK),
-        "vec_dot_tile: a stride is shorter than a row"
-    );
-    assert!(
-        out.len() >= (n_a - 1) * out_stride + n_w,
-        "vec_dot_tile: output too small"
-    );
-    debug_assert!(super::available());
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut r = 0;
-    while r < n_a {
-        let mut o = 0;
-        if r + 2 <= n_a {
-            while o + 2 <= n_w {
-                // SAFETY: rows r, r+1 and o, o+1 exist and hold `nb` blocks (checked above);
-                // the CPU has the features (installed only after detection).
-                let v = unsafe {
-                    dot_tile::<B, 2, 2>(
-                        nb,
-                        wp.add(o * w_stride),
-                        w_stride,
-                        ap.add(r * a_stride),
-                        a_stride,
-                    )
-                };
-                out[r * out_stride + o..r * out_stride + o + 2].copy_from_slice(&v[0]);
-                out[(r + 1) * out_stride + o..(r + 1) * out_stride + o + 2].copy_from_slice(&v[1]);
-                o += 2;
-            }
-            if o < n_w {
-                // SAFETY: as above, one weight row.
-                let v = unsafe {
-                    dot_tile::<B, 1, 2>(
-                        nb,
-                        wp.add(o * w_stride),
-                        w_stride,
-                        ap.add(r * a_stride),
-                        a_stride,
-                    )
-                };
-                out[r * out_stride + o] = v[0][0];
-                out[(r + 1) * out_stride + o] = v[1][0];
-            }
-            r += 2;
-        } else {
-            // SAFETY: as above, one activation row.
+        /// The f16 header of a block as raw bits: the scale `d` (signed formats) or `d | m << 16`
+        /// (Q4_1/Q5_1 weights; `d | s << 16` for Q8_1 activations).
+        ///
+        /// # Safety
+        /// `p` points to 4 readable bytes (every block is longer).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn header<const PAIR: bool>(p: *const u8) -> u64 {
+            // SAFETY: 4 readable bytes at `p` (caller); `read_unaligned` has no alignment requirement.
             unsafe {
-                dot_wmulti::<B>(
-                    nb,
-                    wp,
-                    w_stride,
-                    ap.add(r * a_stride),
-                    &mut out[r * out_stride..r * out_stride + n_w],
+                if PAIR {
+                    u64::from(u32::from_le(p.cast::<u32>().read_unaligned()))
+                } else {
+                    u64::from(u16::from_le(p.cast::<u16>().read_unaligned()))
+                }
+            }
+        }
+
+        /// Running sums of one activation row: two vector accumulators (even and odd blocks, for
+        /// instruction-level parallelism) and, in lane 1 of `off`, the m·s terms of unsigned formats.
+        #[derive(Clone, Copy)]
+        struct Acc {
+            v: [__m256; 2],
+            off: __m128,
+        }
+
+        /// Adds block `i` of the weight row (`qx`, `ax`, header `hw`) times the block of the
+        /// activation row at `arow` to `acc.v[PAR]`.
+        ///
+        /// # Safety
+        /// `arow` points to at least `(i + 1) * B::ABLOCK` readable bytes.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn step<B: Legacy, const PAR: usize>(
+            acc: &mut Acc,
+            arow: *const u8,
+            i: usize,
+            qx: __m256i,
+            ax: __m256i,
+            hw: u64,
+        ) {
+            // SAFETY: block `i` lies inside the row (caller); offsets stay inside the block.
+            let (qy, ha) = unsafe {
+                let ba = arow.add(i * B::ABLOCK);
+                (
+                    _mm256_loadu_si256(ba.add(B::AQS).cast()),
+                    if B::SIGNED {
+                        header::<false>(ba)
+                    } else {
+                        header::<true>(ba)
+                    },
                 )
             };
-            r += 1;
+            let q = block_dot::<B>(qx, ax, qy);
+            let d = scales(hw, ha);
+            acc.v[PAR] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), q, acc.v[PAR]);
+            if !B::SIGNED {
+                acc.off = _mm_add_ps(acc.off, d);
+            }
         }
-    }
-}
 
-/// `out.len()` weight rows against one activation row: groups of 4, then 2, then 1.
-///
-/// # Safety
-/// As `dot_wrows`, for `out.len()` weight rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_wmulti<B: Legacy>(
-    nb: usize,
-    w: *const u8,
-    w_stride: usize,
-    a: *const u8,
-    out: &mut [f32],
-) {
-    let mut r = 0;
-    while r + 4 <= out.len() {
-        // SAFETY: weight rows r..r+4 exist (caller).
-        let v = unsafe { dot_wrows::<B, 4>(nb, w.add(r * w_stride), w_stride, a) };
-        out[r..r + 4].copy_from_slice(&v);
-        r += 4;
-    }
-    if r + 2 <= out.len() {
-        // SAFETY: weight rows r..r+2 exist (caller).
-        let v = unsafe { dot_wrows::<B, 2>(nb, w.add(r * w_stride), w_stride, a) };
-        out[r..r + 2].copy_from_slice(&v);
-        r += 2;
-    }
-    if r < out.len() {
-        // SAFETY: weight row r exists (caller).
-        let [v] = unsafe { dot_wrows::<B, 1>(nb, w.add(r * w_stride), w_stride, a) };
-        out[r] = v;
-    }
-}
+        /// Unpacks weight block `i`: quants, their absolute values (signed formats), header.
+        ///
+        /// # Safety
+        /// `w` points to at least `(i + 1) * B::BLOCK` readable bytes.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(in crate::avx2) unsafe fn weight_block<B: Legacy>(
+            w: *const u8,
+            i: usize,
+        ) -> (__m256i, __m256i, u64) {
+            // SAFETY: block `i` lies inside the row (caller).
+            unsafe {
+                let bw = w.add(i * B::BLOCK);
+                let qx = B::unpack(bw);
+                let ax = if B::SIGNED { _mm256_abs_epi8(qx) } else { qx };
+                let hw = if B::SIGNED {
+                    header::<false>(bw)
+                } else {
+                    header::<true>(bw)
+                };
+                (qx, ax, hw)
+            }
+        }
 
-/// Safe entry: `out.len()` weight rows `w_stride` bytes apart against one activation row.
-pub(super) fn vec_dot_rows<B: Legacy>(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    a: &[u8],
-    out: &mut [f32],
-) {
-    let Some(last) = out.len().checked_sub(1) else {
-        return;
+        /// Dots of one weight row (`nb` blocks at `w`) with `R` activation rows, the r-th at
+        /// `a + r * stride`. Every row sees exactly the same sequence of operations whatever `R` is,
+        /// so tiled and single results are bit-identical.
+        ///
+        /// # Safety
+        /// `w` holds `nb` weight blocks; each activation row holds `nb` activation blocks; AVX2,
+        /// FMA and F16C are available.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_rows<B: Legacy, const R: usize>(
+            nb: usize,
+            w: *const u8,
+            a: *const u8,
+            stride: usize,
+        ) -> [f32; R] {
+            let zero = Acc {
+                v: [_mm256_setzero_ps(); 2],
+                off: _mm_setzero_ps(),
+            };
+            let mut acc = [zero; R];
+            let mut rows = [a; R];
+            for (r, row) in rows.iter_mut().enumerate() {
+                *row = a.wrapping_add(r * stride);
+            }
+            let mut i = 0;
+            while i + 1 < nb {
+                // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
+                unsafe {
+                    let (qx, ax, hw) = weight_block::<B>(w, i);
+                    for (s, row) in acc.iter_mut().zip(rows) {
+                        step::<B, 0>(s, row, i, qx, ax, hw);
+                    }
+                    let (qx, ax, hw) = weight_block::<B>(w, i + 1);
+                    for (s, row) in acc.iter_mut().zip(rows) {
+                        step::<B, 1>(s, row, i + 1, qx, ax, hw);
+                    }
+                }
+                i += 2;
+            }
+            if i < nb {
+                // SAFETY: i < nb (caller).
+                unsafe {
+                    let (qx, ax, hw) = weight_block::<B>(w, i);
+                    for (s, row) in acc.iter_mut().zip(rows) {
+                        step::<B, 0>(s, row, i, qx, ax, hw);
+                    }
+                }
+            }
+            let mut out = [0f32; R];
+            for (o, s) in out.iter_mut().zip(&acc) {
+                *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
+                if !B::SIGNED {
+                    *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
+                }
+            }
+            out
+        }
+
+        /// How far ahead (in blocks) the decode kernel asks for weight rows.
+        const PREFETCH_BLOCKS: usize = 128;
+
+        /// Dots of `R` weight rows (the r-th at `w + r * w_stride`) with one activation row at `a`.
+        /// Each row sees the same operations as in `dot_rows`, so results are bit-identical.
+        ///
+        /// # Safety
+        /// Every weight row holds `nb` blocks; the activation row holds `nb` activation blocks; AVX2,
+        /// FMA and F16C are available.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_wrows<B: Legacy, const R: usize>(
+            nb: usize,
+            w: *const u8,
+            w_stride: usize,
+            a: *const u8,
+        ) -> [f32; R] {
+            let zero = Acc {
+                v: [_mm256_setzero_ps(); 2],
+                off: _mm_setzero_ps(),
+            };
+            let mut acc = [zero; R];
+            let mut rows = [w; R];
+            for (r, row) in rows.iter_mut().enumerate() {
+                *row = w.wrapping_add(r * w_stride);
+            }
+            let mut i = 0;
+            while i + 1 < nb {
+                // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
+                unsafe {
+                    for (s, row) in acc.iter_mut().zip(rows) {
+                        // A hint only: prefetching past the end of a row is harmless.
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            row.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
+                        );
+                        let (qx, ax, hw) = weight_block::<B>(row, i);
+                        step::<B, 0>(s, a, i, qx, ax, hw);
+                    }
+                    for (s, row) in acc.iter_mut().zip(rows) {
+                        let (qx, ax, hw) = weight_block::<B>(row, i + 1);
+                        step::<B, 1>(s, a, i + 1, qx, ax, hw);
+                    }
+                }
+                i += 2;
+            }
+            if i < nb {
+                // SAFETY: i < nb (caller).
+                unsafe {
+                    for (s, row) in acc.iter_mut().zip(rows) {
+                        let (qx, ax, hw) = weight_block::<B>(row, i);
+                        step::<B, 0>(s, a, i, qx, ax, hw);
+                    }
+                }
+            }
+            let mut out = [0f32; R];
+            for (o, s) in out.iter_mut().zip(&acc) {
+                *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
+                if !B::SIGNED {
+                    *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
+                }
+            }
+            out
+        }
+
+        /// Dots of `W` weight rows (`w_stride` apart) with `R` activation rows (`a_stride` apart):
+        /// `[r][o]`. Every weight block is unpacked once for the `R` activation rows. Each pair sees
+        /// the same operations as in `dot_rows`/`dot_wrows`, so results are bit-identical to them.
+        ///
+        /// # Safety
+        /// As `dot_wrows` for every weight row and `dot_rows` for every activation row.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_tile<B: Legacy, const W: usize, const R: usize>(
+            nb: usize,
+            w: *const u8,
+            w_stride: usize,
+            a: *const u8,
+            a_stride: usize,
+        ) -> [[f32; W]; R] {
+            let zero = Acc {
+                v: [_mm256_setzero_ps(); 2],
+                off: _mm_setzero_ps(),
+            };
+            let mut acc = [[zero; W]; R];
+            let mut wrows = [w; W];
+            for (o, row) in wrows.iter_mut().enumerate() {
+                *row = w.wrapping_add(o * w_stride);
+            }
+            let mut arows = [a; R];
+            for (r, row) in arows.iter_mut().enumerate() {
+                *row = a.wrapping_add(r * a_stride);
+            }
+            let mut i = 0;
+            while i + 1 < nb {
+                // SAFETY: i + 1 < nb, so blocks i and i + 1 lie inside every row (caller).
+                unsafe {
+                    for (o, wrow) in wrows.iter().enumerate() {
+                        // A hint only: prefetching past the end of a row is harmless.
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            wrow.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
+                        );
+                        let (qx, ax, hw) = weight_block::<B>(*wrow, i);
+                        for (r, arow) in arows.iter().enumerate() {
+                            step::<B, 0>(&mut acc[r][o], *arow, i, qx, ax, hw);
+                        }
+                    }
+                    for (o, wrow) in wrows.iter().enumerate() {
+                        let (qx, ax, hw) = weight_block::<B>(*wrow, i + 1);
+                        for (r, arow) in arows.iter().enumerate() {
+                            step::<B, 1>(&mut acc[r][o], *arow, i + 1, qx, ax, hw);
+                        }
+                    }
+                }
+                i += 2;
+            }
+            if i < nb {
+                // SAFETY: i < nb (caller).
+                unsafe {
+                    for (o, wrow) in wrows.iter().enumerate() {
+                        let (qx, ax, hw) = weight_block::<B>(*wrow, i);
+                        for (r, arow) in arows.iter().enumerate() {
+                            step::<B, 0>(&mut acc[r][o], *arow, i, qx, ax, hw);
+                        }
+                    }
+                }
+            }
+            let mut out = [[0f32; W]; R];
+            for (orow, arow) in out.iter_mut().zip(&acc) {
+                for (o, s) in orow.iter_mut().zip(arow) {
+                    *o = hsum(_mm256_add_ps(s.v[0], s.v[1]));
+                    if !B::SIGNED {
+                        *o += _mm_cvtss_f32(_mm_movehdup_ps(s.off));
+                    }
+                }
+            }
+            out
+        }
+
+        /// Safe entry: `n_w` weight rows against `n_a` activation rows, in 2 × 2 tiles (then the
+        /// single-row kernels for what is left).
+        #[allow(clippy::too_many_arguments)]
+        pub(in crate::avx2) fn vec_dot_tile<B: Legacy>(
+            n: usize,
+            w: &[u8],
+            w_stride: usize,
+            n_w: usize,
+            a: &[u8],
+            a_stride: usize,
+            n_a: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            if n_w == 0 || n_a == 0 {
+                return;
+            }
+            // Bounds, checked once: the last weight and activation rows hold `nb` blocks.
+            let w_last = (n_w - 1)
+                .checked_mul(w_stride)
+                .unwrap_or_else(|| panic!("vec_dot_tile: weight stride {w_stride} overflows"));
+            let a_last = (n_a - 1)
+                .checked_mul(a_stride)
+                .unwrap_or_else(|| panic!("vec_dot_tile: activation stride {a_stride} overflows"));
+            assert!(
+                w_last <= w.len() && a_last <= a.len(),
+                "vec_dot_tile: rows do not fit"
+            );
+            let nb = check_dot(n, QK, &w[w_last..], B::BLOCK, &a[a_last..], B::ABLOCK);
+            assert!(
+                w_stride >= nb * B::BLOCK && (n_a == 1 || a_stride >= nb * B::ABLOCK),
+                "vec_dot_tile: a stride is shorter than a row"
+            );
+            assert!(
+                out.len() >= (n_a - 1) * out_stride + n_w,
+                "vec_dot_tile: output too small"
+            );
+            debug_assert!($avail());
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let mut r = 0;
+            while r < n_a {
+                let mut o = 0;
+                if r + 2 <= n_a {
+                    while o + 2 <= n_w {
+                        // SAFETY: rows r, r+1 and o, o+1 exist and hold `nb` blocks (checked above);
+                        // the CPU has the features (installed only after detection).
+                        let v = unsafe {
+                            dot_tile::<B, 2, 2>(
+                                nb,
+                                wp.add(o * w_stride),
+                                w_stride,
+                                ap.add(r * a_stride),
+                                a_stride,
+                            )
+                        };
+                        out[r * out_stride + o..r * out_stride + o + 2].copy_from_slice(&v[0]);
+                        out[(r + 1) * out_stride + o..(r + 1) * out_stride + o + 2]
+                            .copy_from_slice(&v[1]);
+                        o += 2;
+                    }
+                    if o < n_w {
+                        // SAFETY: as above, one weight row.
+                        let v = unsafe {
+                            dot_tile::<B, 1, 2>(
+                                nb,
+                                wp.add(o * w_stride),
+                                w_stride,
+                                ap.add(r * a_stride),
+                                a_stride,
+                            )
+                        };
+                        out[r * out_stride + o] = v[0][0];
+                        out[(r + 1) * out_stride + o] = v[1][0];
+                    }
+                    r += 2;
+                } else {
+                    // SAFETY: as above, one activation row.
+                    unsafe {
+                        dot_wmulti::<B>(
+                            nb,
+                            wp,
+                            w_stride,
+                            ap.add(r * a_stride),
+                            &mut out[r * out_stride..r * out_stride + n_w],
+                        )
+                    };
+                    r += 1;
+                }
+            }
+        }
+
+        /// `out.len()` weight rows against one activation row: groups of 4, then 2, then 1.
+        ///
+        /// # Safety
+        /// As `dot_wrows`, for `out.len()` weight rows.
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_wmulti<B: Legacy>(
+            nb: usize,
+            w: *const u8,
+            w_stride: usize,
+            a: *const u8,
+            out: &mut [f32],
+        ) {
+            let mut r = 0;
+            while r + 4 <= out.len() {
+                // SAFETY: weight rows r..r+4 exist (caller).
+                let v = unsafe { dot_wrows::<B, 4>(nb, w.add(r * w_stride), w_stride, a) };
+                out[r..r + 4].copy_from_slice(&v);
+                r += 4;
+            }
+            if r + 2 <= out.len() {
+                // SAFETY: weight rows r..r+2 exist (caller).
+                let v = unsafe { dot_wrows::<B, 2>(nb, w.add(r * w_stride), w_stride, a) };
+                out[r..r + 2].copy_from_slice(&v);
+                r += 2;
+            }
+            if r < out.len() {
+                // SAFETY: weight row r exists (caller).
+                let [v] = unsafe { dot_wrows::<B, 1>(nb, w.add(r * w_stride), w_stride, a) };
+                out[r] = v;
+            }
+        }
+
+        /// Safe entry: `out.len()` weight rows `w_stride` bytes apart against one activation row.
+        pub(in crate::avx2) fn vec_dot_rows<B: Legacy>(
+            n: usize,
+            w: &[u8],
+            w_stride: usize,
+            a: &[u8],
+            out: &mut [f32],
+        ) {
+            let Some(last) = out.len().checked_sub(1) else {
+                return;
+            };
+            let start = last
+                .checked_mul(w_stride)
+                .unwrap_or_else(|| panic!("vec_dot_rows: stride {w_stride} overflows"));
+            assert!(
+                start <= w.len(),
+                "vec_dot_rows: {} weight rows do not fit",
+                out.len()
+            );
+            let nb = check_dot(n, QK, &w[start..], B::BLOCK, a, B::ABLOCK);
+            assert!(
+                w_stride >= nb * B::BLOCK,
+                "vec_dot_rows: stride {w_stride} shorter than a row"
+            );
+            debug_assert!($avail());
+            // SAFETY: the last weight row (and so every earlier one) holds `nb` blocks and the
+            // activation row `nb` activation blocks (checked above); the CPU has the features (this
+            // function is only installed after detection).
+            unsafe { dot_wmulti::<B>(nb, w.as_ptr(), w_stride, a.as_ptr(), out) }
+        }
+
+        /// One weight row against `out.len()` activation rows: groups of 4 in registers, then 2, 1.
+        ///
+        /// # Safety
+        /// As `dot_rows`, for `out.len()` rows.
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_multi<B: Legacy>(
+            nb: usize,
+            w: *const u8,
+            a: *const u8,
+            stride: usize,
+            out: &mut [f32],
+        ) {
+            let mut r = 0;
+            while r + 4 <= out.len() {
+                // SAFETY: rows r..r+4 exist (caller).
+                let v = unsafe { dot_rows::<B, 4>(nb, w, a.add(r * stride), stride) };
+                out[r..r + 4].copy_from_slice(&v);
+                r += 4;
+            }
+            if r + 2 <= out.len() {
+                // SAFETY: rows r..r+2 exist (caller).
+                let v = unsafe { dot_rows::<B, 2>(nb, w, a.add(r * stride), stride) };
+                out[r..r + 2].copy_from_slice(&v);
+                r += 2;
+            }
+            if r < out.len() {
+                // SAFETY: row r exists (caller).
+                let [v] = unsafe { dot_rows::<B, 1>(nb, w, a.add(r * stride), stride) };
+                out[r] = v;
+            }
+        }
+
+        /// Single-row dot (`R` = 1 of `dot_rows`, not inlined into callers).
+        ///
+        /// # Safety
+        /// As `dot_rows`.
+        #[target_feature(enable = $feat)]
+        unsafe fn dot_one<B: Legacy>(nb: usize, w: *const u8, a: *const u8) -> f32 {
+            // SAFETY: forwarded from the caller.
+            let [v] = unsafe { dot_rows::<B, 1>(nb, w, a, 0) };
+            v
+        }
+
+        /// Safe entry points for a format, installed by `specialize` only once `available()` holds.
+        pub(in crate::avx2) fn vec_dot<B: Legacy>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let nb = check_dot(n, QK, w, B::BLOCK, a, B::ABLOCK);
+            debug_assert!($avail());
+            // SAFETY: `check_dot` proved both rows hold `nb` blocks; the CPU has the features
+            // (this function is only installed after detection).
+            unsafe { dot_one::<B>(nb, w.as_ptr(), a.as_ptr()) }
+        }
+
+        pub(in crate::avx2) fn vec_dot_multi<B: Legacy>(
+            n: usize,
+            w: &[u8],
+            a: &[u8],
+            stride: usize,
+            out: &mut [f32],
+        ) {
+            let Some(last) = out.len().checked_sub(1) else {
+                return;
+            };
+            let start = last
+                .checked_mul(stride)
+                .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
+            assert!(
+                start <= a.len(),
+                "vec_dot_multi: {} activation rows do not fit",
+                out.len()
+            );
+            let nb = check_dot(n, QK, w, B::BLOCK, &a[start..], B::ABLOCK);
+            debug_assert!($avail());
+            // SAFETY: the last (furthest) activation row and the weight row hold `nb` blocks, hence
+            // every row does; the CPU has the features (installed only after detection).
+            unsafe { dot_multi::<B>(nb, w.as_ptr(), a.as_ptr(), stride, out) }
+        }
     };
-    let start = last
-        .checked_mul(w_stride)
-        .unwrap_or_else(|| panic!("vec_dot_rows: stride {w_stride} overflows"));
-    assert!(
-        start <= w.len(),
-        "vec_dot_rows: {} weight rows do not fit",
-        out.len()
-    );
-    let nb = check_dot(n, QK, &w[start..], B::BLOCK, a, B::ABLOCK);
-    assert!(
-        w_stride >= nb * B::BLOCK,
-        "vec_dot_rows: stride {w_stride} shorter than a row"
-    );
-    debug_assert!(super::available());
-    // SAFETY: the last weight row (and so every earlier one) holds `nb` blocks and the
-    // activation row `nb` activation blocks (checked above); the CPU has the features (this
-    // function is only installed after detection).
-    unsafe { dot_wmulti::<B>(nb, w.as_ptr(), w_stride, a.as_ptr(), out) }
 }
 
-/// One weight row against `out.len()` activation rows: groups of 4 in registers, then 2, 1.
-///
-/// # Safety
-/// As `dot_rows`, for `out.len()` rows.
+/// `maddubs` then `madd` by ones: AVX2's u8 × i8 dot, four products to an i32 lane.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_multi<B: Legacy>(
-    nb: usize,
-    w: *const u8,
-    a: *const u8,
-    stride: usize,
-    out: &mut [f32],
-) {
-    let mut r = 0;
-    while r + 4 <= out.len() {
-        // SAFETY: rows r..r+4 exist (caller).
-        let v = unsafe { dot_rows::<B, 4>(nb, w, a.add(r * stride), stride) };
-        out[r..r + 4].copy_from_slice(&v);
-        r += 4;
-    }
-    if r + 2 <= out.len() {
-        // SAFETY: rows r..r+2 exist (caller).
-        let v = unsafe { dot_rows::<B, 2>(nb, w, a.add(r * stride), stride) };
-        out[r..r + 2].copy_from_slice(&v);
-        r += 2;
-    }
-    if r < out.len() {
-        // SAFETY: row r exists (caller).
-        let [v] = unsafe { dot_rows::<B, 1>(nb, w, a.add(r * stride), stride) };
-        out[r] = v;
-    }
+fn dot_u8i8_avx2(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
-/// Single-row dot (`R` = 1 of `dot_rows`, not inlined into callers).
-///
-/// # Safety
-/// As `dot_rows`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_one<B: Legacy>(nb: usize, w: *const u8, a: *const u8) -> f32 {
-    // SAFETY: forwarded from the caller.
-    let [v] = unsafe { dot_rows::<B, 1>(nb, w, a, 0) };
-    v
+/// AVX-VNNI's `vpdpbusd` (VEX): the same sums in one instruction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+fn dot_u8i8_avxvnni(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+}
+
+/// AVX-512 VNNI's `vpdpbusd` on 256-bit registers (EVEX; Zen 4 has it without AVX-VNNI).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+fn dot_u8i8_avx512vnni(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+}
+
+/// The AVX2 loops (and the names the rest of the crate uses).
+pub(super) mod plain {
+    legacy_dots!(
+        "avx2,fma,f16c",
+        crate::avx2::available,
+        super::dot_u8i8_avx2
+    );
+}
+use plain::weight_block;
+pub(super) use plain::{vec_dot, vec_dot_multi, vec_dot_rows, vec_dot_tile};
+
+/// The loops with AVX-VNNI.
+pub(super) mod avxvnni {
+    legacy_dots!(
+        "avx2,fma,f16c,avxvnni",
+        crate::avx2::available_avxvnni,
+        super::dot_u8i8_avxvnni
+    );
+}
+
+/// The loops with AVX-512 VNNI on 256-bit registers.
+pub(super) mod avx512vnni {
+    legacy_dots!(
+        "avx2,fma,f16c,avx512vnni,avx512vl",
+        crate::avx2::available_avx512vnni,
+        super::dot_u8i8_avx512vnni
+    );
 }
 
 /// Decodes `nb` blocks: x = d·q (signed formats) or d·q + m (a multiply then an add, not an
@@ -614,40 +714,6 @@ unsafe fn dequantize_blocks<B: Legacy>(nb: usize, src: *const u8, dst: *mut f32)
             }
         }
     }
-}
-
-/// Safe entry points for a format, installed by `specialize` only once `available()` holds.
-pub(super) fn vec_dot<B: Legacy>(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = check_dot(n, QK, w, B::BLOCK, a, B::ABLOCK);
-    debug_assert!(super::available());
-    // SAFETY: `check_dot` proved both rows hold `nb` blocks; the CPU has the features
-    // (this function is only installed after detection).
-    unsafe { dot_one::<B>(nb, w.as_ptr(), a.as_ptr()) }
-}
-
-pub(super) fn vec_dot_multi<B: Legacy>(
-    n: usize,
-    w: &[u8],
-    a: &[u8],
-    stride: usize,
-    out: &mut [f32],
-) {
-    let Some(last) = out.len().checked_sub(1) else {
-        return;
-    };
-    let start = last
-        .checked_mul(stride)
-        .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
-    assert!(
-        start <= a.len(),
-        "vec_dot_multi: {} activation rows do not fit",
-        out.len()
-    );
-    let nb = check_dot(n, QK, w, B::BLOCK, &a[start..], B::ABLOCK);
-    debug_assert!(super::available());
-    // SAFETY: the last (furthest) activation row and the weight row hold `nb` blocks, hence
-    // every row does; the CPU has the features (installed only after detection).
-    unsafe { dot_multi::<B>(nb, w.as_ptr(), a.as_ptr(), stride, out) }
 }
 
 pub(super) fn dequantize<B: Legacy>(src: &[u8], dst: &mut [f32]) {
@@ -929,6 +995,126 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Weights of `ty` (`nb` blocks per row, `n_w` rows) and activations (`n_a` rows) from
+    /// the reference quantizers, rows `stride` bytes apart.
+    fn operands(
+        ty: crate::GgmlType,
+        nb: usize,
+        n_w: usize,
+        n_a: usize,
+    ) -> (Vec<u8>, usize, Vec<u8>, usize) {
+        let r = crate::reference(ty);
+        let at = r.vec_dot_type;
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        };
+        let n = nb * QK;
+        let (wb, ab) = (ty.row_bytes(n).unwrap(), at.row_bytes(n).unwrap());
+        let (ws, as_) = (wb + 5, ab + 3);
+        let mut w = vec![0u8; n_w * ws];
+        for o in 0..n_w {
+            let x: Vec<f32> = (0..n).map(|_| next()).collect();
+            (r.quantize)(&x, &mut w[o * ws..o * ws + wb]);
+        }
+        let mut a = vec![0u8; n_a * as_];
+        for row in 0..n_a {
+            let y: Vec<f32> = (0..n).map(|_| next()).collect();
+            (crate::reference(at).quantize)(&y, &mut a[row * as_..row * as_ + ab]);
+        }
+        (w, ws, a, as_)
+    }
+
+    /// Every form (single, multi, rows, tile) at a VNNI level gives the AVX2 level's bits.
+    fn vnni_equals_avx2<B: Legacy>(ty: crate::GgmlType) {
+        type Forms = (
+            fn(usize, &[u8], &[u8]) -> f32,
+            fn(usize, &[u8], &[u8], usize, &mut [f32]),
+            fn(usize, &[u8], usize, &[u8], &mut [f32]),
+            crate::dispatch::VecDotTileFn,
+        );
+        let mut levels: Vec<(&str, Forms)> = Vec::new();
+        if super::super::available_avxvnni() {
+            levels.push((
+                "avxvnni",
+                (
+                    avxvnni::vec_dot::<B>,
+                    avxvnni::vec_dot_multi::<B>,
+                    avxvnni::vec_dot_rows::<B>,
+                    avxvnni::vec_dot_tile::<B>,
+                ),
+            ));
+        }
+        if super::super::available_avx512vnni() {
+            levels.push((
+                "avx512vnni",
+                (
+                    avx512vnni::vec_dot::<B>,
+                    avx512vnni::vec_dot_multi::<B>,
+                    avx512vnni::vec_dot_rows::<B>,
+                    avx512vnni::vec_dot_tile::<B>,
+                ),
+            ));
+        }
+        for nb in [1usize, 3, 8] {
+            let n = nb * QK;
+            let (n_w, n_a) = (7, 5);
+            let (w, ws, a, as_) = operands(ty, nb, n_w, n_a);
+            let mut want_tile = vec![0f32; n_a * n_w];
+            vec_dot_tile::<B>(n, &w, ws, n_w, &a, as_, n_a, &mut want_tile, n_w);
+            let mut want_rows = vec![0f32; n_w];
+            vec_dot_rows::<B>(n, &w, ws, &a, &mut want_rows);
+            let mut want_multi = vec![0f32; n_a];
+            vec_dot_multi::<B>(n, &w, &a, as_, &mut want_multi);
+            let want_one = vec_dot::<B>(n, &w, &a);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (name, (one, multi, rows, tile)) in &levels {
+                assert_eq!(
+                    one(n, &w, &a).to_bits(),
+                    want_one.to_bits(),
+                    "{ty} {name} single"
+                );
+                let mut got = vec![0f32; n_a];
+                multi(n, &w, &a, as_, &mut got);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want_multi),
+                    "{ty} {name} multi, {nb} blocks"
+                );
+                let mut got = vec![0f32; n_w];
+                rows(n, &w, ws, &a, &mut got);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want_rows),
+                    "{ty} {name} rows, {nb} blocks"
+                );
+                let mut got = vec![0f32; n_a * n_w];
+                tile(n, &w, ws, n_w, &a, as_, n_a, &mut got, n_w);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want_tile),
+                    "{ty} {name} tile, {nb} blocks"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn vnni_levels_give_the_avx2_bits() {
+        if !super::super::available() {
+            return;
+        }
+        use super::super::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1};
+        use crate::GgmlType as T;
+        vnni_equals_avx2::<Q4_0>(T::Q4_0);
+        vnni_equals_avx2::<Q4_1>(T::Q4_1);
+        vnni_equals_avx2::<Q5_0>(T::Q5_0);
+        vnni_equals_avx2::<Q5_1>(T::Q5_1);
+        vnni_equals_avx2::<Q8_0>(T::Q8_0);
+        vnni_equals_avx2::<Q8_1>(T::Q8_1);
     }
 
     #[test]
