@@ -17,6 +17,55 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before sleeping.
 const SPIN: Duration = Duration::from_micros(1000);
+/// A job whose workers keep the caller waiting this much longer than the caller's own share
+/// took (and at least `STALL_MIN`) counts as stalled: a worker that joined was taken off its
+/// core (another process wants it) in the middle of a chunk.
+const STALL_MIN: Duration = Duration::from_micros(100);
+/// Stalled jobs among the last 8 that send the pool solo for a while.
+const STALLS_TO_GO_SOLO: u32 = 3;
+/// Jobs the caller then runs alone before trying its workers again (about a second of
+/// decoding on a small model; far less than a second on a large one).
+const SOLO_JOBS: u32 = 4096;
+
+/// Every this many jobs, the caller times one against its own CPU time.
+const SAMPLE_EVERY: u32 = 8;
+/// Samples per verdict on whether the machine is oversubscribed.
+const SAMPLES: u32 = 32;
+/// Below this share of wall time on a CPU, the caller is taken for crowded out: another
+/// process wants our cores, and our spinning workers make it worse.
+const MIN_CPU_SHARE: f64 = 0.8;
+
+/// CPU time this thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill; CLOCK_THREAD_CPUTIME_ID exists
+    // on every Linux this runs on (an error leaves it zero, which reads as no CPU time).
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
+/// The caller's view of how its workers keep up (guarded by `ThreadPool::running`).
+#[derive(Default)]
+struct Adapt {
+    /// Jobs since the last sample.
+    since_sample: u32,
+    /// Sampled jobs in this verdict's window, their wall time and the caller's CPU time.
+    samples: u32,
+    wall: Duration,
+    cpu: Duration,
+    /// One bit per recent job, 1 = stalled, newest in bit 0.
+    stalls: u32,
+    /// Jobs left to run on the caller alone.
+    solo_left: u32,
+    /// Times the pool went solo (for reports and tests).
+    solo_spells: u64,
+}
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -51,8 +100,9 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     n_threads: usize,
-    /// Serializes `run` calls from different threads sharing one pool.
-    running: Mutex<()>,
+    /// Serializes `run` calls from different threads sharing one pool, and holds what the
+    /// caller learned about its workers.
+    running: Mutex<Adapt>,
 }
 
 impl std::fmt::Debug for ThreadPool {
@@ -87,7 +137,7 @@ impl ThreadPool {
             shared,
             workers,
             n_threads,
-            running: Mutex::new(()),
+            running: Mutex::new(Adapt::default()),
         }
     }
 
@@ -104,8 +154,25 @@ impl ThreadPool {
             job(0);
             return;
         }
-        let _guard = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut adapt = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if adapt.solo_left > 0 {
+            // Workers kept stalling (the machine is busy): the caller does the work alone
+            // for a while; the results are the same (work is split by counters).
+            adapt.solo_left -= 1;
+            drop(adapt);
+            job(0);
+            return;
+        }
         let s = &*self.shared;
+        adapt.since_sample += 1;
+        let sampled = adapt.since_sample >= SAMPLE_EVERY;
+        let cpu0 = if sampled {
+            adapt.since_sample = 0;
+            thread_cpu_time()
+        } else {
+            Duration::ZERO
+        };
+        let started = Instant::now();
         // SAFETY: we erase the lifetime of `job`; this function does not return before the
         // gate is closed and no worker is inside, i.e. before every worker that called the
         // job has returned, and none can call it afterwards.
@@ -126,6 +193,7 @@ impl ThreadPool {
             s.wake.notify_all();
         }
         let caller = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0)));
+        let own = started.elapsed();
         // The work is all taken: latecomers skip the job from here on.
         s.gate.fetch_or(GATE_CLOSED, Ordering::SeqCst);
         let start = Instant::now();
@@ -136,12 +204,60 @@ impl ThreadPool {
                 std::thread::yield_now();
             }
         }
+        adapt.record(start.elapsed() > own.max(STALL_MIN));
+        if sampled {
+            adapt.sample(started.elapsed(), thread_cpu_time().saturating_sub(cpu0));
+        }
         if let Err(p) = caller {
             std::panic::resume_unwind(p);
         }
         if s.panicked.swap(false, Ordering::SeqCst) {
             panic!("a worker thread panicked while running a kernel");
         }
+    }
+}
+
+impl Adapt {
+    /// Adds one timed job; after `SAMPLES`, a caller that was on a CPU less than
+    /// `MIN_CPU_SHARE` of the time sends the pool solo for `SOLO_JOBS` jobs.
+    fn sample(&mut self, wall: Duration, cpu: Duration) {
+        self.samples += 1;
+        self.wall += wall;
+        self.cpu += cpu;
+        if self.samples < SAMPLES {
+            return;
+        }
+        let share = self.cpu.as_secs_f64() / self.wall.as_secs_f64().max(1e-9);
+        (self.samples, self.wall, self.cpu) = (0, Duration::ZERO, Duration::ZERO);
+        if share < MIN_CPU_SHARE {
+            self.go_solo();
+        }
+    }
+
+    fn go_solo(&mut self) {
+        self.stalls = 0;
+        self.solo_left = SOLO_JOBS;
+        self.solo_spells += 1;
+    }
+
+    /// Notes whether the last job stalled; after `STALLS_TO_GO_SOLO` of the last 8, the
+    /// next `SOLO_JOBS` jobs run on the caller alone.
+    fn record(&mut self, stalled: bool) {
+        self.stalls = (self.stalls << 1) | u32::from(stalled);
+        if (self.stalls & 0xff).count_ones() >= STALLS_TO_GO_SOLO {
+            self.go_solo();
+        }
+    }
+}
+
+impl ThreadPool {
+    /// How many times this pool has run jobs on the caller alone because its workers kept
+    /// stalling.
+    pub fn solo_spells(&self) -> u64 {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .solo_spells
     }
 }
 
@@ -332,6 +448,51 @@ mod tests {
             gate.fetch_sub(2, Ordering::SeqCst);
             assert_eq!(gate.load(Ordering::SeqCst) & GATE_INSIDE, 0);
         }
+    }
+
+    /// Three stalled jobs among eight send the pool solo for `SOLO_JOBS` jobs, which still
+    /// do all their work; then the workers are tried again.
+    #[test]
+    fn stalls_send_the_pool_solo_for_a_while() {
+        let mut a = Adapt::default();
+        for stalled in [
+            true, false, false, false, false, false, false, false, true, false,
+        ] {
+            a.record(stalled);
+        }
+        assert_eq!(a.solo_left, 0, "two stalls in eight are tolerated");
+        a.record(true);
+        a.record(true);
+        assert_eq!((a.solo_left, a.solo_spells), (SOLO_JOBS, 1));
+        // A caller on a CPU only half the time it waits for jobs goes solo too.
+        let mut b = Adapt::default();
+        let ms = Duration::from_millis(1);
+        for _ in 0..SAMPLES {
+            b.sample(ms, ms);
+        }
+        assert_eq!(
+            b.solo_left, 0,
+            "a caller on its CPU all the time keeps its workers"
+        );
+        for _ in 0..SAMPLES {
+            b.sample(ms, ms / 2);
+        }
+        assert_eq!((b.solo_left, b.solo_spells), (SOLO_JOBS, 1));
+        let pool = ThreadPool::new(2);
+        pool.running.lock().unwrap().solo_left = 3;
+        let done = AtomicU64::new(0);
+        let threads = AtomicU64::new(0);
+        for _ in 0..5 {
+            let chunks = Chunks::new(10, 1);
+            pool.run(&|i| {
+                threads.fetch_or(1 << i, Ordering::Relaxed);
+                while chunks.next_range().is_some() {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        assert_eq!(done.load(Ordering::Relaxed), 50);
+        assert_eq!(pool.running.lock().unwrap().solo_left, 0);
     }
 
     /// Jobs complete, every chunk once, while another thread keeps every core busy.
