@@ -120,10 +120,20 @@ class CappedNodes:
         self.tmp = tmp_path
 
     def __enter__(self):
-        for c in self.caps:
-            c.__enter__()
-        self.nodes = Nodes(len(self.caps), log_dir=self.tmp, preexec=lambda i: self.caps[i].preexec())
-        self.nodes.__enter__()
+        entered = []
+        try:
+            for c in self.caps:
+                c.__enter__()
+                entered.append(c)
+            self.nodes = Nodes(len(self.caps), log_dir=self.tmp, preexec=lambda i: self.caps[i].preexec())
+            self.nodes.__enter__()
+        except BaseException:
+            # A failed start must not leave groups behind for the next test's names.
+            if getattr(self, "nodes", None) is not None:
+                self.nodes.__exit__(None, None, None)
+            for c in reversed(entered):
+                c.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):

@@ -81,12 +81,20 @@ class Cluster:
         return (self.tmp / f"{host}.log").read_text()
 
     def __enter__(self):
-        for c in self.caps:
-            c.__enter__()
-        for h in HOSTS:
-            self.start(h)
-        for h in HOSTS:
-            wait_port(self.net, "coord", self.net.addr(h), PORT, timeout=20)
+        entered = []
+        try:
+            for c in self.caps:
+                c.__enter__()
+                entered.append(c)
+            for h in HOSTS:
+                self.start(h)
+            for h in HOSTS:
+                wait_port(self.net, "coord", self.net.addr(h), PORT, timeout=20)
+        except BaseException:
+            # A failed start must not leave processes or groups behind.
+            self.caps = entered
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):
