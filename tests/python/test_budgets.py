@@ -6,6 +6,7 @@ OOM-killed, lose no request, and answer exactly as the single process does.
 The caps are cgroup v1 memory groups when this kernel mounts the v1 controller (else v2 groups);
 each test makes its groups below the test process's own and removes them. Needs root."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -120,26 +121,17 @@ class CappedNodes:
         self.tmp = tmp_path
 
     def __enter__(self):
-        entered = []
-        try:
+        # Should a start fail, what was made so far (groups, processes) goes at once.
+        with contextlib.ExitStack() as stack:
             for c in self.caps:
-                c.__enter__()
-                entered.append(c)
-            self.nodes = Nodes(len(self.caps), log_dir=self.tmp, preexec=lambda i: self.caps[i].preexec())
-            self.nodes.__enter__()
-        except BaseException:
-            # A failed start must not leave groups behind for the next test's names.
-            if getattr(self, "nodes", None) is not None:
-                self.nodes.__exit__(None, None, None)
-            for c in reversed(entered):
-                c.__exit__(None, None, None)
-            raise
+                stack.enter_context(c)
+            self.nodes = stack.enter_context(
+                Nodes(len(self.caps), log_dir=self.tmp, preexec=lambda i: self.caps[i].preexec()))
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc):
-        self.nodes.__exit__(*exc)
-        for c in self.caps:
-            c.__exit__(*exc)
+        self._stack.__exit__(*exc)
 
 
 def plan_json(nodes, *extra):

@@ -11,6 +11,7 @@ memory group whose cap forces a three-way split; none of the hosts has the model
 
 The namespaces, groups and caches are made and removed by the test. Needs root."""
 
+import contextlib
 import json
 import pathlib
 import re
@@ -81,29 +82,26 @@ class Cluster:
         return (self.tmp / f"{host}.log").read_text()
 
     def __enter__(self):
-        entered = []
-        try:
+        # Should a start fail, what was made so far (groups, processes) goes at once.
+        with contextlib.ExitStack() as stack:
             for c in self.caps:
-                c.__enter__()
-                entered.append(c)
+                stack.enter_context(c)
+            stack.callback(self.stop)
             for h in HOSTS:
                 self.start(h)
             for h in HOSTS:
                 wait_port(self.net, "coord", self.net.addr(h), PORT, timeout=20)
-        except BaseException:
-            # A failed start must not leave processes or groups behind.
-            self.caps = entered
-            self.__exit__(None, None, None)
-            raise
+            self._stack = stack.pop_all()
         return self
 
-    def __exit__(self, *exc):
+    def stop(self):
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
-        for c in self.caps:
-            c.__exit__(*exc)
+
+    def __exit__(self, *exc):
+        self._stack.__exit__(*exc)
 
     def node_flags(self):
         return [a for h in HOSTS for a in ("--node", f"{self.net.addr(h)}:{PORT}")]
