@@ -37,6 +37,20 @@ pub type VecDotTileFn = fn(
     out_stride: usize,
 );
 
+/// `n_w` weight rows (the o-th at `w[o * w_stride..]`) against activation rows `r0..r0 + n_a`
+/// of a batch laid out once for the GEMM kernels: `out[r * out_stride + o]`. The prefill shape.
+pub type GemmFn = fn(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    n_w: usize,
+    acts: &crate::gemm::GemmActs,
+    r0: usize,
+    n_a: usize,
+    out: &mut [f32],
+    out_stride: usize,
+);
+
 /// Instruction set a kernel table was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -45,6 +59,9 @@ pub enum Isa {
     /// AVX2 with `vpdpbusd` (AVX-VNNI, or AVX-512 VNNI on 256-bit registers) for the dot
     /// products of the 32-element formats.
     Avx2Vnni,
+    /// The VNNI level plus AVX-512 (F, BW, VL, VNNI) prefill GEMM kernels for the 32-element
+    /// formats.
+    Avx512,
 }
 
 impl Isa {
@@ -53,6 +70,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma",
             Isa::Avx2Vnni => "avx2+vnni",
+            Isa::Avx512 => "avx512+vnni",
         }
     }
 }
@@ -73,6 +91,9 @@ pub struct TypeKernels {
     pub vec_dot_rows: Option<VecDotRowsFn>,
     /// Several weight rows against a few activation rows, where the ISA has it.
     pub vec_dot_tile: Option<VecDotTileFn>,
+    /// Weight rows against a prepared batch of activation rows (prefill), where the ISA has it;
+    /// bit-identical to `vec_dot` for every pair.
+    pub gemm: Option<GemmFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {
@@ -82,6 +103,7 @@ impl std::fmt::Debug for TypeKernels {
             .field("isa", &self.isa)
             .field("vec_dot_type", &self.vec_dot_type)
             .field("tiled", &self.vec_dot_multi.is_some())
+            .field("gemm", &self.gemm.is_some())
             .finish()
     }
 }
@@ -111,7 +133,7 @@ fn scalar_table() -> Table {
     }
 }
 
-/// The level `RINGLLM_ISA` asks for (`scalar`, `avx2`, `vnni`; unset or `auto`: the best
+/// The level `RINGLLM_ISA` asks for (`scalar`, `avx2`, `vnni`, `avx512`; unset or `auto`: the best
 /// this CPU has). `RINGLLM_FORCE_SCALAR=1` is the older spelling of `RINGLLM_ISA=scalar`. A level the
 /// CPU lacks, or a name we do not know, is refused on stderr and the best level is used.
 fn requested() -> Option<Isa> {
@@ -124,10 +146,11 @@ fn requested() -> Option<Isa> {
         "scalar" => Some(Isa::Scalar),
         "avx2" => Some(Isa::Avx2),
         "vnni" | "avx2+vnni" => Some(Isa::Avx2Vnni),
+        "avx512" | "avx512+vnni" => Some(Isa::Avx512),
         other => {
             eprintln!(
-                "warning: RINGLLM_ISA={other}: write scalar, avx2, vnni or auto; using the best \
-                 this CPU has"
+                "warning: RINGLLM_ISA={other}: write scalar, avx2, vnni, avx512 or auto; using \
+                 the best this CPU has"
             );
             None
         }
@@ -141,7 +164,20 @@ fn detected_table() -> Table {
     #[cfg(target_arch = "x86_64")]
     {
         let want = requested();
-        if let (Some(v), None | Some(Isa::Avx2Vnni)) = (crate::avx2::vnni(), want) {
+        if let (Some(v), true, None | Some(Isa::Avx512)) =
+            (crate::avx2::vnni(), crate::avx2::gemm512::available(), want)
+        {
+            let mut table = scalar_table();
+            table.isa = Isa::Avx512;
+            for entry in &mut table.entries {
+                crate::avx2::specialize_avx512(entry, v);
+            }
+            return table;
+        }
+        if want == Some(Isa::Avx512) {
+            eprintln!("warning: RINGLLM_ISA=avx512: this CPU lacks AVX-512 F/BW/VL/VNNI; using the best it has");
+        }
+        if let (Some(v), None | Some(Isa::Avx2Vnni | Isa::Avx512)) = (crate::avx2::vnni(), want) {
             let mut table = scalar_table();
             table.isa = Isa::Avx2Vnni;
             for entry in &mut table.entries {

@@ -7,6 +7,7 @@
 
 pub mod bandwidth;
 pub mod dispatch;
+pub mod gemm;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -8,6 +8,7 @@
 //! chunks, dynamically. Nothing is allocated once the buffers have grown to their working size.
 
 use crate::dispatch::{kernels, TypeKernels};
+use crate::gemm::GemmActs;
 use crate::pool::{Chunks, SharedMut, ThreadPool};
 use crate::types::GgmlType;
 
@@ -54,6 +55,8 @@ impl<'a> QMatrix<'a> {
 #[derive(Default, Debug)]
 pub struct ActBuffer {
     bufs: Vec<(GgmlType, Vec<u8>)>,
+    /// The same rows laid out for the GEMM kernels (prefill), one per activation format.
+    gemm: Vec<GemmActs>,
 }
 
 impl ActBuffer {
@@ -192,6 +195,38 @@ pub fn matmul_many(
             });
         }
     }
+    // Prefill: rows laid out once more for the GEMM kernels of the formats that have one.
+    let gemm_rows = n_rows > SMALL_BATCH;
+    if gemm_rows {
+        for at in formats.into_iter().flatten() {
+            if !jobs
+                .iter()
+                .any(|j| kernels(j.w.ty).gemm.is_some() && kernels(j.w.ty).vec_dot_type == at)
+            {
+                continue;
+            }
+            let stride = at.row_bytes(n_in).unwrap_or(0);
+            let slot = match acts.gemm.iter().position(|g| g.ty() == Some(at)) {
+                Some(i) => i,
+                None => {
+                    acts.gemm.push(GemmActs::new());
+                    acts.gemm.len() - 1
+                }
+            };
+            let (bufs, gemm) = (&acts.bufs, &mut acts.gemm[slot]);
+            let src = bufs
+                .iter()
+                .find(|(t, _)| *t == at)
+                .map_or(&[][..], |(_, b)| b.as_slice());
+            gemm.prepare(
+                at,
+                &src[..stride * n_rows],
+                stride,
+                n_rows,
+                n_in / at.block_size(),
+            );
+        }
+    }
     // One pool pass over the rows of every job.
     #[derive(Clone, Copy)]
     struct Part<'a> {
@@ -199,6 +234,8 @@ pub fn matmul_many(
         k: &'static TypeKernels,
         a: &'a [u8],
         a_stride: usize,
+        /// The batch in the GEMM layout, when this job's kernel takes it.
+        g: Option<&'a GemmActs>,
         out: SharedMut<f32>,
         /// First global row index of this job.
         start: usize,
@@ -218,6 +255,13 @@ pub fn matmul_many(
             k,
             a: &acts.get(at)[..a_stride * n_rows],
             a_stride,
+            g: if gemm_rows && k.gemm.is_some() {
+                acts.gemm
+                    .iter()
+                    .find(|g| g.ty() == Some(at) && g.n_rows() == n_rows)
+            } else {
+                None
+            },
             out: SharedMut::new(job.out),
             start: total,
         });
@@ -240,6 +284,7 @@ pub fn matmul_many(
                     p.k,
                     p.a,
                     p.a_stride,
+                    p.g,
                     n_rows,
                     g - p.start..end - p.start,
                     p.out,
@@ -258,6 +303,7 @@ fn rows_times_acts(
     k: &TypeKernels,
     a: &[u8],
     a_stride: usize,
+    g: Option<&GemmActs>,
     n_rows: usize,
     rows: std::ops::Range<usize>,
     out: SharedMut<f32>,
@@ -318,6 +364,29 @@ fn rows_times_acts(
                 // SAFETY: output rows `rows` of activation row r belong to this chunk alone.
                 let o = unsafe { out.slice(r * n_out + rows.start..r * n_out + rows.end) };
                 f(n_in, ws, rb, &a[r * a_stride..(r + 1) * a_stride], o);
+            }
+            return;
+        }
+    }
+    if let (Some(f), Some(g)) = (k.gemm, g) {
+        if rows.len() <= MAX_CHUNK {
+            // Prefill: slabs of `SMALL_BATCH` activation rows against the chunk's weight rows
+            // in register tiles; the chunk's weights stay in L1/L2 across slabs. Bit-identical
+            // to the decode kernel for every pair.
+            let ws = &w.data[rows.start * rb..rows.end * rb];
+            let m = rows.len();
+            let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
+            let mut r0 = 0;
+            while r0 < n_rows {
+                let nr = (n_rows - r0).min(SMALL_BATCH);
+                f(n_in, ws, rb, m, g, r0, nr, &mut buf[..nr * m], m);
+                for r in 0..nr {
+                    let at = (r0 + r) * n_out;
+                    // SAFETY: output rows `rows` of activation row r0 + r belong to this chunk.
+                    let o = unsafe { out.slice(at + rows.start..at + rows.end) };
+                    o.copy_from_slice(&buf[r * m..(r + 1) * m]);
+                }
+                r0 += nr;
             }
             return;
         }

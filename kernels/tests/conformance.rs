@@ -218,3 +218,63 @@ fn weight_by_activation_tiles_equal_single_dots() {
         }
     }
 }
+
+/// A prefill-sized batch (the GEMM kernels where the level has them) gives every row the bits
+/// that row gets alone (the decode kernel), and the values the reference dot gives within
+/// budget: batching never changes a sequence's output.
+#[test]
+fn batched_matmul_equals_row_by_row() {
+    use ringllm_kernels::{matmul, ActBuffer, QMatrix, ThreadPool};
+    let mut rng = StdRng::seed_from_u64(29);
+    let pool = ThreadPool::new(2);
+    let mut acts = ActBuffer::new();
+    for ty in weight_types() {
+        // 640 columns: 20 legacy blocks (an even count), 2.5 K-blocks where K-quants skip.
+        for n in [640usize, 2048 + 32] {
+            if ty.row_bytes(n).is_none() {
+                continue;
+            }
+            let n_out = 37;
+            let mut w = Vec::new();
+            for _ in 0..n_out {
+                w.extend(quantize(ty, &normal(&mut rng, n)));
+            }
+            let m = QMatrix {
+                ty,
+                n_in: n,
+                n_out,
+                data: &w,
+            };
+            for n_rows in [9usize, 13, 40] {
+                let x = normal(&mut rng, n * n_rows);
+                let mut batched = vec![0f32; n_rows * n_out];
+                matmul(&pool, &m, &x, n_rows, &mut batched, &mut acts);
+                for r in 0..n_rows {
+                    let mut one = vec![0f32; n_out];
+                    matmul(&pool, &m, &x[r * n..(r + 1) * n], 1, &mut one, &mut acts);
+                    let got = &batched[r * n_out..(r + 1) * n_out];
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{ty} n={n}: row {r} of a batch of {n_rows} differs from it alone"
+                    );
+                    let at = reference(ty).vec_dot_type;
+                    let qa = quantize(at, &x[r * n..(r + 1) * n]);
+                    for (o, g) in got.iter().enumerate() {
+                        let rb = ty.row_bytes(n).expect("whole blocks");
+                        let want = (reference(ty).vec_dot)(n, &w[o * rb..(o + 1) * rb], &qa);
+                        let scale: f32 = dequantize(ty, &w[o * rb..(o + 1) * rb], n)
+                            .iter()
+                            .zip(&x[r * n..(r + 1) * n])
+                            .map(|(a, b)| (a * b).abs())
+                            .sum();
+                        assert!(
+                            (g - want).abs() <= 1e-5 * scale.max(1.0),
+                            "{ty} n={n}: row {r} col {o}: {g} vs reference {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

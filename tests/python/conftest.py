@@ -42,10 +42,11 @@ def run(args, **kw):
     return r
 
 
-def forward_dump(model, tokens, tmp, *extra):
-    """Our engine's embeddings, per-layer hidden states and logits for `tokens`."""
+def forward_dump(model, tokens, tmp, *extra, env=None):
+    """Our engine's embeddings, per-layer hidden states and logits for `tokens` (`env`: the
+    process environment, e.g. to force a kernel level with RINGLLM_ISA)."""
     out = pathlib.Path(tmp)
-    run(["debug", "forward", "-m", model, "--tokens", ",".join(map(str, tokens)), "--dump", out, *extra])
+    run(["debug", "forward", "-m", model, "--tokens", ",".join(map(str, tokens)), "--dump", out, *extra], env=env)
     d = {p.stem: np.load(p) for p in out.glob("*.npy")}
     return d
 

@@ -16,6 +16,8 @@ Two comparisons, each with its budget stated here:
   within HIDDEN_REL, logits within LOGIT_REL.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,50 @@ def test_synthetic_model_matches_reference(arch, ty, tmp_path):
     toks = [1] + [int(t) for t in rng.integers(3, m.vocab, size=23)]  # longer than gemma's window
     ours = forward_dump(f, toks, tmp_path / "dump", "--threads", "2", "--batch", "7")
     compare(ours, m, toks, f"synthetic {arch} {ty}")
+
+
+def cpu_flags():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# Each kernel level and the CPU flags it needs (kernels/src/dispatch.rs).
+ISA_LEVELS = {
+    "scalar": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "vnni": {"avx2", "fma", "f16c", "avx_vnni"},  # or AVX-512 VNNI with VL, below
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+}
+
+
+def level_available(level):
+    f = cpu_flags()
+    if level == "vnni" and {"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"} <= f:
+        return True
+    return ISA_LEVELS[level] <= f
+
+
+@pytest.mark.parametrize("level", list(ISA_LEVELS))
+def test_every_kernel_level_matches_reference(level, tmp_path):
+    """Every kernel level this CPU has, forced with RINGLLM_ISA, passes the same comparisons
+    with prompts long enough for the prefill kernels (more than 8 rows: the GEMM kernels at
+    the avx512 level) on both real models and on synthetic models in the legacy formats."""
+    if not level_available(level):
+        pytest.skip(f"this CPU lacks the {level} level")
+    env = dict(os.environ, RINGLLM_ISA=level)
+    for name in [GEMMA.name, SMOL.name]:
+        path = model_path(name)
+        toks = PROMPTS[name][1]
+        assert len(toks) > 8
+        ours = forward_dump(path, toks, tmp_path / name, "--threads", "2", env=env)
+        compare(ours, ref_model(path), toks, f"{name} at {level}")
+    for arch, ty in [("llama", "Q4_1"), ("gemma3", "Q5_0"), ("llama", "Q8_0")]:
+        f = tmp_path / f"{arch}-{ty}.gguf"
+        run(["debug", "synth", "--arch", arch, "--type", ty, "--seed", "3", "-o", f])
+        m = reference.load(str(f))
+        rng = np.random.default_rng(6)
+        toks = [1] + [int(t) for t in rng.integers(3, m.vocab, size=23)]
+        ours = forward_dump(f, toks, tmp_path / f"{arch}-{ty}", "--threads", "2", env=env)
+        compare(ours, m, toks, f"synthetic {arch} {ty} at {level}")

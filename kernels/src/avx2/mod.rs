@@ -8,6 +8,7 @@ pub mod ops;
 use crate::types::GgmlType;
 
 mod float;
+pub mod gemm512;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -84,6 +85,21 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q8_1 => level!(q8_0::Q8_1),
         _ => {}
     }
+}
+
+/// The VNNI table plus the AVX-512 prefill GEMM of the 32-element formats.
+pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
+    specialize_vnni(entry, v);
+    entry.isa = Isa::Avx512;
+    entry.gemm = match entry.ty {
+        GgmlType::Q4_0 => Some(gemm512::gemm::<q4_0::Q4_0>),
+        GgmlType::Q4_1 => Some(gemm512::gemm::<q4_1::Q4_1>),
+        GgmlType::Q5_0 => Some(gemm512::gemm::<q5_0::Q5_0>),
+        GgmlType::Q5_1 => Some(gemm512::gemm::<q5_1::Q5_1>),
+        GgmlType::Q8_0 => Some(gemm512::gemm::<q8_0::Q8_0>),
+        GgmlType::Q8_1 => Some(gemm512::gemm::<q8_0::Q8_1>),
+        _ => None,
+    };
 }
 
 /// Replace the scalar functions of `entry` with AVX2 ones where we have them.

@@ -858,7 +858,7 @@ pub(super) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn inputs() -> Vec<Vec<f32>> {
@@ -999,7 +999,7 @@ mod tests {
 
     /// Weights of `ty` (`nb` blocks per row, `n_w` rows) and activations (`n_a` rows) from
     /// the reference quantizers, rows `stride` bytes apart.
-    fn operands(
+    pub(in crate::avx2) fn operands(
         ty: crate::GgmlType,
         nb: usize,
         n_w: usize,

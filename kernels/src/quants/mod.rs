@@ -31,6 +31,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
                 vec_dot_multi: None,
                 vec_dot_rows: None,
                 vec_dot_tile: None,
+                gemm: None,
             }
         };
     }
@@ -45,6 +46,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_multi: None,
             vec_dot_rows: None,
             vec_dot_tile: None,
+            gemm: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -56,6 +58,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_multi: None,
             vec_dot_rows: None,
             vec_dot_tile: None,
+            gemm: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -67,6 +70,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_multi: None,
             vec_dot_rows: None,
             vec_dot_tile: None,
+            gemm: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),
