@@ -382,7 +382,11 @@ mod tests {
             gemm::<Q4_1>(64, &w, ws, 1, &acts, 0, 1, &mut out, 1);
         })
         .expect_err("Q4_1 weights against Q8_0 rows must be refused");
-        let msg = err.downcast_ref::<String>().map_or("", |s| s.as_str());
+        let msg = err
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| err.downcast_ref::<&str>().copied())
+            .unwrap_or("");
         assert!(msg.contains("Q8_1 activations"), "{msg}");
     }
 }
