@@ -131,11 +131,57 @@ pub fn dot_fast(a: &[f32], b: &[f32]) -> f32 {
     (crate::kernels(crate::GgmlType::F32).vec_dot)(n, bytes(a), bytes(b))
 }
 
+/// True when the kernel table is at an AVX2 level or above (so AVX2 and FMA were detected).
+#[cfg(target_arch = "x86_64")]
+fn avx2_level() -> bool {
+    crate::isa() != crate::Isa::Scalar
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]` with the fastest kernel this CPU has.
+pub fn glu_silu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_level() {
+            // SAFETY: the kernel table chose an AVX2 level only after detecting AVX2 and FMA.
+            unsafe { crate::avx2::ops::glu::<false>(gate, up) };
+            return;
+        }
+    }
+    glu(gate, up, silu);
+}
+
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]` with the fastest kernel this CPU has.
+pub fn glu_gelu_tanh(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_level() {
+            // SAFETY: as in `glu_silu`.
+            unsafe { crate::avx2::ops::glu::<true>(gate, up) };
+            return;
+        }
+    }
+    glu(gate, up, gelu_tanh);
+}
+
+/// In-place softmax of one row with the fastest kernel this CPU has.
+pub fn softmax_fast(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_level() {
+            // SAFETY: as in `glu_silu`.
+            unsafe { crate::avx2::ops::softmax(x) };
+            return;
+        }
+    }
+    softmax(x);
+}
+
 /// `y += alpha * x` with the fastest kernel this CPU has.
 pub fn axpy_fast(alpha: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::isa() == crate::Isa::Avx2 {
+        // Every AVX2 level (avx2, vnni, avx512): before, only the plain avx2 level took this.
+        if avx2_level() {
             // SAFETY: the kernel table chose AVX2 only after detecting AVX2 and FMA.
             unsafe { crate::avx2::ops::axpy(alpha, x, y) };
             return;

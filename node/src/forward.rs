@@ -384,9 +384,9 @@ impl Runner {
             n,
             &mut s.acts,
         );
-        let act: fn(f32) -> f32 = match hp.ffn_act {
-            FfnAct::Silu => ops::silu,
-            FfnAct::GeluTanh => ops::gelu_tanh,
+        let act: fn(&mut [f32], &[f32]) = match hp.ffn_act {
+            FfnAct::Silu => ops::glu_silu,
+            FfnAct::GeluTanh => ops::glu_gelu_tanh,
         };
         glu_parallel(pool, &mut s.gate[..n * ff], &s.up[..n * ff], act);
         matmul(
@@ -485,10 +485,10 @@ impl Runner {
 }
 
 /// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
-fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: fn(f32) -> f32) {
+fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], glu: fn(&mut [f32], &[f32])) {
     const CHUNK: usize = 4096;
     if gate.len() <= CHUNK || pool.n_threads() == 1 {
-        ops::glu(gate, up, act);
+        glu(gate, up);
         return;
     }
     let chunks = Chunks::new(gate.len().div_ceil(CHUNK), 1);
@@ -499,7 +499,7 @@ fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: fn(f32) ->
                 let range = c * CHUNK..((c + 1) * CHUNK).min(g.len());
                 // SAFETY: each chunk index is handed to one thread; chunks are disjoint.
                 let part = unsafe { g.slice(range.clone()) };
-                ops::glu(part, &up[range], act);
+                glu(part, &up[range]);
             }
         }
     });
@@ -556,7 +556,7 @@ fn attention<E: KvElem>(
                     let base = a.kv.slot(p) * a.kvd + kvh * hd;
                     sc[j] = E::dot(qh, &kb[base..base + hd]) * a.scale;
                 }
-                ops::softmax(sc);
+                ops::softmax_fast(sc);
                 // SAFETY: the output row of (token t, head h) belongs to this work item alone.
                 let o = unsafe { out.slice(t * a.qd + h * hd..t * a.qd + (h + 1) * hd) };
                 o.fill(0.0);
