@@ -31,9 +31,11 @@ pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// tiny normal number (about 1e-38) instead of 0; above, e^88 (1.6e38) instead of inf — both
 /// act as 0 and overflow in the uses here (`x / (1 + e^-y)`, softmax after subtracting the
 /// max).
+///
+/// Safe to call only from code compiled with AVX2 and FMA (the `unsafe fn`s here).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub fn exp(x: __m256) -> __m256 {
+pub(crate) fn exp(x: __m256) -> __m256 {
     let x = _mm256_min_ps(
         _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
         _mm256_set1_ps(88.0),
