@@ -214,6 +214,95 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// Attention scores of `n_q` queries (rows of `hd` floats, back to back in `q`) against `n_k`
+/// keys (key j at `k[j * k_stride..][..hd]`): `scores[g * s_stride + j] = scale · q_g·k_j`.
+/// Several queries of one KV head (grouped-query attention) share every key load.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_scores(
+    q: &[f32],
+    n_q: usize,
+    hd: usize,
+    k: &[f32],
+    k_stride: usize,
+    n_k: usize,
+    scale: f32,
+    scores: &mut [f32],
+    s_stride: usize,
+) {
+    if n_q == 0 || n_k == 0 {
+        return;
+    }
+    assert!(q.len() >= n_q * hd, "qk_scores: {n_q} queries of {hd}");
+    assert!(
+        k_stride >= hd && k.len() >= (n_k - 1) * k_stride + hd,
+        "qk_scores: {n_k} keys"
+    );
+    assert!(
+        s_stride >= n_k && scores.len() >= (n_q - 1) * s_stride + n_k,
+        "qk_scores: scores"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_level() {
+            // SAFETY: shapes checked above; AVX2 and FMA detected (the table's level).
+            unsafe {
+                crate::avx2::ops::qk_scores(q, n_q, hd, k, k_stride, n_k, scale, scores, s_stride)
+            };
+            return;
+        }
+    }
+    for g in 0..n_q {
+        let qg = &q[g * hd..(g + 1) * hd];
+        for j in 0..n_k {
+            scores[g * s_stride + j] = dot(qg, &k[j * k_stride..j * k_stride + hd]) * scale;
+        }
+    }
+}
+
+/// Adds the attention-weighted values to `n_q` output rows (back to back in `out`, `hd` each):
+/// `out[g * hd + d] += Σ_j p[g * p_stride + j] · v[j * v_stride + d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn pv_accumulate(
+    p: &[f32],
+    p_stride: usize,
+    n_q: usize,
+    v: &[f32],
+    v_stride: usize,
+    n_k: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    if n_q == 0 || n_k == 0 {
+        return;
+    }
+    assert!(
+        p_stride >= n_k && p.len() >= (n_q - 1) * p_stride + n_k,
+        "pv_accumulate: weights"
+    );
+    assert!(
+        v_stride >= hd && v.len() >= (n_k - 1) * v_stride + hd,
+        "pv_accumulate: {n_k} values"
+    );
+    assert!(
+        out.len() >= n_q * hd,
+        "pv_accumulate: {n_q} outputs of {hd}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2_level() {
+            // SAFETY: shapes checked above; AVX2 and FMA detected (the table's level).
+            unsafe { crate::avx2::ops::pv_accumulate(p, p_stride, n_q, v, v_stride, n_k, hd, out) };
+            return;
+        }
+    }
+    for g in 0..n_q {
+        let o = &mut out[g * hd..(g + 1) * hd];
+        for j in 0..n_k {
+            axpy(p[g * p_stride + j], &v[j * v_stride..j * v_stride + hd], o);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    /// Attention scores, one row of `kv_cap` per thread.
+    /// Attention scores, `ATT_HEADS` rows of `scores_stride` per thread.
     scores: Vec<f32>,
     /// RoPE (cos, sin) per token of the batch.
     rope: Vec<(f32, f32)>,
@@ -60,8 +60,9 @@ impl Runner {
             + (hp.rope_dim / 2) as u64 * 8
             // Quantized activations: at most 4 bytes per value whatever the block format.
             + widest * 4;
-        mb.saturating_mul(per_token)
-            .saturating_add((threads.max(1) as u64).saturating_mul(max_ctx.max(1) as u64 * 4))
+        mb.saturating_mul(per_token).saturating_add(
+            (threads.max(1) as u64).saturating_mul(ATT_HEADS as u64 * max_ctx.max(1) as u64 * 4),
+        )
     }
 
     /// A runner for `model` with `threads` threads, batches up to `max_batch` tokens and
@@ -83,7 +84,7 @@ impl Runner {
             o: vec![0.0; mb * hp.d_model],
             gate: vec![0.0; mb * hp.d_ff],
             up: vec![0.0; mb * hp.d_ff],
-            scores: vec![0.0; pool.n_threads() * scores_stride],
+            scores: vec![0.0; pool.n_threads() * ATT_HEADS * scores_stride],
             rope: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
             acts,
         };
@@ -526,8 +527,13 @@ struct AttnArgs<'a> {
     scores_stride: usize,
 }
 
-/// Causal attention of `n` queries (positions `pos..pos+n`) over the cache, one (token, head)
-/// pair per work item.
+/// Query heads of one KV head a work item takes together: they share every key and value
+/// row, so each is loaded once for up to this many heads (`scores` holds this many rows of
+/// `scores_stride` per thread).
+const ATT_HEADS: usize = 4;
+
+/// Causal attention of `n` queries (positions `pos..pos+n`) over the cache, one work item per
+/// (token, KV head, block of up to `ATT_HEADS` of its query heads).
 fn attention<E: KvElem>(
     pool: &ThreadPool,
     a: &AttnArgs,
@@ -537,32 +543,50 @@ fn attention<E: KvElem>(
     att: &mut [f32],
     scores: &mut [f32],
 ) {
-    let items = Chunks::new(a.n * a.n_head, 1);
+    let n_kv = a.n_head / a.group;
+    let blocks = a.group.div_ceil(ATT_HEADS);
+    let items = Chunks::new(a.n * n_kv * blocks, 1);
     let out = SharedMut::new(&mut att[..a.n * a.qd]);
     let sc = SharedMut::new(scores);
-    let hd = a.head_dim;
+    let (hd, stride) = (a.head_dim, a.scores_stride);
     pool.run(&|tid| {
-        // SAFETY: each thread uses only its own row of the score buffer.
-        let scores = unsafe { sc.slice(tid * a.scores_stride..(tid + 1) * a.scores_stride) };
+        // SAFETY: each thread uses only its own rows of the score buffer.
+        let scores = unsafe { sc.slice(tid * ATT_HEADS * stride..(tid + 1) * ATT_HEADS * stride) };
         while let Some(r) = items.next_range() {
             for item in r {
-                let (t, h) = (item / a.n_head, item % a.n_head);
-                let kvh = h / a.group;
-                let qh = &q[t * a.qd + h * hd..t * a.qd + (h + 1) * hd];
+                let t = item / (n_kv * blocks);
+                let (kvh, b) = ((item / blocks) % n_kv, item % blocks);
+                let h0 = kvh * a.group + b * ATT_HEADS;
+                let nq = ATT_HEADS.min(a.group - b * ATT_HEADS);
+                let qh = &q[t * a.qd + h0 * hd..t * a.qd + (h0 + nq) * hd];
                 let vis = a.kv.visible(a.pos + t);
                 let len = vis.len();
-                let sc = &mut scores[..len];
-                for (j, p) in vis.clone().enumerate() {
-                    let base = a.kv.slot(p) * a.kvd + kvh * hd;
-                    sc[j] = E::dot(qh, &kb[base..base + hd]) * a.scale;
+                // The visible positions as runs of consecutive ring slots (two at most).
+                let runs = || {
+                    let mut p = vis.start;
+                    std::iter::from_fn(move || {
+                        (p < vis.end).then(|| {
+                            let s = a.kv.slot(p);
+                            let run = (vis.end - p).min(a.kv.cap - s);
+                            let j = p - vis.start;
+                            p += run;
+                            (j, s * a.kvd + kvh * hd, run)
+                        })
+                    })
+                };
+                for (j, base, run) in runs() {
+                    let k = &kb[base..base + (run - 1) * a.kvd + hd];
+                    E::qk(qh, nq, hd, k, a.kvd, run, a.scale, &mut scores[j..], stride);
                 }
-                ops::softmax_fast(sc);
-                // SAFETY: the output row of (token t, head h) belongs to this work item alone.
-                let o = unsafe { out.slice(t * a.qd + h * hd..t * a.qd + (h + 1) * hd) };
+                for g in 0..nq {
+                    ops::softmax_fast(&mut scores[g * stride..g * stride + len]);
+                }
+                // SAFETY: the output rows of (token t, heads h0..h0 + nq) belong to this item.
+                let o = unsafe { out.slice(t * a.qd + h0 * hd..t * a.qd + (h0 + nq) * hd) };
                 o.fill(0.0);
-                for (j, p) in vis.enumerate() {
-                    let base = a.kv.slot(p) * a.kvd + kvh * hd;
-                    E::axpy(sc[j], &vb[base..base + hd], o);
+                for (j, base, run) in runs() {
+                    let v = &vb[base..base + (run - 1) * a.kvd + hd];
+                    E::pv(&scores[j..], stride, nq, v, a.kvd, run, hd, o);
                 }
             }
         }

@@ -48,6 +48,53 @@ pub trait KvElem: Copy + Send + Sync + 'static {
             *o += w * x.load();
         }
     }
+
+    /// `scores[g * s_stride + j] = scale · q_g·k_j` for `n_q` queries (back to back in `q`, `hd`
+    /// each) against `n_k` keys `k_stride` apart.
+    #[allow(clippy::too_many_arguments)]
+    fn qk(
+        q: &[f32],
+        n_q: usize,
+        hd: usize,
+        k: &[Self],
+        k_stride: usize,
+        n_k: usize,
+        scale: f32,
+        scores: &mut [f32],
+        s_stride: usize,
+    ) {
+        for g in 0..n_q {
+            for j in 0..n_k {
+                scores[g * s_stride + j] = Self::dot(
+                    &q[g * hd..(g + 1) * hd],
+                    &k[j * k_stride..j * k_stride + hd],
+                ) * scale;
+            }
+        }
+    }
+
+    /// `out[g * hd + d] += Σ_j p[g * p_stride + j] · v[j * v_stride + d]` for `n_q` output rows.
+    #[allow(clippy::too_many_arguments)]
+    fn pv(
+        p: &[f32],
+        p_stride: usize,
+        n_q: usize,
+        v: &[Self],
+        v_stride: usize,
+        n_k: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        for g in 0..n_q {
+            for j in 0..n_k {
+                Self::axpy(
+                    p[g * p_stride + j],
+                    &v[j * v_stride..j * v_stride + hd],
+                    &mut out[g * hd..(g + 1) * hd],
+                );
+            }
+        }
+    }
 }
 
 impl KvElem for f32 {
@@ -64,6 +111,31 @@ impl KvElem for f32 {
     }
     fn axpy(w: f32, v: &[f32], out: &mut [f32]) {
         ringllm_kernels::ops::axpy_fast(w, v, out)
+    }
+    fn qk(
+        q: &[f32],
+        n_q: usize,
+        hd: usize,
+        k: &[f32],
+        k_stride: usize,
+        n_k: usize,
+        scale: f32,
+        scores: &mut [f32],
+        s_stride: usize,
+    ) {
+        ringllm_kernels::ops::qk_scores(q, n_q, hd, k, k_stride, n_k, scale, scores, s_stride)
+    }
+    fn pv(
+        p: &[f32],
+        p_stride: usize,
+        n_q: usize,
+        v: &[f32],
+        v_stride: usize,
+        n_k: usize,
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        ringllm_kernels::ops::pv_accumulate(p, p_stride, n_q, v, v_stride, n_k, hd, out)
     }
 }
 

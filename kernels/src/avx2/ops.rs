@@ -148,6 +148,211 @@ pub unsafe fn softmax(x: &mut [f32]) {
     }
 }
 
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// `G` queries × `K` keys of `hd` floats: every key chunk loaded once for the `G` queries and
+/// every query chunk once for the `K` keys.
+///
+/// # Safety
+/// `q` points to `G` rows of `hd` floats, back to back; `k` to `K` rows `k_stride` apart.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn qk_tile<const G: usize, const K: usize>(
+    q: *const f32,
+    hd: usize,
+    k: *const f32,
+    k_stride: usize,
+) -> [[f32; K]; G] {
+    let mut acc = [[_mm256_setzero_ps(); K]; G];
+    let mut d = 0;
+    while d + 8 <= hd {
+        // SAFETY: d + 8 <= hd inside every row (caller).
+        unsafe {
+            let mut kv = [_mm256_setzero_ps(); K];
+            for (j, v) in kv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(k.add(j * k_stride + d));
+            }
+            for (g, row) in acc.iter_mut().enumerate() {
+                let qv = _mm256_loadu_ps(q.add(g * hd + d));
+                for (a, kj) in row.iter_mut().zip(kv) {
+                    *a = _mm256_fmadd_ps(qv, kj, *a);
+                }
+            }
+        }
+        d += 8;
+    }
+    let mut out = [[0f32; K]; G];
+    for (g, (orow, arow)) in out.iter_mut().zip(&acc).enumerate() {
+        for (j, (o, a)) in orow.iter_mut().zip(arow).enumerate() {
+            *o = hsum8(*a);
+            for t in d..hd {
+                // SAFETY: t < hd inside both rows (caller).
+                *o += unsafe { *q.add(g * hd + t) * *k.add(j * k_stride + t) };
+            }
+        }
+    }
+    out
+}
+
+/// AVX2 form of `ops::qk_scores` (same contract; shapes checked by the caller).
+///
+/// # Safety
+/// The shapes `ops::qk_scores` checks hold; the CPU has AVX2 and FMA.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn qk_scores(
+    q: &[f32],
+    n_q: usize,
+    hd: usize,
+    k: &[f32],
+    k_stride: usize,
+    n_k: usize,
+    scale: f32,
+    scores: &mut [f32],
+    s_stride: usize,
+) {
+    let (qp, kp) = (q.as_ptr(), k.as_ptr());
+    let mut g0 = 0;
+    while g0 < n_q {
+        let ng = (n_q - g0).min(4);
+        let mut j = 0;
+        while j < n_k {
+            let nk = if n_k - j >= 4 { 4 } else { 1 };
+            // SAFETY: queries g0..g0 + ng and keys j..j + nk exist (caller's shapes).
+            unsafe {
+                let (qg, kj) = (qp.add(g0 * hd), kp.add(j * k_stride));
+                macro_rules! run {
+                    ($g:literal, $k:literal) => {{
+                        let t = qk_tile::<$g, $k>(qg, hd, kj, k_stride);
+                        for (gi, row) in t.iter().enumerate() {
+                            for (ji, v) in row.iter().enumerate() {
+                                scores[(g0 + gi) * s_stride + j + ji] = v * scale;
+                            }
+                        }
+                    }};
+                }
+                match (ng, nk) {
+                    (4, 4) => run!(4, 4),
+                    (3, 4) => run!(3, 4),
+                    (2, 4) => run!(2, 4),
+                    (1, 4) => run!(1, 4),
+                    (4, _) => run!(4, 1),
+                    (3, _) => run!(3, 1),
+                    (2, _) => run!(2, 1),
+                    _ => run!(1, 1),
+                }
+            }
+            j += nk;
+        }
+        g0 += ng;
+    }
+}
+
+/// `G` output rows × 32 columns from `d`: `out[g][d..d + 32] += Σ_j p[g][j] · v_j[d..d + 32]`,
+/// the 32 × `G` sums in registers across all keys.
+///
+/// # Safety
+/// `p` holds `G` rows `p_stride` apart of `n_k` weights; `v` `n_k` rows `v_stride` apart with
+/// 32 floats from `d`; `out` `G` rows of `hd` with 32 floats from `d`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pv_tile<const G: usize>(
+    p: *const f32,
+    p_stride: usize,
+    v: *const f32,
+    v_stride: usize,
+    n_k: usize,
+    hd: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    // SAFETY: every offset stays inside the rows the caller vouches for.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        for (g, row) in acc.iter_mut().enumerate() {
+            for (c, a) in row.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(out.add(g * hd + d + 8 * c));
+            }
+        }
+        for j in 0..n_k {
+            let vj = v.add(j * v_stride + d);
+            let vv = [
+                _mm256_loadu_ps(vj),
+                _mm256_loadu_ps(vj.add(8)),
+                _mm256_loadu_ps(vj.add(16)),
+                _mm256_loadu_ps(vj.add(24)),
+            ];
+            for (g, row) in acc.iter_mut().enumerate() {
+                let w = _mm256_broadcast_ss(&*p.add(g * p_stride + j));
+                for (a, x) in row.iter_mut().zip(vv) {
+                    *a = _mm256_fmadd_ps(w, x, *a);
+                }
+            }
+        }
+        for (g, row) in acc.iter().enumerate() {
+            for (c, a) in row.iter().enumerate() {
+                _mm256_storeu_ps(out.add(g * hd + d + 8 * c), *a);
+            }
+        }
+    }
+}
+
+/// AVX2 form of `ops::pv_accumulate` (same contract; shapes checked by the caller).
+///
+/// # Safety
+/// The shapes `ops::pv_accumulate` checks hold; the CPU has AVX2 and FMA.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn pv_accumulate(
+    p: &[f32],
+    p_stride: usize,
+    n_q: usize,
+    v: &[f32],
+    v_stride: usize,
+    n_k: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+    let mut g0 = 0;
+    while g0 < n_q {
+        let ng = (n_q - g0).min(4);
+        let mut d = 0;
+        while d + 32 <= hd {
+            // SAFETY: rows g0..g0 + ng and columns d..d + 32 exist (caller's shapes).
+            unsafe {
+                let (pg, og) = (pp.add(g0 * p_stride), op.add(g0 * hd));
+                match ng {
+                    4 => pv_tile::<4>(pg, p_stride, vp, v_stride, n_k, hd, d, og),
+                    3 => pv_tile::<3>(pg, p_stride, vp, v_stride, n_k, hd, d, og),
+                    2 => pv_tile::<2>(pg, p_stride, vp, v_stride, n_k, hd, d, og),
+                    _ => pv_tile::<1>(pg, p_stride, vp, v_stride, n_k, hd, d, og),
+                }
+            }
+            d += 32;
+        }
+        if d < hd {
+            for g in g0..g0 + ng {
+                for j in 0..n_k {
+                    let w = p[g * p_stride + j];
+                    for t in d..hd {
+                        out[g * hd + t] += w * v[j * v_stride + t];
+                    }
+                }
+            }
+        }
+        g0 += ng;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,6 +362,57 @@ mod tests {
         // SAFETY: 8 floats.
         unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
         o
+    }
+
+    #[test]
+    fn attention_blocks_match_the_plain_loops() {
+        if !crate::avx2::available() {
+            eprintln!("SKIPPED attention_blocks_match_the_plain_loops: no AVX2");
+            return;
+        }
+        let val = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
+        // Head sizes with and without a 32-wide tail; 1..6 queries; key counts around 4.
+        for hd in [8usize, 40, 64, 72] {
+            for n_q in 1..=6 {
+                for n_k in [1usize, 3, 4, 5, 9] {
+                    let (k_stride, s_stride) = (hd + 3, n_k + 2);
+                    let q: Vec<f32> = (0..n_q * hd).map(val).collect();
+                    let k: Vec<f32> = (0..n_k * k_stride).map(|i| val(i + 7)).collect();
+                    let mut got = vec![f32::NAN; n_q * s_stride];
+                    // SAFETY: AVX2 and FMA detected above; shapes as the contract asks.
+                    unsafe { qk_scores(&q, n_q, hd, &k, k_stride, n_k, 0.5, &mut got, s_stride) };
+                    let mut p = vec![0f32; n_q * s_stride];
+                    for g in 0..n_q {
+                        for j in 0..n_k {
+                            let want: f64 = (0..hd)
+                                .map(|t| f64::from(q[g * hd + t]) * f64::from(k[j * k_stride + t]))
+                                .sum::<f64>()
+                                * 0.5;
+                            let g_ = got[g * s_stride + j];
+                            assert!((f64::from(g_) - want).abs() < 1e-4, "qk hd={hd} {g},{j}");
+                            p[g * s_stride + j] = val(g * 5 + j) / 10.0;
+                        }
+                    }
+                    let out0: Vec<f32> = (0..n_q * hd).map(|i| val(i + 3)).collect();
+                    let mut out = out0.clone();
+                    // SAFETY: as above.
+                    unsafe { pv_accumulate(&p, s_stride, n_q, &k, k_stride, n_k, hd, &mut out) };
+                    for g in 0..n_q {
+                        for t in 0..hd {
+                            let want = f64::from(out0[g * hd + t])
+                                + (0..n_k)
+                                    .map(|j| {
+                                        f64::from(p[g * s_stride + j])
+                                            * f64::from(k[j * k_stride + t])
+                                    })
+                                    .sum::<f64>();
+                            let o = out[g * hd + t];
+                            assert!((f64::from(o) - want).abs() < 1e-4, "pv hd={hd} {g},{t}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
