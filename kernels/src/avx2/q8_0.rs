@@ -265,8 +265,11 @@ macro_rules! legacy_dots {
             out
         }
 
-        /// How far ahead (in blocks) the decode kernel asks for weight rows.
-        const PREFETCH_BLOCKS: usize = 128;
+        /// How far ahead (in bytes) the decode kernel asks for weight rows. Measured on a Zen 5
+        /// EPYC (Gemma 3 270M, 1 thread): 4 KiB ahead 74 tok/s, 34 KiB 87, 70 KiB 82; the
+        /// head's 680-byte rows end long before that, so the hint runs ahead into the rows
+        /// that follow.
+        const PREFETCH_BYTES: usize = 32 << 10;
 
         /// Dots of `R` weight rows (the r-th at `w + r * w_stride`) with one activation row at `a`.
         /// Each row sees the same operations as in `dot_rows`, so results are bit-identical.
@@ -298,7 +301,7 @@ macro_rules! legacy_dots {
                     for (s, row) in acc.iter_mut().zip(rows) {
                         // A hint only: prefetching past the end of a row is harmless.
                         _mm_prefetch::<_MM_HINT_T0>(
-                            row.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
+                            row.wrapping_add(i * B::BLOCK + PREFETCH_BYTES).cast(),
                         );
                         let (qx, ax, hw) = weight_block::<B>(row, i);
                         step::<B, 0>(s, a, i, qx, ax, hw);
@@ -364,7 +367,7 @@ macro_rules! legacy_dots {
                     for (o, wrow) in wrows.iter().enumerate() {
                         // A hint only: prefetching past the end of a row is harmless.
                         _mm_prefetch::<_MM_HINT_T0>(
-                            wrow.wrapping_add((i + PREFETCH_BLOCKS) * B::BLOCK).cast(),
+                            wrow.wrapping_add(i * B::BLOCK + PREFETCH_BYTES).cast(),
                         );
                         let (qx, ax, hw) = weight_block::<B>(*wrow, i);
                         for (r, arow) in arows.iter().enumerate() {
