@@ -100,6 +100,12 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q8_1 => Some(gemm512::gemm::<q8_0::Q8_1>),
         _ => None,
     };
+    // The K-quants keep the AVX2 decode (memory-bound); their prefill rows go 512 bits wide.
+    match entry.ty {
+        GgmlType::Q4_K => entry.vec_dot_multi = Some(q4_k::vec_dot_multi512),
+        GgmlType::Q6_K => entry.vec_dot_multi = Some(q6_k::vec_dot_multi512),
+        _ => {}
+    }
 }
 
 /// Replace the scalar functions of `entry` with AVX2 ones where we have them.

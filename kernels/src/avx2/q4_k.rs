@@ -151,6 +151,112 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
     out
 }
 
+/// Two 256-bit halves as one 512-bit register (`lo` in bits 0..256).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// The two 256-bit halves of `v` added lane-wise (exact: i32 sums that cannot overflow).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
+/// `dot_rows` with AVX-512 (BW): each 64-element group (a sub-block pair) in one register,
+/// so the `maddubs`/`madd`/add of two sub-blocks are one instruction each. The i32 lane sums
+/// are exact, so folding the halves gives `dot_rows`'s integers and every later step is
+/// `dot_rows`'s: the results are bit-identical to the decode kernel.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
+    for row in a {
+        assert!(row.len() >= w.len());
+    }
+    let m4 = _mm256_set1_epi8(0x0f);
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, wb) in w.iter().enumerate() {
+        let d = f16_to_f32(wb[0], wb[1]);
+        let dmin = f16_to_f32(wb[2], wb[3]);
+        let (sc, m) = unpack_scales_words(&scale_bytes(wb));
+        let sc = u64::from(sc[0]) | (u64::from(sc[1]) << 32);
+        let m = u64::from(m[0]) | (u64::from(m[1]) << 32);
+        let mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(m as i64), dup));
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for g in 0..4 {
+            let bits = load32(&wb[WQS + 32 * g..]);
+            let q = join(
+                _mm256_and_si256(bits, m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
+            );
+            let s = join(
+                _mm256_shuffle_epi8(scales, scale_mask(2 * g)),
+                _mm256_shuffle_epi8(scales, scale_mask(2 * g + 1)),
+            );
+            for r in 0..R {
+                let ab = &a[r][i][QS + 64 * g..QS + 64 * g + 64];
+                // SAFETY: `ab` holds the 64 bytes read.
+                let a8 = unsafe { _mm512_loadu_si512(ab.as_ptr().cast()) };
+                let p = _mm512_madd_epi16(s, _mm512_maddubs_epi16(q, a8));
+                sumi[r] = _mm512_add_epi32(sumi[r], p);
+            }
+        }
+        for r in 0..R {
+            let ab = &a[r][i];
+            let ad = q8::d_of(ab);
+            let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(ad * d),
+                _mm256_cvtepi32_ps(fold(sumi[r])),
+                acc[r],
+            );
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(-(ad * dmin)),
+                _mm256_cvtepi32_ps(summ),
+                acc[r],
+            );
+        }
+    }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+/// `vec_dot_multi` through `dot_rows512`, 8 activation rows at a time (the avx512 level:
+/// installed only once AVX-512 F/BW/VL were detected).
+pub(super) fn vec_dot_multi512(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
+    let nb = check_dot_multi(n, w, WB, a, a_stride, out.len());
+    debug_assert!(super::gemm512::available());
+    let w = blocks::<WB>(w, nb);
+    let row = |r: usize| blocks::<AB>(&a[r * a_stride..], nb);
+    let mut r = 0;
+    while r < out.len() {
+        let left = out.len() - r;
+        // SAFETY: installed only after detection found the features; `row` checks each row
+        // holds `nb` blocks.
+        unsafe {
+            if left >= 8 {
+                let rows = std::array::from_fn::<_, 8, _>(|k| row(r + k));
+                out[r..r + 8].copy_from_slice(&dot_rows512::<8>(w, rows));
+                r += 8;
+            } else if left >= 4 {
+                let rows = std::array::from_fn::<_, 4, _>(|k| row(r + k));
+                out[r..r + 4].copy_from_slice(&dot_rows512::<4>(w, rows));
+                r += 4;
+            } else {
+                let [v] = dot_rows512::<1>(w, [row(r)]);
+                out[r] = v;
+                r += 1;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +270,10 @@ mod tests {
             (reference::dequantize, reference::vec_dot),
             (dequantize, vec_dot, vec_dot_multi),
         );
+    }
+
+    #[test]
+    fn avx512_multi_gives_the_decode_bits() {
+        super::super::q8_k::tests::check_multi_bits(WB, &[0, 2], vec_dot, vec_dot_multi512);
     }
 }

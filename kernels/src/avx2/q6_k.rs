@@ -155,6 +155,86 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
     out
 }
 
+/// `dot_rows` with AVX-512 (BW): two 32-level pieces (four 16-element sub-blocks) per
+/// register. Exact i32 lane sums folded back to `dot_rows`'s, then `dot_rows`'s float steps:
+/// bit-identical to the decode kernel.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
+    use super::q4_k::{fold, join};
+    for row in a {
+        assert!(row.len() >= w.len());
+    }
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, wb) in w.iter().enumerate() {
+        let d = f16_to_f32(wb[D], wb[D + 1]);
+        let scales = load16(&wb[SCALES..]);
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        let mut sumi = [_mm512_setzero_si512(); R];
+        for h in 0..2 {
+            let q = levels(wb, h);
+            let sc = |k: usize| {
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(8 * h + 2 * k)))
+            };
+            for kk in 0..2 {
+                let qz = join(q[2 * kk], q[2 * kk + 1]);
+                let s = join(sc(2 * kk), sc(2 * kk + 1));
+                for r in 0..R {
+                    let at = QS + 128 * h + 64 * kk;
+                    let ab = &a[r][i][at..at + 64];
+                    // SAFETY: `ab` holds the 64 bytes read.
+                    let a8 = unsafe { _mm512_loadu_si512(ab.as_ptr().cast()) };
+                    let p = _mm512_madd_epi16(s, _mm512_maddubs_epi16(qz, a8));
+                    sumi[r] = _mm512_add_epi32(sumi[r], p);
+                }
+            }
+        }
+        for r in 0..R {
+            let ab = &a[r][i];
+            let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
+            let s = _mm256_sub_epi32(fold(sumi[r]), _mm256_slli_epi32::<5>(offset));
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(q8::d_of(ab) * d),
+                _mm256_cvtepi32_ps(s),
+                acc[r],
+            );
+        }
+    }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+/// `vec_dot_multi` through `dot_rows512`, 8 activation rows at a time (the avx512 level).
+pub(super) fn vec_dot_multi512(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
+    let nb = check_dot_multi(n, w, WB, a, a_stride, out.len());
+    debug_assert!(super::gemm512::available());
+    let w = blocks::<WB>(w, nb);
+    let row = |r: usize| blocks::<AB>(&a[r * a_stride..], nb);
+    let mut r = 0;
+    while r < out.len() {
+        let left = out.len() - r;
+        // SAFETY: installed only after detection found the features; `row` checks each row
+        // holds `nb` blocks.
+        unsafe {
+            if left >= 8 {
+                let rows = std::array::from_fn::<_, 8, _>(|k| row(r + k));
+                out[r..r + 8].copy_from_slice(&dot_rows512::<8>(w, rows));
+                r += 8;
+            } else if left >= 4 {
+                let rows = std::array::from_fn::<_, 4, _>(|k| row(r + k));
+                out[r..r + 4].copy_from_slice(&dot_rows512::<4>(w, rows));
+                r += 4;
+            } else {
+                let [v] = dot_rows512::<1>(w, [row(r)]);
+                out[r] = v;
+                r += 1;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,5 +248,10 @@ mod tests {
             (reference::dequantize, reference::vec_dot),
             (dequantize, vec_dot, vec_dot_multi),
         );
+    }
+
+    #[test]
+    fn avx512_multi_gives_the_decode_bits() {
+        super::super::q8_k::tests::check_multi_bits(WB, &[D], vec_dot, vec_dot_multi512);
     }
 }

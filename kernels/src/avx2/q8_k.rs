@@ -333,6 +333,41 @@ pub(super) mod tests {
         }
     }
 
+    /// A multi-row kernel of another level (`multi`) gives `dot`'s bits for every row count
+    /// 0..=19 (the 8-, 4- and 1-row paths and their mixes), at 1, 3 and 8 blocks.
+    pub(in crate::avx2) fn check_multi_bits(
+        block: usize,
+        f16_at: &[usize],
+        dot: Dot,
+        multi: Multi,
+    ) {
+        if !super::super::gemm512::available() {
+            eprintln!("SKIPPED check_multi_bits: this CPU lacks AVX-512 F/BW/VL/VNNI");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(block as u64 + 1);
+        for nb in [1, 3, 8] {
+            let n = nb * QK_K;
+            let w = random_blocks(&mut rng, nb, block, f16_at);
+            let rows = 19;
+            let stride = nb * BLOCK_BYTES + 4;
+            let mut acts = vec![0u8; rows * stride];
+            for r in 0..rows {
+                acts[r * stride..r * stride + nb * BLOCK_BYTES]
+                    .copy_from_slice(&random_q8k(&mut rng, nb));
+            }
+            let single: Vec<u32> = (0..rows)
+                .map(|r| dot(n, &w, &acts[r * stride..r * stride + nb * BLOCK_BYTES]).to_bits())
+                .collect();
+            for k in 0..=rows {
+                let mut out = vec![0f32; k];
+                multi(n, &w, &acts, stride, &mut out);
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got[..], single[..k], "{k} rows, {nb} blocks");
+            }
+        }
+    }
+
     #[test]
     fn quantize_is_byte_identical_to_reference() {
         if !super::super::available() {
