@@ -27,8 +27,9 @@ pub fn available() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// Weight rows per register tile.
-const W: usize = 2;
+/// Weight rows per register tile. 4 × 4 measured best on a Zen 5 EPYC (pp512, 1 thread:
+/// Gemma 536 and SmolLM2 613 tok/s; 2 × 4: 524 and 594; 2 × 8: 534 and 578; 4 × 2: 456, 474).
+const W: usize = 4;
 /// Activation rows per register tile.
 const R: usize = 4;
 
@@ -295,10 +296,34 @@ pub(super) fn gemm<B: Legacy>(
                     }};
                 }
                 match (wt, rt) {
+                    (4, 8) => run!(4, 8),
+                    (4, 7) => run!(4, 7),
+                    (4, 6) => run!(4, 6),
+                    (4, 5) => run!(4, 5),
+                    (4, 4) => run!(4, 4),
+                    (4, 3) => run!(4, 3),
+                    (4, 2) => run!(4, 2),
+                    (4, 1) => run!(4, 1),
+                    (3, 8) => run!(3, 8),
+                    (3, 7) => run!(3, 7),
+                    (3, 6) => run!(3, 6),
+                    (3, 5) => run!(3, 5),
+                    (3, 4) => run!(3, 4),
+                    (3, 3) => run!(3, 3),
+                    (3, 2) => run!(3, 2),
+                    (3, 1) => run!(3, 1),
+                    (2, 8) => run!(2, 8),
+                    (2, 7) => run!(2, 7),
+                    (2, 6) => run!(2, 6),
+                    (2, 5) => run!(2, 5),
                     (2, 4) => run!(2, 4),
                     (2, 3) => run!(2, 3),
                     (2, 2) => run!(2, 2),
                     (2, 1) => run!(2, 1),
+                    (1, 8) => run!(1, 8),
+                    (1, 7) => run!(1, 7),
+                    (1, 6) => run!(1, 6),
+                    (1, 5) => run!(1, 5),
                     (1, 4) => run!(1, 4),
                     (1, 3) => run!(1, 3),
                     (1, 2) => run!(1, 2),
