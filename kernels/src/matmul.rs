@@ -122,6 +122,11 @@ const MAX_CHUNK: usize = 64;
 /// Batches up to this many rows use the decode kernels (see `rows_times_acts`).
 const SMALL_BATCH: usize = 8;
 
+/// Batches from this size take a type's GEMM kernel where the level has one (bit-identical
+/// to the decode kernel, so the choice never changes a result): a few sequences decoded
+/// together get the 4 × 4 register tiles too.
+const GEMM_MIN_ROWS: usize = 2;
+
 /// Batches at most this size quantize their activations on the calling thread.
 const SERIAL_QUANTIZE_ROWS: usize = 4;
 
@@ -196,7 +201,7 @@ pub fn matmul_many(
         }
     }
     // Prefill: rows laid out once more for the GEMM kernels of the formats that have one.
-    let gemm_rows = n_rows > SMALL_BATCH;
+    let gemm_rows = n_rows >= GEMM_MIN_ROWS;
     if gemm_rows {
         for at in formats.into_iter().flatten() {
             if !jobs
@@ -326,6 +331,29 @@ fn rows_times_acts(
         }
         return;
     }
+    if let (Some(f), Some(g)) = (k.gemm, g) {
+        if rows.len() <= MAX_CHUNK {
+            // Prefill and batched decode: slabs of `SMALL_BATCH` activation rows against the chunk's weight rows
+            // in register tiles; the chunk's weights stay in L1/L2 across slabs. Bit-identical
+            // to the decode kernel for every pair.
+            let ws = &w.data[rows.start * rb..rows.end * rb];
+            let m = rows.len();
+            let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
+            let mut r0 = 0;
+            while r0 < n_rows {
+                let nr = (n_rows - r0).min(SMALL_BATCH);
+                f(n_in, ws, rb, m, g, r0, nr, &mut buf[..nr * m], m);
+                for r in 0..nr {
+                    let at = (r0 + r) * n_out;
+                    // SAFETY: output rows `rows` of activation row r0 + r belong to this chunk.
+                    let o = unsafe { out.slice(at + rows.start..at + rows.end) };
+                    o.copy_from_slice(&buf[r * m..(r + 1) * m]);
+                }
+                r0 += nr;
+            }
+            return;
+        }
+    }
     if n_rows <= SMALL_BATCH {
         match k.vec_dot_tile {
             Some(f) if rows.len() <= MAX_CHUNK => {
@@ -364,29 +392,6 @@ fn rows_times_acts(
                 // SAFETY: output rows `rows` of activation row r belong to this chunk alone.
                 let o = unsafe { out.slice(r * n_out + rows.start..r * n_out + rows.end) };
                 f(n_in, ws, rb, &a[r * a_stride..(r + 1) * a_stride], o);
-            }
-            return;
-        }
-    }
-    if let (Some(f), Some(g)) = (k.gemm, g) {
-        if rows.len() <= MAX_CHUNK {
-            // Prefill: slabs of `SMALL_BATCH` activation rows against the chunk's weight rows
-            // in register tiles; the chunk's weights stay in L1/L2 across slabs. Bit-identical
-            // to the decode kernel for every pair.
-            let ws = &w.data[rows.start * rb..rows.end * rb];
-            let m = rows.len();
-            let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
-            let mut r0 = 0;
-            while r0 < n_rows {
-                let nr = (n_rows - r0).min(SMALL_BATCH);
-                f(n_in, ws, rb, m, g, r0, nr, &mut buf[..nr * m], m);
-                for r in 0..nr {
-                    let at = (r0 + r) * n_out;
-                    // SAFETY: output rows `rows` of activation row r0 + r belong to this chunk.
-                    let o = unsafe { out.slice(at + rows.start..at + rows.end) };
-                    o.copy_from_slice(&buf[r * m..(r + 1) * m]);
-                }
-                r0 += nr;
             }
             return;
         }

@@ -219,7 +219,7 @@ fn weight_by_activation_tiles_equal_single_dots() {
     }
 }
 
-/// A prefill-sized batch (the GEMM kernels where the level has them) gives every row the bits
+/// A batch (decode of a few sequences, prefill; the GEMM kernels where the level has them) gives every row the bits
 /// that row gets alone (the decode kernel), and the values the reference dot gives within
 /// budget: batching never changes a sequence's output.
 #[test]
@@ -245,7 +245,7 @@ fn batched_matmul_equals_row_by_row() {
                 n_out,
                 data: &w,
             };
-            for n_rows in [9usize, 13, 40] {
+            for n_rows in [2usize, 3, 5, 8, 9, 13, 40] {
                 let x = normal(&mut rng, n * n_rows);
                 let mut batched = vec![0f32; n_rows * n_out];
                 matmul(&pool, &m, &x, n_rows, &mut batched, &mut acts);
