@@ -227,35 +227,7 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     out
 }
 
-/// `vec_dot_multi` through `dot_rows512`, 8 activation rows at a time (the avx512 level:
-/// installed only once AVX-512 F/BW/VL were detected).
-pub(super) fn vec_dot_multi512(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
-    let nb = check_dot_multi(n, w, WB, a, a_stride, out.len());
-    debug_assert!(super::gemm512::available());
-    let w = blocks::<WB>(w, nb);
-    let row = |r: usize| blocks::<AB>(&a[r * a_stride..], nb);
-    let mut r = 0;
-    while r < out.len() {
-        let left = out.len() - r;
-        // SAFETY: installed only after detection found the features; `row` checks each row
-        // holds `nb` blocks.
-        unsafe {
-            if left >= 8 {
-                let rows = std::array::from_fn::<_, 8, _>(|k| row(r + k));
-                out[r..r + 8].copy_from_slice(&dot_rows512::<8>(w, rows));
-                r += 8;
-            } else if left >= 4 {
-                let rows = std::array::from_fn::<_, 4, _>(|k| row(r + k));
-                out[r..r + 4].copy_from_slice(&dot_rows512::<4>(w, rows));
-                r += 4;
-            } else {
-                let [v] = dot_rows512::<1>(w, [row(r)]);
-                out[r] = v;
-                r += 1;
-            }
-        }
-    }
-}
+super::q8_k::multi512!(WB, AB);
 
 #[cfg(test)]
 mod tests {

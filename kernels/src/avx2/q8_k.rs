@@ -232,6 +232,48 @@ unsafe fn quantize_block(x: &[f32], b: &mut [u8]) {
     b[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }
 
+/// `vec_dot_multi512`: `vec_dot_multi` through the file's `dot_rows512::<R>`, 8 activation
+/// rows at a time, then 4, then 1 (the avx512 level: installed only once AVX-512 F/BW/VL were
+/// detected). One definition for every K-quant file that has a `dot_rows512`.
+macro_rules! multi512 {
+    ($wb:expr, $ab:expr) => {
+        pub(super) fn vec_dot_multi512(
+            n: usize,
+            w: &[u8],
+            a: &[u8],
+            a_stride: usize,
+            out: &mut [f32],
+        ) {
+            let nb = check_dot_multi(n, w, $wb, a, a_stride, out.len());
+            debug_assert!(super::gemm512::available());
+            let w = blocks::<{ $wb }>(w, nb);
+            let row = |r: usize| blocks::<{ $ab }>(&a[r * a_stride..], nb);
+            let mut r = 0;
+            while r < out.len() {
+                let left = out.len() - r;
+                // SAFETY: installed only after detection found the features; `row` checks
+                // each row holds `nb` blocks.
+                unsafe {
+                    if left >= 8 {
+                        let rows = std::array::from_fn::<_, 8, _>(|k| row(r + k));
+                        out[r..r + 8].copy_from_slice(&dot_rows512::<8>(w, rows));
+                        r += 8;
+                    } else if left >= 4 {
+                        let rows = std::array::from_fn::<_, 4, _>(|k| row(r + k));
+                        out[r..r + 4].copy_from_slice(&dot_rows512::<4>(w, rows));
+                        r += 4;
+                    } else {
+                        let [v] = dot_rows512::<1>(w, [row(r)]);
+                        out[r] = v;
+                        r += 1;
+                    }
+                }
+            }
+        }
+    };
+}
+pub(super) use multi512;
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
