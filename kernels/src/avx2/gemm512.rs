@@ -39,14 +39,15 @@ const STREAM_ROWS: usize = 8;
 /// Activation rows per register tile.
 const R: usize = 4;
 
-/// The scales (and mins) of weight blocks `i` and `i + 1` as 16 lanes: `dw_i` in lanes 0..8,
-/// `dw_{i+1}` in 8..16; `mw` likewise (unsigned formats; zero otherwise).
+/// The scales (and mins) of weight blocks `i` and `i + 1`: `dw_i` in lanes 0..8, `dw_{i+1}`
+/// in 8..16; `mw_i` and `mw_{i+1}` each in all 8 lanes of a register (unsigned formats; zero
+/// otherwise).
 ///
 /// # Safety
 /// `bw` points to two consecutive weight blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair_scales<B: Legacy>(bw: *const u8) -> (__m512, [f32; 2]) {
+unsafe fn pair_scales<B: Legacy>(bw: *const u8) -> (__m512, [__m256; 2]) {
     // SAFETY: both headers lie inside the two blocks (caller).
     let (h0, h1) = unsafe {
         (
@@ -66,10 +67,10 @@ unsafe fn pair_scales<B: Legacy>(bw: *const u8) -> (__m512, [f32; 2]) {
     ));
     let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let d = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
-    let mut m = [0f32; 4];
-    // SAFETY: `m` holds 4 floats.
-    unsafe { _mm_storeu_ps(m.as_mut_ptr(), v) };
-    (d, [m[2], m[3]])
+    // The mins broadcast straight from the register (lanes 2 and 3).
+    let m0 = _mm256_broadcastss_ps(_mm_movehl_ps(v, v));
+    let m1 = _mm256_broadcastss_ps(_mm_shuffle_ps::<0xff>(v, v));
+    (d, [m0, m1])
 }
 
 /// The f32 scale of a single weight block `i` (the odd tail) and its min.
@@ -157,7 +158,7 @@ unsafe fn tile<B: Legacy, const WT: usize, const RT: usize, const PF: bool>(
                 if !B::SIGNED {
                     for (k, m) in mw.iter().enumerate() {
                         let s = _mm256_loadu_ps(a.s.add((i + k) * a.s_stride));
-                        off[o] = _mm256_add_ps(off[o], _mm256_mul_ps(_mm256_set1_ps(*m), s));
+                        off[o] = _mm256_add_ps(off[o], _mm256_mul_ps(*m, s));
                     }
                 }
             }
