@@ -97,11 +97,15 @@ impl ActBuffer {
     }
 
     fn get(&self, ty: GgmlType) -> &[u8] {
-        self.bufs
-            .iter()
-            .find(|(t, _)| *t == ty)
-            .map_or(&[][..], |(_, b)| b.as_slice())
+        quantized(&self.bufs, ty)
     }
+}
+
+/// The quantized rows held for activation format `ty` (empty when none are).
+fn quantized(bufs: &[(GgmlType, Vec<u8>)], ty: GgmlType) -> &[u8] {
+    bufs.iter()
+        .find(|(t, _)| *t == ty)
+        .map_or(&[][..], |(_, b)| b.as_slice())
 }
 
 /// One product of a call to `matmul_many`: `out[r * w.n_out + o] = dot(W[o], X[r])`.
@@ -200,7 +204,7 @@ pub fn matmul_many(
             });
         }
     }
-    // Prefill: rows laid out once more for the GEMM kernels of the formats that have one.
+    // Batches: rows laid out once more for the GEMM kernels of the formats that have one.
     let gemm_rows = n_rows >= GEMM_MIN_ROWS;
     if gemm_rows {
         for at in formats.into_iter().flatten() {
@@ -218,12 +222,8 @@ pub fn matmul_many(
                     acts.gemm.len() - 1
                 }
             };
-            let (bufs, gemm) = (&acts.bufs, &mut acts.gemm[slot]);
-            let src = bufs
-                .iter()
-                .find(|(t, _)| *t == at)
-                .map_or(&[][..], |(_, b)| b.as_slice());
-            gemm.prepare(
+            let src = quantized(&acts.bufs, at);
+            acts.gemm[slot].prepare(
                 at,
                 &src[..stride * n_rows],
                 stride,
@@ -333,9 +333,9 @@ fn rows_times_acts(
     }
     if let (Some(f), Some(g)) = (k.gemm, g) {
         if rows.len() <= MAX_CHUNK {
-            // Prefill and batched decode: slabs of `SMALL_BATCH` activation rows against the chunk's weight rows
-            // in register tiles; the chunk's weights stay in L1/L2 across slabs. Bit-identical
-            // to the decode kernel for every pair.
+            // Prefill and batched decode: slabs of `SMALL_BATCH` activation rows against the
+            // chunk's weight rows in register tiles; the chunk's weights stay in L1/L2 across
+            // slabs. Bit-identical to the decode kernel for every pair.
             let ws = &w.data[rows.start * rb..rows.end * rb];
             let m = rows.len();
             let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
