@@ -351,7 +351,7 @@ impl RingMode {
             .stages
             .iter()
             .map(|s| match &s.address {
-                Some(a) if probe => reachable(a),
+                Some(a) if probe => reachable(a, PROBE_TIMEOUT),
                 _ => true,
             })
             .collect();
@@ -460,15 +460,21 @@ impl RingMode {
 /// Times `up` starts over after a slice transfer is cut (each time resuming it).
 pub const MAX_TRANSFER_ATTEMPTS: usize = 5;
 
-/// A quick TCP connect to see whether a node is there at all.
-pub fn reachable(addr: &str) -> bool {
+/// A probe whose "no" leaves a node out of a (re-)planned ring. Its bound covers a lost SYN or
+/// two (the kernel retries after 1 s, then 2-3 s), so a healthy node on a lossy link is not
+/// left out; a host that refuses still answers at once.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(3500);
+/// A probe that is repeated anyway (waiting for nodes to come up or back), where a lost SYN
+/// only costs one more round.
+pub const QUICK_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a node at `addr` takes a TCP connection within `timeout`.
+pub fn reachable(addr: &str, timeout: std::time::Duration) -> bool {
     use std::net::ToSocketAddrs;
     let Ok(mut addrs) = addr.to_socket_addrs() else {
         return false;
     };
-    addrs.any(|a| {
-        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok()
-    })
+    addrs.any(|a| std::net::TcpStream::connect_timeout(&a, timeout).is_ok())
 }
 
 /// Why generation stopped (OpenAI's `finish_reason`).

@@ -56,8 +56,9 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-/// How long a connection may take to authenticate.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an accepted connection may take to authenticate (each connection has its own task,
+/// so a stalled client holds nobody else up; lost segments on a lossy link cost 1-3 s each).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new coordinator waits for the previous one's connection to go away (shorter
 /// than the coordinator's own wait for capabilities, so a refusal reaches it as a message
 /// naming the holder rather than as its timeout).

@@ -171,9 +171,9 @@ pub fn wait_for_nodes(spec: &RingSpec, wait: std::time::Duration) -> Vec<String>
             .stages
             .iter()
             .filter(|s| {
-                s.address
-                    .as_deref()
-                    .is_some_and(|a| !crate::engine::reachable(a))
+                s.address.as_deref().is_some_and(|a| {
+                    !crate::engine::reachable(a, crate::engine::QUICK_PROBE_TIMEOUT)
+                })
             })
             .map(|s| s.label())
             .collect();

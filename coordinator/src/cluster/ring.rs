@@ -31,7 +31,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connecting and authenticating one link. Generous: on a lossy LAN a lost SYN costs 1 s, two
+/// cost 3 s, and a handshake segment lost after a retransmitted SYN waits out a 3 s RTO; an
+/// absent host still fails at once ("connection refused") when its address answers.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 /// A node silent for this long is declared lost.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);

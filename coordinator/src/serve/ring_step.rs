@@ -118,7 +118,7 @@ impl RingStepper {
             .filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)))
             .filter(|(n, a)| {
                 self.missing.iter().any(|m| *m == format!("{n} ({a})"))
-                    && crate::engine::reachable(a)
+                    && crate::engine::reachable(a, crate::engine::QUICK_PROBE_TIMEOUT)
             })
             .map(|(n, _)| n)
             .collect();
@@ -163,7 +163,7 @@ fn missing_nodes(mode: &RingMode, ring: Option<&Ring>) -> Vec<String> {
                 .collect()
         }
         None => remote
-            .filter(|(_, a)| !crate::engine::reachable(a))
+            .filter(|(_, a)| !crate::engine::reachable(a, crate::engine::PROBE_TIMEOUT))
             .map(|(n, a)| format!("{n} ({a})"))
             .collect(),
     }
