@@ -9,6 +9,7 @@
 //! rows of a tile in one load). Every value is converted exactly from the quantized rows, so
 //! a GEMM kernel can give the decode kernel's bits.
 
+use crate::pool::{Chunks, SharedMut, ThreadPool};
 use crate::quants::common::f16_at;
 use crate::quants::{q8_0, q8_1};
 use crate::types::GgmlType;
@@ -36,7 +37,15 @@ pub struct GemmActs {
     pub(crate) d: Vec<f32>,
     /// Q8_1 only: `nb * n_rows + S_PAD` sums, block-major: block i of row r at `i * n_rows + r`.
     pub(crate) s: Vec<f32>,
+    /// `n_rows * nb * LANE_SUMS` negated sums of 4 consecutive quants (the groups `vpdpbusd`
+    /// adds into one lane), laid out as `d`. Kernels that make a signed weight format unsigned
+    /// (w + 2^k) start each lane at `2^k` times this, so the lane's exact integer sum is still
+    /// Σ w·a.
+    pub(crate) ls: Vec<i32>,
 }
+
+/// Lane sums per block in `GemmActs::ls` (32 quants, 4 per lane).
+pub const LANE_SUMS: usize = QK / 4;
 
 impl GemmActs {
     pub fn new() -> GemmActs {
@@ -53,11 +62,25 @@ impl GemmActs {
     }
 
     /// Lays out `n_rows` rows of `ty` (Q8_0 or Q8_1), `stride` bytes apart in `src`, each of
-    /// `nb` blocks.
+    /// `nb` blocks, on the calling thread.
     ///
     /// # Panics
     /// When `ty` is not Q8_0/Q8_1 or `src` is shorter than the rows.
     pub fn prepare(&mut self, ty: GgmlType, src: &[u8], stride: usize, n_rows: usize, nb: usize) {
+        self.prepare_on(None, ty, src, stride, n_rows, nb);
+    }
+
+    /// As `prepare`, the rows split among `pool`'s threads when there is one (a prefill batch
+    /// is laid out once per matrix product: on one thread it was a serial step of every one).
+    pub fn prepare_on(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        ty: GgmlType,
+        src: &[u8],
+        stride: usize,
+        n_rows: usize,
+        nb: usize,
+    ) {
         let (block, qs, sums) = match ty {
             GgmlType::Q8_0 => (q8_0::BLOCK, 2, false),
             GgmlType::Q8_1 => (q8_1::BLOCK, 4, true),
@@ -74,25 +97,61 @@ impl GemmActs {
         self.nb = nb;
         grow(&mut self.q, n_rows * nb * QK);
         grow(&mut self.d, n_rows * nb * D_LANES);
+        grow(&mut self.ls, n_rows * nb * LANE_SUMS);
         if sums {
             grow(&mut self.s, nb * n_rows + S_PAD);
         }
-        for r in 0..n_rows {
-            let row = &src[r * stride..r * stride + nb * block];
-            for (i, b) in row.chunks_exact(block).enumerate() {
-                let at = (r * nb + i) * QK;
-                for (dst, &v) in self.q[at..at + QK].iter_mut().zip(&b[qs..qs + QK]) {
+        let (q, d, ls) = (
+            SharedMut::new(&mut self.q),
+            SharedMut::new(&mut self.d),
+            SharedMut::new(&mut self.ls),
+        );
+        let s = SharedMut::new(&mut self.s);
+        let row = |r: usize| {
+            let src = &src[r * stride..r * stride + nb * block];
+            // SAFETY: row r's ranges of q, d and ls, and its sums (index i * n_rows + r), are
+            // written by this call alone; the buffers hold every row (grown above).
+            let (q, d, ls) = unsafe {
+                (
+                    q.slice(r * nb * QK..(r + 1) * nb * QK),
+                    d.slice(r * nb * D_LANES..(r + 1) * nb * D_LANES),
+                    ls.slice(r * nb * LANE_SUMS..(r + 1) * nb * LANE_SUMS),
+                )
+            };
+            for (i, b) in src.chunks_exact(block).enumerate() {
+                let quants = &b[qs..qs + QK];
+                for (dst, &v) in q[i * QK..(i + 1) * QK].iter_mut().zip(quants) {
                     *dst = v as i8;
                 }
-                let at = (r * nb + i) * D_LANES;
-                self.d[at..at + D_LANES].fill(f16_at(b, 0));
+                d[i * D_LANES..(i + 1) * D_LANES].fill(f16_at(b, 0));
+                for (dst, four) in ls[i * LANE_SUMS..(i + 1) * LANE_SUMS]
+                    .iter_mut()
+                    .zip(quants.chunks_exact(4))
+                {
+                    *dst = -four.iter().map(|&v| i32::from(v as i8)).sum::<i32>();
+                }
                 if sums {
-                    self.s[i * n_rows + r] = f16_at(b, 2);
+                    // SAFETY: as above.
+                    unsafe { s.slice(i * n_rows + r..i * n_rows + r + 1)[0] = f16_at(b, 2) };
                 }
             }
+        };
+        match pool {
+            Some(pool) if pool.n_threads() > 1 && n_rows > PARALLEL_ROWS => {
+                let rows = Chunks::new(n_rows, 8);
+                pool.run(&|_| {
+                    while let Some(rs) = rows.next_range() {
+                        rs.for_each(row);
+                    }
+                });
+            }
+            _ => (0..n_rows).for_each(row),
         }
     }
 }
+
+/// Batches at most this big are laid out on the calling thread.
+const PARALLEL_ROWS: usize = 8;
 
 fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     if v.len() < len {

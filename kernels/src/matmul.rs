@@ -223,7 +223,8 @@ pub fn matmul_many(
                 }
             };
             let src = quantized(&acts.bufs, at);
-            acts.gemm[slot].prepare(
+            acts.gemm[slot].prepare_on(
+                Some(pool),
                 at,
                 &src[..stride * n_rows],
                 stride,

@@ -27,8 +27,12 @@ struct Scratch {
     up: Vec<f32>,
     /// Attention scores, `ATT_HEADS` rows of `scores_stride` per thread.
     scores: Vec<f32>,
-    /// RoPE (cos, sin) per token of the batch.
-    rope: Vec<(f32, f32)>,
+    /// RoPE (cos, sin) per token of the batch, for local (sliding-window) and global layers:
+    /// filled once per batch, not per layer.
+    rope_local: Vec<(f32, f32)>,
+    rope_global: Vec<(f32, f32)>,
+    /// The position of each row of the batch.
+    pos: Vec<usize>,
     acts: ActBuffer,
 }
 
@@ -57,7 +61,8 @@ impl Runner {
         let widest = hp.d_model.max(hp.q_dim()).max(hp.d_ff) as u64;
         let per_token = (2 * hp.d_model + 2 * hp.q_dim() + 2 * hp.kv_dim() + 2 * hp.d_ff) as u64
             * 4
-            + (hp.rope_dim / 2) as u64 * 8
+            + (hp.rope_dim / 2) as u64 * 16
+            + 8
             // Quantized activations: at most 4 bytes per value whatever the block format.
             + widest * 4;
         mb.saturating_mul(per_token).saturating_add(
@@ -85,7 +90,9 @@ impl Runner {
             gate: vec![0.0; mb * hp.d_ff],
             up: vec![0.0; mb * hp.d_ff],
             scores: vec![0.0; pool.n_threads() * ATT_HEADS * scores_stride],
-            rope: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
+            rope_local: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
+            rope_global: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
+            pos: vec![0; mb],
             acts,
         };
         let mut inv_freq_local = ops::rope_inv_freq(hp.rope_base_local, hp.rope_dim);
@@ -207,6 +214,7 @@ impl Runner {
         }
         let model = Arc::clone(&self.model);
         let d = model.hp.d_model;
+        self.rope_tables(parts, n);
         for (i, layer) in model.layers.iter().enumerate() {
             let il = model.layer_range.start + i;
             let mut segs: Vec<Seg> = Vec::with_capacity(parts.len());
@@ -232,6 +240,38 @@ impl Runner {
         Ok(())
     }
 
+    /// The RoPE (cos, sin) of every row of the batch, for each kind of layer this slice has.
+    fn rope_tables(&mut self, parts: &[(&mut KvCache, usize)], n: usize) {
+        let m = &self.model;
+        let half = m.hp.rope_dim / 2;
+        let s = &mut self.scratch;
+        let mut row = 0;
+        for (kv, k) in parts {
+            for t in 0..*k {
+                s.pos[row] = kv.len + t;
+                row += 1;
+            }
+        }
+        let kinds = [
+            (true, &self.inv_freq_local, &mut s.rope_local),
+            (false, &self.inv_freq_global, &mut s.rope_global),
+        ];
+        for (sliding, inv, table) in kinds {
+            if !m.layer_range.clone().any(|il| m.hp.sliding[il] == sliding) {
+                continue;
+            }
+            let table = SharedMut::new(&mut table[..n * half]);
+            let pos = &s.pos[..n];
+            par_rows(&self.pool, n, &|rows| {
+                for t in rows {
+                    // SAFETY: row t's entries are written by this call alone.
+                    let cs = unsafe { table.slice(t * half..(t + 1) * half) };
+                    ops::rope_cos_sin(pos[t], inv, cs);
+                }
+            });
+        }
+    }
+
     fn layer(
         &mut self,
         m: &Model,
@@ -248,7 +288,7 @@ impl Runner {
         let pool = &self.pool;
 
         // Attention block.
-        ops::rms_norm_rows(x, &l.attn_norm, eps, &mut s.xn[..n * d]);
+        norm_rows(pool, x, &l.attn_norm, eps, &mut s.xn[..n * d]);
         let xn = &s.xn[..n * d];
         matmul_many(
             pool,
@@ -270,40 +310,43 @@ impl Runner {
             n,
             &mut s.acts,
         );
-        for (buf, bias, dim) in [
-            (&mut s.q, &l.bq, qd),
-            (&mut s.k, &l.bk, kvd),
-            (&mut s.v, &l.bv, kvd),
-        ] {
-            if let Some(b) = bias {
-                for t in 0..n {
-                    ops::add_inplace(&mut buf[t * dim..(t + 1) * dim], b);
-                }
-            }
-        }
-        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            ops::rms_norm_rows_inplace(&mut s.q[..n * qd], qn, eps);
-            ops::rms_norm_rows_inplace(&mut s.k[..n * kvd], kn, eps);
-        }
+        // Per row: biases, QK-norm, RoPE (rows split among the threads for a batch).
         let half = hp.rope_dim / 2;
-        // Linear RoPE scaling of global layers is folded into their inverse frequencies.
-        let inv = if hp.sliding[il] {
-            &self.inv_freq_local
+        let rope = if hp.sliding[il] {
+            &s.rope_local[..n * half]
         } else {
-            &self.inv_freq_global
+            &s.rope_global[..n * half]
         };
-        for seg in segs.iter() {
-            for t in seg.row..seg.row + seg.n {
-                let cs = &mut s.rope[t * half..(t + 1) * half];
-                ops::rope_cos_sin(seg.pos + t - seg.row, inv, cs);
-                for head in s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                    ops::rope_apply(head, cs, hp.rope_style);
+        let (qs, ks, vs) = (
+            SharedMut::new(&mut s.q[..n * qd]),
+            SharedMut::new(&mut s.k[..n * kvd]),
+            SharedMut::new(&mut s.v[..n * kvd]),
+        );
+        par_rows(pool, n, &|rows| {
+            for t in rows {
+                // SAFETY: row t of q, k and v is touched by this call alone.
+                let (q, k, v) = unsafe {
+                    (
+                        qs.slice(t * qd..(t + 1) * qd),
+                        ks.slice(t * kvd..(t + 1) * kvd),
+                        vs.slice(t * kvd..(t + 1) * kvd),
+                    )
+                };
+                for (buf, bias) in [(&mut *q, &l.bq), (&mut *k, &l.bk), (&mut *v, &l.bv)] {
+                    if let Some(b) = bias {
+                        ops::add_inplace(buf, b);
+                    }
                 }
-                for head in s.k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                    ops::rms_norm_rows_inplace(q, qn, eps);
+                    ops::rms_norm_rows_inplace(k, kn, eps);
+                }
+                let cs = &rope[t * half..(t + 1) * half];
+                for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
                     ops::rope_apply(head, cs, hp.rope_style);
                 }
             }
-        }
+        });
         for seg in segs.iter_mut() {
             let kv = &mut *seg.kv;
             // Store K and V.
@@ -361,13 +404,17 @@ impl Runner {
             &mut s.o[..n * d],
             &mut s.acts,
         );
-        if let Some(w) = &l.post_attn_norm {
-            ops::rms_norm_rows_inplace(&mut s.o[..n * d], w, eps);
-        }
-        ops::add_inplace(x, &s.o[..n * d]);
+        add_rows(
+            pool,
+            d,
+            x,
+            &mut s.o[..n * d],
+            l.post_attn_norm.as_deref(),
+            eps,
+        );
 
         // Feed-forward block.
-        ops::rms_norm_rows(x, &l.ffn_norm, eps, &mut s.xn[..n * d]);
+        norm_rows(pool, x, &l.ffn_norm, eps, &mut s.xn[..n * d]);
         let xn = &s.xn[..n * d];
         matmul_many(
             pool,
@@ -398,10 +445,14 @@ impl Runner {
             &mut s.o[..n * d],
             &mut s.acts,
         );
-        if let Some(w) = &l.post_ffw_norm {
-            ops::rms_norm_rows_inplace(&mut s.o[..n * d], w, eps);
-        }
-        ops::add_inplace(x, &s.o[..n * d]);
+        add_rows(
+            pool,
+            d,
+            x,
+            &mut s.o[..n * d],
+            l.post_ffw_norm.as_deref(),
+            eps,
+        );
     }
 
     fn not_in_slice(&self, what: &'static str) -> ModelError {
@@ -486,6 +537,62 @@ impl Runner {
 }
 
 /// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
+/// Rows per chunk of the row-wise passes (below this many rows a batch stays on the calling
+/// thread: one token's norm or RoPE is far shorter than waking a thread).
+const ROWS_PER_CHUNK: usize = 16;
+
+/// `f` over `0..n`, in chunks of rows spread over the pool's threads for a batch.
+fn par_rows(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if n <= ROWS_PER_CHUNK || pool.n_threads() == 1 {
+        f(0..n);
+        return;
+    }
+    let chunks = Chunks::new(n, ROWS_PER_CHUNK);
+    pool.run(&|_| {
+        while let Some(r) = chunks.next_range() {
+            f(r);
+        }
+    });
+}
+
+/// RMSNorm of every `w.len()`-wide row of `x` into `out`, rows split among the threads.
+fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    let o = SharedMut::new(out);
+    par_rows(pool, x.len() / d, &|rows| {
+        // SAFETY: these rows of `out` are written by this call alone.
+        let out = unsafe { o.slice(rows.start * d..rows.end * d) };
+        ops::rms_norm_rows(&x[rows.start * d..rows.end * d], w, eps, out);
+    });
+}
+
+/// The residual add `x += norm(y)` (`y` normed in place when the layer has a sandwich norm
+/// `w`), row by row, rows split among the threads.
+fn add_rows(
+    pool: &ThreadPool,
+    d: usize,
+    x: &mut [f32],
+    y: &mut [f32],
+    w: Option<&[f32]>,
+    eps: f32,
+) {
+    let n = y.len() / d.max(1);
+    let (xs, ys) = (SharedMut::new(x), SharedMut::new(y));
+    par_rows(pool, n, &|rows| {
+        // SAFETY: these rows of `x` and `y` are touched by this call alone.
+        let (x, y) = unsafe {
+            (
+                xs.slice(rows.start * d..rows.end * d),
+                ys.slice(rows.start * d..rows.end * d),
+            )
+        };
+        if let Some(w) = w {
+            ops::rms_norm_rows_inplace(y, w, eps);
+        }
+        ops::add_inplace(x, y);
+    });
+}
+
 fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], glu: fn(&mut [f32], &[f32])) {
     const CHUNK: usize = 4096;
     if gate.len() <= CHUNK || pool.n_threads() == 1 {

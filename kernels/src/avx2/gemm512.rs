@@ -15,8 +15,130 @@
 //! of every pair).
 
 use super::q8_0::{hsum, Legacy, QK};
-use crate::gemm::{GemmActs, D_LANES};
+use crate::gemm::{GemmActs, D_LANES, LANE_SUMS};
 use core::arch::x86_64::*;
+
+/// A legacy format as the GEMM reads it: two consecutive blocks unpacked into one 512-bit
+/// register as *unsigned* bytes, so `vpdpbusd` takes them as they are. A signed format adds
+/// `2^BIAS_SHIFT` to every quant (Q8_0 flips the sign bit, Q4_0 keeps its raw nibbles, Q5_0
+/// its raw five bits), and the tile starts each lane at `-2^BIAS_SHIFT` times the lane's
+/// activation sum (`GemmActs::ls`): the lane's integer is exactly the signed Σ w·a the decode
+/// kernel gets with the sign trick, for fewer instructions per block (no `|w|`, no sign mask,
+/// no per-row negation).
+pub(super) trait Pair512: Legacy {
+    /// log2 of the bias of a signed format (unused for unsigned ones).
+    const BIAS_SHIFT: u32;
+
+    /// Blocks `i` (bytes 0..32) and `i + 1` (bytes 32..64) at `p`, element j of each in byte
+    /// j of its half, unsigned (biased when the format is signed).
+    ///
+    /// # Safety
+    /// `p` points to two readable blocks and the CPU has what `available()` checks.
+    unsafe fn unpack_pair(p: *const u8) -> __m512i;
+}
+
+/// Two blocks' 16 nibble bytes each (at `p + QS` and `p + BLOCK + QS`) as 64 values 0..15:
+/// low nibbles then high nibbles of the first block, then of the second (`nibbles` twice).
+///
+/// # Safety
+/// Both 16-byte runs are readable; the CPU has AVX-512 F/BW.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn nibble_pair<const BLOCK: usize, const QS: usize>(p: *const u8) -> __m512i {
+    // SAFETY: both runs are readable (caller).
+    let y = unsafe {
+        _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(p.add(QS).cast())),
+            _mm_loadu_si128(p.add(BLOCK + QS).cast()),
+        )
+    };
+    // [raw_i, raw_i, raw_{i+1}, raw_{i+1}], then the second copy of each shifted down by 4.
+    let x = _mm512_permutexvar_epi64(
+        _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+        _mm512_castsi256_si512(y),
+    );
+    let x = _mm512_mask_srli_epi16::<4>(x, 0xff00_ff00, x);
+    _mm512_and_si512(x, _mm512_set1_epi8(0x0f))
+}
+
+/// The fifth bits of two blocks (little-endian u32s at `p + QH` and `p + BLOCK + QH`) as a
+/// 64-bit mask, bit j of the first block in bit j, of the second in bit 32 + j.
+///
+/// # Safety
+/// Both u32s are readable.
+#[inline]
+unsafe fn high_bits<const BLOCK: usize, const QH: usize>(p: *const u8) -> __mmask64 {
+    // SAFETY: both u32s are readable (caller).
+    let (a, b) = unsafe {
+        (
+            u32::from_le(p.add(QH).cast::<u32>().read_unaligned()),
+            u32::from_le(p.add(BLOCK + QH).cast::<u32>().read_unaligned()),
+        )
+    };
+    u64::from(a) | u64::from(b) << 32
+}
+
+/// Two full-byte blocks (quants at `p + QS` and `p + BLOCK + QS`), sign bits flipped.
+///
+/// # Safety
+/// Both 32-byte runs are readable; the CPU has AVX-512 F/BW.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn byte_pair<const BLOCK: usize, const QS: usize>(p: *const u8) -> __m512i {
+    // SAFETY: both runs are readable (caller).
+    let x = unsafe {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(p.add(QS).cast())),
+            _mm256_loadu_si256(p.add(BLOCK + QS).cast()),
+        )
+    };
+    _mm512_xor_si512(x, _mm512_set1_epi8(0x80u8 as i8))
+}
+
+macro_rules! pair512 {
+    ($ty:ty, $shift:expr, |$p:ident| $body:expr) => {
+        impl Pair512 for $ty {
+            const BIAS_SHIFT: u32 = $shift;
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn unpack_pair($p: *const u8) -> __m512i {
+                // SAFETY: two readable blocks at `p` (caller); every offset is inside them.
+                unsafe { $body }
+            }
+        }
+    };
+}
+
+use super::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1, q8_0::Q8_0, q8_0::Q8_1};
+use crate::quants::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
+// Q4_0: d, 16 nibble bytes; w = q - 8, so q itself is w + 8.
+pair512!(Q4_0, 3, |p| nibble_pair::<{ q4_0::BLOCK }, 2>(p));
+// Q4_1: d, m, 16 nibble bytes; unsigned.
+pair512!(Q4_1, 0, |p| nibble_pair::<{ q4_1::BLOCK }, 4>(p));
+// Q5_0: d, qh (4 bytes), 16 nibble bytes; q | h << 4 is w + 16.
+pair512!(Q5_0, 4, |p| {
+    let q = nibble_pair::<{ q5_0::BLOCK }, 6>(p);
+    _mm512_mask_add_epi8(
+        q,
+        high_bits::<{ q5_0::BLOCK }, 2>(p),
+        q,
+        _mm512_set1_epi8(0x10),
+    )
+});
+// Q5_1: d, m, qh, 16 nibble bytes; unsigned.
+pair512!(Q5_1, 0, |p| {
+    let q = nibble_pair::<{ q5_1::BLOCK }, 8>(p);
+    _mm512_mask_add_epi8(
+        q,
+        high_bits::<{ q5_1::BLOCK }, 4>(p),
+        q,
+        _mm512_set1_epi8(0x10),
+    )
+});
+// Q8_0 / Q8_1 weights: i8 quants; flipping the sign bit adds 128.
+pair512!(Q8_0, 7, |p| byte_pair::<{ q8_0::BLOCK }, 2>(p));
+pair512!(Q8_1, 7, |p| byte_pair::<{ q8_1::BLOCK }, 4>(p));
 
 /// True when this CPU has what the kernels here use (and the AVX2 kernels they build on).
 pub fn available() -> bool {
@@ -100,6 +222,8 @@ struct ActTile {
     d_stride: usize,
     s: *const f32,
     s_stride: usize,
+    ls: *const i32,
+    ls_stride: usize,
 }
 
 /// `WT` weight rows (from `w`, `w_stride` apart) against `RT` activation rows: `[r][o]`.
@@ -112,13 +236,14 @@ struct ActTile {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<B: Legacy, const WT: usize, const RT: usize, const PF: bool>(
+unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
     nb: usize,
     w: *const u8,
     w_stride: usize,
     a: ActTile,
 ) -> [[f32; WT]; RT] {
     let zero = _mm512_setzero_si512();
+    let bias = _mm_cvtsi32_si128(B::BIAS_SHIFT as i32);
     let mut acc = [[_mm512_setzero_ps(); WT]; RT];
     // Lane r of off[o]: the m·s terms of weight row o and activation row r, block by block.
     let mut off = [_mm256_setzero_ps(); WT];
@@ -133,24 +258,18 @@ unsafe fn tile<B: Legacy, const WT: usize, const RT: usize, const PF: bool>(
                     // (batched decode) the weights stream from memory as in decode.
                     _mm_prefetch::<_MM_HINT_T0>(bw.wrapping_add(PREFETCH_BYTES).cast());
                 }
-                let qx = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(B::unpack(bw)),
-                    B::unpack(bw.add(B::BLOCK)),
-                );
+                let ux = B::unpack_pair(bw);
                 let (dw, mw) = pair_scales::<B>(bw);
-                let (ux, neg) = if B::SIGNED {
-                    (_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx))
-                } else {
-                    (qx, 0)
-                };
                 for r in 0..RT {
                     let qy = _mm512_loadu_si512(a.q.add(r * a.q_stride + i * QK).cast());
-                    let qy = if B::SIGNED {
-                        _mm512_mask_sub_epi8(qy, neg, zero, qy)
+                    let start = if B::SIGNED {
+                        let ls =
+                            _mm512_loadu_si512(a.ls.add(r * a.ls_stride + i * LANE_SUMS).cast());
+                        _mm512_sll_epi32(ls, bias)
                     } else {
-                        qy
+                        zero
                     };
-                    let sums = _mm512_dpbusd_epi32(zero, ux, qy);
+                    let sums = _mm512_dpbusd_epi32(start, ux, qy);
                     let d =
                         _mm512_mul_ps(dw, _mm512_loadu_ps(a.d.add(r * a.d_stride + i * D_LANES)));
                     acc[r][o] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc[r][o]);
@@ -227,7 +346,7 @@ unsafe fn tile<B: Legacy, const WT: usize, const RT: usize, const PF: bool>(
 /// `acts`: `out[r * out_stride + o]`. Installed as `TypeKernels::gemm` only once `available()`
 /// holds.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn gemm<B: Legacy>(
+pub(super) fn gemm<B: Pair512>(
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -284,6 +403,8 @@ pub(super) fn gemm<B: Legacy>(
             core::ptr::null()
         },
         s_stride: acts.n_rows,
+        ls: acts.ls[r * nb * LANE_SUMS..].as_ptr(),
+        ls_stride: nb * LANE_SUMS,
     };
     let wp = w.as_ptr();
     // Batches this small read each weight block for a few rows only: prefetch the weights
@@ -364,7 +485,7 @@ mod tests {
     /// Every (weight row, activation row) pair of the GEMM equals the decode kernel's dot bit
     /// for bit, at odd and even block counts, every tile shape and its edges, from any first
     /// activation row.
-    fn gemm_equals_decode<B: Legacy>(ty: T) {
+    fn gemm_equals_decode<B: Pair512>(ty: T) {
         let decode = super::super::q8_0::vec_dot::<B>;
         for nb in [1usize, 2, 3, 7, 20] {
             let n = nb * QK;
