@@ -370,30 +370,51 @@ impl Runner {
                     _ => unreachable!("K and V buffers share one type"),
                 }
             }
-            let args = AttnArgs {
-                n: seg.n,
-                pos: seg.pos,
-                n_head: hp.n_head,
-                group: hp.n_head / hp.n_head_kv,
-                head_dim: hd,
-                qd,
-                kvd,
-                scale: hp.query_scale,
-                kv,
-                scores_stride: self.scores_stride,
-            };
-            let (q, att) = (
-                &s.q[seg.row * qd..(seg.row + seg.n) * qd],
-                &mut s.att[seg.row * qd..(seg.row + seg.n) * qd],
-            );
-            match (&args.kv.k, &args.kv.v) {
-                (KvBuf::F32(kb), KvBuf::F32(vb)) => {
-                    attention(pool, &args, kb, vb, q, att, &mut s.scores)
+        }
+        // One pass of the pool over every sequence's (token, KV head, block of heads): with
+        // several sequences decoding, a pass each was a thread wake-up per sequence per layer.
+        let shape = AttnShape {
+            n_head: hp.n_head,
+            group: hp.n_head / hp.n_head_kv,
+            head_dim: hd,
+            qd,
+            kvd,
+            scale: hp.query_scale,
+            scores_stride: self.scores_stride,
+        };
+        let (q, att) = (&s.q[..n * qd], &mut s.att[..n * qd]);
+        let f32s: Option<Vec<SegKv<f32>>> = segs
+            .iter()
+            .map(|g| match (&g.kv.k, &g.kv.v) {
+                (KvBuf::F32(k), KvBuf::F32(v)) => Some(SegKv::new(g, k, v)),
+                _ => None,
+            })
+            .collect();
+        let f16s: Option<Vec<SegKv<half::f16>>> = segs
+            .iter()
+            .map(|g| match (&g.kv.k, &g.kv.v) {
+                (KvBuf::F16(k), KvBuf::F16(v)) => Some(SegKv::new(g, k, v)),
+                _ => None,
+            })
+            .collect();
+        match (f32s, f16s) {
+            (Some(all), _) => attention(pool, &shape, &all, q, att, &mut s.scores),
+            (_, Some(all)) => attention(pool, &shape, &all, q, att, &mut s.scores),
+            // Caches of both types in one batch: a pass per sequence.
+            _ => {
+                for g in segs.iter() {
+                    match (&g.kv.k, &g.kv.v) {
+                        (KvBuf::F32(k), KvBuf::F32(v)) => {
+                            let one = [SegKv::new(g, &k[..], &v[..])];
+                            attention(pool, &shape, &one, q, att, &mut s.scores)
+                        }
+                        (KvBuf::F16(k), KvBuf::F16(v)) => {
+                            let one = [SegKv::new(g, &k[..], &v[..])];
+                            attention(pool, &shape, &one, q, att, &mut s.scores)
+                        }
+                        _ => unreachable!("K and V buffers share one type"),
+                    }
                 }
-                (KvBuf::F16(kb), KvBuf::F16(vb)) => {
-                    attention(pool, &args, kb, vb, q, att, &mut s.scores)
-                }
-                _ => unreachable!("K and V buffers share one type"),
             }
         }
         matmul(
@@ -621,17 +642,39 @@ struct Seg<'a> {
     kv: &'a mut LayerKv,
 }
 
-struct AttnArgs<'a> {
-    n: usize,
-    pos: usize,
+/// The attention shape shared by every sequence of a batch.
+struct AttnShape {
     n_head: usize,
     group: usize,
     head_dim: usize,
     qd: usize,
     kvd: usize,
     scale: f32,
-    kv: &'a LayerKv,
     scores_stride: usize,
+}
+
+/// One sequence of a batch for attention: its rows (`row..row + n`, at positions
+/// `pos..pos + n`) and its cache for the current layer.
+struct SegKv<'a, E> {
+    row: usize,
+    n: usize,
+    pos: usize,
+    kv: &'a LayerKv,
+    k: &'a [E],
+    v: &'a [E],
+}
+
+impl<'a, E> SegKv<'a, E> {
+    fn new(g: &'a Seg<'_>, k: &'a [E], v: &'a [E]) -> SegKv<'a, E> {
+        SegKv {
+            row: g.row,
+            n: g.n,
+            pos: g.pos,
+            kv: &*g.kv,
+            k,
+            v,
+        }
+    }
 }
 
 /// Query heads of one KV head a work item takes together: they share every key and value
@@ -643,17 +686,18 @@ const ATT_HEADS: usize = 4;
 /// (token, KV head, block of up to `ATT_HEADS` of its query heads).
 fn attention<E: KvElem>(
     pool: &ThreadPool,
-    a: &AttnArgs,
-    kb: &[E],
-    vb: &[E],
+    a: &AttnShape,
+    segs: &[SegKv<E>],
     q: &[f32],
     att: &mut [f32],
     scores: &mut [f32],
 ) {
     let n_kv = a.n_head / a.group;
     let blocks = a.group.div_ceil(ATT_HEADS);
-    let items = Chunks::new(a.n * n_kv * blocks, 1);
-    let out = SharedMut::new(&mut att[..a.n * a.qd]);
+    let per_token = n_kv * blocks;
+    let total: usize = segs.iter().map(|g| g.n * per_token).sum();
+    let items = Chunks::new(total, 1);
+    let out = SharedMut::new(att);
     let sc = SharedMut::new(scores);
     let (hd, stride) = (a.head_dim, a.scores_stride);
     pool.run(&|tid| {
@@ -661,38 +705,56 @@ fn attention<E: KvElem>(
         let scores = unsafe { sc.slice(tid * ATT_HEADS * stride..(tid + 1) * ATT_HEADS * stride) };
         while let Some(r) = items.next_range() {
             for item in r {
-                let t = item / (n_kv * blocks);
+                // The sequence holding this item, then (token, KV head, block) within it.
+                let (mut g, mut item) = (0, item);
+                while item >= segs[g].n * per_token {
+                    item -= segs[g].n * per_token;
+                    g += 1;
+                }
+                let seg = &segs[g];
+                let t = item / per_token;
                 let (kvh, b) = ((item / blocks) % n_kv, item % blocks);
                 let h0 = kvh * a.group + b * ATT_HEADS;
                 let nq = ATT_HEADS.min(a.group - b * ATT_HEADS);
-                let qh = &q[t * a.qd + h0 * hd..t * a.qd + (h0 + nq) * hd];
-                let vis = a.kv.visible(a.pos + t);
+                let row = seg.row + t;
+                let qh = &q[row * a.qd + h0 * hd..row * a.qd + (h0 + nq) * hd];
+                let kv = seg.kv;
+                let vis = kv.visible(seg.pos + t);
                 let len = vis.len();
                 // The visible positions as runs of consecutive ring slots (two at most).
                 let runs = || {
                     let mut p = vis.start;
                     std::iter::from_fn(move || {
                         (p < vis.end).then(|| {
-                            let s = a.kv.slot(p);
-                            let run = (vis.end - p).min(a.kv.cap - s);
+                            let s = kv.slot(p);
+                            let run = (vis.end - p).min(kv.cap - s);
                             let j = p - vis.start;
                             p += run;
                             (j, s * a.kvd + kvh * hd, run)
                         })
                     })
                 };
+                // The weights stream this sequence's keys and values out of cache between
+                // steps, in rows `kvd` apart: ask for all of them at once.
+                for (_, base, run) in runs() {
+                    for p in 0..run {
+                        let at = base + p * a.kvd;
+                        ops::prefetch(&seg.k[at..at + hd]);
+                        ops::prefetch(&seg.v[at..at + hd]);
+                    }
+                }
                 for (j, base, run) in runs() {
-                    let k = &kb[base..base + (run - 1) * a.kvd + hd];
+                    let k = &seg.k[base..base + (run - 1) * a.kvd + hd];
                     E::qk(qh, nq, hd, k, a.kvd, run, a.scale, &mut scores[j..], stride);
                 }
                 for g in 0..nq {
                     ops::softmax_fast(&mut scores[g * stride..g * stride + len]);
                 }
-                // SAFETY: the output rows of (token t, heads h0..h0 + nq) belong to this item.
-                let o = unsafe { out.slice(t * a.qd + h0 * hd..t * a.qd + (h0 + nq) * hd) };
+                // SAFETY: the output rows of (row, heads h0..h0 + nq) belong to this item.
+                let o = unsafe { out.slice(row * a.qd + h0 * hd..row * a.qd + (h0 + nq) * hd) };
                 o.fill(0.0);
                 for (j, base, run) in runs() {
-                    let v = &vb[base..base + (run - 1) * a.kvd + hd];
+                    let v = &seg.v[base..base + (run - 1) * a.kvd + hd];
                     E::pv(&scores[j..], stride, nq, v, a.kvd, run, hd, o);
                 }
             }
