@@ -23,9 +23,18 @@ const SPIN: Duration = Duration::from_micros(1000);
 const STALL_MIN: Duration = Duration::from_micros(100);
 /// Stalled jobs among the last 8 that send the pool solo for a while.
 const STALLS_TO_GO_SOLO: u32 = 3;
-/// Jobs the caller then runs alone before trying its workers again (about a second of
-/// decoding on a small model; far less than a second on a large one).
+/// Jobs the caller then runs alone before trying its workers again (a tenth of a second of
+/// decoding a small model; more on a large one).
 const SOLO_JOBS: u32 = 4096;
+/// A pool that stalls again within this many jobs of trying its workers doubles its next
+/// spell alone, up to `MAX_SOLO_JOBS`: under a lasting load each try costs a few stalled
+/// jobs (a scheduler slice each), which at 4096 jobs a spell took ~6% of a small model's
+/// decode.
+const RELAPSE_JOBS: u32 = 256;
+const MAX_SOLO_JOBS: u32 = 64 * SOLO_JOBS;
+/// A spell alone ends after this long whatever its job count (jobs of a large model are
+/// long), so the workers are back within seconds of the load going away.
+const MAX_SOLO_TIME: Duration = Duration::from_secs(2);
 
 /// Every this many jobs, the caller times one against its own CPU time.
 const SAMPLE_EVERY: u32 = 8;
@@ -63,6 +72,12 @@ struct Adapt {
     stalls: u32,
     /// Jobs left to run on the caller alone.
     solo_left: u32,
+    /// When the current spell alone began.
+    solo_since: Option<Instant>,
+    /// Length of the next spell (doubles on a quick relapse; `SOLO_JOBS` when 0).
+    solo_len: u32,
+    /// Jobs run with the workers since the last spell ended.
+    since_spell: u32,
     /// Times the pool went solo (for reports and tests).
     solo_spells: u64,
 }
@@ -159,10 +174,17 @@ impl ThreadPool {
             // Workers kept stalling (the machine is busy): the caller does the work alone
             // for a while; the results are the same (work is split by counters).
             adapt.solo_left -= 1;
+            if adapt
+                .solo_since
+                .is_some_and(|t| t.elapsed() > MAX_SOLO_TIME)
+            {
+                adapt.solo_left = 0;
+            }
             drop(adapt);
             job(0);
             return;
         }
+        adapt.since_spell = adapt.since_spell.saturating_add(1);
         let s = &*self.shared;
         adapt.since_sample += 1;
         let sampled = adapt.since_sample >= SAMPLE_EVERY;
@@ -236,7 +258,17 @@ impl Adapt {
 
     fn go_solo(&mut self) {
         self.stalls = 0;
-        self.solo_left = SOLO_JOBS;
+        self.solo_len = if self.solo_spells > 0 && self.since_spell <= RELAPSE_JOBS {
+            self.solo_len
+                .max(SOLO_JOBS)
+                .saturating_mul(2)
+                .min(MAX_SOLO_JOBS)
+        } else {
+            SOLO_JOBS
+        };
+        self.solo_left = self.solo_len;
+        self.solo_since = Some(Instant::now());
+        self.since_spell = 0;
         self.solo_spells += 1;
     }
 
@@ -493,6 +525,32 @@ mod tests {
         }
         assert_eq!(done.load(Ordering::Relaxed), 50);
         assert_eq!(pool.running.lock().unwrap().solo_left, 0);
+    }
+
+    /// A pool that stalls again right after a spell alone makes the next spell twice as long
+    /// (up to `MAX_SOLO_JOBS`); one that kept its workers for a while starts over.
+    #[test]
+    fn quick_relapses_lengthen_the_spells_alone() {
+        let mut a = Adapt::default();
+        let stall = |a: &mut Adapt| (0..STALLS_TO_GO_SOLO).for_each(|_| a.record(true));
+        stall(&mut a);
+        assert_eq!(a.solo_left, SOLO_JOBS);
+        let mut want = SOLO_JOBS;
+        for _ in 0..10 {
+            a.solo_left = 0;
+            a.since_spell = 10;
+            stall(&mut a);
+            want = (want * 2).min(MAX_SOLO_JOBS);
+            assert_eq!(a.solo_left, want);
+        }
+        assert_eq!(want, MAX_SOLO_JOBS);
+        a.solo_left = 0;
+        a.since_spell = RELAPSE_JOBS + 1;
+        stall(&mut a);
+        assert_eq!(
+            a.solo_left, SOLO_JOBS,
+            "a long run with the workers resets the spell"
+        );
     }
 
     /// Jobs complete, every chunk once, while another thread keeps every core busy.
