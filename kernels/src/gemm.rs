@@ -9,7 +9,7 @@
 //! rows of a tile in one load). Every value is converted exactly from the quantized rows, so
 //! a GEMM kernel can give the decode kernel's bits.
 
-use crate::pool::{Chunks, SharedMut, ThreadPool};
+use crate::pool::{SharedMut, ThreadPool};
 use crate::quants::common::f16_at;
 use crate::quants::{q8_0, q8_1};
 use crate::types::GgmlType;
@@ -137,20 +137,13 @@ impl GemmActs {
             }
         };
         match pool {
-            Some(pool) if pool.n_threads() > 1 && n_rows > PARALLEL_ROWS => {
-                let rows = Chunks::new(n_rows, 8);
-                pool.run(&|_| {
-                    while let Some(rs) = rows.next_range() {
-                        rs.for_each(row);
-                    }
-                });
-            }
-            _ => (0..n_rows).for_each(row),
+            Some(pool) => pool.for_ranges(n_rows, PARALLEL_ROWS, &|rs| rs.for_each(row)),
+            None => (0..n_rows).for_each(row),
         }
     }
 }
 
-/// Batches at most this big are laid out on the calling thread.
+/// Rows a thread lays out at a time (batches this small stay on the calling thread).
 const PARALLEL_ROWS: usize = 8;
 
 fn grow<T: Default + Clone>(v: &mut Vec<T>, len: usize) {

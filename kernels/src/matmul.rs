@@ -126,13 +126,6 @@ const MAX_CHUNK: usize = 64;
 /// Batches up to this many rows use the decode kernels (see `rows_times_acts`).
 const SMALL_BATCH: usize = 8;
 
-/// Batches from this size take a type's GEMM kernel where the level has one (bit-identical
-/// to the decode kernel, so the choice never changes a result). One row included: laying out
-/// a single row costs little, and the GEMM's 4-row tiles with two blocks per 512-bit register
-/// (the signed formats made unsigned, no sign trick) decode faster than the AVX2 kernel (Gemma
-/// 3 270M tg64 on a Zen 5 EPYC, 2 threads: 95.6 -> 120.3 tok/s; 1 thread 77.8 -> 86.6).
-const GEMM_MIN_ROWS: usize = 1;
-
 /// Batches at most this size quantize their activations on the calling thread.
 const SERIAL_QUANTIZE_ROWS: usize = 4;
 
@@ -193,22 +186,23 @@ pub fn matmul_many(
                 quantize(&x[r * n_in..(r + 1) * n_in], dst);
             }
         } else {
-            let rows = Chunks::new(n_rows, 1);
             let dst = SharedMut::new(buf);
-            pool.run(&|_| {
-                while let Some(r) = rows.next_range() {
-                    for row in r {
-                        // SAFETY: each row index is handed to exactly one thread.
-                        let d = unsafe { dst.slice(row * stride..(row + 1) * stride) };
-                        quantize(&x[row * n_in..(row + 1) * n_in], d);
-                    }
+            pool.for_ranges(n_rows, 1, &|r| {
+                for row in r {
+                    // SAFETY: each row index is handed to exactly one thread.
+                    let d = unsafe { dst.slice(row * stride..(row + 1) * stride) };
+                    quantize(&x[row * n_in..(row + 1) * n_in], d);
                 }
             });
         }
     }
-    // Batches: rows laid out once more for the GEMM kernels of the formats that have one.
-    let gemm_rows = n_rows >= GEMM_MIN_ROWS;
-    if gemm_rows {
+    // Rows laid out once more for the GEMM kernels of the formats that have one, whatever the
+    // batch size (bit-identical to the decode kernel, so the choice never changes a result).
+    // One row included: laying it out costs little, and the GEMM's 4-row tiles with two
+    // blocks per 512-bit register (the signed formats made unsigned, no sign trick) decode
+    // faster than the AVX2 kernel (Gemma 3 270M tg64 on a Zen 5 EPYC, 2 threads: 95.6 -> 120.3
+    // tok/s; 1 thread 77.8 -> 86.6).
+    {
         for at in formats.into_iter().flatten() {
             if !jobs
                 .iter()
@@ -263,7 +257,7 @@ pub fn matmul_many(
             k,
             a: &acts.get(at)[..a_stride * n_rows],
             a_stride,
-            g: if gemm_rows && k.gemm.is_some() {
+            g: if k.gemm.is_some() {
                 acts.gemm
                     .iter()
                     .find(|g| g.ty() == Some(at) && g.n_rows() == n_rows)

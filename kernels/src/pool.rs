@@ -283,6 +283,21 @@ impl Adapt {
 }
 
 impl ThreadPool {
+    /// `f` over `0..n` in ranges of at most `chunk`, handed to the threads by a shared counter;
+    /// on the calling thread alone, as one range, when `n <= chunk` or the pool has one thread.
+    pub fn for_ranges(&self, n: usize, chunk: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        if n <= chunk || self.n_threads == 1 {
+            f(0..n);
+            return;
+        }
+        let chunks = Chunks::new(n, chunk);
+        self.run(&|_| {
+            while let Some(r) = chunks.next_range() {
+                f(r);
+            }
+        });
+    }
+
     /// How many times this pool has run jobs on the caller alone because its workers kept
     /// stalling.
     pub fn solo_spells(&self) -> u64 {

@@ -262,7 +262,7 @@ impl Runner {
             }
             let table = SharedMut::new(&mut table[..n * half]);
             let pos = &s.pos[..n];
-            par_rows(&self.pool, n, &|rows| {
+            self.pool.for_ranges(n, ROWS_PER_CHUNK, &|rows| {
                 for t in rows {
                     // SAFETY: row t's entries are written by this call alone.
                     let cs = unsafe { table.slice(t * half..(t + 1) * half) };
@@ -322,7 +322,7 @@ impl Runner {
             SharedMut::new(&mut s.k[..n * kvd]),
             SharedMut::new(&mut s.v[..n * kvd]),
         );
-        par_rows(pool, n, &|rows| {
+        pool.for_ranges(n, ROWS_PER_CHUNK, &|rows| {
             for t in rows {
                 // SAFETY: row t of q, k and v is touched by this call alone.
                 let (q, k, v) = unsafe {
@@ -390,18 +390,19 @@ impl Runner {
                 _ => None,
             })
             .collect();
-        let f16s: Option<Vec<SegKv<half::f16>>> = segs
-            .iter()
-            .map(|g| match (&g.kv.k, &g.kv.v) {
-                (KvBuf::F16(k), KvBuf::F16(v)) => Some(SegKv::new(g, k, v)),
-                _ => None,
-            })
-            .collect();
-        match (f32s, f16s) {
-            (Some(all), _) => attention(pool, &shape, &all, q, att, &mut s.scores),
-            (_, Some(all)) => attention(pool, &shape, &all, q, att, &mut s.scores),
+        let f16s = || -> Option<Vec<SegKv<half::f16>>> {
+            segs.iter()
+                .map(|g| match (&g.kv.k, &g.kv.v) {
+                    (KvBuf::F16(k), KvBuf::F16(v)) => Some(SegKv::new(g, k, v)),
+                    _ => None,
+                })
+                .collect()
+        };
+        match f32s.ok_or_else(f16s) {
+            Ok(all) => attention(pool, &shape, &all, q, att, &mut s.scores),
+            Err(Some(all)) => attention(pool, &shape, &all, q, att, &mut s.scores),
             // Caches of both types in one batch: a pass per sequence.
-            _ => {
+            Err(None) => {
                 for g in segs.iter() {
                     match (&g.kv.k, &g.kv.v) {
                         (KvBuf::F32(k), KvBuf::F32(v)) => {
@@ -557,30 +558,15 @@ impl Runner {
     }
 }
 
-/// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
 /// Rows per chunk of the row-wise passes (below this many rows a batch stays on the calling
 /// thread: one token's norm or RoPE is far shorter than waking a thread).
 const ROWS_PER_CHUNK: usize = 16;
-
-/// `f` over `0..n`, in chunks of rows spread over the pool's threads for a batch.
-fn par_rows(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-    if n <= ROWS_PER_CHUNK || pool.n_threads() == 1 {
-        f(0..n);
-        return;
-    }
-    let chunks = Chunks::new(n, ROWS_PER_CHUNK);
-    pool.run(&|_| {
-        while let Some(r) = chunks.next_range() {
-            f(r);
-        }
-    });
-}
 
 /// RMSNorm of every `w.len()`-wide row of `x` into `out`, rows split among the threads.
 fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     let o = SharedMut::new(out);
-    par_rows(pool, x.len() / d, &|rows| {
+    pool.for_ranges(x.len() / d, ROWS_PER_CHUNK, &|rows| {
         // SAFETY: these rows of `out` are written by this call alone.
         let out = unsafe { o.slice(rows.start * d..rows.end * d) };
         ops::rms_norm_rows(&x[rows.start * d..rows.end * d], w, eps, out);
@@ -599,7 +585,7 @@ fn add_rows(
 ) {
     let n = y.len() / d.max(1);
     let (xs, ys) = (SharedMut::new(x), SharedMut::new(y));
-    par_rows(pool, n, &|rows| {
+    pool.for_ranges(n, ROWS_PER_CHUNK, &|rows| {
         // SAFETY: these rows of `x` and `y` are touched by this call alone.
         let (x, y) = unsafe {
             (
@@ -614,23 +600,14 @@ fn add_rows(
     });
 }
 
+/// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
 fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], glu: fn(&mut [f32], &[f32])) {
     const CHUNK: usize = 4096;
-    if gate.len() <= CHUNK || pool.n_threads() == 1 {
-        glu(gate, up);
-        return;
-    }
-    let chunks = Chunks::new(gate.len().div_ceil(CHUNK), 1);
     let g = SharedMut::new(gate);
-    pool.run(&|_| {
-        while let Some(r) = chunks.next_range() {
-            for c in r {
-                let range = c * CHUNK..((c + 1) * CHUNK).min(g.len());
-                // SAFETY: each chunk index is handed to one thread; chunks are disjoint.
-                let part = unsafe { g.slice(range.clone()) };
-                glu(part, &up[range]);
-            }
-        }
+    pool.for_ranges(g.len(), CHUNK, &|range| {
+        // SAFETY: each range is handed to one thread; ranges are disjoint.
+        let part = unsafe { g.slice(range.clone()) };
+        glu(part, &up[range]);
     });
 }
 

@@ -9,13 +9,15 @@
 //! the halves added lane-wise, the same horizontal sum, and for Q4_1/Q5_1 the `m · s` terms
 //! summed block by block — so each output is bit-identical to the decode kernel's dot.
 //!
-//! Per pair of blocks and (weight, activation) pair the loop issues a load, a masked negate
-//! (signed formats), `vpdpbusd`, a conversion, a scale multiply and an FMA: 64 products in six
-//! instructions, where the decode kernel spends about ten on 32 (it converts both f16 scales
-//! of every pair).
+//! Signed formats are read as unsigned (`Pair512`), so per pair of blocks and (weight,
+//! activation) pair the loop issues a load of the activations, a load and shift of their lane
+//! sums (signed formats), `vpdpbusd`, a conversion, a scale multiply and an FMA: 64 products
+//! in six instructions, where the AVX2 decode kernel spends about ten on 32.
 
-use super::q8_0::{hsum, Legacy, QK};
+use super::q8_0::{hsum, Legacy, PREFETCH_BYTES, QK};
+use super::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1, q8_0::Q8_0, q8_0::Q8_1};
 use crate::gemm::{GemmActs, D_LANES, LANE_SUMS};
+use crate::quants::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
 use core::arch::x86_64::*;
 
 /// A legacy format as the GEMM reads it: two consecutive blocks unpacked into one 512-bit
@@ -61,21 +63,27 @@ unsafe fn nibble_pair<const BLOCK: usize, const QS: usize>(p: *const u8) -> __m5
     _mm512_and_si512(x, _mm512_set1_epi8(0x0f))
 }
 
-/// The fifth bits of two blocks (little-endian u32s at `p + QH` and `p + BLOCK + QH`) as a
-/// 64-bit mask, bit j of the first block in bit j, of the second in bit 32 + j.
+/// Two blocks of 5-bit quants (nibbles at `p + QS`, fifth bits as a little-endian u32 at
+/// `p + QH`, likewise `BLOCK` bytes on) as 64 values 0..31: `nibble_pair` with 16 added where
+/// the bit is set.
 ///
 /// # Safety
-/// Both u32s are readable.
+/// Both blocks are readable; the CPU has AVX-512 F/BW.
 #[inline]
-unsafe fn high_bits<const BLOCK: usize, const QH: usize>(p: *const u8) -> __mmask64 {
-    // SAFETY: both u32s are readable (caller).
-    let (a, b) = unsafe {
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn five_bit_pair<const BLOCK: usize, const QH: usize, const QS: usize>(
+    p: *const u8,
+) -> __m512i {
+    // SAFETY: both blocks are readable (caller).
+    let (q, a, b) = unsafe {
         (
+            nibble_pair::<BLOCK, QS>(p),
             u32::from_le(p.add(QH).cast::<u32>().read_unaligned()),
             u32::from_le(p.add(BLOCK + QH).cast::<u32>().read_unaligned()),
         )
     };
-    u64::from(a) | u64::from(b) << 32
+    let high: __mmask64 = u64::from(a) | u64::from(b) << 32;
+    _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(0x10))
 }
 
 /// Two full-byte blocks (quants at `p + QS` and `p + BLOCK + QS`), sign bits flipped.
@@ -110,32 +118,14 @@ macro_rules! pair512 {
     };
 }
 
-use super::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1, q8_0::Q8_0, q8_0::Q8_1};
-use crate::quants::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
 // Q4_0: d, 16 nibble bytes; w = q - 8, so q itself is w + 8.
 pair512!(Q4_0, 3, |p| nibble_pair::<{ q4_0::BLOCK }, 2>(p));
 // Q4_1: d, m, 16 nibble bytes; unsigned.
 pair512!(Q4_1, 0, |p| nibble_pair::<{ q4_1::BLOCK }, 4>(p));
 // Q5_0: d, qh (4 bytes), 16 nibble bytes; q | h << 4 is w + 16.
-pair512!(Q5_0, 4, |p| {
-    let q = nibble_pair::<{ q5_0::BLOCK }, 6>(p);
-    _mm512_mask_add_epi8(
-        q,
-        high_bits::<{ q5_0::BLOCK }, 2>(p),
-        q,
-        _mm512_set1_epi8(0x10),
-    )
-});
+pair512!(Q5_0, 4, |p| five_bit_pair::<{ q5_0::BLOCK }, 2, 6>(p));
 // Q5_1: d, m, qh, 16 nibble bytes; unsigned.
-pair512!(Q5_1, 0, |p| {
-    let q = nibble_pair::<{ q5_1::BLOCK }, 8>(p);
-    _mm512_mask_add_epi8(
-        q,
-        high_bits::<{ q5_1::BLOCK }, 4>(p),
-        q,
-        _mm512_set1_epi8(0x10),
-    )
-});
+pair512!(Q5_1, 0, |p| five_bit_pair::<{ q5_1::BLOCK }, 4, 8>(p));
 // Q8_0 / Q8_1 weights: i8 quants; flipping the sign bit adds 128.
 pair512!(Q8_0, 7, |p| byte_pair::<{ q8_0::BLOCK }, 2>(p));
 pair512!(Q8_1, 7, |p| byte_pair::<{ q8_1::BLOCK }, 4>(p));
@@ -152,10 +142,9 @@ pub fn available() -> bool {
 /// Weight rows per register tile. 4 × 4 measured best on a Zen 5 EPYC (pp512, 1 thread:
 /// Gemma 536 and SmolLM2 613 tok/s; 2 × 4: 524 and 594; 2 × 8: 534 and 578; 4 × 2: 456, 474).
 const W: usize = 4;
-/// How far ahead the weight rows are prefetched (the decode kernel's distance), in batches
-/// of at most `STREAM_ROWS` rows. SmolLM2 served to 4 clients on a Zen 5 EPYC: 1.43× one
-/// client without the hint (and through the AVX2 2 × 2 tile), 2.03× with it.
-const PREFETCH_BYTES: usize = 32 << 10;
+/// Batches of at most this many rows prefetch the weight rows `PREFETCH_BYTES` ahead, as
+/// decode does. SmolLM2 served to 4 clients on a Zen 5 EPYC: 1.43× one client without the
+/// hint (and through the AVX2 2 × 2 tile), 2.03× with it.
 const STREAM_ROWS: usize = 8;
 
 /// Activation rows per register tile.

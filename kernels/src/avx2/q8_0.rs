@@ -15,6 +15,12 @@ use core::arch::x86_64::*;
 /// Elements per block of every legacy format.
 pub(super) const QK: usize = 32;
 
+/// How far ahead (in bytes) the decode kernels (and the GEMM when it streams) ask for weight
+/// rows. Measured on a Zen 5 EPYC (Gemma 3 270M, 1 thread): 4 KiB ahead 74 tok/s, 34 KiB 87,
+/// 70 KiB 82; the head's 680-byte rows end long before that, so the hint runs ahead into the
+/// rows that follow.
+pub(super) const PREFETCH_BYTES: usize = 32 << 10;
+
 /// One 32-element weight block format, dotted with Q8_0 or Q8_1 activations.
 pub(super) trait Legacy {
     /// Bytes per weight block. The f16 scale `d` is always at offset 0.
@@ -264,12 +270,6 @@ macro_rules! legacy_dots {
             }
             out
         }
-
-        /// How far ahead (in bytes) the decode kernel asks for weight rows. Measured on a Zen 5
-        /// EPYC (Gemma 3 270M, 1 thread): 4 KiB ahead 74 tok/s, 34 KiB 87, 70 KiB 82; the
-        /// head's 680-byte rows end long before that, so the hint runs ahead into the rows
-        /// that follow.
-        const PREFETCH_BYTES: usize = 32 << 10;
 
         /// Dots of `R` weight rows (the r-th at `w + r * w_stride`) with one activation row at `a`.
         /// Each row sees the same operations as in `dot_rows`, so results are bit-identical.
