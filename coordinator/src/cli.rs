@@ -64,6 +64,11 @@ pub struct ModelArgs {
     /// KV cache element type: f32 or f16.
     #[arg(long, default_value = "f32")]
     pub kv: KvType,
+    /// Keep the weights in the file's layout instead of repacking the formats that have a
+    /// panel layout into owned memory at load (repacking is on by default where this CPU's
+    /// kernels read panels; it costs no extra memory and a moment at start-up).
+    #[arg(long)]
+    pub no_repack: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -221,6 +226,11 @@ pub struct UpArgs {
     /// file, or a slice already in its cache).
     #[arg(long)]
     pub no_send: bool,
+    /// Keep the coordinator's weights in the file's layout instead of repacking the formats that have a
+    /// panel layout into owned memory at load (repacking is on by default where this CPU's
+    /// kernels read panels; it costs no extra memory and a moment at start-up).
+    #[arg(long)]
+    pub no_repack: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -273,6 +283,11 @@ pub struct NodeArgs {
     /// (default: ~/.cache/ringllm/slices); reused on the next start.
     #[arg(long)]
     pub cache: Option<PathBuf>,
+    /// Keep this node's weights in the file's layout instead of repacking the formats that have a
+    /// panel layout into owned memory at load (repacking is on by default where this CPU's
+    /// kernels read panels; it costs no extra memory and a moment at start-up).
+    #[arg(long)]
+    pub no_repack: bool,
 }
 
 impl NodeArgs {
@@ -340,6 +355,10 @@ pub struct BenchArgs {
     /// Print results as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Measure the weights in the file's layout (as `run --no-repack`; with --cluster, the
+    /// single process and the coordinator's part).
+    #[arg(long)]
+    pub no_repack: bool,
     /// Benchmark a ring (cluster file) next to the single process, in the same run.
     #[arg(long)]
     pub cluster: Option<PathBuf>,
@@ -494,6 +513,7 @@ impl From<&ModelArgs> for ModelOptions {
             ctx: a.ctx,
             batch: a.batch,
             kv: a.kv,
+            repack: !a.no_repack,
         }
     }
 }

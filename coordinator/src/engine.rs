@@ -27,6 +27,8 @@ pub struct ModelOptions {
     pub batch: usize,
     /// KV cache element type.
     pub kv: KvType,
+    /// Repack weights into panels at load where the kernels read them (`LoadOptions::repack`).
+    pub repack: bool,
 }
 
 /// The context size: `asked` (`--ctx`), else the model's trained context capped at 4096. A
@@ -101,8 +103,14 @@ impl Engine {
             .with_context(|| format!("tokenizer of {}", args.model.display()))?;
         let tokenizer = Tokenizer::new(&spec)
             .with_context(|| format!("tokenizer of {}", args.model.display()))?;
-        let model = Model::load(Arc::clone(&file), &LoadOptions::default())
-            .with_context(|| format!("cannot load {}", args.model.display()))?;
+        let model = Model::load(
+            Arc::clone(&file),
+            &LoadOptions {
+                repack: args.repack,
+                ..LoadOptions::default()
+            },
+        )
+        .with_context(|| format!("cannot load {}", args.model.display()))?;
         let ctx = context_size(args.ctx, model.hp.ctx_train);
         let kv_type = args.kv;
         if args.batch == 0 {
@@ -439,6 +447,7 @@ impl RingMode {
                 layers: Some(local),
                 embedding: true,
                 head: !ring.head_on_node,
+                repack: self.args.repack,
             },
         )?;
         limits::check_runner(

@@ -69,6 +69,8 @@ fn start_nodes_in(names: &[&str], models_dir: PathBuf, cache_dir: PathBuf) -> No
                     name,
                     transport: TransportKind::Tcp,
                     memory: None,
+                    // Every other node keeps the file's layout: a ring may mix both.
+                    repack: addrs.len() % 2 == 0,
                 };
                 let listener = Listener::new(tcp, &opts).expect("listener");
                 addrs.push(listener.local_addr().expect("local address"));
@@ -111,6 +113,7 @@ fn options() -> ModelOptions {
         ctx: Some(128),
         batch: 64,
         kv: KvType::F32,
+        repack: true,
     }
 }
 

@@ -94,6 +94,9 @@ pub struct TypeKernels {
     /// Weight rows against a prepared batch of activation rows (prefill), where the ISA has it;
     /// bit-identical to `vec_dot` for every pair.
     pub gemm: Option<GemmFn>,
+    /// `gemm` over weights repacked into panels (`crate::repack`): `w` starts at a panel and
+    /// `n_w` is a whole number of panels. The same bits as `gemm`.
+    pub gemm_packed: Option<GemmFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {
@@ -104,6 +107,7 @@ impl std::fmt::Debug for TypeKernels {
             .field("vec_dot_type", &self.vec_dot_type)
             .field("tiled", &self.vec_dot_multi.is_some())
             .field("gemm", &self.gemm.is_some())
+            .field("gemm_packed", &self.gemm_packed.is_some())
             .finish()
     }
 }

@@ -12,6 +12,7 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod quants;
+pub mod repack;
 pub mod tolerance;
 pub mod types;
 

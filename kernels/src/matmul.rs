@@ -10,6 +10,7 @@
 use crate::dispatch::{kernels, TypeKernels};
 use crate::gemm::GemmActs;
 use crate::pool::{Chunks, SharedMut, ThreadPool};
+use crate::repack::PANEL;
 use crate::types::GgmlType;
 
 /// A weight matrix in a GGUF block format: `n_out` rows of `n_in` elements.
@@ -19,17 +20,20 @@ pub struct QMatrix<'a> {
     pub n_in: usize,
     pub n_out: usize,
     pub data: &'a [u8],
+    /// The rows are repacked into panels (`crate::repack`), for `TypeKernels::gemm_packed`.
+    pub packed: bool,
 }
 
 impl std::fmt::Debug for QMatrix<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "QMatrix({} {}x{}, {} bytes)",
+            "QMatrix({} {}x{}, {} bytes{})",
             self.ty,
             self.n_out,
             self.n_in,
-            self.data.len()
+            self.data.len(),
+            if self.packed { ", in panels" } else { "" }
         )
     }
 }
@@ -40,14 +44,29 @@ impl<'a> QMatrix<'a> {
         self.ty.row_bytes(self.n_in).unwrap_or(0)
     }
 
+    /// Row `i` as stored.
+    ///
+    /// # Panics
+    /// When the rows are repacked (a panel interleaves its rows: use `dequantize_row`).
     pub fn row(&self, i: usize) -> &'a [u8] {
+        assert!(
+            !self.packed,
+            "QMatrix::row: the rows are repacked into panels"
+        );
         let rb = self.row_bytes();
         &self.data[i * rb..(i + 1) * rb]
     }
 
     /// Dequantizes row `i` into `out` (`n_in` values).
     pub fn dequantize_row(&self, i: usize, out: &mut [f32]) {
-        (kernels(self.ty).dequantize)(self.row(i), &mut out[..self.n_in]);
+        let dequantize = kernels(self.ty).dequantize;
+        if self.packed {
+            let mut row = vec![0u8; self.row_bytes()];
+            crate::repack::unpack_row(self.ty, self.n_in, self.n_out, self.data, i, &mut row);
+            dequantize(&row, &mut out[..self.n_in]);
+        } else {
+            dequantize(self.row(i), &mut out[..self.n_in]);
+        }
     }
 }
 
@@ -249,7 +268,15 @@ pub fn matmul_many(
     let mut parts: [Option<Part>; MAX_JOBS] = [None; MAX_JOBS];
     let mut total = 0usize;
     for (slot, job) in parts.iter_mut().zip(jobs.iter_mut()) {
+        // Every job starts on a panel boundary of the pool's row space, and chunks are whole
+        // panels, so a chunk never splits a repacked panel (the gap rows are skipped).
+        total = total.next_multiple_of(PANEL);
         let k = kernels(job.w.ty);
+        assert!(
+            !job.w.packed || (k.gemm_packed.is_some() && k.gemm.is_some()),
+            "matmul: {} weights are repacked but this CPU's table has no kernel for panels",
+            job.w.ty
+        );
         let at = k.vec_dot_type;
         let a_stride = at.row_bytes(n_in).unwrap_or(0);
         *slot = Some(Part {
@@ -269,7 +296,9 @@ pub fn matmul_many(
         });
         total += job.w.n_out;
     }
-    let chunk = (total / (pool.n_threads() * 16)).clamp(4, MAX_CHUNK);
+    let chunk = (total / (pool.n_threads() * 16))
+        .clamp(PANEL, MAX_CHUNK)
+        .next_multiple_of(PANEL);
     let chunks = Chunks::new(total, chunk);
     pool.run(&|_| {
         let mut tile = [0f32; TILE];
@@ -280,6 +309,15 @@ pub fn matmul_many(
                 let Some(p) = parts.iter().flatten().rfind(|p| p.start <= g) else {
                     return;
                 };
+                if g >= p.start + p.w.n_out {
+                    // A gap before the next job's panel boundary.
+                    g = parts
+                        .iter()
+                        .flatten()
+                        .find(|q| q.start > g)
+                        .map_or(range.end, |q| q.start.min(range.end));
+                    continue;
+                }
                 let end = range.end.min(p.start + p.w.n_out);
                 rows_times_acts(
                     p.w,
@@ -335,11 +373,37 @@ fn rows_times_acts(
             // slabs. Bit-identical to the decode kernel for every pair.
             let ws = &w.data[rows.start * rb..rows.end * rb];
             let m = rows.len();
+            // Repacked rows: the whole panels through the panel kernel, the rows after the
+            // last panel (in the GGUF layout) through `f`.
+            let (fp, mp) = match (w.packed, k.gemm_packed) {
+                (true, Some(fp)) => {
+                    debug_assert!(rows.start.is_multiple_of(PANEL));
+                    let mp = rows.end.min(crate::repack::packed_rows(n_out)) - rows.start;
+                    (Some(fp), mp)
+                }
+                _ => (None, 0),
+            };
             let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
             let mut r0 = 0;
             while r0 < n_rows {
                 let nr = (n_rows - r0).min(SMALL_BATCH);
-                f(n_in, ws, rb, m, g, r0, nr, &mut buf[..nr * m], m);
+                if let Some(fp) = fp.filter(|_| mp > 0) {
+                    fp(n_in, ws, rb, mp, g, r0, nr, &mut buf[..nr * m], m);
+                }
+                if mp < m {
+                    let len = (nr - 1) * m + m - mp;
+                    f(
+                        n_in,
+                        &ws[mp * rb..],
+                        rb,
+                        m - mp,
+                        g,
+                        r0,
+                        nr,
+                        &mut buf[mp..mp + len],
+                        m,
+                    );
+                }
                 for r in 0..nr {
                     let at = (r0 + r) * n_out;
                     // SAFETY: output rows `rows` of activation row r0 + r belong to this chunk.
@@ -351,6 +415,11 @@ fn rows_times_acts(
             return;
         }
     }
+    assert!(
+        !w.packed,
+        "matmul: repacked {} rows reached a kernel that reads rows",
+        w.ty
+    );
     if n_rows <= SMALL_BATCH {
         match k.vec_dot_tile {
             Some(f) if rows.len() <= MAX_CHUNK => {
@@ -424,6 +493,7 @@ pub fn dequantize_row(ty: GgmlType, data: &[u8], n_in: usize, row: usize, out: &
         n_in,
         n_out: row + 1,
         data,
+        packed: false,
     }
     .dequantize_row(row, out);
 }

@@ -244,6 +244,7 @@ fn batched_matmul_equals_row_by_row() {
                 n_in: n,
                 n_out,
                 data: &w,
+                packed: false,
             };
             for n_rows in [2usize, 3, 5, 8, 9, 13, 40] {
                 let x = normal(&mut rng, n * n_rows);
@@ -271,6 +272,111 @@ fn batched_matmul_equals_row_by_row() {
                         assert!(
                             (g - want).abs() <= 1e-5 * scale.max(1.0),
                             "{ty} n={n}: row {r} col {o}: {g} vs reference {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Matrices repacked into panels give the same bits as in the GGUF layout, alone and in one
+/// pool pass with others whose row counts leave panels unaligned, at every batch size; an
+/// embedding row read back from panels is the row.
+#[test]
+fn repacked_matrices_give_the_same_bits() {
+    use ringllm_kernels::{matmul, matmul_many, repack, ActBuffer, MatJob, QMatrix, ThreadPool};
+    let packable: Vec<GgmlType> = weight_types().filter(|&t| repack::available(t)).collect();
+    if packable.is_empty() {
+        eprintln!(
+            "SKIPPED repacked_matrices_give_the_same_bits: no panel kernels at {:?}",
+            ringllm_kernels::isa()
+        );
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(31);
+    let pool = ThreadPool::new(2);
+    let mut acts = ActBuffer::new();
+    for ty in packable {
+        for n in [640usize, 96] {
+            // 37 rows: 9 panels and a tail row; 6 rows: one panel and two tail rows.
+            for n_out in [37usize, 6, 4] {
+                let mut w = Vec::new();
+                for _ in 0..n_out {
+                    w.extend(quantize(ty, &normal(&mut rng, n)));
+                }
+                let mut p = vec![0u8; w.len()];
+                repack::repack(ty, n, n_out, &w, &mut p);
+                let rows = QMatrix {
+                    ty,
+                    n_in: n,
+                    n_out,
+                    data: &w,
+                    packed: false,
+                };
+                let panels = QMatrix {
+                    packed: true,
+                    data: &p,
+                    ..rows
+                };
+                let mut a = vec![0f32; n];
+                let mut b = vec![0f32; n];
+                for r in 0..n_out {
+                    rows.dequantize_row(r, &mut a);
+                    panels.dequantize_row(r, &mut b);
+                    assert_eq!(a, b, "{ty}: row {r} read back from panels");
+                }
+                for n_rows in [1usize, 2, 5, 8, 9, 33] {
+                    let x = normal(&mut rng, n * n_rows);
+                    let mut want = vec![0f32; n_rows * n_out];
+                    let mut got = vec![0f32; n_rows * n_out];
+                    matmul(&pool, &rows, &x, n_rows, &mut want, &mut acts);
+                    matmul(&pool, &panels, &x, n_rows, &mut got, &mut acts);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{ty} {n_out}x{n}, batch {n_rows}");
+                    // An unaligned job first, then the panels, then the rows again.
+                    let odd = QMatrix {
+                        n_out: n_out - 1,
+                        ..rows
+                    };
+                    let mut o1 = vec![0f32; n_rows * (n_out - 1)];
+                    let mut o2 = vec![0f32; n_rows * n_out];
+                    let mut o3 = vec![0f32; n_rows * n_out];
+                    matmul_many(
+                        &pool,
+                        &mut [
+                            MatJob {
+                                w: odd,
+                                out: &mut o1,
+                            },
+                            MatJob {
+                                w: panels,
+                                out: &mut o2,
+                            },
+                            MatJob {
+                                w: rows,
+                                out: &mut o3,
+                            },
+                        ],
+                        &x,
+                        n_rows,
+                        &mut acts,
+                    );
+                    assert_eq!(
+                        bits(&o2),
+                        bits(&want),
+                        "{ty} {n_out}x{n}, batch {n_rows}, many"
+                    );
+                    assert_eq!(
+                        bits(&o3),
+                        bits(&want),
+                        "{ty} {n_out}x{n}, batch {n_rows}, rows"
+                    );
+                    for r in 0..n_rows {
+                        assert_eq!(
+                            bits(&o1[r * (n_out - 1)..(r + 1) * (n_out - 1)]),
+                            bits(&want[r * n_out..r * n_out + n_out - 1]),
+                            "{ty} {n_out}x{n}, batch {n_rows}, unaligned job"
                         );
                     }
                 }

@@ -92,6 +92,9 @@ pub struct NodeOptions {
     /// `--memory`: the most this node may use; its budget is the smaller of this and what the
     /// machine and its cgroup leave ([`limits::budget`]). `None`: no cap of its own.
     pub memory: Option<u64>,
+    /// Repack weights into panels at load where the kernels read them
+    /// ([`crate::LoadOptions::repack`]); `--no-repack` turns it off for this node.
+    pub repack: bool,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -930,6 +933,7 @@ async fn assign(
     limits::check("KV slots", slots, limits::MAX_SLOTS).map_err(limit)?;
     let n2 = name.clone();
     let cap = node.opts.memory;
+    let repack = node.opts.repack;
     let loaded = tokio::task::spawn_blocking(move || {
         let model = Model::load(
             file,
@@ -937,6 +941,7 @@ async fn assign(
                 layers: Some(range),
                 embedding: false,
                 head,
+                repack,
             },
         )
         .map_err(|source| AssignError::Load {

@@ -6,7 +6,7 @@ use crate::arch::FfnAct;
 use crate::error::ModelError;
 use crate::kv::{KvBuf, KvCache, KvElem, LayerKv};
 use crate::model::{Layer, Model};
-use ringllm_kernels::matmul::{dequantize_row, matmul, matmul_many, ActBuffer, MatJob};
+use ringllm_kernels::matmul::{matmul, matmul_many, ActBuffer, MatJob};
 use ringllm_kernels::ops;
 use ringllm_kernels::pool::{Chunks, SharedMut};
 use ringllm_kernels::ThreadPool;
@@ -155,7 +155,7 @@ impl Runner {
                 });
             }
             let row = &mut x[i * d..(i + 1) * d];
-            dequantize_row(w.ty, m.matrix(w).data, d, t as usize, row);
+            m.matrix(w).dequantize_row(t as usize, row);
             if let Some(s) = m.hp.embd_scale {
                 for v in row.iter_mut() {
                     *v *= s;

@@ -4,12 +4,13 @@
 use crate::arch::{Arch, Hparams, TensorKind};
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, TensorInfo};
-use ringllm_kernels::{kernels, GgmlType, QMatrix};
+use ringllm_kernels::{kernels, repack, GgmlType, QMatrix};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A 2-D weight matrix inside the mapped file: `n_out` rows of `n_in` elements.
+/// A 2-D weight matrix: `n_out` rows of `n_in` elements, inside the mapped file, or repacked
+/// into panels at load (`ringllm_kernels::repack`).
 #[derive(Clone, Debug)]
 pub struct Weight {
     pub name: String,
@@ -17,11 +18,28 @@ pub struct Weight {
     pub n_in: usize,
     pub n_out: usize,
     range: Range<usize>,
+    packed: Option<Packed>,
 }
 
 impl Weight {
     pub fn bytes(&self) -> usize {
         self.range.len()
+    }
+
+    /// True when the rows were repacked into panels at load.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+}
+
+/// A matrix's bytes repacked at load, owned (the mapped pages they came from are released);
+/// shared by the two `Weight`s of a tied embedding and head.
+#[derive(Clone)]
+struct Packed(Arc<Vec<u8>>);
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed({} bytes)", self.0.len())
     }
 }
 
@@ -69,6 +87,11 @@ pub struct LoadOptions {
     pub embedding: bool,
     /// Load the final norm and output head (last stage / coordinator).
     pub head: bool,
+    /// Repack the matrices whose format has a panel layout this CPU's kernels read
+    /// (`ringllm_kernels::repack`) into owned memory, releasing their mapped pages: the
+    /// prefill and decode GEMM read one run per panel instead of one per row. Off: the
+    /// kernels read the mapped file as it is.
+    pub repack: bool,
 }
 
 impl Default for LoadOptions {
@@ -77,6 +100,7 @@ impl Default for LoadOptions {
             layers: None,
             embedding: true,
             head: true,
+            repack: false,
         }
     }
 }
@@ -140,6 +164,8 @@ impl Model {
         let loader = Loader {
             file: &file,
             hp: &hp,
+            repack: opts.repack,
+            packed: Default::default(),
         };
         let d = hp.d_model as u64;
         let tok_embd = if opts.embedding {
@@ -171,6 +197,19 @@ impl Model {
         for il in layer_range.clone() {
             layers.push(loader.layer(il)?);
         }
+        let packed = loader
+            .packed
+            .borrow()
+            .iter()
+            .map(|(_, p)| p.0.len())
+            .sum::<usize>();
+        if packed > 0 {
+            tracing::info!(
+                bytes = packed,
+                isa = ringllm_kernels::isa().name(),
+                "weights repacked into panels"
+            );
+        }
         Ok(Model {
             file,
             hp,
@@ -188,13 +227,39 @@ impl Model {
     }
 
     /// A kernel view of `w`.
-    pub fn matrix(&self, w: &Weight) -> QMatrix<'_> {
+    pub fn matrix<'a>(&'a self, w: &'a Weight) -> QMatrix<'a> {
+        let (data, packed) = match &w.packed {
+            Some(p) => (p.0.as_slice(), true),
+            None => (&self.file.bytes()[w.range.clone()], false),
+        };
         QMatrix {
             ty: w.ty,
             n_in: w.n_in,
             n_out: w.n_out,
-            data: &self.file.bytes()[w.range.clone()],
+            data,
+            packed,
         }
+    }
+
+    /// Bytes of weight matrices repacked into owned memory at load (a tied embedding and head
+    /// counted once).
+    pub fn packed_bytes(&self) -> usize {
+        let mut seen: Vec<*const Vec<u8>> = Vec::new();
+        let weights = self
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .chain(self.tok_embd.iter())
+            .chain(self.output.iter());
+        let mut total = 0;
+        for p in weights.filter_map(|w| w.packed.as_ref()) {
+            let at = Arc::as_ptr(&p.0);
+            if !seen.contains(&at) {
+                seen.push(at);
+                total += p.0.len();
+            }
+        }
+        total
     }
 
     /// Reads one byte of every page of the loaded weights so they are resident before the
@@ -210,7 +275,10 @@ impl Model {
             .chain(self.tok_embd.iter())
             .chain(self.output.iter());
         for w in weights {
-            let r = &bytes[w.range.clone()];
+            let r = match &w.packed {
+                Some(p) => p.0.as_slice(),
+                None => &bytes[w.range.clone()],
+            };
             for i in (0..r.len()).step_by(4096) {
                 acc ^= r[i];
             }
@@ -228,9 +296,15 @@ impl Model {
     }
 }
 
+/// Bytes of a matrix repacked between releases of its mapped pages.
+const REPACK_STEP_BYTES: usize = 4 << 20;
+
 struct Loader<'a> {
     file: &'a GgufFile,
     hp: &'a Hparams,
+    repack: bool,
+    /// Matrices repacked so far, by file offset (a tied head is the embedding again).
+    packed: std::cell::RefCell<Vec<(usize, Packed)>>,
 }
 
 impl Loader<'_> {
@@ -265,13 +339,56 @@ impl Loader<'_> {
             });
         }
         let start = t.offset as usize;
+        let range = start..start + t.size as usize;
+        let (n_in, n_out) = (n_in as usize, n_out as usize);
+        let packed = if self.repack && repack::available(t.ty) && n_out >= repack::PANEL {
+            Some(self.repacked(t.ty, n_in, n_out, range.clone()))
+        } else {
+            None
+        };
         Ok(Weight {
             name: t.name.clone(),
             ty: t.ty,
-            n_in: n_in as usize,
-            n_out: n_out as usize,
-            range: start..start + t.size as usize,
+            n_in,
+            n_out,
+            range,
+            packed,
         })
+    }
+
+    /// The matrix at `range` of the file repacked into panels, once per tensor; its mapped
+    /// pages are released, so the resident total does not grow.
+    fn repacked(&self, ty: GgmlType, n_in: usize, n_out: usize, range: Range<usize>) -> Packed {
+        if let Some((_, p)) = self
+            .packed
+            .borrow()
+            .iter()
+            .find(|(at, _)| *at == range.start)
+        {
+            return p.clone();
+        }
+        // The tensor table was checked against the file: the range lies inside it and holds
+        // `n_out` rows of `n_in`.
+        let src = &self.file.bytes()[range.clone()];
+        let mut dst = vec![0u8; src.len()];
+        // A few MiB of rows at a time, each run's mapped pages released before the next is
+        // read: the resident total never holds a large matrix twice (a 178 MB head was +103
+        // MB of peak RSS repacked whole).
+        let rb = src.len() / n_out.max(1);
+        let step = (REPACK_STEP_BYTES / rb.max(1))
+            .max(1)
+            .next_multiple_of(repack::PANEL);
+        let mut r = 0;
+        while r < n_out {
+            let end = if n_out - r <= step { n_out } else { r + step };
+            let (a, b) = (r * rb, end * rb);
+            repack::repack(ty, n_in, end - r, &src[a..b], &mut dst[a..b]);
+            self.file.release(range.start + a..range.start + b);
+            r = end;
+        }
+        let p = Packed(Arc::new(dst));
+        self.packed.borrow_mut().push((range.start, p.clone()));
+        p
     }
 
     /// A 1-D tensor of `n` values, dequantized to f32.

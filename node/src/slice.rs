@@ -357,6 +357,7 @@ mod tests {
                         layers: Some(layers.clone()),
                         embedding: false,
                         head,
+                        repack: false,
                     },
                 )
                 .unwrap();
@@ -382,6 +383,7 @@ mod tests {
                             layers: Some(layers.start..layers.end + 1),
                             embedding: false,
                             head: false,
+                            repack: false,
                         },
                     );
                     assert!(r.is_err());

@@ -74,6 +74,7 @@ pub fn matvec_speed(threads: usize, budget: Duration) -> f64 {
         n_in: cols,
         n_out: rows,
         data: &data,
+        packed: false,
     };
     let x: Vec<f32> = (0..cols).map(|i| (i % 13) as f32 * 0.1).collect();
     let mut out = vec![0f32; rows];

@@ -65,6 +65,7 @@ impl TestNode {
             cache_dir: models.join("slice-cache"),
             transport,
             memory: None,
+            repack: true,
         };
         let listener = Listener::new(tcp, &opts).expect("listener");
         let addr = listener.local_addr().expect("local address");

@@ -17,6 +17,7 @@ fn slice(layers: std::ops::Range<usize>, embedding: bool, head: bool) -> Arc<Mod
         layers: Some(layers),
         embedding,
         head,
+        repack: false,
     };
     Arc::new(Model::load(file(), &opts).expect("load the slice"))
 }
@@ -58,6 +59,7 @@ fn a_layer_range_outside_the_model_names_the_range() {
         layers: Some(0..n_layer + 1),
         embedding: false,
         head: false,
+        repack: false,
     };
     let e = Model::load(file(), &opts).expect_err("one layer too many");
     assert!(

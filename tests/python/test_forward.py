@@ -169,3 +169,22 @@ def test_every_kernel_level_matches_reference(level, tmp_path):
         toks = [1] + [int(t) for t in rng.integers(3, m.vocab, size=23)]
         ours = forward_dump(f, toks, tmp_path / f"{arch}-{ty}", "--threads", "2", env=env)
         compare(ours, m, toks, f"synthetic {arch} {ty} at {level}")
+
+
+@pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])
+def test_repacked_weights_give_the_same_bits(name, tmp_path):
+    """Weights repacked into panels at load (the default where the avx512 level reads them)
+    give every hidden state and logit bit for bit as the file's layout (--no-repack), in one
+    prefill batch and token by token; the log says how much was repacked."""
+    path = model_path(name)
+    toks = PROMPTS[name][1]
+    if not level_available("avx512"):
+        pytest.skip("this CPU has no kernel that reads panels (avx512 level)")
+    r = run(["debug", "forward", "-v", "-m", path, "--tokens", ",".join(map(str, toks)), "--dump", tmp_path / "log"])
+    assert "weights repacked into panels" in r.stderr, r.stderr[-2000:]
+    for batch in ["512", "1"]:
+        packed = forward_dump(path, toks, tmp_path / f"p{batch}", "--batch", batch)
+        mapped = forward_dump(path, toks, tmp_path / f"m{batch}", "--batch", batch, "--no-repack")
+        assert packed.keys() == mapped.keys()
+        for k in packed:
+            assert np.array_equal(packed[k], mapped[k]), f"{name} batch {batch}: {k} differs with --no-repack"

@@ -63,6 +63,7 @@ impl Stages {
                     layers: Some(r.clone()),
                     embedding: i == 0,
                     head: i + 1 == cuts.len(),
+                    repack: false,
                 },
             )?;
             let runner = Runner::new(Arc::new(m), 1, 512, ctx);
@@ -138,6 +139,7 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
         threads: Some(1),
         batch: 512,
         kv: KvType::F32,
+        repack: false,
     })?;
     let file = open_gguf(&path)?;
     let n_layer = engine.runner.model.hp.n_layer;

@@ -34,7 +34,13 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         .clone()
         .ok_or_else(|| anyhow::anyhow!("give -m MODEL or --cluster FILE"))?;
     let file = open_gguf(&model_path)?;
-    let model = Arc::new(Model::load(file, &LoadOptions::default())?);
+    let model = Arc::new(Model::load(
+        file,
+        &LoadOptions {
+            repack: !args.no_repack,
+            ..LoadOptions::default()
+        },
+    )?);
     let threads = if args.threads.is_empty() {
         let all = default_threads();
         if all > 1 {
@@ -51,10 +57,11 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     let max_g = args.gen.iter().copied().max().unwrap_or(1);
     let ctx = (max_p + max_g + 1).max(64);
     eprintln!(
-        "model {} | {} | {:.1} MiB read per token | isa {} | {}",
+        "model {} | {} | {:.1} MiB read per token ({:.1} MiB repacked into panels) | isa {} | {}",
         model_path.display(),
         model.hp.arch.name(),
         bytes_per_token as f64 / 1048576.0,
+        model.packed_bytes() as f64 / 1048576.0,
         ringllm_kernels::isa().name(),
         ringllm_node::sys::machine_summary()
     );
@@ -323,6 +330,7 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         ctx: Some(max_p + max_g + 8),
         batch: 512,
         kv: s.kv.unwrap_or_default(),
+        repack: !args.no_repack,
     };
     eprintln!(
         "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns \

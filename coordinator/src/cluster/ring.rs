@@ -1179,6 +1179,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
             layers: Some(0..0),
             embedding: false,
             head: false,
+            repack: false,
         },
     )?
     .hp;
@@ -1189,6 +1190,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
             layers: Some(0..k),
             embedding: true,
             head: true,
+            repack: false,
         },
     )?);
     let layer_bytes: usize = model.layers.iter().map(|l| l.weight_bytes()).sum();

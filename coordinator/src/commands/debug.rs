@@ -41,7 +41,13 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
                 bail!("--tokens is empty");
             }
             let file = open_gguf(&model.model)?;
-            let m = Model::load(file, &LoadOptions::default())?;
+            let m = Model::load(
+                file,
+                &LoadOptions {
+                    repack: !model.no_repack,
+                    ..LoadOptions::default()
+                },
+            )?;
             let (d, vocab) = (m.hp.d_model, m.hp.vocab);
             let n_layer = m.hp.n_layer;
             let n = tokens.len();

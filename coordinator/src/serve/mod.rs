@@ -234,8 +234,14 @@ pub fn serve_local(
     let tokenizer = Arc::new(Tokenizer::new(&spec)?);
     let template =
         crate::text::resolve_template(cfg.template.as_deref(), &spec, &tokenizer, &margs.model)?;
-    let model = ringllm_node::Model::load(file, &ringllm_node::LoadOptions::default())
-        .with_context(|| format!("cannot load {}", margs.model.display()))?;
+    let model = ringllm_node::Model::load(
+        file,
+        &ringllm_node::LoadOptions {
+            repack: margs.repack,
+            ..ringllm_node::LoadOptions::default()
+        },
+    )
+    .with_context(|| format!("cannot load {}", margs.model.display()))?;
     let ctx = crate::engine::context_size(margs.ctx, model.hp.ctx_train).max(2);
     let kv = margs.kv;
     let threads = margs
@@ -351,6 +357,7 @@ pub fn serve_ring(
             layers: Some(0..0),
             embedding: false,
             head: false,
+            repack: false,
         },
     )?
     .hp;

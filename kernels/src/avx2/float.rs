@@ -19,6 +19,12 @@ pub(super) trait FloatFormat {
     /// `p` points to `8 * WIDTH` readable bytes and the CPU has AVX2, FMA and F16C.
     unsafe fn load8(p: *const u8) -> __m256;
 
+    /// The 16 elements at `p`, widened (the AVX-512 level).
+    ///
+    /// # Safety
+    /// `p` points to `16 * WIDTH` readable bytes and the CPU has AVX-512 F and BW.
+    unsafe fn load16(p: *const u8) -> __m512;
+
     /// One element (the scalar tail).
     fn one(b: &[u8]) -> f32;
 
@@ -41,6 +47,13 @@ impl FloatFormat for F32 {
         unsafe { _mm256_loadu_ps(p.cast()) }
     }
 
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        // SAFETY: 64 readable bytes at p (caller).
+        unsafe { _mm512_loadu_ps(p.cast()) }
+    }
+
     fn one(b: &[u8]) -> f32 {
         f32::from_le_bytes([b[0], b[1], b[2], b[3]])
     }
@@ -55,6 +68,13 @@ impl FloatFormat for F16 {
     unsafe fn load8(p: *const u8) -> __m256 {
         // SAFETY: 16 readable bytes at p (caller); `loadu` has no alignment requirement.
         _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        // SAFETY: 32 readable bytes at p (caller).
+        _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
     }
 
     fn one(b: &[u8]) -> f32 {
@@ -73,6 +93,14 @@ impl FloatFormat for BF16 {
         let h = unsafe { _mm_loadu_si128(p.cast()) };
         // A bf16 is the top half of an f32.
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        // SAFETY: 32 readable bytes at p (caller).
+        let h = unsafe { _mm256_loadu_si256(p.cast()) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
     }
 
     fn one(b: &[u8]) -> f32 {
@@ -188,6 +216,125 @@ unsafe fn dequantize_vec<F: FloatFormat>(n: usize, src: *const u8, dst: *mut f32
     }
 }
 
+/// `dot_rows` at the AVX-512 level: two 16-lane accumulators per activation row (32 elements
+/// per step), one 16-element step, then the scalar tail. A BF16 or F16 weight is widened to f32
+/// exactly, so every product is the f32 one (`vdpbf16ps` would round the activations to bf16).
+///
+/// # Safety
+/// As `dot_rows`, and the CPU has AVX-512 F and BW.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn dot_rows512<F: FloatFormat, const R: usize>(
+    n: usize,
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+) -> [f32; R] {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut rows = [a; R];
+    for (r, row) in rows.iter_mut().enumerate() {
+        *row = a.wrapping_add(r * stride);
+    }
+    let mut i = 0;
+    while i + 32 <= n {
+        // SAFETY: elements i..i+32 are inside the weight row and every activation row.
+        unsafe {
+            let w0 = F::load16(w.add(i * F::WIDTH));
+            let w1 = F::load16(w.add((i + 16) * F::WIDTH));
+            for (s, row) in acc.iter_mut().zip(rows) {
+                let x = row.cast::<f32>().add(i);
+                s[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), s[0]);
+                s[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x.add(16)), s[1]);
+            }
+        }
+        i += 32;
+    }
+    if i + 16 <= n {
+        // SAFETY: elements i..i+16 are inside every row.
+        unsafe {
+            let w0 = F::load16(w.add(i * F::WIDTH));
+            for (s, row) in acc.iter_mut().zip(rows) {
+                s[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(row.cast::<f32>().add(i)), s[0]);
+            }
+        }
+        i += 16;
+    }
+    let mut out = [0f32; R];
+    for ((o, s), row) in out.iter_mut().zip(&acc).zip(rows) {
+        let mut tail = 0f32;
+        for j in i..n {
+            // SAFETY: element j < n is inside both rows.
+            let (wj, aj) = unsafe {
+                let wb = core::slice::from_raw_parts(w.add(j * F::WIDTH), F::WIDTH);
+                (F::one(wb), row.cast::<f32>().add(j).read_unaligned())
+            };
+            tail += wj * aj;
+        }
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(s[0], s[1])) + tail;
+    }
+    out
+}
+
+/// # Safety
+/// As `dot_rows512`, for `out.len()` rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn dot_multi512<F: FloatFormat>(
+    n: usize,
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    out: &mut [f32],
+) {
+    let mut r = 0;
+    while r + 4 <= out.len() {
+        // SAFETY: rows r..r+4 exist (caller).
+        let v = unsafe { dot_rows512::<F, 4>(n, w, a.add(r * stride), stride) };
+        out[r..r + 4].copy_from_slice(&v);
+        r += 4;
+    }
+    while r < out.len() {
+        // SAFETY: row r exists (caller).
+        let [v] = unsafe { dot_rows512::<F, 1>(n, w, a.add(r * stride), stride) };
+        out[r] = v;
+        r += 1;
+    }
+}
+
+/// The AVX-512 entry points, installed by `specialize_avx512` only once
+/// `gemm512::available()` holds.
+pub(super) fn vec_dot512<F: FloatFormat>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    check(n, w, F::WIDTH, a);
+    debug_assert!(super::gemm512::available());
+    // SAFETY: `check` proved both rows hold `n` elements; the CPU has the features.
+    let [v] = unsafe { dot_rows512::<F, 1>(n, w.as_ptr(), a.as_ptr(), 0) };
+    v
+}
+
+pub(super) fn vec_dot_multi512<F: FloatFormat>(
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    stride: usize,
+    out: &mut [f32],
+) {
+    let Some(last) = out.len().checked_sub(1) else {
+        return;
+    };
+    let start = last
+        .checked_mul(stride)
+        .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
+    assert!(
+        start <= a.len(),
+        "vec_dot_multi: {} activation rows do not fit",
+        out.len()
+    );
+    check(n, w, F::WIDTH, &a[start..]);
+    debug_assert!(super::gemm512::available());
+    // SAFETY: the weight row and the last activation row hold `n` elements, hence every row
+    // does; the CPU has the features.
+    unsafe { dot_multi512::<F>(n, w.as_ptr(), a.as_ptr(), stride, out) }
+}
+
 fn check(n: usize, w: &[u8], width: usize, a: &[u8]) {
     let need = n.checked_mul(width).zip(n.checked_mul(4));
     assert!(
@@ -245,6 +392,8 @@ mod tests {
     use super::*;
     use crate::GgmlType;
 
+    /// Every level this CPU has: multi-row and single dots give the same bits, and both are
+    /// within 1e-5 of the scalar reference.
     fn check_format<F: FloatFormat>(ty: GgmlType) {
         let r = crate::reference(ty);
         let mut seed = 5u32;
@@ -252,7 +401,7 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
         };
-        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 31, 33, 100] {
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 100] {
             let x: Vec<f32> = (0..n).map(|_| next()).collect();
             let mut w = vec![0u8; n * F::WIDTH];
             (r.quantize)(&x, &mut w);
@@ -267,16 +416,27 @@ mod tests {
                 let y: Vec<f32> = (0..n).map(|_| next()).collect();
                 float::quantize_f32(&y, &mut a[row * stride..row * stride + 4 * n]);
             }
-            for m in 1..=rows {
+            let wide = super::super::gemm512::available();
+            for (level, m) in (1..=rows)
+                .map(|m| (false, m))
+                .chain((1..=rows).filter(|_| wide).map(|m| (true, m)))
+            {
+                type Dot = fn(usize, &[u8], &[u8]) -> f32;
+                type Multi = fn(usize, &[u8], &[u8], usize, &mut [f32]);
+                let (dot, multi): (Dot, Multi) = if level {
+                    (vec_dot512::<F>, vec_dot_multi512::<F>)
+                } else {
+                    (vec_dot::<F>, vec_dot_multi::<F>)
+                };
                 let mut out = vec![0f32; m];
-                vec_dot_multi::<F>(n, &w, &a, stride, &mut out);
+                multi(n, &w, &a, stride, &mut out);
                 for (row, o) in out.iter().enumerate() {
                     let ar = &a[row * stride..];
-                    let single = vec_dot::<F>(n, &w, ar);
+                    let single = dot(n, &w, ar);
                     assert_eq!(
                         o.to_bits(),
                         single.to_bits(),
-                        "{ty}: n {n}, row {row} of {m}"
+                        "{ty}: n {n}, row {row} of {m} (512 bits: {level})"
                     );
                     let want = (r.vec_dot)(n, &w, ar);
                     assert!(

@@ -18,6 +18,7 @@ use super::q8_0::{hsum, Legacy, PREFETCH_BYTES, QK};
 use super::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1, q8_0::Q8_0, q8_0::Q8_1};
 use crate::gemm::{GemmActs, D_LANES, LANE_SUMS};
 use crate::quants::{q4_0, q4_1, q5_0, q5_1, q8_0, q8_1};
+use crate::repack::PANEL;
 use core::arch::x86_64::*;
 
 /// A legacy format as the GEMM reads it: two consecutive blocks unpacked into one 512-bit
@@ -30,6 +31,9 @@ use core::arch::x86_64::*;
 pub(super) trait Pair512: Legacy {
     /// log2 of the bias of a signed format (unused for unsigned ones).
     const BIAS_SHIFT: u32;
+    /// Bytes of a block's header (scale, and min or sum): what a panel gathers apart from
+    /// the rest of the block (`crate::repack`).
+    const HEADER: usize;
 
     /// Blocks `i` (bytes 0..32) and `i + 1` (bytes 32..64) at `p`, element j of each in byte
     /// j of its half, unsigned (biased when the format is signed).
@@ -37,6 +41,13 @@ pub(super) trait Pair512: Legacy {
     /// # Safety
     /// `p` points to two readable blocks and the CPU has what `available()` checks.
     unsafe fn unpack_pair(p: *const u8) -> __m512i;
+
+    /// As `unpack_pair`, from the blocks' headerless rest: block `i`'s at `q`, block
+    /// `i + 1`'s right after it (a row's run in a panel).
+    ///
+    /// # Safety
+    /// `q` points to two readable rests and the CPU has what `available()` checks.
+    unsafe fn unpack_rest_pair(q: *const u8) -> __m512i;
 }
 
 /// Two blocks' 16 nibble bytes each (at `p + QS` and `p + BLOCK + QS`) as 64 values 0..15:
@@ -104,9 +115,10 @@ unsafe fn byte_pair<const BLOCK: usize, const QS: usize>(p: *const u8) -> __m512
 }
 
 macro_rules! pair512 {
-    ($ty:ty, $shift:expr, |$p:ident| $body:expr) => {
+    ($ty:ty, $shift:expr, $header:expr, |$p:ident| $body:expr, |$q:ident| $rest:expr) => {
         impl Pair512 for $ty {
             const BIAS_SHIFT: u32 = $shift;
+            const HEADER: usize = $header;
 
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -114,21 +126,48 @@ macro_rules! pair512 {
                 // SAFETY: two readable blocks at `p` (caller); every offset is inside them.
                 unsafe { $body }
             }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn unpack_rest_pair($q: *const u8) -> __m512i {
+                // SAFETY: two readable rests at `q` (caller); every offset is inside them.
+                unsafe { $rest }
+            }
         }
     };
 }
 
 // Q4_0: d, 16 nibble bytes; w = q - 8, so q itself is w + 8.
-pair512!(Q4_0, 3, |p| nibble_pair::<{ q4_0::BLOCK }, 2>(p));
+pair512!(Q4_0, 3, 2, |p| nibble_pair::<{ q4_0::BLOCK }, 2>(p), |q| {
+    nibble_pair::<16, 0>(q)
+});
 // Q4_1: d, m, 16 nibble bytes; unsigned.
-pair512!(Q4_1, 0, |p| nibble_pair::<{ q4_1::BLOCK }, 4>(p));
+pair512!(Q4_1, 0, 4, |p| nibble_pair::<{ q4_1::BLOCK }, 4>(p), |q| {
+    nibble_pair::<16, 0>(q)
+});
 // Q5_0: d, qh (4 bytes), 16 nibble bytes; q | h << 4 is w + 16.
-pair512!(Q5_0, 4, |p| five_bit_pair::<{ q5_0::BLOCK }, 2, 6>(p));
+pair512!(
+    Q5_0,
+    4,
+    2,
+    |p| five_bit_pair::<{ q5_0::BLOCK }, 2, 6>(p),
+    |q| five_bit_pair::<20, 0, 4>(q)
+);
 // Q5_1: d, m, qh, 16 nibble bytes; unsigned.
-pair512!(Q5_1, 0, |p| five_bit_pair::<{ q5_1::BLOCK }, 4, 8>(p));
+pair512!(
+    Q5_1,
+    0,
+    4,
+    |p| five_bit_pair::<{ q5_1::BLOCK }, 4, 8>(p),
+    |q| five_bit_pair::<20, 0, 4>(q)
+);
 // Q8_0 / Q8_1 weights: i8 quants; flipping the sign bit adds 128.
-pair512!(Q8_0, 7, |p| byte_pair::<{ q8_0::BLOCK }, 2>(p));
-pair512!(Q8_1, 7, |p| byte_pair::<{ q8_1::BLOCK }, 4>(p));
+pair512!(Q8_0, 7, 2, |p| byte_pair::<{ q8_0::BLOCK }, 2>(p), |q| {
+    byte_pair::<32, 0>(q)
+});
+pair512!(Q8_1, 7, 4, |p| byte_pair::<{ q8_1::BLOCK }, 4>(p), |q| {
+    byte_pair::<32, 0>(q)
+});
 
 /// True when this CPU has what the kernels here use (and the AVX2 kernels they build on).
 pub fn available() -> bool {
@@ -142,6 +181,8 @@ pub fn available() -> bool {
 /// Weight rows per register tile. 4 × 4 measured best on a Zen 5 EPYC (pp512, 1 thread:
 /// Gemma 536 and SmolLM2 613 tok/s; 2 × 4: 524 and 594; 2 × 8: 534 and 578; 4 × 2: 456, 474).
 const W: usize = 4;
+// A panel is one tile's weight rows.
+const _: () = assert!(W == PANEL);
 /// Batches of at most this many rows prefetch the weight rows `PREFETCH_BYTES` ahead, as
 /// decode does. SmolLM2 served to 4 clients on a Zen 5 EPYC: 1.43× one client without the
 /// hint (and through the AVX2 2 × 2 tile), 2.03× with it.
@@ -201,6 +242,154 @@ unsafe fn one_scale<B: Legacy>(bw: *const u8) -> (f32, f32) {
     (m[0], m[1])
 }
 
+/// Where a tile's weight rows are read from: rows in the file's layout, or a panel.
+trait Source<B: Pair512>: Copy {
+    /// What the tile's rows share for a pair of blocks (a panel's converted scales).
+    type Pair: Copy;
+    /// Reads a panel (one run per pair of blocks).
+    const PANEL: bool;
+
+    /// The tile's `WT` rows starting at `w` (rows `stride` bytes apart, `nb` blocks each).
+    fn new(w: *const u8, stride: usize, nb: usize) -> Self;
+
+    /// # Safety
+    /// Blocks `i` and `i + 1` exist; the CPU has the features.
+    unsafe fn pair(self, i: usize) -> Self::Pair;
+
+    /// Row `o`'s blocks `i` and `i + 1`: the unsigned quants, `dw_i` in lanes 0..8 and
+    /// `dw_{i+1}` in 8..16, and the mins each in all 8 lanes (unsigned formats).
+    ///
+    /// # Safety
+    /// As `pair`, and `p` is `pair(i)`.
+    unsafe fn row(self, p: &Self::Pair, o: usize, i: usize) -> (__m512i, __m512, [__m256; 2]);
+
+    /// A hint for row `o`'s data some way past block `i` (past the end is harmless).
+    fn prefetch(self, o: usize, i: usize);
+
+    /// Row `o`'s block `i` as the file has it: the odd last block.
+    ///
+    /// # Safety
+    /// Block `i` exists and is the last of an odd count.
+    unsafe fn block(self, o: usize, i: usize) -> *const u8;
+}
+
+/// Rows in the GGUF layout, `stride` bytes apart.
+#[derive(Clone, Copy)]
+struct Rows {
+    w: *const u8,
+    stride: usize,
+}
+
+impl<B: Pair512> Source<B> for Rows {
+    type Pair = ();
+    const PANEL: bool = false;
+
+    fn new(w: *const u8, stride: usize, _: usize) -> Self {
+        Rows { w, stride }
+    }
+
+    #[inline(always)]
+    unsafe fn pair(self, _: usize) {}
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn row(self, _: &(), o: usize, i: usize) -> (__m512i, __m512, [__m256; 2]) {
+        // SAFETY: blocks i and i + 1 of row o exist (caller).
+        unsafe {
+            let bw = self.w.add(o * self.stride + i * B::BLOCK);
+            let (d, m) = pair_scales::<B>(bw);
+            (B::unpack_pair(bw), d, m)
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, o: usize, i: usize) {
+        let p = self
+            .w
+            .wrapping_add(o * self.stride + i * B::BLOCK + PREFETCH_BYTES);
+        // SAFETY: a prefetch hint never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+
+    #[inline(always)]
+    unsafe fn block(self, o: usize, i: usize) -> *const u8 {
+        // SAFETY: block i of row o exists (caller).
+        unsafe { self.w.add(o * self.stride + i * B::BLOCK) }
+    }
+}
+
+/// A panel of `PANEL` rows (`crate::repack`).
+#[derive(Clone, Copy)]
+struct Panel {
+    p: *const u8,
+    nb: usize,
+}
+
+impl Panel {
+    /// Bytes of one pair of blocks of the panel's rows.
+    const fn group<B: Legacy>() -> usize {
+        2 * PANEL * B::BLOCK
+    }
+}
+
+impl<B: Pair512> Source<B> for Panel {
+    /// The pair's run, the rows' scales `[d0_i, d0_{i+1}, d1_i, …]` and mins likewise.
+    type Pair = (*const u8, __m256, __m256);
+    const PANEL: bool = true;
+
+    fn new(w: *const u8, _: usize, nb: usize) -> Self {
+        Panel { p: w, nb }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pair(self, i: usize) -> Self::Pair {
+        // SAFETY: the pair's run lies inside the panel (caller): 8 scales, then (unsigned
+        // formats) 8 mins.
+        unsafe {
+            let g = self.p.add(i / 2 * Panel::group::<B>());
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(g.cast()));
+            let m = if B::SIGNED {
+                _mm256_setzero_ps()
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(g.add(2 * PANEL * 2).cast()))
+            };
+            (g, d, m)
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn row(self, p: &Self::Pair, o: usize, _: usize) -> (__m512i, __m512, [__m256; 2]) {
+        let rest = B::BLOCK - B::HEADER;
+        let (e, f) = (2 * o as i32, 2 * o as i32 + 1);
+        let idx = _mm512_setr_epi32(e, e, e, e, e, e, e, e, f, f, f, f, f, f, f, f);
+        let d = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(p.1));
+        let m = [
+            _mm256_permutevar8x32_ps(p.2, _mm256_set1_epi32(e)),
+            _mm256_permutevar8x32_ps(p.2, _mm256_set1_epi32(f)),
+        ];
+        // SAFETY: row o's run of the pair lies inside the panel (caller).
+        let q = unsafe { B::unpack_rest_pair(p.0.add(2 * PANEL * B::HEADER + o * 2 * rest)) };
+        (q, d, m)
+    }
+
+    #[inline(always)]
+    fn prefetch(self, o: usize, i: usize) {
+        let p = self
+            .p
+            .wrapping_add(i / 2 * Panel::group::<B>() + o * 64 + PREFETCH_BYTES);
+        // SAFETY: a prefetch hint never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+
+    #[inline(always)]
+    unsafe fn block(self, o: usize, _: usize) -> *const u8 {
+        // SAFETY: the odd last blocks follow the pairs, row by row (caller).
+        unsafe { self.p.add(self.nb / 2 * Panel::group::<B>() + o * B::BLOCK) }
+    }
+}
+
 /// Where a tile's activation rows are: quants, repeated scales and block-major sums of row
 /// `r0`, with the strides between rows (and between blocks, for the sums).
 #[derive(Clone, Copy)]
@@ -215,6 +404,23 @@ struct ActTile {
     ls_stride: usize,
 }
 
+/// `$body` once for each `$i` in `0..$n` (`$n` a constant of at most 8), written out: the
+/// accumulators a register tile indexes by `$i` then stay in registers (a loop LLVM left
+/// rolled kept them on the stack).
+macro_rules! unrolled {
+    ($i:ident < $n:expr, $body:block) => {
+        unrolled!(@ $i < $n, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $i:ident < $n:expr, $body:block, $($k:literal)*) => {
+        $(
+            if $k < $n {
+                let $i: usize = $k;
+                $body
+            }
+        )*
+    };
+}
+
 /// `WT` weight rows (from `w`, `w_stride` apart) against `RT` activation rows: `[r][o]`.
 ///
 /// # Safety
@@ -225,10 +431,9 @@ struct ActTile {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
+unsafe fn tile<B: Pair512, S: Source<B>, const WT: usize, const RT: usize, const PF: bool>(
     nb: usize,
-    w: *const u8,
-    w_stride: usize,
+    w: S,
     a: ActTile,
 ) -> [[f32; WT]; RT] {
     let zero = _mm512_setzero_si512();
@@ -238,18 +443,18 @@ unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
     let mut off = [_mm256_setzero_ps(); WT];
     let mut i = 0;
     while i + 1 < nb {
-        for o in 0..WT {
+        // SAFETY: blocks i and i + 1 lie inside every row (caller).
+        let pair = unsafe { w.pair(i) };
+        unrolled!(o < WT, {
             // SAFETY: blocks i and i + 1 lie inside every row (caller), so do the offsets.
             unsafe {
-                let bw = w.add(o * w_stride + i * B::BLOCK);
-                if PF {
-                    // A hint only (past the end is harmless): with few activation rows
-                    // (batched decode) the weights stream from memory as in decode.
-                    _mm_prefetch::<_MM_HINT_T0>(bw.wrapping_add(PREFETCH_BYTES).cast());
+                if PF || S::PANEL {
+                    // With few activation rows (batched decode) the weights stream from
+                    // memory as in decode.
+                    w.prefetch(o, i);
                 }
-                let ux = B::unpack_pair(bw);
-                let (dw, mw) = pair_scales::<B>(bw);
-                for r in 0..RT {
+                let (ux, dw, mw) = w.row(&pair, o, i);
+                unrolled!(r < RT, {
                     let qy = _mm512_loadu_si512(a.q.add(r * a.q_stride + i * QK).cast());
                     let start = if B::SIGNED {
                         let ls =
@@ -262,7 +467,7 @@ unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
                     let d =
                         _mm512_mul_ps(dw, _mm512_loadu_ps(a.d.add(r * a.d_stride + i * D_LANES)));
                     acc[r][o] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sums), acc[r][o]);
-                }
+                });
                 if !B::SIGNED {
                     for (k, m) in mw.iter().enumerate() {
                         let s = _mm256_loadu_ps(a.s.add((i + k) * a.s_stride));
@@ -270,7 +475,7 @@ unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
                     }
                 }
             }
-        }
+        });
         i += 2;
     }
     // Even and odd blocks' sums side by side, as the decode kernel's two accumulators.
@@ -287,7 +492,7 @@ unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
         for o in 0..WT {
             // SAFETY: block i lies inside every row (caller).
             unsafe {
-                let bw = w.add(o * w_stride + i * B::BLOCK);
+                let bw = w.block(o, i);
                 let qx = B::unpack(bw);
                 let (dw, mw) = one_scale::<B>(bw);
                 let (ux, neg) = if B::SIGNED {
@@ -336,6 +541,44 @@ unsafe fn tile<B: Pair512, const WT: usize, const RT: usize, const PF: bool>(
 /// holds.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm<B: Pair512>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    n_w: usize,
+    acts: &GemmActs,
+    r0: usize,
+    n_a: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    drive::<B, Rows>(n, w, w_stride, n_w, acts, r0, n_a, out, out_stride);
+}
+
+/// `gemm` over rows repacked into panels (`crate::repack`): `w` starts at a panel, `n_w` is
+/// whole panels and `w_stride` is the GGUF row's bytes (panel k starts at `k * PANEL *
+/// w_stride`). The same bits as `gemm` over the rows before repacking. Installed as
+/// `TypeKernels::gemm_packed` only once `available()` holds.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_packed<B: Pair512>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    n_w: usize,
+    acts: &GemmActs,
+    r0: usize,
+    n_a: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(
+        n_w.is_multiple_of(PANEL),
+        "gemm_packed: {n_w} rows is not whole panels of {PANEL}"
+    );
+    drive::<B, Panel>(n, w, w_stride, n_w, acts, r0, n_a, out, out_stride);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drive<B: Pair512, S: Source<B>>(
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -410,13 +653,13 @@ pub(super) fn gemm<B: Pair512>(
             // (checked above); the sums are padded by 8 floats; the CPU has the features
             // (this function is only installed after detection).
             unsafe {
-                let wo = wp.add(o * w_stride);
+                let wo = S::new(wp.add(o * w_stride), w_stride, nb);
                 macro_rules! run {
                     ($wt:literal, $rt:literal) => {{
                         let v = if stream {
-                            tile::<B, $wt, $rt, true>(nb, wo, w_stride, a)
+                            tile::<B, S, $wt, $rt, true>(nb, wo, a)
                         } else {
-                            tile::<B, $wt, $rt, false>(nb, wo, w_stride, a)
+                            tile::<B, S, $wt, $rt, false>(nb, wo, a)
                         };
                         for (k, row) in v.iter().enumerate() {
                             let at = (r + k) * out_stride + o;
@@ -518,6 +761,58 @@ mod tests {
         gemm_equals_decode::<Q5_1>(T::Q5_1);
         gemm_equals_decode::<Q8_0>(T::Q8_0);
         gemm_equals_decode::<Q8_1>(T::Q8_1);
+    }
+
+    /// The GEMM over repacked panels gives the GEMM's bits over the rows as they were, for
+    /// every tile height, odd and even block counts, and batches small enough to prefetch.
+    fn packed_equals_rows<B: Pair512>(ty: T) {
+        for nb in [1usize, 2, 3, 7, 20] {
+            let n = nb * QK;
+            let (n_w, n_a) = (8, 11);
+            let (padded, pws, a, as_) = operands(ty, nb, n_w, n_a);
+            // Panels hold rows back to back.
+            let ws = nb * B::BLOCK;
+            let w: Vec<u8> = padded
+                .chunks(pws)
+                .flat_map(|row| &row[..ws])
+                .copied()
+                .collect();
+            let mut packed = vec![0u8; n_w * ws];
+            crate::repack::repack(ty, n, n_w, &w[..n_w * ws], &mut packed);
+            let at = crate::reference(ty).vec_dot_type;
+            for rows in [n_a, 3] {
+                let mut acts = GemmActs::new();
+                acts.prepare(at, &a, as_, rows, nb);
+                for (nw, w0) in [(8usize, 0usize), (4, 4), (4, 0)] {
+                    let mut want = vec![f32::NAN; rows * nw];
+                    let mut got = vec![f32::NAN; rows * nw];
+                    gemm::<B>(n, &w[w0 * ws..], ws, nw, &acts, 0, rows, &mut want, nw);
+                    gemm_packed::<B>(n, &packed[w0 * ws..], ws, nw, &acts, 0, rows, &mut got, nw);
+                    for (k, (g, x)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            x.to_bits(),
+                            "{ty}: {nb} blocks, rows {w0}+{nw}, batch {rows}: output {k}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_gemm_gives_the_gemm_bits() {
+        if !available() {
+            eprintln!("SKIPPED packed_gemm_gives_the_gemm_bits: this CPU lacks AVX-512");
+            return;
+        }
+        use super::super::q8_0::Q8_0;
+        use super::super::{q4_0::Q4_0, q4_1::Q4_1, q5_0::Q5_0, q5_1::Q5_1};
+        packed_equals_rows::<Q4_0>(T::Q4_0);
+        packed_equals_rows::<Q4_1>(T::Q4_1);
+        packed_equals_rows::<Q5_0>(T::Q5_0);
+        packed_equals_rows::<Q5_1>(T::Q5_1);
+        packed_equals_rows::<Q8_0>(T::Q8_0);
     }
 
     #[test]

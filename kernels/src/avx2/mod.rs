@@ -100,9 +100,22 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q8_1 => Some(gemm512::gemm::<q8_0::Q8_1>),
         _ => None,
     };
-    // The K-quants keep the AVX2 decode (memory-bound); their prefill rows go 512 bits wide.
+    entry.gemm_packed = match entry.ty {
+        GgmlType::Q4_0 => Some(gemm512::gemm_packed::<q4_0::Q4_0>),
+        GgmlType::Q4_1 => Some(gemm512::gemm_packed::<q4_1::Q4_1>),
+        GgmlType::Q5_0 => Some(gemm512::gemm_packed::<q5_0::Q5_0>),
+        GgmlType::Q5_1 => Some(gemm512::gemm_packed::<q5_1::Q5_1>),
+        GgmlType::Q8_0 => Some(gemm512::gemm_packed::<q8_0::Q8_0>),
+        _ => None,
+    };
+    // The K-quants keep the AVX2 decode (memory-bound); their prefill rows go 512 bits wide,
+    // and the float formats' dots 16 lanes wide.
     match entry.ty {
+        GgmlType::F32 => float512_entry::<float::F32>(entry),
+        GgmlType::F16 => float512_entry::<float::F16>(entry),
+        GgmlType::BF16 => float512_entry::<float::BF16>(entry),
         GgmlType::Q4_K => entry.vec_dot_multi = Some(q4_k::vec_dot_multi512),
+        GgmlType::Q5_K => entry.vec_dot_multi = Some(q5_k::vec_dot_multi512),
         GgmlType::Q6_K => entry.vec_dot_multi = Some(q6_k::vec_dot_multi512),
         _ => {}
     }
@@ -161,6 +174,11 @@ fn legacy_entry<B: q8_0::Legacy>(entry: &mut TypeKernels) {
     entry.vec_dot_multi = Some(q8_0::vec_dot_multi::<B>);
     entry.vec_dot_rows = Some(q8_0::vec_dot_rows::<B>);
     entry.vec_dot_tile = Some(q8_0::vec_dot_tile::<B>);
+}
+
+fn float512_entry<F: float::FloatFormat>(entry: &mut TypeKernels) {
+    entry.vec_dot = float::vec_dot512::<F>;
+    entry.vec_dot_multi = Some(float::vec_dot_multi512::<F>);
 }
 
 fn float_entry<F: float::FloatFormat>(entry: &mut TypeKernels) {

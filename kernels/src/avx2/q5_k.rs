@@ -1,6 +1,7 @@
 //! Q5_K × Q8_K with AVX2+FMA: as Q4_K (`avx2::q4_k`), with the fifth bit of each level
 //! taken from `qh` and or-ed in at bit 4 (levels 0..32 stay well inside `maddubs` range).
 
+use super::q4_k::{fold, join};
 use super::q8_k::{f16_to_f32, hsum_ps, load32, prefetch_ahead, quarters, store_scaled_u8_minus};
 use crate::quants::q4_k::{unpack_scales, unpack_scales_words, SCALES};
 use crate::quants::q5_k::BLOCK_BYTES as WB;
@@ -161,10 +162,76 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
     out
 }
 
+/// `dot_rows` with AVX-512 (BW): the two 32-level halves of each 64-element group in one
+/// register against 64 activation bytes, so `maddubs`/`madd`/add run once per group. The i32
+/// lanes are exact, and folding the halves adds what `dot_rows` adds lane-wise (`pl + ph`), so
+/// every later step is `dot_rows`'s: bit-identical to the decode kernel.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
+    for row in a {
+        assert!(row.len() >= w.len());
+    }
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, wb) in w.iter().enumerate() {
+        let d = f16_to_f32(wb[0], wb[1]);
+        let dmin = f16_to_f32(wb[2], wb[3]);
+        let (sc, m) = unpack_scales_words(&scale_bytes(wb));
+        let sc = u64::from(sc[0]) | (u64::from(sc[1]) << 32);
+        let m = u64::from(m[0]) | (u64::from(m[1]) << 32);
+        let mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(m as i64), dup));
+        let mut sumi = [_mm512_setzero_si512(); R];
+        let mut hb = load32(&wb[WQH..]);
+        for g in 0..4 {
+            let (lo, hi) = levels(wb, g, hb);
+            hb = _mm256_srli_epi16::<2>(hb);
+            let q = join(lo, hi);
+            let s = join(
+                _mm256_set1_epi16(((sc >> (16 * g)) & 0xff) as i16),
+                _mm256_set1_epi16(((sc >> (16 * g + 8)) & 0xff) as i16),
+            );
+            for r in 0..R {
+                let ab = &a[r][i][QS + 64 * g..QS + 64 * g + 64];
+                // SAFETY: `ab` holds the 64 bytes read.
+                let a8 = unsafe { _mm512_loadu_si512(ab.as_ptr().cast()) };
+                let p = _mm512_madd_epi16(s, _mm512_maddubs_epi16(q, a8));
+                sumi[r] = _mm512_add_epi32(sumi[r], p);
+            }
+        }
+        for r in 0..R {
+            let ab = &a[r][i];
+            let ad = q8::d_of(ab);
+            let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(ad * d),
+                _mm256_cvtepi32_ps(fold(sumi[r])),
+                acc[r],
+            );
+            acc[r] = _mm256_fmadd_ps(
+                _mm256_set1_ps(-(ad * dmin)),
+                _mm256_cvtepi32_ps(summ),
+                acc[r],
+            );
+        }
+    }
+    let mut out = [0f32; R];
+    for r in 0..R {
+        out[r] = hsum_ps(acc[r]);
+    }
+    out
+}
+
+super::q8_k::multi512!(WB, AB);
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quants::q5_k as reference;
+
+    #[test]
+    fn avx512_multi_gives_the_decode_bits() {
+        super::super::q8_k::tests::check_multi_bits(WB, &[0, 2], vec_dot, vec_dot_multi512);
+    }
 
     #[test]
     fn random_blocks_match_reference() {

@@ -32,6 +32,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
                 vec_dot_rows: None,
                 vec_dot_tile: None,
                 gemm: None,
+                gemm_packed: None,
             }
         };
     }
@@ -47,6 +48,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_rows: None,
             vec_dot_tile: None,
             gemm: None,
+            gemm_packed: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -59,6 +61,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_rows: None,
             vec_dot_tile: None,
             gemm: None,
+            gemm_packed: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -71,6 +74,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_rows: None,
             vec_dot_tile: None,
             gemm: None,
+            gemm_packed: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),

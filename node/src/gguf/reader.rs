@@ -260,6 +260,32 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Tells the kernel the mapped pages inside `range` will not be read again (their data
+    /// was copied elsewhere), so they leave the resident set. A read later faults them back in
+    /// from the file, unchanged. Does nothing for a file held in memory.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Storage::Mmap(map) = &self.storage else {
+            return;
+        };
+        // SAFETY: sysconf only reads a constant of the system.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .ok()
+            .filter(|&p| p > 0)
+            .unwrap_or(4096);
+        let start = range.start.next_multiple_of(page);
+        let end = range.end.min(map.len()) / page * page;
+        if end > start {
+            // SAFETY: the mapping is a private read-only map of a file we never write through;
+            // dropping its pages only means the next read fetches them from the file again.
+            let r = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "madvise(DONTNEED) of repacked weights");
+            }
+        }
+    }
+
     /// FNV-1a 64 of the header, metadata and tensor table bytes: identifies the model file
     /// without hashing the weights.
     pub fn header_hash(&self) -> u64 {
