@@ -174,6 +174,8 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, wb) in w.iter().enumerate() {
+        // Decode and small batches stream the weights from memory.
+        prefetch_ahead(wb);
         let d = f16_to_f32(wb[0], wb[1]);
         let dmin = f16_to_f32(wb[2], wb[3]);
         let (sc, m) = unpack_scales_words(&scale_bytes(wb));

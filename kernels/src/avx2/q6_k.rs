@@ -166,6 +166,8 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     }
     let mut acc = [_mm256_setzero_ps(); R];
     for (i, wb) in w.iter().enumerate() {
+        // Decode and small batches stream the weights from memory.
+        prefetch_ahead(wb);
         let d = f16_to_f32(wb[D], wb[D + 1]);
         let scales = load16(&wb[SCALES..]);
         let sc16 = _mm256_cvtepi8_epi16(scales);
