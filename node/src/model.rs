@@ -241,16 +241,21 @@ impl Model {
         }
     }
 
+    /// Every weight matrix loaded: the layers', then the embedding and the head (a tied pair
+    /// appears twice).
+    fn weights(&self) -> impl Iterator<Item = &Weight> {
+        self.layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .chain(self.tok_embd.iter())
+            .chain(self.output.iter())
+    }
+
     /// Bytes of weight matrices repacked into owned memory at load (a tied embedding and head
     /// counted once).
     pub fn packed_bytes(&self) -> usize {
         let mut seen: Vec<*const Vec<u8>> = Vec::new();
-        let weights = self
-            .layers
-            .iter()
-            .flat_map(|l| l.matrices())
-            .chain(self.tok_embd.iter())
-            .chain(self.output.iter());
+        let weights = self.weights();
         let mut total = 0;
         for p in weights.filter_map(|w| w.packed.as_ref()) {
             let at = Arc::as_ptr(&p.0);
@@ -268,12 +273,7 @@ impl Model {
         let bytes = self.file.bytes();
         let mut total = 0usize;
         let mut acc = 0u8;
-        let weights = self
-            .layers
-            .iter()
-            .flat_map(|l| l.matrices())
-            .chain(self.tok_embd.iter())
-            .chain(self.output.iter());
+        let weights = self.weights();
         for w in weights {
             let r = match &w.packed {
                 Some(p) => p.0.as_slice(),

@@ -108,6 +108,24 @@ impl FloatFormat for BF16 {
     }
 }
 
+/// The scalar dot of elements `js` of the weight row at `w` and the f32 row at `a`: the tail
+/// the vector steps leave.
+///
+/// # Safety
+/// Both rows hold every element of `js`.
+unsafe fn tail_dot<F: FloatFormat>(js: std::ops::Range<usize>, w: *const u8, a: *const u8) -> f32 {
+    let mut tail = 0f32;
+    for j in js {
+        // SAFETY: element j is inside both rows (caller).
+        let (wj, aj) = unsafe {
+            let wb = core::slice::from_raw_parts(w.add(j * F::WIDTH), F::WIDTH);
+            (F::one(wb), a.cast::<f32>().add(j).read_unaligned())
+        };
+        tail += wj * aj;
+    }
+    tail
+}
+
 /// Dots of `n` weights at `w` with `R` f32 activation rows, the r-th at `a + r * stride`
 /// (bytes). The same operations run for every row whatever `R` is.
 ///
@@ -152,15 +170,8 @@ unsafe fn dot_rows<F: FloatFormat, const R: usize>(
     }
     let mut out = [0f32; R];
     for ((o, s), row) in out.iter_mut().zip(&acc).zip(rows) {
-        let mut tail = 0f32;
-        for j in i..n {
-            // SAFETY: element j < n is inside both rows.
-            let (wj, aj) = unsafe {
-                let wb = core::slice::from_raw_parts(w.add(j * F::WIDTH), F::WIDTH);
-                (F::one(wb), row.cast::<f32>().add(j).read_unaligned())
-            };
-            tail += wj * aj;
-        }
+        // SAFETY: elements i..n are inside both rows (caller).
+        let tail = unsafe { tail_dot::<F>(i..n, w, row) };
         *o = hsum(_mm256_add_ps(s[0], s[1])) + tail;
     }
     out
@@ -261,15 +272,8 @@ unsafe fn dot_rows512<F: FloatFormat, const R: usize>(
     }
     let mut out = [0f32; R];
     for ((o, s), row) in out.iter_mut().zip(&acc).zip(rows) {
-        let mut tail = 0f32;
-        for j in i..n {
-            // SAFETY: element j < n is inside both rows.
-            let (wj, aj) = unsafe {
-                let wb = core::slice::from_raw_parts(w.add(j * F::WIDTH), F::WIDTH);
-                (F::one(wb), row.cast::<f32>().add(j).read_unaligned())
-            };
-            tail += wj * aj;
-        }
+        // SAFETY: elements i..n are inside both rows (caller).
+        let tail = unsafe { tail_dot::<F>(i..n, w, row) };
         *o = _mm512_reduce_add_ps(_mm512_add_ps(s[0], s[1])) + tail;
     }
     out
