@@ -462,12 +462,17 @@ fn rows_times_acts(
             return;
         }
     }
-    for o in rows {
-        let wrow = &w.data[o * rb..(o + 1) * rb];
-        let mut r0 = 0;
-        while r0 < n_rows {
-            let nr = (n_rows - r0).min(TILE);
-            let arows = &a[r0 * a_stride..(r0 + nr) * a_stride];
+    // Slabs of `TILE` activation rows against every weight row of the chunk: the slab stays
+    // in L1 while the chunk's weight rows (a few KiB each) come from L2 in turn. The other
+    // order re-read every activation row from L2 for each weight row: a llama3-1b Q4_K_M
+    // shape's pp512 went from 72-74 to 105-107 tok/s at 1 thread on a Zen 5 EPYC (139-142 to
+    // 193-208 at 2). The same products, so the same bits.
+    let mut r0 = 0;
+    while r0 < n_rows {
+        let nr = (n_rows - r0).min(TILE);
+        let arows = &a[r0 * a_stride..(r0 + nr) * a_stride];
+        for o in rows.clone() {
+            let wrow = &w.data[o * rb..(o + 1) * rb];
             match k.vec_dot_multi {
                 Some(multi) if nr > 1 => multi(n_in, wrow, arows, a_stride, &mut tile[..nr]),
                 _ => {
@@ -481,8 +486,8 @@ fn rows_times_acts(
                 // SAFETY: output column `o` belongs to this chunk alone.
                 unsafe { out.slice(idx..idx + 1)[0] = *t };
             }
-            r0 += nr;
         }
+        r0 += nr;
     }
 }
 
