@@ -377,8 +377,14 @@ fn rows_times_acts(
             // last panel (in the GGUF layout) through `f`.
             let (fp, mp) = match (w.packed, k.gemm_packed) {
                 (true, Some(fp)) => {
-                    debug_assert!(rows.start.is_multiple_of(PANEL));
-                    let mp = rows.end.min(crate::repack::packed_rows(n_out)) - rows.start;
+                    assert!(
+                        rows.start.is_multiple_of(PANEL),
+                        "matmul: a chunk of repacked rows starts inside a panel"
+                    );
+                    let mp = rows
+                        .end
+                        .min(crate::repack::packed_rows(n_out))
+                        .saturating_sub(rows.start);
                     (Some(fp), mp)
                 }
                 _ => (None, 0),

@@ -341,11 +341,17 @@ impl Loader<'_> {
         let start = t.offset as usize;
         let range = start..start + t.size as usize;
         let (n_in, n_out) = (n_in as usize, n_out as usize);
-        let packed = if self.repack && repack::available(t.ty) && n_out >= repack::PANEL {
-            Some(self.repacked(t.ty, n_in, n_out, range.clone()))
-        } else {
-            None
-        };
+        // Only a tensor that is exactly its rows (always so in a file the reader accepted).
+        let whole_rows =
+            t.ty.row_bytes(n_in)
+                .and_then(|rb| rb.checked_mul(n_out))
+                .is_some_and(|b| b == range.len());
+        let packed =
+            if self.repack && repack::available(t.ty) && n_out >= repack::PANEL && whole_rows {
+                Some(self.repacked(t.ty, n_in, n_out, range.clone()))
+            } else {
+                None
+            };
         Ok(Weight {
             name: t.name.clone(),
             ty: t.ty,
@@ -367,8 +373,8 @@ impl Loader<'_> {
         {
             return p.clone();
         }
-        // The tensor table was checked against the file: the range lies inside it and holds
-        // `n_out` rows of `n_in`.
+        // The tensor table was checked against the file, so the range lies inside it, and
+        // the caller checked that it holds exactly `n_out` rows of `n_in`.
         let src = &self.file.bytes()[range.clone()];
         let mut dst = vec![0u8; src.len()];
         // A few MiB of rows at a time, each run's mapped pages released before the next is
