@@ -450,7 +450,10 @@ unsafe fn tile<B: Pair512, S: Source<B>, const WT: usize, const RT: usize, const
             unsafe {
                 if PF || S::PANEL {
                     // With few activation rows (batched decode) the weights stream from
-                    // memory as in decode.
+                    // memory as in decode. A panel is one stream, so prefill prefetches it
+                    // too: the panels a slab meets later are back in L1 when it gets there
+                    // (Zen 5 EPYC, 64 weight × 512 activation rows: Q4_1 159 -> 189 GOP/s,
+                    // Q8_0 220 -> 258; for the row layout the hints cost prefill ~5%).
                     w.prefetch(o, i);
                 }
                 let (ux, dw, mw) = w.row(&pair, o, i);
