@@ -321,22 +321,30 @@ pub(super) fn vec_dot_multi512<F: FloatFormat>(
     stride: usize,
     out: &mut [f32],
 ) {
-    let Some(last) = out.len().checked_sub(1) else {
+    if !check_multi(n, w, F::WIDTH, a, stride, out.len()) {
         return;
+    }
+    debug_assert!(super::gemm512::available());
+    // SAFETY: the weight row and the last activation row hold `n` elements, hence every row
+    // does; the CPU has the features.
+    unsafe { dot_multi512::<F>(n, w.as_ptr(), a.as_ptr(), stride, out) }
+}
+
+/// `check` for `rows` activation rows `stride` bytes apart: the last (furthest) row is checked,
+/// so every row holds `n` elements. False when there are no rows.
+fn check_multi(n: usize, w: &[u8], width: usize, a: &[u8], stride: usize, rows: usize) -> bool {
+    let Some(last) = rows.checked_sub(1) else {
+        return false;
     };
     let start = last
         .checked_mul(stride)
         .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
     assert!(
         start <= a.len(),
-        "vec_dot_multi: {} activation rows do not fit",
-        out.len()
+        "vec_dot_multi: {rows} activation rows do not fit"
     );
-    check(n, w, F::WIDTH, &a[start..]);
-    debug_assert!(super::gemm512::available());
-    // SAFETY: the weight row and the last activation row hold `n` elements, hence every row
-    // does; the CPU has the features.
-    unsafe { dot_multi512::<F>(n, w.as_ptr(), a.as_ptr(), stride, out) }
+    check(n, w, width, &a[start..]);
+    true
 }
 
 fn check(n: usize, w: &[u8], width: usize, a: &[u8]) {
@@ -363,18 +371,9 @@ pub(super) fn vec_dot_multi<F: FloatFormat>(
     stride: usize,
     out: &mut [f32],
 ) {
-    let Some(last) = out.len().checked_sub(1) else {
+    if !check_multi(n, w, F::WIDTH, a, stride, out.len()) {
         return;
-    };
-    let start = last
-        .checked_mul(stride)
-        .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
-    assert!(
-        start <= a.len(),
-        "vec_dot_multi: {} activation rows do not fit",
-        out.len()
-    );
-    check(n, w, F::WIDTH, &a[start..]);
+    }
     debug_assert!(super::available());
     // SAFETY: the weight row and the last (furthest) activation row hold `n` elements, hence
     // every row does; the CPU has the features (installed only after detection).
