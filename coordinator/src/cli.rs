@@ -64,6 +64,13 @@ pub struct ModelArgs {
     /// KV cache element type: f32 or f16.
     #[arg(long, default_value = "f32")]
     pub kv: KvType,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
+}
+
+/// How the weights this process loads are laid out (`run`, `up`, `node`, `debug forward`).
+#[derive(Args, Debug, Clone)]
+pub struct LayoutArgs {
     /// Keep the weights in the file's layout instead of repacking the formats that have a
     /// panel layout into owned memory at load (repacking is on by default where this CPU's
     /// kernels read panels; it costs no extra memory and a moment at start-up).
@@ -226,11 +233,8 @@ pub struct UpArgs {
     /// file, or a slice already in its cache).
     #[arg(long)]
     pub no_send: bool,
-    /// Keep the coordinator's weights in the file's layout instead of repacking the formats that have a
-    /// panel layout into owned memory at load (repacking is on by default where this CPU's
-    /// kernels read panels; it costs no extra memory and a moment at start-up).
-    #[arg(long)]
-    pub no_repack: bool,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -283,11 +287,8 @@ pub struct NodeArgs {
     /// (default: ~/.cache/ringllm/slices); reused on the next start.
     #[arg(long)]
     pub cache: Option<PathBuf>,
-    /// Keep this node's weights in the file's layout instead of repacking the formats that have a
-    /// panel layout into owned memory at load (repacking is on by default where this CPU's
-    /// kernels read panels; it costs no extra memory and a moment at start-up).
-    #[arg(long)]
-    pub no_repack: bool,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
 }
 
 impl NodeArgs {
@@ -513,7 +514,7 @@ impl From<&ModelArgs> for ModelOptions {
             ctx: a.ctx,
             batch: a.batch,
             kv: a.kv,
-            repack: !a.no_repack,
+            repack: !a.layout.no_repack,
         }
     }
 }

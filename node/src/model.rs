@@ -25,11 +25,6 @@ impl Weight {
     pub fn bytes(&self) -> usize {
         self.range.len()
     }
-
-    /// True when the rows were repacked into panels at load.
-    pub fn is_packed(&self) -> bool {
-        self.packed.is_some()
-    }
 }
 
 /// A matrix's bytes repacked at load, owned (the mapped pages they came from are released);
@@ -197,20 +192,7 @@ impl Model {
         for il in layer_range.clone() {
             layers.push(loader.layer(il)?);
         }
-        let packed = loader
-            .packed
-            .borrow()
-            .iter()
-            .map(|(_, p)| p.0.len())
-            .sum::<usize>();
-        if packed > 0 {
-            tracing::info!(
-                bytes = packed,
-                isa = ringllm_kernels::isa().name(),
-                "weights repacked into panels"
-            );
-        }
-        Ok(Model {
+        let model = Model {
             file,
             hp,
             layer_range,
@@ -219,7 +201,16 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
-        })
+        };
+        let packed = model.packed_bytes();
+        if packed > 0 {
+            tracing::info!(
+                bytes = packed,
+                isa = ringllm_kernels::isa().name(),
+                "weights repacked into panels"
+            );
+        }
+        Ok(model)
     }
 
     pub fn file(&self) -> &GgufFile {

@@ -44,7 +44,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             let m = Model::load(
                 file,
                 &LoadOptions {
-                    repack: !model.no_repack,
+                    repack: !model.layout.no_repack,
                     ..LoadOptions::default()
                 },
             )?;

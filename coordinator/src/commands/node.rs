@@ -28,7 +28,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         cache_dir: args.cache_dir(),
         transport: args.transport,
         memory: args.memory,
-        repack: !args.no_repack,
+        repack: !args.layout.no_repack,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -15,7 +15,7 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
         ctx: args.source.ctx.or(s.ctx),
         batch: args.batch,
         kv: args.kv.or(s.kv).unwrap_or_default(),
-        repack: !args.no_repack,
+        repack: !args.layout.no_repack,
     };
     if !(args.wait >= 0.0 && args.wait <= 86_400.0) {
         anyhow::bail!("--wait {}: give seconds from 0 to 86400", args.wait);
