@@ -64,6 +64,10 @@ pub struct ModelArgs {
     /// KV cache element type: f32 or f16.
     #[arg(long, default_value = "f32")]
     pub kv: KvType,
+    /// The most memory this process may use, e.g. "2GiB" (default: what the machine and its
+    /// cgroup leave): layers beyond it are streamed from disk.
+    #[arg(long, value_parser = parse_memory)]
+    pub memory: Option<u64>,
     #[command(flatten)]
     pub layout: LayoutArgs,
 }
@@ -76,6 +80,31 @@ pub struct LayoutArgs {
     /// kernels read panels; it costs no extra memory and a moment at start-up).
     #[arg(long)]
     pub no_repack: bool,
+    #[command(flatten)]
+    pub stream: StreamArgs,
+}
+
+/// Layers streamed from disk when they do not fit the memory budget.
+#[derive(Args, Debug, Clone, Default)]
+pub struct StreamArgs {
+    /// auto: stream the layers that do not fit the memory budget (the rest stays resident);
+    /// all: stream every layer (the naive baseline); off: map everything and let the kernel
+    /// page.
+    #[arg(long = "stream", default_value = "auto")]
+    pub mode: ringllm_node::stream::StreamMode,
+    /// Layers read ahead of the compute when streaming, 1-16 (default: chosen from the
+    /// measured disk read rate and compute speed).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub prefetch: Option<u32>,
+}
+
+impl StreamArgs {
+    pub fn settings(&self) -> ringllm_node::stream::StreamSettings {
+        ringllm_node::stream::StreamSettings {
+            mode: self.mode,
+            prefetch: self.prefetch.map(|p| p as usize),
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -360,6 +389,11 @@ pub struct BenchArgs {
     /// single process and the coordinator's part).
     #[arg(long)]
     pub no_repack: bool,
+    /// The most memory this process may use, e.g. "2GiB": layers beyond it are streamed.
+    #[arg(long, value_parser = parse_memory)]
+    pub memory: Option<u64>,
+    #[command(flatten)]
+    pub stream: StreamArgs,
     /// Benchmark a ring (cluster file) next to the single process, in the same run.
     #[arg(long)]
     pub cluster: Option<PathBuf>,
@@ -515,6 +549,8 @@ impl From<&ModelArgs> for ModelOptions {
             batch: a.batch,
             kv: a.kv,
             repack: !a.layout.no_repack,
+            memory: a.memory,
+            stream: a.layout.stream.settings(),
         }
     }
 }

@@ -29,6 +29,10 @@ pub struct ModelOptions {
     pub kv: KvType,
     /// Repack weights into panels at load where the kernels read them (`LoadOptions::repack`).
     pub repack: bool,
+    /// `--memory`: the most this process may use (with what the machine and its cgroup
+    /// leave, [`limits::budget`]); layers beyond it are streamed from disk.
+    pub memory: Option<u64>,
+    pub stream: ringllm_node::stream::StreamSettings,
 }
 
 /// The context size: `asked` (`--ctx`), else the model's trained context capped at 4096. A
@@ -95,6 +99,85 @@ pub fn open_gguf(path: &std::path::Path) -> Result<Arc<GgufFile>> {
     Ok(Arc::new(file))
 }
 
+/// The whole model for one process, its layers streamed from disk when they do not fit the
+/// memory budget (`--memory`, the machine, the cgroup): what is left for the layers is the
+/// budget less a headroom, the runner's scratch and KV cache, and the output head (held in
+/// owned memory when streaming; the embedding stays mapped, one row read per token).
+pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> Result<Model> {
+    use ringllm_node::stream;
+    let probe = Model::load(
+        Arc::clone(file),
+        &LoadOptions {
+            layers: Some(0..0),
+            embedding: false,
+            head: false,
+            ..LoadOptions::default()
+        },
+    )?;
+    let hp = probe.hp.clone();
+    drop(probe);
+    let ctx = context_size_quiet(args.ctx, hp.ctx_train);
+    let layers: Vec<usize> = (0..hp.n_layer).collect();
+    let mut why = String::new();
+    let budget = limits::budget(args.memory).map(|avail| {
+        let (what, runner) = limits::runner_memory(
+            &hp,
+            0..hp.n_layer,
+            threads,
+            args.batch.max(1),
+            ctx,
+            args.kv,
+            1,
+        );
+        let head = ["output.weight", "token_embd.weight"]
+            .iter()
+            .find_map(|n| file.tensor(n))
+            .map_or(0, |t| t.size);
+        let room = crate::cluster::planner::headroom(avail);
+        why = format!(
+            "of the {} MiB budget, {} MiB is headroom, {} MiB the output head and {what}",
+            avail >> 20,
+            room >> 20,
+            head >> 20
+        );
+        avail
+            .saturating_sub(room)
+            .saturating_sub(runner)
+            .saturating_sub(head)
+    });
+    let streamer = stream::decide(file, &layers, budget, &args.stream, threads, 0.0)
+        .map_err(|e| anyhow!("{}: {e} ({why})", args.model.display()))?;
+    if let Some((_, d)) = &streamer {
+        eprintln!(
+            "streaming {} of {} layers from disk ({} MiB per token, {} read ahead; {} MiB resident); read {:.0} MB/s, predicted {:.2} tok/s",
+            d.tiers.streamed.len(),
+            hp.n_layer,
+            d.tiers.streamed_bytes >> 20,
+            d.tiers.depth,
+            d.tiers.resident_bytes >> 20,
+            d.read_bytes_per_s / 1e6,
+            1.0 / d.predicted_s
+        );
+    }
+    Ok(Model::load(
+        Arc::clone(file),
+        &LoadOptions {
+            repack: args.repack,
+            stream: streamer.map(|s| s.0),
+            ..LoadOptions::default()
+        },
+    )?)
+}
+
+/// [`context_size`] without its warning (printed once, by the caller's own call).
+fn context_size_quiet(asked: Option<usize>, ctx_train: usize) -> usize {
+    match asked {
+        Some(c) => c,
+        None => ctx_train.min(4096),
+    }
+    .max(1)
+}
+
 impl Engine {
     pub fn load(args: &ModelOptions) -> Result<Engine> {
         let t0 = Instant::now();
@@ -103,20 +186,14 @@ impl Engine {
             .with_context(|| format!("tokenizer of {}", args.model.display()))?;
         let tokenizer = Tokenizer::new(&spec)
             .with_context(|| format!("tokenizer of {}", args.model.display()))?;
-        let model = Model::load(
-            Arc::clone(&file),
-            &LoadOptions {
-                repack: args.repack,
-                ..LoadOptions::default()
-            },
-        )
-        .with_context(|| format!("cannot load {}", args.model.display()))?;
+        let threads = args.threads.unwrap_or_else(default_threads).max(1);
+        let model = load_whole(&file, args, threads)
+            .with_context(|| format!("cannot load {}", args.model.display()))?;
         let ctx = context_size(args.ctx, model.hp.ctx_train);
         let kv_type = args.kv;
         if args.batch == 0 {
             bail!("--batch must be at least 1");
         }
-        let threads = args.threads.unwrap_or_else(default_threads).max(1);
         limits::check_runner(
             &model.hp,
             model.layer_range.clone(),
@@ -448,6 +525,7 @@ impl RingMode {
                 embedding: true,
                 head: !ring.head_on_node,
                 repack: self.args.repack,
+                stream: None,
             },
         )?;
         limits::check_runner(

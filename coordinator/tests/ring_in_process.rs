@@ -114,6 +114,8 @@ fn options() -> ModelOptions {
         batch: 64,
         kv: KvType::F32,
         repack: true,
+        memory: None,
+        stream: Default::default(),
     }
 }
 

@@ -942,6 +942,7 @@ async fn assign(
                 embedding: false,
                 head,
                 repack,
+                stream: None,
             },
         )
         .map_err(|source| AssignError::Load {

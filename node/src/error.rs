@@ -8,6 +8,9 @@ use std::ops::Range;
 /// layer involved.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
+    /// A streamed layer could not be read from disk.
+    #[error("streaming layer {layer} from disk: {why}")]
+    Stream { layer: usize, why: String },
     /// The file is not a readable GGUF (truncated, corrupted, wrong version...).
     #[error(transparent)]
     Gguf(#[from] GgufError),

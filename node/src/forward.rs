@@ -6,6 +6,7 @@ use crate::arch::FfnAct;
 use crate::error::ModelError;
 use crate::kv::{KvBuf, KvCache, KvElem, LayerKv};
 use crate::model::{Layer, Model};
+use crate::stream::LayerGuard;
 use ringllm_kernels::matmul::{matmul, matmul_many, ActBuffer, MatJob};
 use ringllm_kernels::ops;
 use ringllm_kernels::pool::{Chunks, SharedMut};
@@ -229,7 +230,25 @@ impl Runner {
                 });
                 row += *k;
             }
-            self.layer(&model, il, layer, &mut x[..n * d], n, &mut segs);
+            let streamed = match &model.streamer {
+                Some(st) if st.streams(il) => {
+                    Some(st.acquire(il).map_err(|e| ModelError::Stream {
+                        layer: il,
+                        why: e.to_string(),
+                    })?)
+                }
+                _ => None,
+            };
+            self.layer(
+                &model,
+                il,
+                layer,
+                streamed.as_ref(),
+                &mut x[..n * d],
+                n,
+                &mut segs,
+            );
+            drop(streamed);
             if let Some(obs) = observer.as_mut() {
                 obs(il, &x[..n * d]);
             }
@@ -272,11 +291,13 @@ impl Runner {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
         m: &Model,
         il: usize,
         l: &Layer,
+        buf: Option<&LayerGuard<'_>>,
         x: &mut [f32],
         n: usize,
         segs: &mut [Seg<'_>],
@@ -294,15 +315,15 @@ impl Runner {
             pool,
             &mut [
                 MatJob {
-                    w: m.matrix(&l.wq),
+                    w: m.matrix_in(&l.wq, buf),
                     out: &mut s.q[..n * qd],
                 },
                 MatJob {
-                    w: m.matrix(&l.wk),
+                    w: m.matrix_in(&l.wk, buf),
                     out: &mut s.k[..n * kvd],
                 },
                 MatJob {
-                    w: m.matrix(&l.wv),
+                    w: m.matrix_in(&l.wv, buf),
                     out: &mut s.v[..n * kvd],
                 },
             ],
@@ -420,7 +441,7 @@ impl Runner {
         }
         matmul(
             pool,
-            &m.matrix(&l.wo),
+            &m.matrix_in(&l.wo, buf),
             &s.att[..n * qd],
             n,
             &mut s.o[..n * d],
@@ -442,11 +463,11 @@ impl Runner {
             pool,
             &mut [
                 MatJob {
-                    w: m.matrix(&l.gate),
+                    w: m.matrix_in(&l.gate, buf),
                     out: &mut s.gate[..n * ff],
                 },
                 MatJob {
-                    w: m.matrix(&l.up),
+                    w: m.matrix_in(&l.up, buf),
                     out: &mut s.up[..n * ff],
                 },
             ],
@@ -461,7 +482,7 @@ impl Runner {
         glu_parallel(pool, &mut s.gate[..n * ff], &s.up[..n * ff], act);
         matmul(
             pool,
-            &m.matrix(&l.down),
+            &m.matrix_in(&l.down, buf),
             &s.gate[..n * ff],
             n,
             &mut s.o[..n * d],

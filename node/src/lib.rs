@@ -11,6 +11,7 @@ pub mod kv;
 pub mod limits;
 pub mod model;
 pub mod slice;
+pub mod stream;
 pub mod synth;
 pub mod sys;
 

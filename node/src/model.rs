@@ -4,6 +4,7 @@
 use crate::arch::{Arch, Hparams, TensorKind};
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::stream::{LayerGuard, Streamer};
 use ringllm_kernels::{kernels, repack, GgmlType, QMatrix};
 use std::ops::Range;
 use std::path::Path;
@@ -19,6 +20,8 @@ pub struct Weight {
     pub n_out: usize,
     range: Range<usize>,
     packed: Option<Packed>,
+    /// Read from the streamer's buffer of its layer, not from the mapping.
+    streamed: bool,
 }
 
 impl Weight {
@@ -27,14 +30,15 @@ impl Weight {
     }
 }
 
-/// A matrix's bytes repacked at load, owned (the mapped pages they came from are released);
-/// shared by the two `Weight`s of a tied embedding and head.
+/// A matrix's bytes copied at load into owned memory (the mapped pages they came from are
+/// released), repacked into panels (`panels`) or as in the file; shared by the two `Weight`s
+/// of a tied embedding and head.
 #[derive(Clone)]
-struct Packed(Arc<Vec<u8>>);
+struct Packed(Arc<Vec<u8>>, bool);
 
 impl std::fmt::Debug for Packed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Packed({} bytes)", self.0.len())
+        write!(f, "Packed({} bytes, panels {})", self.0.len(), self.1)
     }
 }
 
@@ -87,6 +91,10 @@ pub struct LoadOptions {
     /// prefill and decode GEMM read one run per panel instead of one per row. Off: the
     /// kernels read the mapped file as it is.
     pub repack: bool,
+    /// Layers read from disk each token by this streamer instead of staying resident
+    /// ([`crate::stream`]); every other matrix is then copied into owned memory at load (tier
+    /// A), so that the kernel cannot evict it under the cgroup's memory pressure.
+    pub stream: Option<Arc<Streamer>>,
 }
 
 impl Default for LoadOptions {
@@ -96,6 +104,7 @@ impl Default for LoadOptions {
             embedding: true,
             head: true,
             repack: false,
+            stream: None,
         }
     }
 }
@@ -113,6 +122,8 @@ pub struct Model {
     pub output: Option<Weight>,
     /// Per-dimension RoPE frequency divisors (Llama 3.1 `rope_freqs`).
     pub rope_freqs: Option<Vec<f32>>,
+    /// The streamed tier, when some of the layers are read from disk each token.
+    pub streamer: Option<Arc<Streamer>>,
 }
 
 impl Model {
@@ -160,11 +171,18 @@ impl Model {
             file: &file,
             hp: &hp,
             repack: opts.repack,
+            own: opts.stream.is_some(),
+            streamed_layer: None,
             packed: Default::default(),
         };
         let d = hp.d_model as u64;
         let tok_embd = if opts.embedding {
-            Some(loader.matrix(TensorKind::TokenEmbd, None, d, hp.vocab as u64)?)
+            // One row read per token: mapped, even when streaming (a tied head copies it).
+            let l = Loader {
+                own: false,
+                ..loader.clone_settings()
+            };
+            Some(l.matrix(TensorKind::TokenEmbd, None, d, hp.vocab as u64)?)
         } else {
             None
         };
@@ -190,7 +208,12 @@ impl Model {
         };
         let mut layers = Vec::with_capacity(layer_range.len());
         for il in layer_range.clone() {
-            layers.push(loader.layer(il)?);
+            let streamed = opts.stream.as_ref().is_some_and(|s| s.streams(il));
+            let l = Loader {
+                streamed_layer: streamed.then_some(il),
+                ..loader.clone_settings()
+            };
+            layers.push(l.layer(il)?);
         }
         let model = Model {
             file,
@@ -201,6 +224,7 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
+            streamer: opts.stream.clone(),
         };
         let packed = model.packed_bytes();
         if packed > 0 {
@@ -217,11 +241,27 @@ impl Model {
         &self.file
     }
 
-    /// A kernel view of `w`.
+    /// A kernel view of `w` (a resident weight: a streamed one needs its layer's buffer,
+    /// [`Model::matrix_in`]).
     pub fn matrix<'a>(&'a self, w: &'a Weight) -> QMatrix<'a> {
-        let (data, packed) = match &w.packed {
-            Some(p) => (p.0.as_slice(), true),
-            None => (&self.file.bytes()[w.range.clone()], false),
+        self.matrix_in(w, None)
+    }
+
+    /// A kernel view of `w`, read from `layer` (its layer's streamed bytes) when it is
+    /// streamed.
+    pub fn matrix_in<'a>(
+        &'a self,
+        w: &'a Weight,
+        layer: Option<&'a LayerGuard<'a>>,
+    ) -> QMatrix<'a> {
+        let (data, packed) = match (&w.packed, w.streamed, layer) {
+            (Some(p), _, _) => (p.0.as_slice(), p.1),
+            (None, true, Some(g)) => {
+                let at = w.range.start - g.file_start;
+                (&g[at..at + w.range.len()], false)
+            }
+            (None, true, None) => panic!("streamed weight {} read without its layer", w.name),
+            (None, false, _) => (&self.file.bytes()[w.range.clone()], false),
         };
         QMatrix {
             ty: w.ty,
@@ -242,13 +282,13 @@ impl Model {
             .chain(self.output.iter())
     }
 
-    /// Bytes of weight matrices repacked into owned memory at load (a tied embedding and head
+    /// Bytes of weight matrices repacked into panels at load (a tied embedding and head
     /// counted once).
     pub fn packed_bytes(&self) -> usize {
         let mut seen: Vec<*const Vec<u8>> = Vec::new();
         let weights = self.weights();
         let mut total = 0;
-        for p in weights.filter_map(|w| w.packed.as_ref()) {
+        for p in weights.filter_map(|w| w.packed.as_ref().filter(|p| p.1)) {
             let at = Arc::as_ptr(&p.0);
             if !seen.contains(&at) {
                 seen.push(at);
@@ -264,7 +304,7 @@ impl Model {
         let bytes = self.file.bytes();
         let mut total = 0usize;
         let mut acc = 0u8;
-        let weights = self.weights();
+        let weights = self.weights().filter(|w| !w.streamed);
         for w in weights {
             let r = match &w.packed {
                 Some(p) => p.0.as_slice(),
@@ -294,11 +334,26 @@ struct Loader<'a> {
     file: &'a GgufFile,
     hp: &'a Hparams,
     repack: bool,
+    /// Copy every matrix not streamed into owned memory (a streaming model's tier A).
+    own: bool,
+    /// The layer being loaded is streamed: its matrices stay on disk.
+    streamed_layer: Option<usize>,
     /// Matrices repacked so far, by file offset (a tied head is the embedding again).
-    packed: std::cell::RefCell<Vec<(usize, Packed)>>,
+    packed: std::rc::Rc<std::cell::RefCell<Vec<(usize, Packed)>>>,
 }
 
-impl Loader<'_> {
+impl<'a> Loader<'a> {
+    fn clone_settings(&self) -> Loader<'a> {
+        Loader {
+            file: self.file,
+            hp: self.hp,
+            repack: self.repack,
+            own: self.own,
+            streamed_layer: None,
+            packed: std::rc::Rc::clone(&self.packed),
+        }
+    }
+
     fn info(&self, kind: TensorKind, layer: Option<usize>) -> Result<&TensorInfo, ModelError> {
         let name = kind.gguf_name(layer);
         self.file
@@ -337,12 +392,15 @@ impl Loader<'_> {
             t.ty.row_bytes(n_in)
                 .and_then(|rb| rb.checked_mul(n_out))
                 .is_some_and(|b| b == range.len());
-        let packed =
-            if self.repack && repack::available(t.ty) && n_out >= repack::PANEL && whole_rows {
-                Some(self.repacked(t.ty, n_in, n_out, range.clone()))
-            } else {
-                None
-            };
+        let streamed = self.streamed_layer.is_some();
+        let panels = self.repack && repack::available(t.ty) && n_out >= repack::PANEL && whole_rows;
+        let packed = if streamed {
+            None
+        } else if panels || self.own {
+            Some(self.repacked(t.ty, n_in, n_out, range.clone(), panels))
+        } else {
+            None
+        };
         Ok(Weight {
             name: t.name.clone(),
             ty: t.ty,
@@ -350,12 +408,21 @@ impl Loader<'_> {
             n_out,
             range,
             packed,
+            streamed,
         })
     }
 
-    /// The matrix at `range` of the file repacked into panels, once per tensor; its mapped
-    /// pages are released, so the resident total does not grow.
-    fn repacked(&self, ty: GgmlType, n_in: usize, n_out: usize, range: Range<usize>) -> Packed {
+    /// The matrix at `range` of the file copied into owned memory, repacked into panels when
+    /// `panels`, once per tensor; its mapped pages are released, so the resident total does
+    /// not grow.
+    fn repacked(
+        &self,
+        ty: GgmlType,
+        n_in: usize,
+        n_out: usize,
+        range: Range<usize>,
+        panels: bool,
+    ) -> Packed {
         if let Some((_, p)) = self
             .packed
             .borrow()
@@ -379,11 +446,15 @@ impl Loader<'_> {
         while r < n_out {
             let end = if n_out - r <= step { n_out } else { r + step };
             let (a, b) = (r * rb, end * rb);
-            repack::repack(ty, n_in, end - r, &src[a..b], &mut dst[a..b]);
+            if panels {
+                repack::repack(ty, n_in, end - r, &src[a..b], &mut dst[a..b]);
+            } else {
+                dst[a..b].copy_from_slice(&src[a..b]);
+            }
             self.file.release(range.start + a..range.start + b);
             r = end;
         }
-        let p = Packed(Arc::new(dst));
+        let p = Packed(Arc::new(dst), panels);
         self.packed.borrow_mut().push((range.start, p.clone()));
         p
     }

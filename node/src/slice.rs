@@ -358,6 +358,7 @@ mod tests {
                         embedding: false,
                         head,
                         repack: false,
+                        stream: None,
                     },
                 )
                 .unwrap();
@@ -384,6 +385,7 @@ mod tests {
                             embedding: false,
                             head: false,
                             repack: false,
+                            stream: None,
                         },
                     );
                     assert!(r.is_err());

@@ -18,6 +18,7 @@ fn slice(layers: std::ops::Range<usize>, embedding: bool, head: bool) -> Arc<Mod
         embedding,
         head,
         repack: false,
+        stream: None,
     };
     Arc::new(Model::load(file(), &opts).expect("load the slice"))
 }
@@ -60,6 +61,7 @@ fn a_layer_range_outside_the_model_names_the_range() {
         embedding: false,
         head: false,
         repack: false,
+        stream: None,
     };
     let e = Model::load(file(), &opts).expect_err("one layer too many");
     assert!(

@@ -64,6 +64,7 @@ impl Stages {
                     embedding: i == 0,
                     head: i + 1 == cuts.len(),
                     repack: false,
+                    stream: None,
                 },
             )?;
             let runner = Runner::new(Arc::new(m), 1, 512, ctx);
@@ -140,6 +141,8 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
         batch: 512,
         kv: KvType::F32,
         repack: false,
+        memory: None,
+        stream: Default::default(),
     })?;
     let file = open_gguf(&path)?;
     let n_layer = engine.runner.model.hp.n_layer;

@@ -5,7 +5,7 @@ use crate::cli::BenchArgs;
 use anyhow::Result;
 use ringllm::engine::{default_threads, open_gguf, Engine, ModelOptions};
 use ringllm_kernels::pool::ThreadPool;
-use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use ringllm_node::{KvType, Runner};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,13 +34,6 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         .clone()
         .ok_or_else(|| anyhow::anyhow!("give -m MODEL or --cluster FILE"))?;
     let file = open_gguf(&model_path)?;
-    let model = Arc::new(Model::load(
-        file,
-        &LoadOptions {
-            repack: !args.no_repack,
-            ..LoadOptions::default()
-        },
-    )?);
     let threads = if args.threads.is_empty() {
         let all = default_threads();
         if all > 1 {
@@ -51,6 +44,22 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     } else {
         args.threads.clone()
     };
+    let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
+    let max_g = args.gen.iter().copied().max().unwrap_or(1);
+    let model = Arc::new(ringllm::engine::load_whole(
+        &file,
+        &ringllm::engine::ModelOptions {
+            model: model_path.clone(),
+            threads: threads.iter().copied().max(),
+            ctx: Some((max_p + max_g + 1).max(64)),
+            batch: max_p,
+            kv: KvType::F32,
+            repack: !args.no_repack,
+            memory: args.memory,
+            stream: args.stream.settings(),
+        },
+        threads.iter().copied().max().unwrap_or(1),
+    )?);
     let bytes_per_token = model.weight_bytes_per_token();
     let vocab = model.hp.vocab;
     let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
@@ -331,6 +340,8 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         batch: 512,
         kv: s.kv.unwrap_or_default(),
         repack: !args.no_repack,
+        memory: args.memory,
+        stream: args.stream.settings(),
     };
     eprintln!(
         "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns \

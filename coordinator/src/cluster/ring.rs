@@ -1180,6 +1180,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
             embedding: false,
             head: false,
             repack: false,
+            stream: None,
         },
     )?
     .hp;
@@ -1191,6 +1192,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
             embedding: true,
             head: true,
             repack: false,
+            stream: None,
         },
     )?);
     let layer_bytes: usize = model.layers.iter().map(|l| l.weight_bytes()).sum();

@@ -16,6 +16,8 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
         batch: args.batch,
         kv: args.kv.or(s.kv).unwrap_or_default(),
         repack: !args.layout.no_repack,
+        memory: None,
+        stream: args.layout.stream.settings(),
     };
     if !(args.wait >= 0.0 && args.wait <= 86_400.0) {
         anyhow::bail!("--wait {}: give seconds from 0 to 86400", args.wait);

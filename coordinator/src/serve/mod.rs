@@ -358,6 +358,7 @@ pub fn serve_ring(
             embedding: false,
             head: false,
             repack: false,
+            stream: None,
         },
     )?
     .hp;

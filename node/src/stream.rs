@@ -1,0 +1,1062 @@
+//! Layers streamed from disk: when a slice is larger than its node's memory budget, the layers
+//! that do not fit stay on disk (tier B) and are read each token, ahead of the compute, into a
+//! bounded pool of layer buffers; the rest (tier A) is resident.
+//!
+//! # How
+//!
+//! One I/O thread reads the streamed layers in the order the forward pass runs them, cycling
+//! from the last back to the first (the next token's), into `depth + 1` buffers: `depth` layers
+//! ahead while one is computed. Each layer is one contiguous span of the file (the GGUF
+//! writer puts a block's tensors together), read with `O_DIRECT` in large requests, so the
+//! page cache neither grows nor hides the disk: the read rate is the disk's, and the memory
+//! used is the pool's, whatever the cgroup's page-cache accounting. Where `O_DIRECT` is refused
+//! (tmpfs, some overlay filesystems) the file is read through the page cache and each span is
+//! dropped from it after the read (`POSIX_FADV_DONTNEED`).
+//!
+//! The compute side asks for a layer with [`Streamer::acquire`], which blocks until its buffer
+//! is filled (that wait is the stall time), and gives the buffer back by dropping the guard.
+//! Layers the caller will not run this pass ([`Streamer::skip`]) are not read; a buffer read
+//! for a layer that was passed over is recycled. A request out of the expected order restarts
+//! the read-ahead at that layer: slower, never wrong.
+//!
+//! A streamed layer's weights are read from the buffer exactly as from the mapped file, so the
+//! output is bit-identical to the resident run.
+
+use crate::gguf::GgufFile;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Alignment of `O_DIRECT` offsets, lengths and buffers (the largest logical block size in
+/// use; a multiple of every smaller one).
+const ALIGN: usize = 4096;
+/// Bytes per read request: large requests keep several device requests in flight.
+const READ_CHUNK: usize = 32 << 20;
+/// The most layers read ahead.
+pub const MAX_DEPTH: usize = 16;
+
+/// The bytes of one layer in the file: every `blk.N.*` tensor lies inside `range`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerSpan {
+    pub layer: usize,
+    pub range: Range<usize>,
+}
+
+/// The span of layer `il`'s tensors in `file` (`None` if it has none).
+pub fn layer_span(file: &GgufFile, il: usize) -> Option<LayerSpan> {
+    let prefix = format!("blk.{il}.");
+    let mut lo = usize::MAX;
+    let mut hi = 0usize;
+    for t in file
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with(&prefix))
+    {
+        let start = t.offset as usize;
+        lo = lo.min(start);
+        hi = hi.max(start + t.size as usize);
+    }
+    (hi > lo).then_some(LayerSpan {
+        layer: il,
+        range: lo..hi,
+    })
+}
+
+/// Counters of a streamer since it started (tier B: what was read from disk).
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    /// Bytes read from the file (aligned spans).
+    pub bytes_read: AtomicU64,
+    /// Layers read.
+    pub layers_read: AtomicU64,
+    /// Time spent reading, microseconds (the I/O thread's).
+    pub read_us: AtomicU64,
+    /// Time the compute waited for a layer still being read, microseconds.
+    pub stall_us: AtomicU64,
+    /// Layers passed over without reading them ([`Streamer::skip`]).
+    pub layers_skipped: AtomicU64,
+    /// Bytes those layers would have read.
+    pub bytes_skipped: AtomicU64,
+    /// Read-aheads restarted by a request out of order.
+    pub restarts: AtomicU64,
+}
+
+/// A snapshot of [`StreamCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StreamStats {
+    pub bytes_read: u64,
+    pub layers_read: u64,
+    pub read_s: f64,
+    pub stall_s: f64,
+    pub layers_skipped: u64,
+    pub bytes_skipped: u64,
+    pub restarts: u64,
+}
+
+impl StreamCounters {
+    pub fn snapshot(&self) -> StreamStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StreamStats {
+            bytes_read: g(&self.bytes_read),
+            layers_read: g(&self.layers_read),
+            read_s: g(&self.read_us) as f64 * 1e-6,
+            stall_s: g(&self.stall_us) as f64 * 1e-6,
+            layers_skipped: g(&self.layers_skipped),
+            bytes_skipped: g(&self.bytes_skipped),
+            restarts: g(&self.restarts),
+        }
+    }
+}
+
+/// A heap buffer aligned for `O_DIRECT`.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain owned memory; access is synchronised by the streamer's lock
+// (one writer while Loading, readers only while InUse).
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as for Send: shared access follows the slot states.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn new(len: usize) -> std::io::Result<AlignedBuf> {
+        let len = len.max(ALIGN).next_multiple_of(ALIGN);
+        let layout = std::alloc::Layout::from_size_align(len, ALIGN)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(p).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot allocate a layer buffer of {len} bytes"),
+            )
+        })?;
+        Ok(AlignedBuf { ptr, len })
+    }
+
+    /// SAFETY: the caller has the slot in a state where nobody writes it.
+    unsafe fn slice(&self, len: usize) -> &[u8] {
+        // SAFETY: `ptr` holds `self.len` initialised (zeroed at allocation) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len.min(self.len)) }
+    }
+
+    /// SAFETY: the caller has the slot in a state where nobody else reads or writes it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice_mut(&self, len: usize) -> &mut [u8] {
+        // SAFETY: as in `slice`; exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len.min(self.len)) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe {
+            std::alloc::dealloc(
+                self.ptr.as_ptr(),
+                std::alloc::Layout::from_size_align_unchecked(self.len, ALIGN),
+            )
+        }
+    }
+}
+
+/// Where the streamed bytes come from.
+enum Source {
+    /// The file opened with `O_DIRECT`.
+    Direct(File),
+    /// The file through the page cache, each span dropped from it after reading.
+    Buffered(File),
+    /// A file held in memory (tests, `GgufFile::from_bytes`).
+    Memory(Arc<GgufFile>),
+}
+
+impl Source {
+    fn open(file: &Arc<GgufFile>) -> Source {
+        let Some(path) = file.path() else {
+            return Source::Memory(Arc::clone(file));
+        };
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(f) => Source::Direct(f),
+            Err(e) => {
+                tracing::info!(path = %path.display(), error = %e, "O_DIRECT refused; streaming through the page cache");
+                match File::open(path) {
+                    Ok(f) => Source::Buffered(f),
+                    Err(_) => Source::Memory(Arc::clone(file)),
+                }
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Source::Direct(_) => "O_DIRECT",
+            Source::Buffered(_) => "page cache",
+            Source::Memory(_) => "memory",
+        }
+    }
+
+    /// Reads `range` of the file into `dst` (which starts at `range.start` aligned down);
+    /// returns the offset of `range.start` inside `dst`.
+    fn read(&mut self, range: &Range<usize>, dst: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::Memory(f) => {
+                let src = f.bytes().get(range.clone()).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "layer span beyond the file",
+                    )
+                })?;
+                dst[..src.len()].copy_from_slice(src);
+                Ok(0)
+            }
+            Source::Direct(f) | Source::Buffered(f) => {
+                let start = range.start / ALIGN * ALIGN;
+                let end = range.end.next_multiple_of(ALIGN);
+                let want = end - start;
+                let need = range.end - start;
+                let mut done = 0usize;
+                while done < want {
+                    let n = READ_CHUNK.min(want - done);
+                    match f.read_at(&mut dst[done..done + n], (start + done) as u64) {
+                        Ok(0) => break,
+                        // A read that ends off a block boundary has met the end of the file.
+                        Ok(k) if k % ALIGN != 0 => {
+                            done += k;
+                            break;
+                        }
+                        Ok(k) => done += k,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                if done < need {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "layer span {}..{} ends past the end of the file",
+                            range.start, range.end
+                        ),
+                    ));
+                }
+                if let Source::Buffered(f) = self {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: plain syscall on an fd we own; advice only.
+                    unsafe {
+                        libc::posix_fadvise(
+                            f.as_raw_fd(),
+                            start as i64,
+                            want as i64,
+                            libc::POSIX_FADV_DONTNEED,
+                        );
+                    }
+                }
+                Ok(range.start - start)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Being read for `order` position `seq`; `cancelled`: freed when the read ends.
+    Loading {
+        seq: u64,
+        cancelled: bool,
+    },
+    Ready {
+        seq: u64,
+    },
+    InUse {
+        seq: u64,
+    },
+}
+
+struct Slot {
+    buf: AlignedBuf,
+    state: SlotState,
+    /// Offset of the layer's first byte inside `buf`, and the layer's length.
+    at: usize,
+    len: usize,
+}
+
+struct State {
+    slots: Vec<Slot>,
+    /// The next `order` position to read (monotonic; `order[next % len]`).
+    next: u64,
+    /// The position the compute last took (the read-ahead is bounded relative to it).
+    taken: u64,
+    /// Layers (indices into `order`) not to read on their next turn.
+    skip: Vec<bool>,
+    stop: bool,
+    /// The last read error, reported to the next `acquire`.
+    error: Option<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cv: Condvar,
+    counters: StreamCounters,
+    /// Streamed layers in execution order.
+    order: Vec<LayerSpan>,
+    depth: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn index_of(&self, layer: usize) -> Option<usize> {
+        self.order.iter().position(|s| s.layer == layer)
+    }
+}
+
+/// The streamed tier of a node: see the module docs.
+pub struct Streamer {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    source: &'static str,
+}
+
+impl std::fmt::Debug for Streamer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streamer")
+            .field(
+                "layers",
+                &self
+                    .shared
+                    .order
+                    .iter()
+                    .map(|s| s.layer)
+                    .collect::<Vec<_>>(),
+            )
+            .field("depth", &self.shared.depth)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+/// A streamed layer's bytes, held until dropped.
+pub struct LayerGuard<'a> {
+    shared: &'a Shared,
+    slot: usize,
+    data: &'a [u8],
+    /// Where the layer's span starts in the file: a tensor at file offset `o` is at
+    /// `o - file_start` in `data`.
+    pub file_start: usize,
+}
+
+impl std::ops::Deref for LayerGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.data
+    }
+}
+
+impl Drop for LayerGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.slots[self.slot].state = SlotState::Free;
+        drop(st);
+        self.shared.cv.notify_all();
+    }
+}
+
+impl Streamer {
+    /// Streams `layers` (in execution order) of `file`, `depth` layers ahead (1..=16).
+    pub fn new(file: &Arc<GgufFile>, layers: &[usize], depth: usize) -> std::io::Result<Streamer> {
+        let depth = depth.clamp(1, MAX_DEPTH);
+        let mut order = Vec::with_capacity(layers.len());
+        for &il in layers {
+            let span = layer_span(file, il).ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("layer {il} has no tensors in the file to stream"),
+                )
+            })?;
+            order.push(span);
+        }
+        let largest = order
+            .iter()
+            .map(|s| s.range.len() + 2 * ALIGN)
+            .max()
+            .unwrap_or(ALIGN);
+        let mut slots = Vec::with_capacity(depth + 1);
+        for _ in 0..depth + 1 {
+            slots.push(Slot {
+                buf: AlignedBuf::new(largest)?,
+                state: SlotState::Free,
+                at: 0,
+                len: 0,
+            });
+        }
+        let n = order.len();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                slots,
+                next: 0,
+                taken: 0,
+                skip: vec![false; n],
+                stop: false,
+                error: None,
+            }),
+            cv: Condvar::new(),
+            counters: StreamCounters::default(),
+            order,
+            depth,
+        });
+        let mut source = Source::open(file);
+        let name = source.name();
+        let s2 = Arc::clone(&shared);
+        let thread = if n > 0 {
+            Some(
+                std::thread::Builder::new()
+                    .name("layer-stream".into())
+                    .spawn(move || io_thread(&s2, &mut source))?,
+            )
+        } else {
+            None
+        };
+        tracing::info!(
+            layers = n,
+            depth,
+            buffer_bytes = largest * (depth + 1),
+            source = name,
+            "streaming layers from disk"
+        );
+        Ok(Streamer {
+            shared,
+            thread,
+            source: name,
+        })
+    }
+
+    /// Whether layer `il` is streamed.
+    pub fn streams(&self, il: usize) -> bool {
+        self.shared.index_of(il).is_some()
+    }
+
+    /// The streamed layers, in execution order.
+    pub fn layers(&self) -> Vec<usize> {
+        self.shared.order.iter().map(|s| s.layer).collect()
+    }
+
+    /// Layers read ahead.
+    pub fn depth(&self) -> usize {
+        self.shared.depth
+    }
+
+    /// Bytes of the buffer pool.
+    pub fn pool_bytes(&self) -> usize {
+        self.shared
+            .lock()
+            .slots
+            .iter()
+            .map(|s| s.buf.len)
+            .sum::<usize>()
+    }
+
+    /// Bytes of the streamed layers (read once per token when none is skipped).
+    pub fn streamed_bytes(&self) -> usize {
+        self.shared.order.iter().map(|s| s.range.len()).sum()
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Layer `il` will not run this pass: it is not read (if its read has not started).
+    pub fn skip(&self, il: usize) {
+        let Some(i) = self.shared.index_of(il) else {
+            return;
+        };
+        let n = self.shared.order.len() as u64;
+        let mut st = self.shared.lock();
+        // Already read (or being read) for this pass: nothing left to save.
+        let held = st.slots.iter().any(|s| match s.state {
+            SlotState::Loading {
+                seq,
+                cancelled: false,
+            }
+            | SlotState::Ready { seq } => seq % n == i as u64 && seq >= st.taken,
+            _ => false,
+        });
+        if !held {
+            st.skip[i] = true;
+        }
+    }
+
+    /// Layer `il`'s bytes, waiting for its read (the wait counts as stall time).
+    pub fn acquire(&self, il: usize) -> std::io::Result<LayerGuard<'_>> {
+        let sh = &*self.shared;
+        let idx = sh.index_of(il).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("layer {il} is not streamed"),
+            )
+        })?;
+        let n = sh.order.len() as u64;
+        let t0 = Instant::now();
+        let mut st = sh.lock();
+        // A skip flag set for this layer no longer applies: it is wanted now.
+        st.skip[idx] = false;
+        let mut waited = false;
+        loop {
+            if let Some(e) = st.error.take() {
+                return Err(std::io::Error::other(e));
+            }
+            // The slot holding (or reading) the first occurrence of this layer at or after
+            // the position last taken.
+            let found = st
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(k, s)| match s.state {
+                    SlotState::Loading {
+                        seq,
+                        cancelled: false,
+                    }
+                    | SlotState::Ready { seq }
+                        if seq % n == idx as u64 && seq >= st.taken =>
+                    {
+                        Some((k, seq))
+                    }
+                    _ => None,
+                })
+                .min_by_key(|&(_, seq)| seq);
+            match found {
+                Some((k, seq)) => {
+                    if let SlotState::Ready { .. } = st.slots[k].state {
+                        // Layers read ahead of this one but passed over are recycled.
+                        for s in st.slots.iter_mut() {
+                            match s.state {
+                                SlotState::Ready { seq: q } if q < seq => s.state = SlotState::Free,
+                                SlotState::Loading {
+                                    seq: q,
+                                    ref mut cancelled,
+                                } if q < seq => *cancelled = true,
+                                _ => {}
+                            }
+                        }
+                        st.slots[k].state = SlotState::InUse { seq };
+                        st.taken = seq + 1;
+                        let (at, len) = (st.slots[k].at, st.slots[k].len);
+                        let buf: *const AlignedBuf = &st.slots[k].buf;
+                        drop(st);
+                        sh.cv.notify_all();
+                        if waited {
+                            sh.counters
+                                .stall_us
+                                .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        }
+                        // SAFETY: the slot is InUse: the I/O thread does not write it until
+                        // the guard frees it, and the slots are never moved (the Vec is not
+                        // resized after construction).
+                        let data =
+                            unsafe { (*buf).slice(at + len).get(at..at + len).unwrap_or(&[]) };
+                        return Ok(LayerGuard {
+                            shared: sh,
+                            slot: k,
+                            data,
+                            file_start: sh.order[idx].range.start,
+                        });
+                    }
+                }
+                None => {
+                    // Not read nor being read: the read-ahead is elsewhere. Restart it here.
+                    let base = st.next.max(st.taken);
+                    let mut p = base - base % n + idx as u64;
+                    if p < base {
+                        p += n;
+                    }
+                    for s in st.slots.iter_mut() {
+                        match s.state {
+                            SlotState::Ready { .. } => s.state = SlotState::Free,
+                            SlotState::Loading {
+                                ref mut cancelled, ..
+                            } => *cancelled = true,
+                            _ => {}
+                        }
+                    }
+                    st.next = p;
+                    st.taken = p;
+                    sh.counters.restarts.fetch_add(1, Ordering::Relaxed);
+                    sh.cv.notify_all();
+                }
+            }
+            waited = true;
+            st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Streamer {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn io_thread(sh: &Shared, source: &mut Source) {
+    let n = sh.order.len() as u64;
+    loop {
+        let mut st = sh.lock();
+        // Wait for a free buffer and room ahead of the compute.
+        let (k, seq) = loop {
+            if st.stop {
+                return;
+            }
+            // The pool bounds the read-ahead: `depth` layers while one is computed, one
+            // more while the compute waits for the rest of the ring.
+            match st.slots.iter().position(|s| s.state == SlotState::Free) {
+                Some(k) => {
+                    let seq = st.next;
+                    let idx = (seq % n) as usize;
+                    st.next += 1;
+                    if st.skip[idx] {
+                        st.skip[idx] = false;
+                        sh.counters.layers_skipped.fetch_add(1, Ordering::Relaxed);
+                        sh.counters
+                            .bytes_skipped
+                            .fetch_add(sh.order[idx].range.len() as u64, Ordering::Relaxed);
+                        // A skipped layer counts as taken: the read-ahead moves past it.
+                        if st.taken == seq {
+                            st.taken = seq + 1;
+                        }
+                        continue;
+                    }
+                    break (k, seq);
+                }
+                _ => st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner()),
+            }
+        };
+        st.slots[k].state = SlotState::Loading {
+            seq,
+            cancelled: false,
+        };
+        let span = sh.order[(seq % n) as usize].range.clone();
+        let buf: *const AlignedBuf = &st.slots[k].buf;
+        drop(st);
+        let t0 = Instant::now();
+        // SAFETY: the slot is Loading: only this thread touches its buffer until it is marked
+        // Ready or Free below (the Vec of slots is never resized after construction).
+        let dst = unsafe { (*buf).slice_mut((*buf).len) };
+        let r = source.read(&span, dst);
+        let us = t0.elapsed().as_micros() as u64;
+        let mut st = sh.lock();
+        match r {
+            Ok(at) => {
+                sh.counters.read_us.fetch_add(us, Ordering::Relaxed);
+                sh.counters
+                    .bytes_read
+                    .fetch_add(span.len() as u64, Ordering::Relaxed);
+                sh.counters.layers_read.fetch_add(1, Ordering::Relaxed);
+                let s = &mut st.slots[k];
+                s.at = at;
+                s.len = span.len();
+                s.state = match s.state {
+                    SlotState::Loading {
+                        cancelled: true, ..
+                    } => SlotState::Free,
+                    _ => SlotState::Ready { seq },
+                };
+            }
+            Err(e) => {
+                st.slots[k].state = SlotState::Free;
+                st.error = Some(format!(
+                    "reading layer {} ({} bytes at offset {}) failed: {e}",
+                    sh.order[(seq % n) as usize].layer,
+                    span.len(),
+                    span.start
+                ));
+                // Back off: the next acquire reports it and restarts.
+                st.next = seq;
+                drop(st);
+                sh.cv.notify_all();
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        }
+        drop(st);
+        sh.cv.notify_all();
+    }
+}
+
+/// The sequential read rate of `path` with `O_DIRECT` (the page cache bypassed, as the
+/// streamer reads), bytes per second, over at most `bytes` from `offset`.
+pub fn measure_read_rate(
+    path: &std::path::Path,
+    offset: u64,
+    bytes: usize,
+) -> std::io::Result<f64> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)?;
+    let buf = AlignedBuf::new(READ_CHUNK)?;
+    let mut at = offset / ALIGN as u64 * ALIGN as u64;
+    let mut done = 0usize;
+    let t0 = Instant::now();
+    while done < bytes {
+        // SAFETY: the buffer is ours alone.
+        let dst = unsafe { buf.slice_mut(buf.len) };
+        let k = f.read_at(dst, at)?;
+        if k == 0 {
+            break;
+        }
+        done += k;
+        at += k as u64;
+        if k % ALIGN != 0 {
+            break;
+        }
+    }
+    let s = t0.elapsed().as_secs_f64();
+    if done == 0 || s <= 0.0 {
+        return Err(std::io::Error::other("nothing read"));
+    }
+    Ok(done as f64 / s)
+}
+
+/// One layer as the timing model sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimLayer {
+    /// Compute time per decoded token, seconds.
+    pub compute_s: f64,
+    /// Bytes read from disk per token when streamed (`None`: resident).
+    pub streamed_bytes: Option<u64>,
+}
+
+/// One node of the timing model: its reader and every visit of a token to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimNode {
+    /// Sequential read rate, bytes per second.
+    pub read_bytes_per_s: f64,
+    /// Layers read ahead (the pool holds `depth + 1` layers).
+    pub depth: usize,
+}
+
+/// A token's path: `(node, layers run there)` in ring order, one hop of `hop_s` between
+/// visits (and from the last back to the first), plus `fixed_s` per token elsewhere
+/// (embedding, head, sampling).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimRing {
+    pub nodes: Vec<SimNode>,
+    pub visits: Vec<(usize, Vec<SimLayer>)>,
+    pub hop_s: f64,
+    pub fixed_s: f64,
+}
+
+/// Seconds per decoded token in steady state, one token in flight: each node's reader reads
+/// its streamed layers in the order they run, cycling over tokens, as soon as one of its
+/// `depth + 1` buffers is free (a buffer frees when its layer's compute ends); a layer runs
+/// when the token has reached it and its bytes are in. Deterministic: the reads of a node
+/// happen in the order its computes need them, so one pass in token order resolves them.
+pub fn simulate(ring: &SimRing) -> f64 {
+    const TOKENS: usize = 12;
+    let k = ring.nodes.len();
+    // Per node: read end times and buffer free times, by read index.
+    let mut read_end: Vec<Vec<f64>> = vec![Vec::new(); k];
+    let mut free: Vec<Vec<f64>> = vec![Vec::new(); k];
+    let mut t = 0.0f64;
+    let mut starts = Vec::with_capacity(TOKENS);
+    for _ in 0..TOKENS {
+        starts.push(t);
+        for (node, layers) in &ring.visits {
+            let node = *node;
+            let Some(cfg) = ring.nodes.get(node) else {
+                continue;
+            };
+            let rate = if cfg.read_bytes_per_s.is_finite() && cfg.read_bytes_per_s > 0.0 {
+                cfg.read_bytes_per_s
+            } else {
+                1.0
+            };
+            t += ring.hop_s;
+            for l in layers {
+                if let Some(bytes) = l.streamed_bytes {
+                    let m = read_end[node].len();
+                    let prev = read_end[node].last().copied().unwrap_or(0.0);
+                    let slot = m.checked_sub(cfg.depth + 1).map_or(0.0, |j| free[node][j]);
+                    let end = prev.max(slot) + bytes as f64 / rate;
+                    read_end[node].push(end);
+                    t = t.max(end) + l.compute_s.max(0.0);
+                    free[node].push(t);
+                } else {
+                    t += l.compute_s.max(0.0);
+                }
+            }
+        }
+        t += ring.hop_s + ring.fixed_s;
+    }
+    let half = TOKENS / 2;
+    (t - starts[half]) / (TOKENS - half) as f64
+}
+
+/// Which layers of a slice stream, and how far ahead.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierPlan {
+    /// Streamed layers (the rest are resident), in execution order.
+    pub streamed: Vec<usize>,
+    pub depth: usize,
+    pub resident_bytes: u64,
+    /// The pool of `depth + 1` layer buffers.
+    pub pool_bytes: u64,
+    /// Bytes read from disk per token.
+    pub streamed_bytes: u64,
+}
+
+/// Splits `layers` (`(layer, bytes)` in execution order) into a resident tier and a streamed
+/// tier within `budget` bytes, the first layers resident: `depth` layers are read ahead, so
+/// the pool holds `depth + 1` of the largest. `None` when even the pool does not fit. With
+/// everything fitting, nothing streams.
+pub fn plan_tiers(layers: &[(usize, u64)], budget: u64, depth: usize) -> Option<TierPlan> {
+    let total: u64 = layers.iter().map(|l| l.1).sum();
+    if total <= budget {
+        return Some(TierPlan {
+            streamed: Vec::new(),
+            depth,
+            resident_bytes: total,
+            pool_bytes: 0,
+            streamed_bytes: 0,
+        });
+    }
+    let largest = layers.iter().map(|l| l.1).max().unwrap_or(0);
+    let pool = (largest + 2 * ALIGN as u64).saturating_mul(depth as u64 + 1);
+    let mut left = budget.checked_sub(pool)?;
+    let mut resident = 0u64;
+    let mut streamed = Vec::new();
+    let mut streamed_bytes = 0u64;
+    let mut full = false;
+    for &(il, b) in layers {
+        if !full && b <= left {
+            left -= b;
+            resident += b;
+        } else {
+            // Keep the resident layers a prefix: the read order stays the run order.
+            full = true;
+            streamed.push(il);
+            streamed_bytes += b;
+        }
+    }
+    Some(TierPlan {
+        streamed,
+        depth,
+        resident_bytes: resident,
+        pool_bytes: pool,
+        streamed_bytes,
+    })
+}
+
+/// The read-ahead depth (1..=4) whose tier plan the timing model finds fastest for a node
+/// running `layers` alone at `compute_bytes_per_s`, reading at `read_bytes_per_s`, with
+/// `idle_s` per token spent elsewhere (sampling, other nodes): a deeper pool overlaps more of
+/// the idle time but leaves fewer layers resident.
+pub fn choose_depth(
+    layers: &[(usize, u64)],
+    budget: u64,
+    compute_bytes_per_s: f64,
+    read_bytes_per_s: f64,
+    idle_s: f64,
+) -> Option<(TierPlan, f64)> {
+    let mut best: Option<(TierPlan, f64)> = None;
+    for depth in 1..=4 {
+        let Some(tp) = plan_tiers(layers, budget, depth) else {
+            continue;
+        };
+        let s = simulate(&single_node(
+            layers,
+            &tp,
+            compute_bytes_per_s,
+            read_bytes_per_s,
+            idle_s,
+        ));
+        if best.as_ref().is_none_or(|b| s < b.1 * 0.999) {
+            best = Some((tp, s));
+        }
+    }
+    best
+}
+
+/// The timing model of one node running `layers` with tiers `tp`.
+pub fn single_node(
+    layers: &[(usize, u64)],
+    tp: &TierPlan,
+    compute_bytes_per_s: f64,
+    read_bytes_per_s: f64,
+    idle_s: f64,
+) -> SimRing {
+    let speed = if compute_bytes_per_s > 0.0 {
+        compute_bytes_per_s
+    } else {
+        1.0
+    };
+    SimRing {
+        nodes: vec![SimNode {
+            read_bytes_per_s,
+            depth: tp.depth,
+        }],
+        visits: vec![(
+            0,
+            layers
+                .iter()
+                .map(|&(il, b)| SimLayer {
+                    compute_s: b as f64 / speed,
+                    streamed_bytes: tp.streamed.contains(&il).then_some(b),
+                })
+                .collect(),
+        )],
+        hop_s: 0.0,
+        fixed_s: idle_s,
+    }
+}
+
+/// Whether a model streams layers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamMode {
+    /// Only when the layers do not fit the budget: what fits stays resident.
+    #[default]
+    Auto,
+    /// Every layer streamed, however much memory there is (the naive baseline).
+    All,
+    /// Never: the layers are mapped, and the kernel pages them when memory is short.
+    Off,
+}
+
+impl std::str::FromStr for StreamMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(StreamMode::Auto),
+            "all" => Ok(StreamMode::All),
+            "off" => Ok(StreamMode::Off),
+            _ => Err(format!("'{s}' is not a stream mode (auto, all or off)")),
+        }
+    }
+}
+
+/// How a process streams (`--stream`, `--prefetch`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamSettings {
+    pub mode: StreamMode,
+    /// Layers read ahead (`None`: chosen from the measured read rate and compute speed).
+    pub prefetch: Option<usize>,
+}
+
+/// Bytes a read-rate probe reads.
+const PROBE_BYTES: usize = 64 << 20;
+/// Read rate assumed for a file held in memory.
+const MEMORY_READ_RATE: f64 = 10e9;
+
+/// What [`decide`] chose, for logs and `plan`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub tiers: TierPlan,
+    pub read_bytes_per_s: f64,
+    pub compute_bytes_per_s: f64,
+    /// The timing model's seconds per token for this node alone.
+    pub predicted_s: f64,
+}
+
+/// The streamer for `layers` (in execution order) of `file` when their weights do not fit
+/// `budget` (the bytes left for them once everything else is counted), as `settings` say:
+/// `None` when nothing streams. The first layers that fit stay resident; the read-ahead
+/// depth is `settings.prefetch`, or the one the timing model finds fastest from this
+/// machine's measured read rate (of `file`, page cache bypassed) and matrix × vector speed.
+pub fn decide(
+    file: &Arc<GgufFile>,
+    layers: &[usize],
+    budget: Option<u64>,
+    settings: &StreamSettings,
+    threads: usize,
+    idle_s: f64,
+) -> Result<Option<(Arc<Streamer>, Decision)>, String> {
+    if settings.mode == StreamMode::Off || layers.is_empty() {
+        return Ok(None);
+    }
+    let mut sized = Vec::with_capacity(layers.len());
+    for &il in layers {
+        let span = layer_span(file, il).ok_or_else(|| format!("layer {il} has no tensors"))?;
+        sized.push((il, span.range.len() as u64));
+    }
+    let total: u64 = sized.iter().map(|l| l.1).sum();
+    let budget = match (settings.mode, budget) {
+        (StreamMode::All, _) => 0,
+        (_, Some(b)) if total > b => b,
+        _ => return Ok(None),
+    };
+    let first = layer_span(file, layers[0]).map_or(0, |s| s.range.start as u64);
+    let read = match file.path() {
+        Some(p) => measure_read_rate(p, first, PROBE_BYTES)
+            .map_err(|e| format!("measuring the read rate of {}: {e}", p.display()))?,
+        None => MEMORY_READ_RATE,
+    };
+    let compute = crate::sys::matvec_speed(threads, Duration::from_millis(120));
+    let plan = if settings.mode == StreamMode::All {
+        let depth = settings.prefetch.unwrap_or(2).clamp(1, MAX_DEPTH);
+        let largest = sized.iter().map(|l| l.1).max().unwrap_or(0);
+        Some(TierPlan {
+            streamed: layers.to_vec(),
+            depth,
+            resident_bytes: 0,
+            pool_bytes: (largest + 2 * ALIGN as u64) * (depth as u64 + 1),
+            streamed_bytes: total,
+        })
+        .map(|tp| {
+            let s = simulate(&single_node(&sized, &tp, compute, read, idle_s));
+            (tp, s)
+        })
+    } else {
+        match settings.prefetch {
+            Some(d) => plan_tiers(&sized, budget, d.clamp(1, MAX_DEPTH)).map(|tp| {
+                let s = simulate(&single_node(&sized, &tp, compute, read, idle_s));
+                (tp, s)
+            }),
+            None => choose_depth(&sized, budget, compute, read, idle_s),
+        }
+    };
+    let Some((tiers, predicted_s)) = plan else {
+        let largest = sized.iter().map(|l| l.1).max().unwrap_or(0);
+        return Err(format!(
+            "the layers need {} MiB and {} MiB is left for them: not even two layer buffers \
+             of {} MiB fit to stream them",
+            total >> 20,
+            budget >> 20,
+            largest >> 20
+        ));
+    };
+    let streamer = Streamer::new(file, &tiers.streamed, tiers.depth)
+        .map_err(|e| format!("starting the layer streamer: {e}"))?;
+    tracing::info!(
+        resident_layers = layers.len() - tiers.streamed.len(),
+        streamed_layers = tiers.streamed.len(),
+        resident_mib = tiers.resident_bytes >> 20,
+        streamed_mib_per_token = tiers.streamed_bytes >> 20,
+        depth = tiers.depth,
+        read_mb_s = read / 1e6,
+        matvec_gb_s = compute / 1e9,
+        predicted_tok_s = 1.0 / predicted_s,
+        "layers do not fit the budget: streaming the rest"
+    );
+    Ok(Some((
+        Arc::new(streamer),
+        Decision {
+            tiers,
+            read_bytes_per_s: read,
+            compute_bytes_per_s: compute,
+            predicted_s,
+        },
+    )))
+}
