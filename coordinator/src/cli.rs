@@ -237,6 +237,36 @@ pub struct ClusterSource {
     /// Hidden states on the wire: f32, f16, bf16 or q8 (overrides the cluster file).
     #[arg(long)]
     pub activations: Option<String>,
+    /// When the model does not fit the ring's memory, layers are streamed from disk: auto
+    /// (the layout the planner predicts fastest: stream in place or 2-4 rounds per token),
+    /// 1-4 (that many rounds, even if the model fits), naive (every node streams its whole
+    /// slice: the baseline), off (refuse a model that does not fit).
+    #[arg(long, default_value = "auto", value_parser = parse_rounds)]
+    pub rounds: ringllm::cluster::StreamPolicy,
+}
+
+fn parse_rounds(s: &str) -> Result<ringllm::cluster::StreamPolicy, String> {
+    use ringllm::cluster::streaming::{Choice, MAX_ROUNDS};
+    use ringllm::cluster::StreamPolicy;
+    let choice = match s {
+        "auto" => Choice::Auto,
+        "naive" => Choice::Naive,
+        "off" => {
+            return Ok(StreamPolicy {
+                off: true,
+                choice: Choice::Auto,
+            })
+        }
+        k => match k.parse::<usize>() {
+            Ok(k) if (1..=MAX_ROUNDS).contains(&k) => Choice::Rounds(k),
+            _ => {
+                return Err(format!(
+                    "'{s}': give auto, naive, off or a number of rounds from 1 to {MAX_ROUNDS}"
+                ))
+            }
+        },
+    };
+    Ok(StreamPolicy { off: false, choice })
 }
 
 /// `ringllm up`: the coordinator of a ring.
@@ -586,6 +616,7 @@ impl From<&ClusterSource> for cluster::Source {
             nodes: a.nodes.clone(),
             transport: a.transport,
             activations: a.activations.clone(),
+            stream: a.rounds,
         }
     }
 }

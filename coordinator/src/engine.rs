@@ -488,7 +488,10 @@ impl RingMode {
                 }
             }
             if attempt == 1 {
-                eprint!("{}", ring.plan);
+                match &ring.streaming {
+                    Some(sp) => eprint!("{sp}"),
+                    None => eprint!("{}", ring.plan),
+                }
             }
             match ring.assign(
                 &spec, &self.file, &identity, ctx, args.batch, kv_type, slots,

@@ -71,6 +71,7 @@ fn start_nodes_in(names: &[&str], models_dir: PathBuf, cache_dir: PathBuf) -> No
                     memory: None,
                     // Every other node keeps the file's layout: a ring may mix both.
                     repack: addrs.len() % 2 == 0,
+                    stream: Default::default(),
                 };
                 let listener = Listener::new(tcp, &opts).expect("listener");
                 addrs.push(listener.local_addr().expect("local address"));
@@ -181,6 +182,7 @@ fn spec_of(nodes: &Nodes, send_slices: bool) -> RingSpec {
         activations: Dtype::F32,
         send_slices,
         discard_cached_slices: false,
+        stream: Default::default(),
         wait: Duration::from_secs(10),
     }
 }

@@ -31,11 +31,12 @@ use worker::{Attached, SessionStats, Worker};
 
 use crate::gguf::GgufFile;
 use crate::model::{LoadOptions, Model};
+use crate::stream::{StreamMode, StreamSettings, Streamer};
 use crate::{limits, sys};
-use crate::{KvCache, Runner};
+use crate::{KvCache, KvType, Runner};
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready,
-    SliceKey, Stats,
+    SliceKey, StageLayout, Stats,
 };
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
@@ -95,6 +96,8 @@ pub struct NodeOptions {
     /// Repack weights into panels at load where the kernels read them
     /// ([`crate::LoadOptions::repack`]); `--no-repack` turns it off for this node.
     pub repack: bool,
+    /// `--stream`, `--prefetch`: layers streamed from disk when they do not fit.
+    pub stream: StreamSettings,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -115,6 +118,8 @@ struct SessionHandle {
     /// Sequences the coordinator released since the last batch (their caches are cleared
     /// before the next one).
     release: Arc<Mutex<Vec<u64>>>,
+    /// The session's streamed layers, for their counters.
+    streamer: Option<Arc<Streamer>>,
 }
 
 impl Drop for SessionHandle {
@@ -236,6 +241,42 @@ pub fn model_identity(path: &Path, file: &GgufFile) -> ModelIdentity {
     }
 }
 
+/// The read rate of the largest model or slice file under `dirs` (page cache bypassed), for
+/// the planner's streaming plans; 0 when there is none or it cannot be read.
+fn disk_read_rate(dirs: &[&Path]) -> f64 {
+    let mut best: Option<(u64, PathBuf)> = None;
+    let mut visit = |p: PathBuf| {
+        if let Ok(m) = std::fs::metadata(&p) {
+            if m.is_file() && best.as_ref().is_none_or(|b| m.len() > b.0) {
+                best = Some((m.len(), p));
+            }
+        }
+    };
+    for d in dirs {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                // Slices live one level down.
+                for e2 in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+                    visit(e2.path());
+                }
+            } else {
+                visit(p);
+            }
+        }
+    }
+    let Some((len, path)) = best else {
+        return 0.0;
+    };
+    // The middle of the file: its start is the header, likely in the page cache anyway.
+    crate::stream::measure_read_rate(&path, len / 2, 64 << 20)
+        .or_else(|_| crate::stream::measure_read_rate(&path, 0, 64 << 20))
+        .unwrap_or(0.0)
+}
+
 fn scan_models(dir: &Path) -> Vec<ModelIdentity> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         warn!(dir = %dir.display(), "models directory is not readable");
@@ -275,10 +316,12 @@ pub async fn serve(
     }
     let threads = opts.threads.max(1);
     let dir = opts.models_dir.clone();
-    let (speed, models) = tokio::task::spawn_blocking(move || {
+    let cache = opts.cache_dir.clone();
+    let (speed, models, disk) = tokio::task::spawn_blocking(move || {
         (
             sys::matvec_speed(threads, Duration::from_millis(200)),
             scan_models(&dir),
+            disk_read_rate(&[&dir, &cache]),
         )
     })
     .await
@@ -298,6 +341,7 @@ pub async fn serve(
         matvec_bytes_per_s: speed,
         models,
         transport: opts.transport,
+        disk_read_bytes_per_s: disk,
     };
     info!(
         speed_gbs = speed / 1e9,
@@ -812,6 +856,12 @@ fn node_stats(node: &Node) -> Stats {
         out.tokens = g(&s.stats.tokens);
         out.compute_us = g(&s.stats.compute_us);
         out.busy_us = g(&s.stats.busy_us);
+        if let Some(st) = &s.streamer {
+            let c = st.stats();
+            out.stream_bytes_read = c.bytes_read;
+            out.stream_stall_us = (c.stall_s * 1e6) as u64;
+            out.stream_layers_skipped = c.layers_skipped;
+        }
     }
     out
 }
@@ -934,61 +984,27 @@ async fn assign(
     let n2 = name.clone();
     let cap = node.opts.memory;
     let repack = node.opts.repack;
+    let settings = node.opts.stream;
+    let layout = a.layout.clone();
     let loaded = tokio::task::spawn_blocking(move || {
-        let model = Model::load(
+        load_stage(&StageLoad {
+            node: &n2,
             file,
-            &LoadOptions {
-                layers: Some(range),
-                embedding: false,
-                head,
-                repack,
-                stream: None,
-            },
-        )
-        .map_err(|source| AssignError::Load {
-            node: n2.clone(),
-            source,
-        })?;
-        let kv_bytes = KvCache::bytes_for(
-            &model.hp,
-            model.layer_range.clone(),
-            ctx,
-            max_batch,
-            kv_type,
-        ) as u64
-            * slots as u64;
-        limits::check_runner(
-            &model.hp,
-            model.layer_range.clone(),
+            range,
+            layout: &layout,
+            head,
+            repack,
+            cap,
+            settings,
             threads,
             max_batch,
             ctx,
             kv_type,
             slots,
-        )
-        .map_err(|source| AssignError::Limit {
-            node: n2.clone(),
-            source,
-        })?;
-        if cap.is_some() {
-            let (what, need) = limits::runner_memory(
-                &model.hp,
-                model.layer_range.clone(),
-                threads,
-                max_batch,
-                ctx,
-                kv_type,
-                slots,
-            );
-            limits::check_memory_within(cap, what, need)
-                .map_err(|source| AssignError::Limit { node: n2, source })?;
-        }
-        let weights = model.prefault() as u64;
-        let runner = Runner::new(Arc::new(model), threads, max_batch, ctx);
-        Ok::<_, AssignError>((runner, weights, kv_bytes))
+        })
     })
     .await??;
-    let (runner, weight_bytes, kv_bytes) = loaded;
+    let (runner, windows, streamer, weight_bytes, kv_bytes) = loaded;
     let stats = Arc::new(SessionStats::default());
     // The link to the next node, if the output does not go back to the coordinator.
     let next = match &a.next_hop {
@@ -1038,8 +1054,12 @@ async fn assign(
     let (attach_tx, attach_rx) = std::sync::mpsc::channel::<Attached>();
     let worker = Worker {
         name: name.clone(),
+        caches: windows
+            .iter()
+            .map(|_| (0..slots).map(|_| None).collect())
+            .collect(),
         runner,
-        caches: (0..slots).map(|_| None).collect(),
+        windows,
         kv_ctx: ctx,
         kv_type,
         head,
@@ -1083,10 +1103,192 @@ async fn assign(
         stop,
         closers,
         release,
+        streamer,
     });
     node.changed.notify_waiters();
     Ok(ready)
 }
+
+/// What [`load_stage`] needs.
+struct StageLoad<'a> {
+    node: &'a str,
+    file: Arc<GgufFile>,
+    /// Every layer of the stage (its windows' span when it has several).
+    range: std::ops::Range<usize>,
+    layout: &'a StageLayout,
+    head: bool,
+    repack: bool,
+    cap: Option<u64>,
+    settings: StreamSettings,
+    threads: usize,
+    max_batch: usize,
+    ctx: usize,
+    kv_type: KvType,
+    slots: usize,
+}
+
+type Loaded = (Runner, Vec<Arc<Model>>, Option<Arc<Streamer>>, u64, u64);
+
+/// Loads a stage: one runner per window (one window unless the ring has several rounds),
+/// the head on the last; the layers the coordinator listed (or, without a list, those that do
+/// not fit this node's budget) streamed from disk by one streamer shared by the windows.
+fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
+    let node = s.node.to_string();
+    let load_err = |source| AssignError::Load {
+        node: node.clone(),
+        source,
+    };
+    let limit = |source| AssignError::Limit {
+        node: node.clone(),
+        source,
+    };
+    let n_layer = s.range.end;
+    if !s.layout.windows.is_empty() {
+        let (first, last) = (
+            s.layout.windows[0].0,
+            s.layout.windows[s.layout.windows.len() - 1].1,
+        );
+        if first as usize != s.range.start || last as usize != s.range.end {
+            return Err(AssignError::Layout {
+                node,
+                why: format!(
+                    "windows {:?} do not span layers {}..{}",
+                    s.layout.windows, s.range.start, s.range.end
+                ),
+            });
+        }
+    }
+    let windows: Vec<std::ops::Range<usize>> = if s.layout.windows.is_empty() {
+        vec![s.range.clone()]
+    } else {
+        s.layout
+            .windows
+            .iter()
+            .map(|&(a, b)| a as usize..b as usize)
+            .collect()
+    };
+    // Windows in order, inside the stage's span, none empty.
+    let mut at = s.range.start;
+    for w in &windows {
+        if w.start < at || w.end <= w.start || w.end > n_layer {
+            return Err(AssignError::Layout {
+                node,
+                why: format!(
+                    "window {}..{} is empty, out of order or outside layers {}..{}",
+                    w.start, w.end, s.range.start, s.range.end
+                ),
+            });
+        }
+        at = w.end;
+    }
+    let all: Vec<usize> = windows.iter().flat_map(|w| w.clone()).collect();
+    for &l in &s.layout.streamed {
+        if !all.contains(&(l as usize)) {
+            return Err(AssignError::Layout {
+                node,
+                why: format!("streamed layer {l} is not one of the stage's"),
+            });
+        }
+    }
+    let hp = Model::load(
+        Arc::clone(&s.file),
+        &LoadOptions {
+            layers: Some(0..0),
+            embedding: false,
+            head: false,
+            ..LoadOptions::default()
+        },
+    )
+    .map_err(load_err)?
+    .hp;
+    // One runner (its scratch) for every window, and each window's KV caches.
+    let (what, runner_need) = {
+        let (what, mut need) = limits::runner_memory(
+            &hp,
+            windows[0].clone(),
+            s.threads,
+            s.max_batch,
+            s.ctx,
+            s.kv_type,
+            s.slots,
+        );
+        for w in &windows[1..] {
+            let kv = KvCache::bytes_for(&hp, w.clone(), s.ctx, s.max_batch, s.kv_type) as u64;
+            need = need.saturating_add(kv.saturating_mul(s.slots as u64));
+        }
+        (what, need)
+    };
+    // Scratch and KV first: streaming layers cannot make room for them.
+    limits::check("threads", s.threads, limits::MAX_THREADS).map_err(limit)?;
+    limits::check_memory_within(s.cap, what, runner_need).map_err(limit)?;
+    // The streamed tier: as the coordinator planned it, or what this node's budget leaves.
+    let settings = StreamSettings {
+        mode: if s.layout.stream_all {
+            StreamMode::All
+        } else {
+            s.settings.mode
+        },
+        prefetch: match s.layout.prefetch {
+            0 => s.settings.prefetch,
+            p => s.settings.prefetch.or(Some(p as usize)),
+        },
+    };
+    let streamer = if !s.layout.streamed.is_empty() && settings.mode != StreamMode::All {
+        let depth = settings.prefetch.unwrap_or(2);
+        let order: Vec<usize> = s.layout.streamed.iter().map(|&l| l as usize).collect();
+        let st = Streamer::new(&s.file, &order, depth).map_err(|e| AssignError::Layout {
+            node: node.clone(),
+            why: format!("cannot stream layers {order:?}: {e}"),
+        })?;
+        Some(Arc::new(st))
+    } else {
+        let head_bytes = if s.head {
+            ["output.weight", "token_embd.weight"]
+                .iter()
+                .find_map(|n| s.file.tensor(n))
+                .map_or(0, |t| t.size)
+        } else {
+            0
+        };
+        let budget = limits::budget(s.cap).map(|b| {
+            b.saturating_sub(runner_need)
+                .saturating_sub(head_bytes)
+                .saturating_sub(STREAM_HEADROOM)
+        });
+        crate::stream::decide(&s.file, &all, budget, &settings, s.threads, 0.0)
+            .map_err(|why| AssignError::Layout {
+                node: node.clone(),
+                why,
+            })?
+            .map(|(st, _)| st)
+    };
+    let mut models = Vec::with_capacity(windows.len());
+    let mut weights = 0u64;
+    let mut kv_bytes = 0u64;
+    for (i, w) in windows.iter().enumerate() {
+        let last = i + 1 == windows.len();
+        let model = Model::load(
+            Arc::clone(&s.file),
+            &LoadOptions {
+                layers: Some(w.clone()),
+                embedding: false,
+                head: s.head && last,
+                repack: s.repack,
+                stream: streamer.clone(),
+            },
+        )
+        .map_err(load_err)?;
+        kv_bytes += KvCache::bytes_for(&model.hp, w.clone(), s.ctx, s.max_batch, s.kv_type) as u64
+            * s.slots as u64;
+        weights += model.prefault() as u64;
+        models.push(Arc::new(model));
+    }
+    let runner = Runner::new(Arc::clone(&models[0]), s.threads, s.max_batch, s.ctx);
+    Ok((runner, models, streamer, weights, kv_bytes))
+}
+
+/// Memory a streaming node keeps free beyond its tiers (runtime, frame buffers).
+const STREAM_HEADROOM: u64 = 48 << 20;
 
 /// A data link: reads its `Attach` and hands it to the session's compute thread.
 async fn data_conn(

@@ -7,7 +7,7 @@ use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
 use ringllm_node::gguf::GgufFile;
 use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_node::{KvType, LoadOptions, Model, Runner};
-use ringllm_protocol::control::{Assignment, Capabilities, Input, NextHop};
+use ringllm_protocol::control::{Assignment, Capabilities, Input, NextHop, StageLayout};
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, BoxLink, DialSpec, LinkRole};
 use ringllm_protocol::{
@@ -66,6 +66,7 @@ impl TestNode {
             transport,
             memory: None,
             repack: true,
+            stream: Default::default(),
         };
         let listener = Listener::new(tcp, &opts).expect("listener");
         let addr = listener.local_addr().expect("local address");
@@ -265,6 +266,7 @@ async fn session_round_trip(transport: TransportKind) {
         max_batch: max_batch as u32,
         threads: 1,
         kv_slots: 1,
+        layout: Default::default(),
     });
     control_conn::send_control(control.tx.as_mut(), &assign)
         .await
@@ -369,6 +371,7 @@ async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
         max_batch: 4,
         threads: 1,
         kv_slots: 1,
+        layout: Default::default(),
     };
     // Each once aborted the node in the allocator (a 4-billion-thread pool, 614 GB of scratch).
     let cases = [
@@ -400,6 +403,39 @@ async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
                 ..base.clone()
             },
             "but only",
+        ),
+        (
+            Assignment {
+                layout: StageLayout {
+                    windows: vec![(0, 2), (1, n_layer)],
+                    ..Default::default()
+                },
+                ..base.clone()
+            },
+            "window 1..",
+        ),
+        (
+            Assignment {
+                layout: StageLayout {
+                    windows: vec![(0, 1), (2, n_layer - 1)],
+                    ..Default::default()
+                },
+                ..base.clone()
+            },
+            "do not span layers",
+        ),
+        (
+            Assignment {
+                layer_start: 0,
+                layer_end: 2,
+                head: false,
+                layout: StageLayout {
+                    streamed: vec![5],
+                    ..Default::default()
+                },
+                ..base.clone()
+            },
+            "streamed layer 5 is not one of the stage's",
         ),
     ];
     for (session, (a, needle)) in (2u64..).zip(cases) {

@@ -36,6 +36,9 @@ pub struct Capabilities {
     pub models: Vec<ModelIdentity>,
     /// The transport this node takes its data links on (`--transport`).
     pub transport: TransportKind,
+    /// Measured sequential read rate of the node's model or slice files with the page cache
+    /// bypassed, bytes per second (0: not measured), for plans that stream layers.
+    pub disk_read_bytes_per_s: f64,
 }
 
 /// Where a stage's input comes from.
@@ -132,6 +135,23 @@ pub struct Assignment {
     pub threads: u32,
     /// Sequences this stage keeps a KV cache for at once; frames carry sequence ids below it.
     pub kv_slots: u32,
+    /// Several windows and streamed layers, for models larger than the cluster's memory.
+    pub layout: StageLayout,
+}
+
+/// How a stage holds its layers when they do not all fit its memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageLayout {
+    /// A multi-round ring: the stage's windows `(start, end)` in order, one per round (a
+    /// frame's round, [`crate::frame::round_of`], says which one runs). Empty: one window,
+    /// `layer_start..layer_end`, which then spans all of them.
+    pub windows: Vec<(u32, u32)>,
+    /// Layers read from disk each token instead of staying resident, in the order they run.
+    pub streamed: Vec<u32>,
+    /// Layers read ahead when streaming (0: the node picks).
+    pub prefetch: u32,
+    /// Stream every layer (the naive baseline, `--stream all`).
+    pub stream_all: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,6 +180,11 @@ pub struct Stats {
     /// Time from a frame's arrival to its output being queued (compute + queueing).
     pub busy_us: u64,
     pub rss_bytes: u64,
+    /// Streamed layers: bytes read from disk, time the compute waited for them, layers
+    /// passed over unread.
+    pub stream_bytes_read: u64,
+    pub stream_stall_us: u64,
+    pub stream_layers_skipped: u64,
 }
 
 /// Which slice of which model: the layers `layer_start..layer_end`, and the final norm and

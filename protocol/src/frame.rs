@@ -48,8 +48,23 @@ pub const FLAG_ALL_TOKENS: u32 = 1;
 /// More frames of the same batch follow: a node runs every frame up to the first one without
 /// this flag as one batch, and marks its outputs the same way.
 pub const FLAG_MORE: u32 = 2;
+/// Bits 8..16: the round of a multi-round ring the frame belongs to (which of the stage's
+/// windows runs it).
+pub const FLAG_ROUND_MASK: u32 = 0xff00;
+pub const FLAG_ROUND_SHIFT: u32 = 8;
 /// Every flag this version knows.
-pub const KNOWN_FLAGS: u32 = FLAG_ALL_TOKENS | FLAG_MORE;
+pub const KNOWN_FLAGS: u32 = FLAG_ALL_TOKENS | FLAG_MORE | FLAG_ROUND_MASK;
+
+/// The round a frame's flags carry.
+pub fn round_of(flags: u32) -> usize {
+    ((flags & FLAG_ROUND_MASK) >> FLAG_ROUND_SHIFT) as usize
+}
+
+/// `flags` with `round` in its round bits (rounds above 255 cannot be expressed: the planner
+/// makes at most a few).
+pub fn with_round(flags: u32, round: usize) -> u32 {
+    (flags & !FLAG_ROUND_MASK) | (((round.min(255)) as u32) << FLAG_ROUND_SHIFT)
+}
 
 /// What a frame carries. Discriminants are part of the wire format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -21,7 +21,7 @@ use crate::key::{ct_eq, ClusterKey};
 
 pub const HS_MAGIC: [u8; 4] = *b"RLHS";
 /// 1: the ring. 2: model slices sent to nodes (`Slice*` control messages, `Slice` frames).
-pub const PROTOCOL_MAJOR: u16 = 2;
+pub const PROTOCOL_MAJOR: u16 = 3;
 pub const PROTOCOL_MINOR: u16 = 0;
 /// Capability bits a peer may announce.
 pub const CAP_TCP: u64 = 1;

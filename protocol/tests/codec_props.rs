@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, KvType, ModelIdentity, NextHop,
-    Piece, Ready, SliceKey, SliceNeed, SliceOffer, SliceProgress, Stats,
+    Piece, Ready, SliceKey, SliceNeed, SliceOffer, SliceProgress, StageLayout, Stats,
 };
 use ringllm_protocol::frame::{
     FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, KNOWN_FLAGS, MAX_CONTROL_LEN,
@@ -145,7 +145,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
         text(),
         finite_or_inf_f64(),
         prop::collection::vec(model_identity(), 0..4),
-        transport(),
+        (transport(), finite_or_inf_f64()),
     )
         .prop_map(
             |(
@@ -158,7 +158,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
                 isa,
                 matvec_bytes_per_s,
                 models,
-                transport,
+                (transport, disk_read_bytes_per_s),
             )| Capabilities {
                 node_name,
                 version,
@@ -170,8 +170,24 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
                 matvec_bytes_per_s,
                 models,
                 transport,
+                disk_read_bytes_per_s,
             },
         )
+}
+
+fn stage_layout() -> impl Strategy<Value = StageLayout> {
+    (
+        prop::collection::vec((any::<u32>(), any::<u32>()), 0..5),
+        prop::collection::vec(any::<u32>(), 0..8),
+        any::<u32>(),
+        any::<bool>(),
+    )
+        .prop_map(|(windows, streamed, prefetch, stream_all)| StageLayout {
+            windows,
+            streamed,
+            prefetch,
+            stream_all,
+        })
 }
 
 fn transport() -> impl Strategy<Value = TransportKind> {
@@ -205,12 +221,14 @@ fn assignment() -> impl Strategy<Value = Assignment> {
             any::<u32>(),
             any::<u32>(),
         ),
+        stage_layout(),
     )
         .prop_map(
             |(
                 (session, model, layer_start, layer_end),
                 (head, input, next_hop, activations),
                 (kv_ctx, kv_type, max_batch, threads, kv_slots),
+                layout,
             )| Assignment {
                 session,
                 model,
@@ -225,6 +243,7 @@ fn assignment() -> impl Strategy<Value = Assignment> {
                 max_batch,
                 threads,
                 kv_slots,
+                layout,
             },
         )
 }
@@ -253,7 +272,7 @@ fn ready() -> impl Strategy<Value = Ready> {
 }
 
 fn stats() -> impl Strategy<Value = Stats> {
-    prop::array::uniform::<_, 9>(any::<u64>()).prop_map(|v| Stats {
+    prop::array::uniform::<_, 12>(any::<u64>()).prop_map(|v| Stats {
         session: v[0],
         frames_in: v[1],
         frames_out: v[2],
@@ -263,6 +282,9 @@ fn stats() -> impl Strategy<Value = Stats> {
         compute_us: v[6],
         busy_us: v[7],
         rss_bytes: v[8],
+        stream_bytes_read: v[9],
+        stream_stall_us: v[10],
+        stream_layers_skipped: v[11],
     })
 }
 
@@ -806,6 +828,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 matvec_bytes_per_s: 1.5,
                 models: vec![model.clone()],
                 transport: TransportKind::Quic,
+                disk_read_bytes_per_s: 1e9,
             }),
             0,
         ),
@@ -828,6 +851,12 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 max_batch: 32,
                 threads: 0,
                 kv_slots: 8,
+                layout: StageLayout {
+                    windows: vec![(0, 2), (4, 6)],
+                    streamed: vec![5],
+                    prefetch: 2,
+                    stream_all: false,
+                },
             }),
             1,
         ),

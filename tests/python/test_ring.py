@@ -171,8 +171,8 @@ def test_garbage_and_wrong_version_are_refused_and_the_node_keeps_serving(tmp_pa
                 assert s.recv(100) == b""
             except ConnectionResetError:
                 pass
-        # A client hello with protocol major version 3 (ours is 2).
-        body = struct.pack("<HHQB", 3, 0, 1, 1) + bytes(8) + bytes(32) + bytes([4]) + b"test"
+        # A client hello with protocol major version 4 (ours is 3).
+        body = struct.pack("<HHQB", 4, 0, 1, 1) + bytes(8) + bytes(32) + bytes([4]) + b"test"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(b"RLHS" + bytes([1]) + struct.pack("<H", len(body)) + body)
             s.settimeout(5)

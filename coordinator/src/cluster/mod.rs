@@ -7,9 +7,10 @@ mod diagnostics;
 pub mod file;
 pub mod planner;
 pub mod ring;
+pub mod streaming;
 
 pub use file::{load, parse_str, ClusterConfig, StageConfig};
-pub use ring::{Ring, RingSpec, StageSpec};
+pub use ring::{Ring, RingSpec, StageSpec, StreamPolicy};
 
 use anyhow::{anyhow, bail, Result};
 use ringllm_protocol::control::KvType;
@@ -32,6 +33,8 @@ pub struct Source {
     pub transport: Option<TransportKind>,
     /// Hidden states on the wire: f32, f16, bf16 or q8.
     pub activations: Option<String>,
+    /// Streaming layers when the model does not fit (`--rounds`).
+    pub stream: StreamPolicy,
 }
 
 /// How long `up` waits for nodes that do not answer yet (`--wait`).
@@ -103,6 +106,7 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     activations,
                     send_slices: true,
                     discard_cached_slices: false,
+                    stream: src.stream,
                     wait: DEFAULT_WAIT,
                 },
                 ctx: cfg.ctx,
@@ -150,6 +154,7 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     },
                     send_slices: true,
                     discard_cached_slices: false,
+                    stream: src.stream,
                     wait: DEFAULT_WAIT,
                 },
                 ctx: None,

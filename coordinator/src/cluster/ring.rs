@@ -6,6 +6,7 @@
 use crate::cluster::planner::{
     self, headroom, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput,
 };
+use crate::cluster::streaming::{self, StreamingPlan};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm_node::daemon::model_identity;
 use ringllm_node::gguf::GgufFile;
@@ -16,7 +17,7 @@ use ringllm_protocol::control::{
 };
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, BoxLink, LinkRole};
-use ringllm_protocol::frame::{COORDINATOR_MAX_PAYLOAD, FLAG_MORE};
+use ringllm_protocol::frame::{with_round, COORDINATOR_MAX_PAYLOAD, FLAG_MORE};
 use ringllm_protocol::{
     ClusterKey, Dtype, FrameHeader, FrameKind, LinkCounters, Role, TransportKind,
 };
@@ -94,6 +95,18 @@ pub struct RingSpec {
     /// How long to wait for a node lost mid-transfer to come back (`up --wait`) before
     /// giving up; the transfer resumes where it stopped.
     pub wait: Duration,
+    /// Streaming layers from disk when the model does not fit the ring's memory.
+    pub stream: StreamPolicy,
+}
+
+/// When and how the ring streams layers from disk (`up --stream`, `--rounds`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamPolicy {
+    /// `--stream off`: never (a model that does not fit is refused).
+    pub off: bool,
+    /// Which layouts to consider when streaming; anything but `Auto` streams even a model
+    /// that fits.
+    pub choice: streaming::Choice,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -182,6 +195,10 @@ pub struct Ring {
     logits_buf: Vec<f32>,
     /// Coordinator's own link counters (bytes it sent and received per node).
     scratch: Vec<u8>,
+    /// The streaming layout, when the model does not fit the ring's memory.
+    pub streaming: Option<StreamingPlan>,
+    /// Times a token goes round the ring (several with a multi-round streaming layout).
+    pub rounds: usize,
 }
 
 /// Sizes the planner needs, from the model's tensor table.
@@ -373,6 +390,7 @@ impl Ring {
                     matvec_bytes_per_s: 0.0,
                     models: Vec::new(),
                     transport: TransportKind::Tcp,
+                    disk_read_bytes_per_s: 0.0,
                 },
                 declared: s.transport,
                 rtt_s: 0.0,
@@ -396,6 +414,8 @@ impl Ring {
             activations: Dtype::F32,
             logits_buf: Vec::new(),
             scratch: Vec::new(),
+            streaming: None,
+            rounds: 1,
         };
         // Capabilities arrive first on every connection.
         let mut have = vec![false; ring.nodes.len()];
@@ -520,15 +540,44 @@ impl Ring {
                 }
             }
         }
-        let plan = planner::plan(
-            &cost,
-            &CoordinatorInput {
-                memory_budget: coord_budget,
-                bytes_per_s: head_speed,
-            },
-            &inputs,
-        )
-        .map_err(|e| anyhow!("{e}"))?;
+        let coord_in = CoordinatorInput {
+            memory_budget: coord_budget,
+            bytes_per_s: head_speed,
+        };
+        let fitted = if spec.stream.choice == streaming::Choice::Auto {
+            Some(planner::plan(&cost, &coord_in, &inputs))
+        } else {
+            None
+        };
+        let plan = match fitted {
+            Some(Ok(p)) => p,
+            Some(Err(e))
+                if spec.stream.off
+                    || !matches!(e, planner::PlanError::DoesNotFit { .. })
+                    || inputs.iter().any(|s| s.local || s.pinned.is_some()) =>
+            {
+                return Err(anyhow!("{e}"));
+            }
+            _ => {
+                if inputs.iter().any(|s| s.local || s.pinned.is_some()) {
+                    bail!(
+                        "layers are streamed only over a ring of nodes without pinned layers \
+                         or a local stage"
+                    );
+                }
+                let disk: Vec<f64> = ring
+                    .nodes
+                    .iter()
+                    .map(|n| n.caps.disk_read_bytes_per_s)
+                    .collect();
+                let sp = streaming::plan(&cost, &coord_in, &inputs, &disk, spec.stream.choice)
+                    .map_err(|e| anyhow!("{e}"))?;
+                let p = sp.to_plan(&inputs, cost.slots);
+                ring.streaming = Some(sp);
+                p
+            }
+        };
+        ring.rounds = ring.streaming.as_ref().map_or(1, |s| s.chosen().rounds);
         // Stages: local ranges and segments of consecutive remote nodes.
         let mut stages = Vec::new();
         let mut ni = 0;
@@ -629,6 +678,11 @@ impl Ring {
                         .and_then(|s| s.threads)
                         .unwrap_or(0) as u32,
                     kv_slots: slots.max(1) as u32,
+                    layout: self
+                        .streaming
+                        .as_ref()
+                        .map(|sp| sp.layout(i))
+                        .unwrap_or_default(),
                 };
                 assigned.push(i);
                 self.send_control(i, &Control::Assign(a))?;
@@ -932,14 +986,18 @@ impl Ring {
     ) -> Result<()> {
         let n: usize = parts.iter().map(|p| p.n_tokens).sum();
         let stages = self.stages.clone();
-        let mut seg = 0usize;
-        for st in &stages {
-            match st {
-                Stage::Local { .. } => local(&mut x[..n * d])?,
-                Stage::Segment { first, last } => {
-                    self.send_segment(seg, *first, parts, x, d)?;
-                    self.recv_segment(seg, *last, parts, x, d, logits)?;
-                    seg += 1;
+        // A multi-round ring: the token goes round `rounds` times, relayed here between rounds
+        // (a round trip more per round, small against the disk reads such a ring waits for).
+        for round in 0..self.rounds.max(1) {
+            let mut seg = 0usize;
+            for st in &stages {
+                match st {
+                    Stage::Local { .. } => local(&mut x[..n * d])?,
+                    Stage::Segment { first, last } => {
+                        self.send_segment(seg, *first, parts, x, d, round)?;
+                        self.recv_segment(seg, *last, parts, x, d, logits)?;
+                        seg += 1;
+                    }
                 }
             }
         }
@@ -950,14 +1008,14 @@ impl Ring {
     /// with `send_batch` and its result taken later with `recv_batch`, and several batches
     /// can be in the ring at once.
     pub fn pipelinable(&self) -> bool {
-        matches!(self.stages.as_slice(), [Stage::Segment { .. }])
+        self.rounds <= 1 && matches!(self.stages.as_slice(), [Stage::Segment { .. }])
     }
 
     /// Sends a batch into a pipelinable ring.
     pub fn send_batch(&mut self, parts: &[Part], x: &[f32], d: usize) -> Result<()> {
         match self.stages.first() {
             Some(&Stage::Segment { first, .. }) if self.stages.len() == 1 => {
-                self.send_segment(0, first, parts, x, d)
+                self.send_segment(0, first, parts, x, d, 0)
             }
             _ => bail!("this ring has local layers: batches cannot be pipelined"),
         }
@@ -987,6 +1045,7 @@ impl Ring {
         parts: &[Part],
         x: &[f32],
         d: usize,
+        round: usize,
     ) -> Result<()> {
         let who_first = self.who(first);
         let mut payload = std::mem::take(&mut self.scratch);
@@ -1002,7 +1061,7 @@ impl Ring {
         {
             activations::encode(self.activations, &x[row * d..(row + m) * d], &mut payload)?;
             row += m;
-            let flags = if k + 1 < parts.len() { FLAG_MORE } else { 0 };
+            let flags = with_round(if k + 1 < parts.len() { FLAG_MORE } else { 0 }, round);
             let h = FrameHeader::new(
                 FrameKind::Hidden,
                 self.activations,

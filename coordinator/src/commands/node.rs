@@ -29,6 +29,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         transport: args.transport,
         memory: args.memory,
         repack: !args.layout.no_repack,
+        stream: args.layout.stream.settings(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

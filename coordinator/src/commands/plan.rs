@@ -49,6 +49,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                     "memory_available": c.memory_available,
                     "threads": c.threads,
                     "matvec_bytes_per_s": c.matvec_bytes_per_s,
+                    "disk_read_bytes_per_s": c.disk_read_bytes_per_s,
                     "rtt_ms": rtt * 1e3,
                 })
             })
@@ -88,6 +89,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                 "ctx": ctx,
                 "max_batch": max_batch,
                 "predicted_tokens_per_s": ring.plan.predicted_tokens_per_s,
+                "streaming": ring.streaming,
             })
         );
     } else {
@@ -97,15 +99,19 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             .zip(ring.capabilities().iter().zip(ring.rtts()))
         {
             outln!(
-                "node {name} ({addr}): {} threads, memory budget {}, matvec {:.1} GB/s, rtt {:.3} ms, isa {}",
+                "node {name} ({addr}): {} threads, memory budget {}, matvec {:.1} GB/s, disk {:.0} MB/s, rtt {:.3} ms, isa {}",
                 c.threads,
                 format_bytes(c.memory_available),
                 c.matvec_bytes_per_s / 1e9,
+                c.disk_read_bytes_per_s / 1e6,
                 rtt * 1e3,
                 c.isa
             );
         }
-        out!("{}", ring.plan);
+        match &ring.streaming {
+            Some(sp) => out!("{sp}"),
+            None => out!("{}", ring.plan),
+        }
         for p in &slices {
             let what = format!(
                 "layers {}-{}{}",

@@ -107,6 +107,10 @@ pub enum AssignError {
         #[source]
         source: TransportError,
     },
+    /// The stage's windows or streamed layers do not make sense, or cannot be streamed in
+    /// this node's memory.
+    #[error("node '{node}': {why}")]
+    Layout { node: String, why: String },
     /// A loading task panicked or was cancelled.
     #[error(transparent)]
     Task(#[from] tokio::task::JoinError),
@@ -121,7 +125,8 @@ impl AssignError {
         match self {
             AssignError::Activations { .. }
             | AssignError::FileName { .. }
-            | AssignError::Load { .. } => ErrorCode::BadRequest,
+            | AssignError::Load { .. }
+            | AssignError::Layout { .. } => ErrorCode::BadRequest,
             AssignError::NoModelFile { .. } | AssignError::Unreadable { .. } => {
                 ErrorCode::ModelMissing
             }
@@ -174,6 +179,11 @@ pub enum StageError {
     /// A sequence's cache vanished between the checks and the pass (a bug, not a peer's fault).
     #[error("no cache for sequence {seq}")]
     NoCache { seq: u64 },
+    /// A frame for a round this stage has no window for, or a batch mixing rounds.
+    #[error(
+        "frame for round {round}, but this stage has {windows} window(s) (or a batch mixes rounds)"
+    )]
+    BadRound { round: usize, windows: usize },
     /// Activations that do not decode or encode, or a frame too large for its header.
     #[error(transparent)]
     Wire(#[from] ProtocolError),

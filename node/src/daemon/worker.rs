@@ -10,7 +10,7 @@ use crate::{KvCache, KvType, Runner};
 use ringllm_protocol::activations;
 use ringllm_protocol::control::ErrorCode;
 use ringllm_protocol::dial::BoxLink;
-use ringllm_protocol::frame::{FLAG_ALL_TOKENS, FLAG_MORE};
+use ringllm_protocol::frame::{round_of, FLAG_ALL_TOKENS, FLAG_MORE};
 use ringllm_protocol::{Dtype, FrameHeader, FrameKind, LinkCloser};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,9 +48,12 @@ pub(super) struct SessionStats {
 /// output link, all on this thread.
 pub(super) struct Worker {
     pub(super) name: String,
+    /// The runner (its scratch and threads), set to the window of each batch's round.
     pub(super) runner: Runner,
-    /// One cache per sequence slot, made on first use.
-    pub(super) caches: Vec<Option<KvCache>>,
+    /// The stage's windows: one, or one per round of a multi-round ring.
+    pub(super) windows: Vec<Arc<crate::Model>>,
+    /// Per window, one cache per sequence slot, made on first use.
+    pub(super) caches: Vec<Vec<Option<KvCache>>>,
     pub(super) kv_ctx: usize,
     pub(super) kv_type: KvType,
     pub(super) head: bool,
@@ -194,7 +197,7 @@ impl Worker {
                     .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
                 let more = h.flags & FLAG_MORE != 0;
                 batch.push((h, buf));
-                if !more || batch.len() >= self.caches.len() {
+                if !more || batch.len() >= self.caches[0].len() {
                     break;
                 }
             }
@@ -202,8 +205,10 @@ impl Worker {
             let released: Vec<u64> =
                 std::mem::take(&mut *self.release.lock().unwrap_or_else(|e| e.into_inner()));
             for seq in released {
-                if let Some(Some(c)) = self.caches.get_mut(seq as usize) {
-                    c.truncate(0);
+                for w in self.caches.iter_mut() {
+                    if let Some(Some(c)) = w.get_mut(seq as usize) {
+                        c.truncate(0);
+                    }
                 }
             }
             match self.process(&batch, &mut x) {
@@ -263,15 +268,26 @@ impl Worker {
         batch: &[(FrameHeader, Vec<u8>)],
         x: &mut Vec<f32>,
     ) -> Result<Vec<Outgoing>, StageError> {
-        let d = self.runner.model.hp.d_model;
+        let round = batch.first().map_or(0, |(h, _)| round_of(h.flags));
+        let windows = self.windows.len();
+        if round >= windows || batch.iter().any(|(h, _)| round_of(h.flags) != round) {
+            return Err(StageError::BadRound { round, windows });
+        }
+        let last_window = round + 1 == windows;
+        if !Arc::ptr_eq(&self.runner.model, &self.windows[round]) {
+            self.runner.model = Arc::clone(&self.windows[round]);
+        }
+        let runner = &mut self.runner;
+        let caches = &mut self.caches[round];
+        let d = runner.model.hp.d_model;
         let n: usize = batch.iter().map(|(h, _)| h.n_tokens as usize).sum();
-        if n > self.runner.max_batch() {
+        if n > runner.max_batch() {
             return Err(StageError::BatchTooLarge {
                 n,
-                max: self.runner.max_batch(),
+                max: runner.max_batch(),
             });
         }
-        let mut seen = vec![false; self.caches.len()];
+        let mut seen = vec![false; caches.len()];
         for (h, _) in batch {
             let want = h.dtype.bytes_for(d);
             if h.kind != FrameKind::Hidden || want != Some(h.bytes_per_token()) {
@@ -284,17 +300,17 @@ impl Worker {
                 });
             }
             let slot = h.seq as usize;
-            if slot >= self.caches.len() {
+            if slot >= caches.len() {
                 return Err(StageError::SlotOutOfRange {
                     seq: h.seq,
-                    slots: self.caches.len(),
+                    slots: caches.len(),
                 });
             }
             if std::mem::replace(&mut seen[slot], true) {
                 return Err(StageError::DuplicateSequence { seq: h.seq });
             }
             let (ctx, ty) = (self.kv_ctx, self.kv_type);
-            let cache = self.caches[slot].get_or_insert_with(|| self.runner.new_cache(ctx, ty));
+            let cache = caches[slot].get_or_insert_with(|| runner.new_cache(ctx, ty));
             let pos = h.pos as usize;
             if pos < cache.len {
                 if !cache.can_truncate_to(pos) {
@@ -321,7 +337,7 @@ impl Worker {
             let mut taken: Vec<(usize, KvCache)> = Vec::with_capacity(batch.len());
             for (h, _) in batch {
                 let slot = h.seq as usize;
-                let c = self.caches[slot]
+                let c = caches[slot]
                     .take()
                     .ok_or(StageError::NoCache { seq: h.seq })?;
                 taken.push((slot, c));
@@ -331,10 +347,10 @@ impl Worker {
                 .zip(batch)
                 .map(|((_, c), (h, _))| (c, h.n_tokens as usize))
                 .collect();
-            let r = self.runner.layers_multi(&mut x[..n * d], &mut parts, None);
+            let r = runner.layers_multi(&mut x[..n * d], &mut parts, None);
             drop(parts);
             for (slot, c) in taken {
-                self.caches[slot] = Some(c);
+                caches[slot] = Some(c);
             }
             r?;
         }
@@ -345,17 +361,17 @@ impl Worker {
             let xs = &mut x[row * d..(row + k) * d];
             row += k;
             let mut bytes = Vec::new();
-            let (kind, dtype, n_out) = if self.head {
+            let (kind, dtype, n_out) = if self.head && last_window {
                 let rows = if h.flags & FLAG_ALL_TOKENS != 0 {
                     0..k
                 } else {
                     k - 1..k
                 };
-                let vocab = self.runner.model.hp.vocab;
+                let vocab = runner.model.hp.vocab;
                 let xr = &mut xs[rows.start * d..rows.end * d];
-                self.runner.final_norm(xr, rows.len())?;
+                runner.final_norm(xr, rows.len())?;
                 let mut logits = vec![0f32; rows.len() * vocab];
-                self.runner.logits(xr, rows.len(), &mut logits)?;
+                runner.logits(xr, rows.len(), &mut logits)?;
                 bytes.reserve(logits.len() * 2);
                 for v in &logits {
                     bytes.extend_from_slice(&half::f16::from_f32(*v).to_le_bytes());
