@@ -25,6 +25,24 @@ struct Row {
     /// The kernel set and the machine the figure came from.
     isa: &'static str,
     machine: String,
+    /// Decode with streamed layers: what the streamed tier cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    streaming: Option<StreamRow>,
+}
+
+/// Decode with layers streamed from disk, per token: bytes read, time stalled on I/O, and the
+/// bound `max(compute, streamed bytes ÷ read rate)` with the read rate measured on the file
+/// with the page cache bypassed.
+#[derive(serde::Serialize, Clone, Copy)]
+struct StreamRow {
+    resident_mib: f64,
+    streamed_mib_per_token: f64,
+    stall_ms_per_token: f64,
+    compute_ms_per_token: f64,
+    read_mb_per_s: f64,
+    io_ms_per_token: f64,
+    bound_tokens_per_s: f64,
+    pct_of_bound: f64,
 }
 
 /// `ringllm bench -m MODEL`: ppN and tgN at each thread count.
@@ -114,10 +132,12 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 roofline_tokens_per_s: None,
                 isa: ringllm_kernels::isa().name(),
                 machine: ringllm_node::sys::machine_summary(),
+                streaming: None,
             });
         }
         for &g in &args.gen {
             let mut samples = Vec::new();
+            let s0 = model.streamer.as_ref().map(|s| s.stats());
             for _ in 0..args.repeat {
                 let mut kv = runner.new_cache(ctx, KvType::F32);
                 let t0 = Instant::now();
@@ -127,6 +147,10 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 samples.push(g as f64 / t0.elapsed().as_secs_f64());
             }
             let (mean, sd) = stats(&samples);
+            let streaming = match (&model.streamer, s0) {
+                (Some(st), Some(s0)) => Some(stream_row(&model, st, &s0, g * args.repeat, mean)?),
+                _ => None,
+            };
             rows.push(Row {
                 test: format!("tg{g}"),
                 threads: t,
@@ -136,6 +160,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 roofline_tokens_per_s: Some(roof),
                 isa: ringllm_kernels::isa().name(),
                 machine: ringllm_node::sys::machine_summary(),
+                streaming,
             });
         }
     }
@@ -158,8 +183,71 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
             "{}",
             markdown_table(&["test", "threads", "t/s", "roofline"], cells)
         );
+        for r in &rows {
+            if let Some(s) = &r.streaming {
+                outln!(
+                    "{} threads {}: streamed {:.1} MiB/token ({:.1} MiB resident), stalled {:.1} ms/token; \
+                     compute {:.1} ms, I/O {:.1} ms at {:.0} MB/s (page cache bypassed) -> bound {:.2} tok/s, \
+                     decode at {:.0}% of it",
+                    r.test,
+                    r.threads,
+                    s.streamed_mib_per_token,
+                    s.resident_mib,
+                    s.stall_ms_per_token,
+                    s.compute_ms_per_token,
+                    s.io_ms_per_token,
+                    s.read_mb_per_s,
+                    s.bound_tokens_per_s,
+                    s.pct_of_bound
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes of the model file the read-rate probe reads.
+const READ_PROBE_BYTES: usize = 512 << 20;
+
+/// What the streamed tier cost over `tokens` decoded tokens since `s0`, against its bound.
+fn stream_row(
+    model: &ringllm_node::Model,
+    st: &ringllm_node::stream::Streamer,
+    s0: &ringllm_node::stream::StreamStats,
+    tokens: usize,
+    tokens_per_s: f64,
+) -> Result<StreamRow> {
+    let s1 = st.stats();
+    let n = tokens.max(1) as f64;
+    let bytes = (s1.bytes_read - s0.bytes_read) as f64 / n;
+    let stall = (s1.stall_s - s0.stall_s) / n;
+    let t = 1.0 / tokens_per_s.max(1e-12);
+    let first = st.layers().first().copied().unwrap_or(0);
+    let at = ringllm_node::stream::layer_span(model.file(), first).map_or(0, |s| s.range.start);
+    let rate = match model.file().path() {
+        Some(p) => ringllm_node::stream::measure_read_rate(p, at as u64, READ_PROBE_BYTES)?,
+        None => f64::INFINITY,
+    };
+    let compute = (t - stall).max(0.0);
+    let io = bytes / rate;
+    let bound = 1.0 / compute.max(io).max(1e-12);
+    let resident: usize = model
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !st.streams(model.layer_range.start + i))
+        .map(|(_, l)| l.weight_bytes())
+        .sum();
+    Ok(StreamRow {
+        resident_mib: resident as f64 / 1048576.0,
+        streamed_mib_per_token: bytes / 1048576.0,
+        stall_ms_per_token: stall * 1e3,
+        compute_ms_per_token: compute * 1e3,
+        read_mb_per_s: rate / 1e6,
+        io_ms_per_token: io * 1e3,
+        bound_tokens_per_s: bound,
+        pct_of_bound: 100.0 * tokens_per_s / bound,
+    })
 }
 
 /// A Markdown table whose columns are as wide as their widest cell: the first column

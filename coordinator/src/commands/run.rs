@@ -127,6 +127,19 @@ fn report(engine: &Engine, g: &Generation) {
         g.decode_tokens_per_s,
         g.finish_reason
     );
+    if let Some(st) = &engine.runner.model.streamer {
+        let s = st.stats();
+        let n = (g.prefill_tokens.min(1) + g.token_ids.len()).max(1) as f64;
+        eprintln!(
+            "streamed {} layers from disk: {:.1} MiB read per forward pass, {:.1} ms per pass stalled on \
+             I/O, {} read-ahead restarts, {} layers skipped unread",
+            st.layers().len(),
+            s.bytes_read as f64 / n / 1048576.0,
+            s.stall_s / n * 1e3,
+            s.restarts,
+            s.layers_skipped
+        );
+    }
 }
 
 /// First Ctrl-C sets `cancel` (stop the current reply); a second one in a row exits, as
