@@ -6,7 +6,8 @@
 //! their caches, and a corrupted cached tensor is fetched again.
 //! Needs the test models (`scripts/fetch-models`). Timeouts are only hang guards.
 
-use ringllm::cluster::ring::{RingSpec, StageSpec};
+use ringllm::cluster::ring::{RingSpec, StageSpec, StreamPolicy};
+use ringllm::cluster::streaming::Choice;
 use ringllm::engine::{Engine, ModelOptions};
 use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
 use ringllm_protocol::control::KvType;
@@ -158,6 +159,52 @@ fn a_ring_of_in_process_nodes_equals_the_single_process() {
     for (step, (a, b)) in logits.iter().zip(&want_logits).enumerate() {
         let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "logits of step {step} differ from the single process");
+    }
+    nodes.stop();
+}
+
+/// Several rounds per token (windows interleaved over the nodes) and the naive layout (every
+/// layer of every node streamed from disk each token): the same bits as the single process.
+#[test]
+fn multi_round_and_streaming_rings_equal_the_single_process() {
+    let nodes = start_nodes(&["n1", "n2"]);
+    let prompt = "The three primary colours are";
+    let mut one = Engine::load(&options()).expect("the single process loads");
+    let want = greedy(&mut one, prompt, 6);
+    drop(one);
+    for (choice, rounds, streamed) in [
+        (Choice::Rounds(3), 3, false),
+        (Choice::Naive, 1, true),
+        (Choice::Rounds(2), 2, false),
+    ] {
+        let spec = RingSpec {
+            stream: StreamPolicy { off: false, choice },
+            ..spec_of(&nodes, false)
+        };
+        let mut ring = Engine::load_ring(&options(), spec).expect("the ring builds");
+        let r = ring.ring_mut().expect("a ring");
+        assert_eq!(r.rounds, rounds, "{choice:?}");
+        let sp = r.streaming.clone().expect("a streaming layout");
+        let c = sp.chosen();
+        assert_eq!(c.naive, streamed, "{choice:?}");
+        for s in &c.stages {
+            assert_eq!(s.windows.len(), rounds, "{choice:?}: {s:?}");
+        }
+        let got = greedy(&mut ring, prompt, 6);
+        let stats = ring.ring_mut().expect("a ring").stats().expect("stats");
+        ring.close();
+        assert_eq!(
+            got.0, want.0,
+            "{choice:?}: tokens differ from the single process"
+        );
+        assert!(same_bits(&got.1, &want.1), "{choice:?}: logits differ");
+        let read: u64 = stats.iter().map(|s| s.stream_bytes_read).sum();
+        if streamed {
+            // Every layer, every pass: at least the model's layers once per generated token.
+            assert!(read > 6 * 50 << 20, "{choice:?}: {read} bytes read");
+        } else {
+            assert_eq!(read, 0, "{choice:?}: nothing streams when the layers fit");
+        }
     }
     nodes.stop();
 }

@@ -573,11 +573,30 @@ impl Streamer {
                     }
                 }
                 None => {
-                    // Not read nor being read: the read-ahead is elsewhere. Restart it here.
-                    let base = st.next.max(st.taken);
+                    // Not read nor being read. Its next turn at or after the position last
+                    // taken: the reader's very next read (wait for it, recycling buffers of
+                    // layers passed over), or elsewhere (restart the read-ahead there).
+                    let base = st.taken;
                     let mut p = base - base % n + idx as u64;
                     if p < base {
                         p += n;
+                    }
+                    if p == st.next {
+                        let mut freed = false;
+                        for s in st.slots.iter_mut() {
+                            if let SlotState::Ready { seq } = s.state {
+                                if seq < p {
+                                    s.state = SlotState::Free;
+                                    freed = true;
+                                }
+                            }
+                        }
+                        if freed {
+                            sh.cv.notify_all();
+                        }
+                        waited = true;
+                        st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                        continue;
                     }
                     for s in st.slots.iter_mut() {
                         match s.state {

@@ -1,0 +1,231 @@
+//! Layers streamed from disk: the streamer hands out exactly the file's bytes whatever the
+//! read-ahead depth, order or skips, and a model whose layers stream gives the resident
+//! model's bits; the timing model and the tier split follow their definitions.
+
+use ringllm_kernels::GgmlType;
+use ringllm_node::gguf::GgufFile;
+use ringllm_node::stream::{
+    layer_span, plan_tiers, simulate, SimLayer, SimNode, SimRing, Streamer,
+};
+use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use std::sync::Arc;
+
+/// A synthetic model written to a real file (so the streamer reads it with O_DIRECT, or
+/// through the page cache where the filesystem refuses that), and held in memory too.
+fn files(arch: SynthArch, ty: GgmlType, tag: &str) -> (Arc<GgufFile>, Arc<GgufFile>) {
+    let bytes = synth_model(&SynthSpec {
+        n_layer: 6,
+        ..SynthSpec::new(arch, ty, 7)
+    })
+    .expect("synth");
+    let dir =
+        std::env::temp_dir().join(format!("ringllm-stream-test-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("m.gguf");
+    std::fs::write(&path, &bytes).expect("write the model");
+    let on_disk = Arc::new(GgufFile::open(&path).expect("open"));
+    let in_memory = Arc::new(GgufFile::from_bytes(bytes).expect("read back"));
+    (on_disk, in_memory)
+}
+
+#[test]
+fn every_layer_comes_back_as_the_file_has_it_at_every_depth_order_and_skip() {
+    let (disk, mem) = files(SynthArch::Llama, GgmlType::Q8_0, "bytes");
+    let n = Model::open(disk.path().unwrap()).unwrap().hp.n_layer;
+    assert!(n >= 3, "the test model needs a few layers");
+    let layers: Vec<usize> = (0..n).collect();
+    for file in [&disk, &mem] {
+        for depth in 1..=4 {
+            let st = Streamer::new(file, &layers, depth).expect("streamer");
+            let check = |il: usize| {
+                let g = st.acquire(il).expect("acquire");
+                let span = layer_span(file, il).unwrap();
+                assert_eq!(g.file_start, span.range.start);
+                assert_eq!(
+                    &*g,
+                    &file.bytes()[span.range.clone()],
+                    "layer {il} depth {depth}"
+                );
+            };
+            // Three passes in order, as tokens do.
+            for _ in 0..3 {
+                for &il in &layers {
+                    check(il);
+                }
+            }
+            assert_eq!(st.stats().restarts, 0, "in-order passes never restart");
+            // A pass that skips layer 1 (told before it is needed), then one in order.
+            st.skip(1);
+            for &il in layers.iter().filter(|&&l| l != 1) {
+                check(il);
+            }
+            for &il in &layers {
+                check(il);
+            }
+            // Out of order: the read-ahead restarts, the bytes are still right.
+            check(n - 1);
+            check(0);
+            check(n - 1);
+            let s = st.stats();
+            assert!(s.restarts >= 1, "{s:?}");
+            assert!(s.layers_read >= 4 * n as u64 - 1, "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn a_streamed_model_gives_the_resident_models_bits_at_every_depth() {
+    for (arch, ty) in [
+        (SynthArch::Llama, GgmlType::Q4_0),
+        (SynthArch::Gemma3, GgmlType::Q8_0),
+    ] {
+        let (file, _) = files(arch, ty, arch.name());
+        let resident = Arc::new(Model::load(Arc::clone(&file), &LoadOptions::default()).unwrap());
+        let n = resident.hp.n_layer;
+        let run = |model: Arc<Model>| -> Vec<Vec<f32>> {
+            let mut r = Runner::new(model, 1, 8, 32);
+            let mut kv = r.new_cache(32, KvType::F32);
+            let mut x = Vec::new();
+            let mut logits = vec![0f32; r.model.hp.vocab];
+            let mut out = Vec::new();
+            // A prefill batch, then single tokens.
+            r.step(&[1, 5, 9, 2, 7], &mut kv, &mut x, &mut logits)
+                .unwrap();
+            out.push(logits.clone());
+            for t in [3u32, 11, 4, 6] {
+                r.step(&[t], &mut kv, &mut x, &mut logits).unwrap();
+                out.push(logits.clone());
+            }
+            out
+        };
+        let want = run(Arc::clone(&resident));
+        // Everything streamed, and a tail streamed behind resident layers, with and without
+        // repacking of the resident part.
+        let tails: Vec<Vec<usize>> = vec![(0..n).collect(), (n / 2..n).collect()];
+        for streamed in &tails {
+            for depth in 1..=4 {
+                for repack in [false, true] {
+                    let st = Arc::new(Streamer::new(&file, streamed, depth).unwrap());
+                    let m = Model::load(
+                        Arc::clone(&file),
+                        &LoadOptions {
+                            repack,
+                            stream: Some(Arc::clone(&st)),
+                            ..LoadOptions::default()
+                        },
+                    )
+                    .unwrap();
+                    let got = run(Arc::new(m));
+                    assert_eq!(
+                        got,
+                        want,
+                        "{} streamed {streamed:?} depth {depth} repack {repack}",
+                        arch.name()
+                    );
+                    let s = st.stats();
+                    // Five passes read every streamed layer (more when read ahead).
+                    assert!(s.layers_read >= 5 * streamed.len() as u64, "{s:?}");
+                }
+            }
+        }
+    }
+}
+
+fn node(depth: usize, rate: f64) -> SimNode {
+    SimNode {
+        read_bytes_per_s: rate,
+        depth,
+    }
+}
+
+fn layer(compute_s: f64, streamed: Option<u64>) -> SimLayer {
+    SimLayer {
+        compute_s,
+        streamed_bytes: streamed,
+    }
+}
+
+#[test]
+fn the_timing_model_follows_its_definition() {
+    // Resident only: compute plus hops plus the fixed time.
+    let ring = SimRing {
+        nodes: vec![node(1, 1.0), node(1, 1.0)],
+        visits: vec![
+            (0, vec![layer(0.5, None), layer(0.5, None)]),
+            (1, vec![layer(1.0, None)]),
+        ],
+        hop_s: 0.25,
+        fixed_s: 0.5,
+    };
+    // 2 compute + 3 hops (into each visit and back) + 0.5.
+    assert!((simulate(&ring) - 3.25).abs() < 1e-9, "{}", simulate(&ring));
+    // One node, everything streamed, I/O bound: 4 layers of 1 s to read, 0.1 s to compute.
+    // With the pool wide enough the reader never waits for a buffer, so a token takes the
+    // reading time of its layers: 4 s.
+    let io_bound = |depth| SimRing {
+        nodes: vec![node(depth, 1.0)],
+        visits: vec![(0, (0..4).map(|_| layer(0.1, Some(1))).collect())],
+        hop_s: 0.0,
+        fixed_s: 0.0,
+    };
+    assert!((simulate(&io_bound(4)) - 4.0).abs() < 1e-9);
+    // Depth 1 (two buffers): the same, the read of layer i+2 waits for layer i's compute,
+    // which ends long before layer i+1's read does.
+    assert!((simulate(&io_bound(1)) - 4.0).abs() < 1e-9);
+    // Compute bound: reads hide behind compute; 4 × 1 s compute, the first read (0.1 s) of
+    // each token overlapped with the previous token's end at depth ≥ 1.
+    let cpu_bound = SimRing {
+        nodes: vec![node(1, 10.0)],
+        visits: vec![(0, (0..4).map(|_| layer(1.0, Some(1))).collect())],
+        hop_s: 0.0,
+        fixed_s: 0.0,
+    };
+    assert!(
+        (simulate(&cpu_bound) - 4.0).abs() < 1e-9,
+        "{}",
+        simulate(&cpu_bound)
+    );
+    // Idle time elsewhere (another node's compute) is used for reading ahead, up to the pool.
+    let with_gap = |depth| SimRing {
+        nodes: vec![node(depth, 1.0)],
+        visits: vec![(0, (0..4).map(|_| layer(0.0, Some(1))).collect())],
+        hop_s: 0.0,
+        fixed_s: 2.0,
+    };
+    // Depth 3 (4 buffers): the whole next token is read during the 2 s gap... up to 2 layers
+    // in 2 s, so each token waits 2 s of reading plus the 2 s gap: period 4 s; depth 1 (2
+    // buffers) reads 2 during the gap as well: the same.
+    assert!(
+        (simulate(&with_gap(3)) - 4.0).abs() < 1e-9,
+        "{}",
+        simulate(&with_gap(3))
+    );
+    assert!((simulate(&with_gap(1)) - 4.0).abs() < 1e-9);
+    // A slower disk makes it slower; a resident layer instead of a streamed one makes it
+    // faster.
+    let mut slow = io_bound(2);
+    slow.nodes[0].read_bytes_per_s = 0.5;
+    assert!(simulate(&slow) > simulate(&io_bound(2)));
+    let mut part = io_bound(2);
+    part.visits[0].1[0].streamed_bytes = None;
+    assert!(simulate(&part) < simulate(&io_bound(2)));
+}
+
+#[test]
+fn tiers_keep_a_resident_prefix_and_a_pool_within_the_budget() {
+    let layers: Vec<(usize, u64)> = (0..10).map(|i| (i, 100 << 20)).collect();
+    // Everything fits: nothing streams.
+    let t = plan_tiers(&layers, 2000 << 20, 2).unwrap();
+    assert!(t.streamed.is_empty());
+    // 1000 MiB of layers in 600 MiB: a pool of 3 (depth 2) layers, the rest resident first.
+    let t = plan_tiers(&layers, 600 << 20, 2).unwrap();
+    assert!(t.pool_bytes >= 300 << 20 && t.pool_bytes < 301 << 20);
+    assert!(t.resident_bytes + t.pool_bytes <= 600 << 20);
+    let resident: Vec<usize> = (0..10).filter(|l| !t.streamed.contains(l)).collect();
+    assert_eq!(resident, vec![0, 1]);
+    assert_eq!(t.streamed, (2..10).collect::<Vec<_>>());
+    assert_eq!(t.streamed_bytes, 800 << 20);
+    // Not even the pool: refused.
+    assert!(plan_tiers(&layers, 250 << 20, 2).is_none());
+}
