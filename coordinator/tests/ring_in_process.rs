@@ -201,7 +201,7 @@ fn multi_round_and_streaming_rings_equal_the_single_process() {
         let read: u64 = stats.iter().map(|s| s.stream_bytes_read).sum();
         if streamed {
             // Every layer, every pass: at least the model's layers once per generated token.
-            assert!(read > 6 * 50 << 20, "{choice:?}: {read} bytes read");
+            assert!(read > (6 * 50) << 20, "{choice:?}: {read} bytes read");
         } else {
             assert_eq!(read, 0, "{choice:?}: nothing streams when the layers fit");
         }
