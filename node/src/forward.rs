@@ -449,7 +449,15 @@ impl Runner {
         for (r, s) in row_skip[..n].iter_mut().enumerate() {
             *s = cell(r) == SKIP;
         }
-        self.layer(m, il, l, x, n, segs, (skipped > 0).then_some(&row_skip[..n]));
+        self.layer(
+            m,
+            il,
+            l,
+            x,
+            n,
+            segs,
+            (skipped > 0).then_some(&row_skip[..n]),
+        );
         let st = &mut self.skip_state;
         st.row_skip = row_skip;
         for &r in &keep {

@@ -762,7 +762,9 @@ mod tests {
         let path = tmp("trunc.skip");
         for cut in [4, 30, bytes.len() - 1, bytes.len() / 2] {
             std::fs::write(&path, &bytes[..cut]).expect("write");
-            let e = Predictor::load(&path, &id()).expect_err("truncated").to_string();
+            let e = Predictor::load(&path, &id())
+                .expect_err("truncated")
+                .to_string();
             assert!(e.contains(&path.display().to_string()), "{e}");
             assert!(e.contains("truncated"), "cut {cut}: {e}");
         }
@@ -777,7 +779,9 @@ mod tests {
             let mut b = bytes.clone();
             b[at] ^= 0x10;
             std::fs::write(&path, &b).expect("write");
-            let e = Predictor::load(&path, &id()).expect_err("corrupt").to_string();
+            let e = Predictor::load(&path, &id())
+                .expect_err("corrupt")
+                .to_string();
             assert!(e.contains("checksum mismatch"), "byte {at}: {e}");
             assert!(e.contains("flip.skip"), "{e}");
         }
@@ -785,7 +789,9 @@ mod tests {
         let mut b = bytes.clone();
         b[0] ^= 1;
         std::fs::write(&path, &b).expect("write");
-        let e = Predictor::load(&path, &id()).expect_err("magic").to_string();
+        let e = Predictor::load(&path, &id())
+            .expect_err("magic")
+            .to_string();
         assert!(e.contains("bad magic"), "{e}");
     }
 
@@ -816,7 +822,9 @@ mod tests {
                 ..id()
             },
         ] {
-            let e = Predictor::load(&path, &other).expect_err("other model").to_string();
+            let e = Predictor::load(&path, &other)
+                .expect_err("other model")
+                .to_string();
             assert!(e.contains("made for another model"), "{e}");
             assert!(e.contains("other.skip"), "{e}");
         }
@@ -827,7 +835,9 @@ mod tests {
         // Label: x0 + 0.5·x1 > 0.2, on a deterministic spread of points.
         let mut rng = SplitMix(7);
         let n = 2000;
-        let x: Vec<f32> = (0..n * 3).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect();
+        let x: Vec<f32> = (0..n * 3)
+            .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32)
+            .collect();
         let y: Vec<bool> = (0..n)
             .map(|i| x[i * 3] + 0.5 * x[i * 3 + 1] > 0.2)
             .collect();
@@ -852,7 +862,12 @@ mod tests {
         for _ in 0..500 {
             let t = (rng.next_f64() * 2.0 - 1.0) as f32 * 3.0;
             let noise = |r: &mut SplitMix| (r.next_f64() as f32 - 0.5) * 0.1;
-            x.extend_from_slice(&[t + noise(&mut rng), t + noise(&mut rng), noise(&mut rng), noise(&mut rng)]);
+            x.extend_from_slice(&[
+                t + noise(&mut rng),
+                t + noise(&mut rng),
+                noise(&mut rng),
+                noise(&mut rng),
+            ]);
         }
         let (_, proj) = pca(&x, d, 1, 1);
         let dir: Vec<f32> = (0..d).map(|i| proj[i]).collect();

@@ -79,7 +79,12 @@ impl Data {
         let step = rows.div_ceil(PCA_ROWS).max(1);
         let mut pooled = Vec::with_capacity((rows / step + 1) * d);
         let mut norm = vec![0f32; d];
-        for (k, row) in self.states.iter().flat_map(|s| s.chunks_exact(d)).enumerate() {
+        for (k, row) in self
+            .states
+            .iter()
+            .flat_map(|s| s.chunks_exact(d))
+            .enumerate()
+        {
             if k % step == 0 {
                 skip::rms_normalise(row, &mut norm);
                 pooled.extend_from_slice(&norm);
@@ -210,14 +215,17 @@ pub fn calibrate(args: CalibrateArgs) -> Result<ExitCode> {
             Some(SkipPolicy::new(Arc::new(p))),
         )?;
         let ok = ppl <= limit;
-        say(&bar, format!(
+        say(
+            &bar,
+            format!(
             "  τ = {tau:.4} ({:>2.0}% labelled skippable after layer {decision}): held-out PPL \
              {ppl:.4} ({:+.2}%), {:.1}% of layer evaluations skipped{}",
             q * 100.0,
             100.0 * (ppl / base_ppl - 1.0),
             100.0 * stats.skip_fraction(),
             if ok { "" } else { "  -> over the budget" }
-        ));
+        ),
+        );
         if !ok {
             break;
         }
@@ -294,13 +302,12 @@ fn say(bar: &ProgressBar, line: String) {
     }
 }
 
+/// `(layer, position of the first row, input rows, output rows)`.
+type LayerRecorder<'a> = dyn FnMut(usize, usize, &[f32], &[f32]) + 'a;
+
 /// Runs `chunk` from an empty cache, calling `f(layer, position of the first row, input
 /// rows, output rows)` after each layer of each batch.
-fn run_chunk(
-    engine: &mut Engine,
-    chunk: &[u32],
-    f: &mut dyn FnMut(usize, usize, &[f32], &[f32]),
-) -> Result<()> {
+fn run_chunk(engine: &mut Engine, chunk: &[u32], f: &mut LayerRecorder<'_>) -> Result<()> {
     let d = engine.runner.model.hp.d_model;
     let batch = engine.runner.max_batch();
     let mut x = vec![0f32; batch * d];
