@@ -441,8 +441,7 @@ impl Runner {
             st.stats.bytes_not_read += l.weight_bytes() as u64;
             return;
         }
-        let keep: Vec<usize> = (0..n).filter(|&r| cell(r) != RUN).collect();
-        for &r in &keep {
+        for r in (0..n).filter(|&r| cell(r) != RUN) {
             st.saved[r * d..(r + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
         }
         let mut row_skip = std::mem::take(&mut st.row_skip);
@@ -460,7 +459,7 @@ impl Runner {
         );
         let st = &mut self.skip_state;
         st.row_skip = row_skip;
-        for &r in &keep {
+        for r in (0..n).filter(|&r| st.rows[r * nl + i] != RUN) {
             let before = &st.saved[r * d..(r + 1) * d];
             if st.rows[r * nl + i] == SKIP {
                 x[r * d..(r + 1) * d].copy_from_slice(before);
