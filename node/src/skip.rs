@@ -709,10 +709,25 @@ mod tests {
         p
     }
 
-    fn tmp(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("ringllm-skip-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("tmp dir");
-        dir.join(name)
+    /// A path in the temporary directory, its file removed when dropped.
+    struct TmpPath(PathBuf);
+
+    impl std::ops::Deref for TmpPath {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TmpPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn tmp(name: &str) -> TmpPath {
+        let name = format!("ringllm-skip-{}-{name}", std::process::id());
+        TmpPath(std::env::temp_dir().join(name))
     }
 
     #[test]
@@ -761,7 +776,7 @@ mod tests {
         let bytes = sample().to_bytes();
         let path = tmp("trunc.skip");
         for cut in [4, 30, bytes.len() - 1, bytes.len() / 2] {
-            std::fs::write(&path, &bytes[..cut]).expect("write");
+            std::fs::write(&*path, &bytes[..cut]).expect("write");
             let e = Predictor::load(&path, &id())
                 .expect_err("truncated")
                 .to_string();
@@ -778,7 +793,7 @@ mod tests {
         for at in [bytes.len() - 100, bytes.len() - 5] {
             let mut b = bytes.clone();
             b[at] ^= 0x10;
-            std::fs::write(&path, &b).expect("write");
+            std::fs::write(&*path, &b).expect("write");
             let e = Predictor::load(&path, &id())
                 .expect_err("corrupt")
                 .to_string();
@@ -788,7 +803,7 @@ mod tests {
         // A flipped byte in the magic is named as such.
         let mut b = bytes.clone();
         b[0] ^= 1;
-        std::fs::write(&path, &b).expect("write");
+        std::fs::write(&*path, &b).expect("write");
         let e = Predictor::load(&path, &id())
             .expect_err("magic")
             .to_string();
