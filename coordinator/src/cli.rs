@@ -34,6 +34,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Score a text file the way llama.cpp's perplexity tool does.
     Perplexity(PerplexityArgs),
+    /// Train a layer-skip predictor for a model on a text (for --skip auto).
+    Calibrate(CalibrateArgs),
     /// Serve a slice of a model to a coordinator (the worker daemon of a ring).
     Node(NodeArgs),
     /// Coordinate a ring of nodes: complete a prompt, or chat, like `run`.
@@ -132,10 +134,35 @@ pub struct SamplingArgs {
     pub seed: Option<u64>,
 }
 
+/// Predictive layer skip (`run`, `bench`, `perplexity`; `up` later).
+#[derive(Args, Debug, Clone, Default)]
+pub struct SkipArgs {
+    /// Skip layers a predictor expects to barely change a token: `auto` uses MODEL.skip
+    /// beside the model, `auto:FILE` another file (both made by `ringllm calibrate`).
+    /// Default: off.
+    #[arg(long, value_name = "auto[:PREDICTOR]")]
+    pub skip: Option<ringllm::skip::SkipSetting>,
+    /// With --skip: most layers one token may skip in a row.
+    #[arg(long, value_name = "N", default_value_t = ringllm_node::skip::DEFAULT_MAX_SKIP)]
+    pub max_skip: usize,
+}
+
+impl From<&SkipArgs> for ringllm::skip::SkipOptions {
+    fn from(a: &SkipArgs) -> ringllm::skip::SkipOptions {
+        ringllm::skip::SkipOptions {
+            setting: a.skip.clone().unwrap_or_default(),
+            max_skip: a.max_skip,
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub skip: SkipArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -471,6 +498,8 @@ pub struct BenchArgs {
     /// Run only the echo server for --transports on HOST:PORT (… PORT+5), until killed.
     #[arg(long)]
     pub echo_server: Option<String>,
+    #[command(flatten)]
+    pub skip: SkipArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -486,6 +515,33 @@ pub struct PerplexityArgs {
     /// Score at most this many chunks.
     #[arg(long)]
     pub chunks: Option<usize>,
+    #[command(flatten)]
+    pub skip: SkipArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(mut_arg("ctx", |a| a.help(
+    "Tokens per calibration chunk [default: 512]"
+)))]
+pub struct CalibrateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Calibration text (the last chunk is held out to choose the threshold).
+    #[arg(short, long)]
+    pub file: PathBuf,
+    /// Where to write the predictor (default: MODEL.skip beside the model, where --skip
+    /// auto looks).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Use at most this many chunks of the text (at least 2).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Features per token (the projection's rank).
+    #[arg(long, default_value_t = 32)]
+    pub rank: usize,
+    /// Most perplexity increase on the held-out chunk the chosen threshold may cost, in %.
+    #[arg(long, default_value_t = 3.0)]
+    pub budget: f64,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -8,4 +8,5 @@
 pub mod cluster;
 pub mod engine;
 pub mod serve;
+pub mod skip;
 pub mod text;

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         cli::Command::Info(a) => commands::info::info(a),
         cli::Command::Bench(a) => commands::bench::bench(a),
         cli::Command::Perplexity(a) => commands::perplexity::perplexity(a),
+        cli::Command::Calibrate(a) => commands::calibrate::calibrate(a),
         cli::Command::Node(a) => commands::node::node(a),
         cli::Command::Up(a) => commands::up::up(a),
         cli::Command::Plan(a) => commands::plan::plan(a),

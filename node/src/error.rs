@@ -68,6 +68,9 @@ pub enum ModelError {
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
+    /// A skip predictor that does not fit this model.
+    #[error("skip predictor: {why}")]
+    SkipPredictor { why: String },
     /// The sequence would exceed the KV cache.
     #[error("context full: position {pos} + {n} tokens exceeds the context of {ctx}")]
     ContextFull { pos: usize, n: usize, ctx: usize },

@@ -6,6 +6,7 @@ use crate::arch::FfnAct;
 use crate::error::ModelError;
 use crate::kv::{KvBuf, KvCache, KvElem, LayerKv};
 use crate::model::{Layer, Model};
+use crate::skip::{cosine, SkipPolicy, SkipStats};
 use crate::stream::LayerGuard;
 use ringllm_kernels::matmul::{matmul, matmul_many, ActBuffer, MatJob};
 use ringllm_kernels::ops;
@@ -46,6 +47,39 @@ pub struct Runner {
     /// Inverse RoPE frequencies for local and global layers.
     inv_freq_local: Vec<f32>,
     inv_freq_global: Vec<f32>,
+    /// Predictive layer skip (`set_skip`); `None`: every layer runs for every token.
+    skip: Option<SkipPolicy>,
+    skip_state: SkipState,
+    on_skip_plan: Option<SkipPlanHook>,
+}
+
+/// Called at the decision point with the plan of the batch (`Runner::set_on_skip_plan`).
+pub type SkipPlanHook = Box<dyn FnMut(usize, &[bool]) + Send>;
+
+/// What the forward pass decided for one (token, layer).
+const RUN: u8 = 0;
+const SKIP: u8 = 1;
+/// Run, though the predictor leaned to skipping (0.5 ≤ p < confidence): its real cosine is
+/// measured and logged.
+const DOUBT: u8 = 2;
+
+/// The skip decisions of the current batch and the buffers they need.
+#[derive(Default)]
+struct SkipState {
+    /// Index within the slice of the layer before which decisions are made.
+    decide_at: Option<usize>,
+    /// Per layer of the slice: every token of the batch skips it (decided at `decide_at`).
+    plan: Vec<bool>,
+    /// `n × layers of the slice`: RUN, SKIP or DOUBT.
+    rows: Vec<u8>,
+    /// Decisions exist for the current batch.
+    active: bool,
+    /// This layer's decision per row of the batch (SKIP rows are restored after it).
+    row_skip: Vec<bool>,
+    feats: Vec<f32>,
+    /// Residual rows saved before a layer some rows skip or doubt.
+    saved: Vec<f32>,
+    stats: SkipStats,
 }
 
 impl Runner {
@@ -118,7 +152,78 @@ impl Runner {
             scratch,
             inv_freq_local,
             inv_freq_global,
+            skip: None,
+            skip_state: SkipState::default(),
+            on_skip_plan: None,
         }
+    }
+
+    /// Turns predictive layer skip on (`Some`) or off. The decision point is the first layer
+    /// of this runner's slice when that is not layer 0 (a node of a ring sees only the state
+    /// entering its window), else the predictor's decision layer. Refuses a predictor made
+    /// for a model of another shape.
+    pub fn set_skip(&mut self, policy: Option<SkipPolicy>) -> Result<(), ModelError> {
+        let st = &mut self.skip_state;
+        st.decide_at = None;
+        st.active = false;
+        let Some(pol) = policy else {
+            self.skip = None;
+            return Ok(());
+        };
+        let hp = &self.model.hp;
+        let pm = &pol.predictor.model;
+        if pm.n_layer != hp.n_layer || pm.d_model != hp.d_model {
+            return Err(ModelError::SkipPredictor {
+                why: format!(
+                    "made for {} layers of width {}, this model has {} of width {}",
+                    pm.n_layer, pm.d_model, hp.n_layer, hp.d_model
+                ),
+            });
+        }
+        let range = self.model.layer_range.clone();
+        let e = if range.start > 0 {
+            range.start
+        } else {
+            pol.predictor.decision_layer
+        };
+        st.decide_at = (e < range.end).then(|| e - range.start);
+        let nl = range.len();
+        st.plan = vec![false; nl];
+        st.rows = vec![RUN; self.max_batch * nl];
+        st.row_skip = vec![false; self.max_batch];
+        st.feats = vec![0.0; pol.predictor.rank];
+        st.saved = vec![0.0; self.max_batch * hp.d_model];
+        self.skip = Some(pol);
+        Ok(())
+    }
+
+    /// The skip policy in use.
+    pub fn skip_policy(&self) -> Option<&SkipPolicy> {
+        self.skip.as_ref()
+    }
+
+    /// Counters of skipping since the runner was made or `reset_skip_stats`.
+    pub fn skip_stats(&self) -> SkipStats {
+        self.skip_state.stats
+    }
+
+    pub fn reset_skip_stats(&mut self) {
+        self.skip_state.stats = SkipStats::default();
+    }
+
+    /// The plan of the current batch: `plan[k]` is true when every token of the batch skips
+    /// layer `layer_range.start + k`, so that layer is not run (its weights not read). Set at
+    /// the decision point, before any layer it covers runs; all false before the decision
+    /// point, without skip, or for layers nobody skips.
+    pub fn skip_plan(&self) -> &[bool] {
+        &self.skip_state.plan
+    }
+
+    /// Calls `hook(first, plan)` at each batch's decision point, before the layers of the
+    /// plan run: `plan[k]` is true when layer `first + k` will not run at all for this batch
+    /// (see `skip_plan`). For a streaming reader: layers it need not fetch.
+    pub fn set_on_skip_plan(&mut self, hook: Option<SkipPlanHook>) {
+        self.on_skip_plan = hook;
     }
 
     pub fn max_batch(&self) -> usize {
@@ -216,8 +321,20 @@ impl Runner {
         let model = Arc::clone(&self.model);
         let d = model.hp.d_model;
         self.rope_tables(parts, n);
+        if self.skip.is_some() {
+            self.skip_state.active = false;
+            self.skip_state.plan.fill(false);
+        }
         for (i, layer) in model.layers.iter().enumerate() {
             let il = model.layer_range.start + i;
+            if self.skip.is_some() && self.skip_state.decide_at == Some(i) {
+                self.plan_skips(&x[..n * d], n, i);
+                if let Some(st) = &model.streamer {
+                    for (k, _) in self.skip_state.plan.iter().enumerate().filter(|p| *p.1) {
+                        st.skip(model.layer_range.start + k);
+                    }
+                }
+            }
             let mut segs: Vec<Seg> = Vec::with_capacity(parts.len());
             let mut row = 0;
             for (kv, k) in parts.iter_mut() {
@@ -230,8 +347,11 @@ impl Runner {
                 });
                 row += *k;
             }
+            // A layer every row of the batch skips is not run: its streamed bytes are not
+            // needed (the streamer was told at the decision point, before it read them).
+            let not_run = self.skip_state.active && self.skip_state.plan[i];
             let streamed = match &model.streamer {
-                Some(st) if st.streams(il) => {
+                Some(st) if st.streams(il) && !not_run => {
                     Some(st.acquire(il).map_err(|e| ModelError::Stream {
                         layer: il,
                         why: e.to_string(),
@@ -239,15 +359,32 @@ impl Runner {
                 }
                 _ => None,
             };
-            self.layer(
-                &model,
-                il,
-                layer,
-                streamed.as_ref(),
-                &mut x[..n * d],
-                n,
-                &mut segs,
-            );
+            if self.skip_state.active {
+                self.layer_with_skips(
+                    &model,
+                    il,
+                    i,
+                    layer,
+                    streamed.as_ref(),
+                    &mut x[..n * d],
+                    n,
+                    &mut segs,
+                );
+            } else {
+                if self.skip.is_some() {
+                    self.skip_state.stats.evaluations += n as u64;
+                }
+                self.layer(
+                    &model,
+                    il,
+                    layer,
+                    streamed.as_ref(),
+                    &mut x[..n * d],
+                    n,
+                    &mut segs,
+                    None,
+                );
+            }
             drop(streamed);
             if let Some(obs) = observer.as_mut() {
                 obs(il, &x[..n * d]);
@@ -257,6 +394,125 @@ impl Runner {
             kv.len += *k;
         }
         Ok(())
+    }
+
+    /// The decisions for layers `i..` of the slice (state `x` entering layer `i`), per row:
+    /// skip where P(skip) ≥ confidence, at most `max_skip` layers in a row, never at position
+    /// 0; then the batch's plan and its hook.
+    fn plan_skips(&mut self, x: &[f32], n: usize, i: usize) {
+        let Some(pol) = self.skip.as_ref() else {
+            return;
+        };
+        let m = &self.model;
+        let (d, nl, start) = (m.hp.d_model, m.layers.len(), m.layer_range.start);
+        let st = &mut self.skip_state;
+        let pred = &pol.predictor;
+        for r in 0..n {
+            let rows = &mut st.rows[r * nl..(r + 1) * nl];
+            rows.fill(RUN);
+            // A sequence's first token is the attention sink every later token leans on (its
+            // state barely changes, yet masking its keys hurts every later token): it always
+            // runs every layer.
+            if self.scratch.pos[r] == 0 {
+                continue;
+            }
+            if pol.force.is_none() {
+                pred.features(&x[r * d..(r + 1) * d], &mut st.feats);
+            }
+            let mut run = 0;
+            for (j, cell) in rows.iter_mut().enumerate().skip(i) {
+                let p = match &pol.force {
+                    Some(f) => f32::from(u8::from(f(self.scratch.pos[r], start + j))),
+                    None => pred.prob(&st.feats, start + i, start + j),
+                };
+                if p >= pol.confidence && run < pol.max_skip {
+                    *cell = SKIP;
+                    run += 1;
+                } else {
+                    run = 0;
+                    if p >= 0.5 && p < pol.confidence {
+                        *cell = DOUBT;
+                    }
+                }
+            }
+        }
+        for (j, all) in st.plan.iter_mut().enumerate() {
+            *all = j >= i && (0..n).all(|r| st.rows[r * nl + j] == SKIP);
+        }
+        st.active = true;
+        if let Some(hook) = self.on_skip_plan.as_mut() {
+            hook(start, &st.plan);
+        }
+    }
+
+    /// Layer `il` (index `i` of the slice) with this batch's decisions: not run at all when
+    /// every row skips it (their KV slots marked as holding nothing); else run, with the
+    /// skipping rows' slots marked before attention and their residual rows restored after.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_with_skips(
+        &mut self,
+        m: &Model,
+        il: usize,
+        i: usize,
+        l: &Layer,
+        buf: Option<&LayerGuard<'_>>,
+        x: &mut [f32],
+        n: usize,
+        segs: &mut [Seg<'_>],
+    ) {
+        let d = m.hp.d_model;
+        let nl = m.layers.len();
+        let st = &mut self.skip_state;
+        st.stats.evaluations += n as u64;
+        let cell = |r: usize| st.rows[r * nl + i];
+        let skipped = (0..n).filter(|&r| cell(r) == SKIP).count();
+        st.stats.skipped += skipped as u64;
+        st.stats.skipped_weight_bytes += (skipped * l.weight_bytes()) as u64;
+        if st.plan[i] {
+            for seg in segs.iter_mut() {
+                for t in 0..seg.n {
+                    let slot = seg.kv.slot(seg.pos + t);
+                    seg.kv.mark_skipped(slot);
+                }
+            }
+            st.stats.layers_not_run += 1;
+            st.stats.bytes_not_read += l.weight_bytes() as u64;
+            return;
+        }
+        for r in (0..n).filter(|&r| cell(r) != RUN) {
+            st.saved[r * d..(r + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        let mut row_skip = std::mem::take(&mut st.row_skip);
+        for (r, s) in row_skip[..n].iter_mut().enumerate() {
+            *s = cell(r) == SKIP;
+        }
+        self.layer(
+            m,
+            il,
+            l,
+            buf,
+            x,
+            n,
+            segs,
+            (skipped > 0).then_some(&row_skip[..n]),
+        );
+        let st = &mut self.skip_state;
+        st.row_skip = row_skip;
+        for r in (0..n).filter(|&r| st.rows[r * nl + i] != RUN) {
+            let before = &st.saved[r * d..(r + 1) * d];
+            if st.rows[r * nl + i] == SKIP {
+                x[r * d..(r + 1) * d].copy_from_slice(before);
+            } else {
+                st.stats.doubted += 1;
+                let c = cosine(before, &x[r * d..(r + 1) * d]);
+                tracing::debug!(
+                    layer = il,
+                    pos = self.scratch.pos[r],
+                    cos = c,
+                    "layer run although the skip predictor leaned to skipping it"
+                );
+            }
+        }
     }
 
     /// The RoPE (cos, sin) of every row of the batch, for each kind of layer this slice has.
@@ -291,6 +547,9 @@ impl Runner {
         }
     }
 
+    /// One layer on the batch. `skip_rows[r]`: row `r` skips this layer, so its key and
+    /// value are not stored (its slot is marked as holding nothing; the caller restores its
+    /// residual row). A streamed layer's weights are read from `buf`.
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
@@ -301,6 +560,7 @@ impl Runner {
         x: &mut [f32],
         n: usize,
         segs: &mut [Seg<'_>],
+        skip_rows: Option<&[bool]>,
     ) {
         let hp = &m.hp;
         let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
@@ -374,6 +634,11 @@ impl Runner {
             for t in 0..seg.n {
                 let slot = kv.slot(seg.pos + t);
                 let r = seg.row + t;
+                if skip_rows.is_some_and(|s| s[r]) {
+                    kv.mark_skipped(slot);
+                    continue;
+                }
+                kv.mark_written(slot);
                 let (ks, vs) = (&s.k[r * kvd..(r + 1) * kvd], &s.v[r * kvd..(r + 1) * kvd]);
                 match (&mut kv.k, &mut kv.v) {
                     (KvBuf::F32(kb), KvBuf::F32(vb)) => {
@@ -745,8 +1010,36 @@ fn attention<E: KvElem>(
                     let k = &seg.k[base..base + (run - 1) * a.kvd + hd];
                     E::qk(qh, nq, hd, k, a.kvd, run, a.scale, &mut scores[j..], stride);
                 }
-                for g in 0..nq {
-                    ops::softmax_fast(&mut scores[g * stride..g * stride + len]);
+                if kv.any_skipped() {
+                    // Positions whose token skipped this layer hold no key: left out exactly
+                    // (weight 0), and a query that sees none at all gets a zero output.
+                    let mut live = 0;
+                    for (j, p) in (vis.start..vis.end).enumerate() {
+                        if kv.is_skipped(kv.slot(p)) {
+                            for g in 0..nq {
+                                scores[g * stride + j] = f32::NEG_INFINITY;
+                            }
+                        } else {
+                            live += 1;
+                        }
+                    }
+                    for g in 0..nq {
+                        let row = &mut scores[g * stride..g * stride + len];
+                        if live == 0 {
+                            row.fill(0.0);
+                            continue;
+                        }
+                        ops::softmax_fast(row);
+                        for (j, p) in (vis.start..vis.end).enumerate() {
+                            if kv.is_skipped(kv.slot(p)) {
+                                row[j] = 0.0;
+                            }
+                        }
+                    }
+                } else {
+                    for g in 0..nq {
+                        ops::softmax_fast(&mut scores[g * stride..g * stride + len]);
+                    }
                 }
                 // SAFETY: the output rows of (row, heads h0..h0 + nq) belong to this item.
                 let o = unsafe { out.slice(row * a.qd + h0 * hd..row * a.qd + (h0 + nq) * hd) };

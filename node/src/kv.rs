@@ -164,11 +164,53 @@ pub struct LayerKv {
     pub window: Option<usize>,
     pub k: KvBuf,
     pub v: KvBuf,
+    /// Per slot: the token there skipped this layer (predictive layer skip), so the slot
+    /// holds no key or value of it and attention leaves it out. Empty until a first skip;
+    /// `any_skipped` says whether to look at all, so a cache without skips costs nothing.
+    skipped: Vec<bool>,
+    any_skipped: bool,
 }
 
 impl LayerKv {
     pub fn slot(&self, pos: usize) -> usize {
         pos % self.cap
+    }
+
+    /// Marks `slot` as holding no key or value (its token skipped this layer).
+    pub fn mark_skipped(&mut self, slot: usize) {
+        if self.skipped.len() != self.cap {
+            self.skipped = vec![false; self.cap];
+        }
+        self.skipped[slot] = true;
+        self.any_skipped = true;
+    }
+
+    /// Marks `slot` as written (a key and value stored there).
+    #[inline]
+    pub fn mark_written(&mut self, slot: usize) {
+        if self.any_skipped {
+            self.skipped[slot] = false;
+        }
+    }
+
+    /// True when some slot may be marked skipped (attention must then check `is_skipped`).
+    #[inline]
+    pub fn any_skipped(&self) -> bool {
+        self.any_skipped
+    }
+
+    /// True when `slot` holds no key or value (its token skipped this layer).
+    #[inline]
+    pub fn is_skipped(&self, slot: usize) -> bool {
+        self.any_skipped && self.skipped[slot]
+    }
+
+    /// Forgets every skip mark.
+    pub fn clear_skipped(&mut self) {
+        if self.any_skipped {
+            self.skipped.fill(false);
+            self.any_skipped = false;
+        }
     }
 
     /// Positions visible to a query at `pos`.
@@ -223,6 +265,8 @@ impl KvCache {
                     window,
                     k: buf(),
                     v: buf(),
+                    skipped: Vec::new(),
+                    any_skipped: false,
                 }
             })
             .collect();
@@ -266,6 +310,13 @@ impl KvCache {
     /// Forgets everything after `len` positions (positions are rewritten on reuse).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        // Emptied: no slot a query can see is marked any more (a partial truncation keeps
+        // the marks, each rewritten with its position on reuse).
+        if self.len == 0 {
+            for l in self.layers.iter_mut() {
+                l.clear_skipped();
+            }
+        }
     }
 
     /// True when truncating to `len` keeps every position the next query can see: a

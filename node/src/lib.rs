@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod kv;
 pub mod limits;
 pub mod model;
+pub mod skip;
 pub mod slice;
 pub mod stream;
 pub mod synth;

@@ -102,6 +102,11 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
             bw / 1e9
         );
         let mut runner = Runner::new(Arc::clone(&model), t, max_p.min(512), ctx);
+        ringllm::skip::apply(
+            &mut runner,
+            &ringllm::skip::SkipOptions::from(&args.skip),
+            &model_path,
+        )?;
         let mut logits = vec![0f32; vocab];
         let mut x = Vec::new();
         // Token ids spread over the vocabulary, skipping the first few (special) ids.
@@ -138,6 +143,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         for &g in &args.gen {
             let mut samples = Vec::new();
             let s0 = model.streamer.as_ref().map(|s| s.stats());
+            runner.reset_skip_stats();
             for _ in 0..args.repeat {
                 let mut kv = runner.new_cache(ctx, KvType::F32);
                 let t0 = Instant::now();
@@ -151,6 +157,14 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 (Some(st), Some(s0)) => Some(stream_row(&model, st, &s0, g * args.repeat, mean)?),
                 _ => None,
             };
+            if runner.skip_policy().is_some() {
+                let s = runner.skip_stats();
+                eprintln!(
+                    "threads {t}: {} (decode tg{g}: {:.2} MiB of weights per token not read)",
+                    crate::commands::run::skip_line(&s),
+                    s.bytes_not_read as f64 / 1048576.0 / (g * args.repeat) as f64
+                );
+            }
             rows.push(Row {
                 test: format!("tg{g}"),
                 threads: t,

@@ -2,6 +2,7 @@
 //! option structs, runs, and prints results to stdout (logs and errors go to stderr).
 
 pub mod bench;
+pub mod calibrate;
 pub mod debug;
 pub mod info;
 pub mod keygen;

@@ -19,6 +19,8 @@ pub fn perplexity(args: PerplexityArgs) -> Result<ExitCode> {
     let ctx = margs.ctx.unwrap_or(512);
     margs.ctx = Some(ctx);
     let mut engine = Engine::load(&ringllm::engine::ModelOptions::from(&margs))?;
+    let skip = ringllm::skip::SkipOptions::from(&args.skip);
+    ringllm::skip::apply(&mut engine.runner, &skip, &margs.model)?;
     let add_bos = engine.tokenizer.add_bos_default();
     let tokens = engine.tokenizer.encode(&text, add_bos)?;
     if tokens.len() < 2 * ctx {
@@ -42,6 +44,15 @@ pub fn perplexity(args: PerplexityArgs) -> Result<ExitCode> {
         let _ = std::io::stderr().flush();
     })?;
     eprintln!();
+    if engine.runner.skip_policy().is_some() {
+        let s = engine.runner.skip_stats();
+        let tokens = (s.evaluations / engine.runner.model.layers.len().max(1) as u64).max(1);
+        outln!(
+            "{}; per token {:.3} MiB of layer weights skipped",
+            super::run::skip_line(&s),
+            s.skipped_weight_bytes as f64 / tokens as f64 / 1048576.0
+        );
+    }
     outln!("Final estimate: PPL = {:.4} +/- {:.5}", res.0, res.1);
     Ok(ExitCode::SUCCESS)
 }

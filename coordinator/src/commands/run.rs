@@ -14,11 +14,19 @@ use std::sync::Arc;
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let model = ModelOptions::from(&args.model);
+    let skip = ringllm::skip::SkipOptions::from(&args.skip);
     if let Some(cfg) = args.gen.serve_config() {
+        if skip.setting != ringllm::skip::SkipSetting::Off {
+            bail!("--skip is not available with --serve yet");
+        }
         return ringllm::serve::serve_local(&model, &cfg);
     }
     session(
-        &|| Engine::load(&model),
+        &|| {
+            let mut e = Engine::load(&model)?;
+            ringllm::skip::apply(&mut e.runner, &skip, &model.model)?;
+            Ok(e)
+        },
         &model.model,
         &args.sampling,
         &args.gen,
@@ -140,6 +148,23 @@ fn report(engine: &Engine, g: &Generation) {
             s.layers_skipped
         );
     }
+    if engine.runner.skip_policy().is_some() {
+        eprintln!("{}", skip_line(&engine.runner.skip_stats()));
+    }
+}
+
+/// `skipped: X% of layer evaluations …` for the commands that run with --skip.
+pub fn skip_line(s: &ringllm_node::skip::SkipStats) -> String {
+    format!(
+        "skipped: {:.1}% of layer evaluations ({} of {}; {} whole layers not run, {:.2} MiB of \
+         weights not read; {} computed although the predictor leaned to skipping)",
+        100.0 * s.skip_fraction(),
+        s.skipped,
+        s.evaluations,
+        s.layers_not_run,
+        s.bytes_not_read as f64 / 1048576.0,
+        s.doubted
+    )
 }
 
 /// First Ctrl-C sets `cancel` (stop the current reply); a second one in a row exits, as
