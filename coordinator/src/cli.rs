@@ -134,7 +134,7 @@ pub struct SamplingArgs {
     pub seed: Option<u64>,
 }
 
-/// Predictive layer skip (`run`, `bench`, `perplexity`; `up` later).
+/// Predictive layer skip (`run`, `bench`, `perplexity`, `up`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct SkipArgs {
     /// Skip layers a predictor expects to barely change a token: `auto` uses MODEL.skip
@@ -301,6 +301,8 @@ fn parse_rounds(s: &str) -> Result<ringllm::cluster::StreamPolicy, String> {
 pub struct UpArgs {
     #[command(flatten)]
     pub source: ClusterSource,
+    #[command(flatten)]
+    pub skip: SkipArgs,
     /// Threads for the coordinator's own work (embedding, output head, local layers).
     #[arg(short, long)]
     pub threads: Option<usize>,

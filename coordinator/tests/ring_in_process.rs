@@ -230,6 +230,7 @@ fn spec_of(nodes: &Nodes, send_slices: bool) -> RingSpec {
         send_slices,
         discard_cached_slices: false,
         stream: Default::default(),
+        skip: None,
         wait: Duration::from_secs(10),
     }
 }

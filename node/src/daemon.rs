@@ -271,9 +271,10 @@ fn disk_read_rate(dirs: &[&Path]) -> f64 {
     let Some((len, path)) = best else {
         return 0.0;
     };
-    // The middle of the file: its start is the header, likely in the page cache anyway.
-    crate::stream::measure_read_rate(&path, len / 2, 64 << 20)
-        .or_else(|_| crate::stream::measure_read_rate(&path, 0, 64 << 20))
+    // From a quarter in (the start is the header, likely cached anyway); 256 MiB, so that a
+    // throttled or bursty device shows its sustained rate.
+    crate::stream::measure_read_rate(&path, len / 4, 256 << 20)
+        .or_else(|_| crate::stream::measure_read_rate(&path, 0, 256 << 20))
         .unwrap_or(0.0)
 }
 
@@ -877,6 +878,19 @@ async fn assign(
     let name = node.opts.name.clone();
     // A new assignment replaces this connection's previous one.
     node.lock().session = None;
+    // The previous session's compute thread frees its slice (resident tier, layer buffers)
+    // when it ends: wait for that before loading another, or a capped node holds both.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline
+        && node
+            .compute
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|t| !t.is_finished())
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     if a.activations == Dtype::Bytes {
         return Err(AssignError::Activations { node: name });
     }
@@ -986,6 +1000,7 @@ async fn assign(
     let repack = node.opts.repack;
     let settings = node.opts.stream;
     let layout = a.layout.clone();
+    let model_hash = a.model.header_hash;
     let loaded = tokio::task::spawn_blocking(move || {
         load_stage(&StageLoad {
             node: &n2,
@@ -1001,6 +1016,7 @@ async fn assign(
             ctx,
             kv_type,
             slots,
+            model_hash,
         })
     })
     .await??;
@@ -1125,6 +1141,8 @@ struct StageLoad<'a> {
     ctx: usize,
     kv_type: KvType,
     slots: usize,
+    /// The whole model's header hash (the assignment's model identity).
+    model_hash: u64,
 }
 
 type Loaded = (Runner, Vec<Arc<Model>>, Option<Arc<Streamer>>, u64, u64);
@@ -1234,8 +1252,38 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         },
     };
     let streamer = if !s.layout.streamed.is_empty() && settings.mode != StreamMode::All {
-        let depth = settings.prefetch.unwrap_or(2);
-        let order: Vec<usize> = s.layout.streamed.iter().map(|&l| l as usize).collect();
+        let depth = settings
+            .prefetch
+            .unwrap_or(2)
+            .clamp(1, crate::stream::MAX_DEPTH);
+        let mut order: Vec<usize> = s.layout.streamed.iter().map(|&l| l as usize).collect();
+        // The coordinator planned from what this node reported; if the budget has shrunk
+        // since, stream more (the last resident layers first) rather than overrun it.
+        if let Some(b) = limits::budget(s.cap) {
+            let bytes = |l: usize| {
+                crate::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len() as u64)
+            };
+            let largest = order.iter().map(|&l| bytes(l)).max().unwrap_or(0);
+            let pool = (largest + 8192) * (depth as u64 + 1);
+            let mut resident: Vec<usize> =
+                all.iter().copied().filter(|l| !order.contains(l)).collect();
+            let need =
+                |res: &[usize]| res.iter().map(|&l| bytes(l)).sum::<u64>() + pool + STREAM_HEADROOM;
+            let room = b.saturating_sub(runner_need);
+            let before = resident.len();
+            while need(&resident) > room {
+                let Some(l) = resident.pop() else { break };
+                order.push(l);
+            }
+            if resident.len() < before {
+                order.sort_by_key(|l| all.iter().position(|a| a == l));
+                tracing::warn!(
+                    moved = before - resident.len(),
+                    budget_mib = b >> 20,
+                    "the planned resident layers do not fit this node's budget now: streaming more of them"
+                );
+            }
+        }
         let st = Streamer::new(&s.file, &order, depth).map_err(|e| AssignError::Layout {
             node: node.clone(),
             why: format!("cannot stream layers {order:?}: {e}"),
@@ -1283,7 +1331,37 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         weights += model.prefault() as u64;
         models.push(Arc::new(model));
     }
-    let runner = Runner::new(Arc::clone(&models[0]), s.threads, s.max_batch, s.ctx);
+    let mut runner = Runner::new(Arc::clone(&models[0]), s.threads, s.max_batch, s.ctx);
+    if !s.layout.skip_predictor.is_empty() {
+        let why = |w: String| AssignError::Layout {
+            node: node.clone(),
+            why: format!("layer skip: {w}"),
+        };
+        if models.len() > 1 {
+            return Err(why("not available on a multi-round ring".into()));
+        }
+        let p = crate::skip::Predictor::from_bytes(&s.layout.skip_predictor).map_err(why)?;
+        let want = crate::skip::SkipModelId::new(&hp, s.model_hash);
+        if p.model != want {
+            return Err(why(format!(
+                "the predictor was made for {}, this ring runs {want}",
+                p.model
+            )));
+        }
+        let policy = crate::skip::SkipPolicy {
+            confidence: (s.layout.skip_confidence_ppm as f32 / 1e6).clamp(0.5, 1.0),
+            max_skip: s.layout.skip_max as usize,
+            ..crate::skip::SkipPolicy::new(Arc::new(p))
+        };
+        runner
+            .set_skip(Some(policy))
+            .map_err(|e| why(e.to_string()))?;
+        info!(
+            confidence = s.layout.skip_confidence_ppm as f64 / 1e6,
+            max_skip = s.layout.skip_max,
+            "layer skip on: the coordinator's predictor decides at this stage's first layer"
+        );
+    }
     Ok((runner, models, streamer, weights, kv_bytes))
 }
 

@@ -241,6 +241,10 @@ impl Model {
         &self.file
     }
 
+    pub fn file_arc(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
     /// A kernel view of `w` (a resident weight: a streamed one needs its layer's buffer,
     /// [`Model::matrix_in`]).
     pub fn matrix<'a>(&'a self, w: &'a Weight) -> QMatrix<'a> {

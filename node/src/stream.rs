@@ -475,6 +475,30 @@ impl Streamer {
         self.shared.counters.snapshot()
     }
 
+    /// The sequential read rate of this streamer's layers, bytes per second: every streamed
+    /// span read once, in run order, the way the I/O thread reads them (`O_DIRECT`, 32 MiB
+    /// requests), into a buffer of its own. What a token's reads are bounded by.
+    pub fn measure_read_rate(&self, file: &Arc<GgufFile>) -> std::io::Result<f64> {
+        let mut source = Source::open(file);
+        let largest = self
+            .shared
+            .order
+            .iter()
+            .map(|s| s.range.len() + 2 * ALIGN)
+            .max()
+            .unwrap_or(ALIGN);
+        let buf = AlignedBuf::new(largest)?;
+        let t0 = Instant::now();
+        let mut bytes = 0usize;
+        for span in &self.shared.order {
+            // SAFETY: the buffer is ours alone.
+            let dst = unsafe { buf.slice_mut(buf.len) };
+            source.read(&span.range, dst)?;
+            bytes += span.range.len();
+        }
+        Ok(bytes as f64 / t0.elapsed().as_secs_f64().max(1e-9))
+    }
+
     /// Layer `il` will not run this pass: it is not read (if its read has not started).
     pub fn skip(&self, il: usize) {
         let Some(i) = self.shared.index_of(il) else {
@@ -975,7 +999,7 @@ pub struct StreamSettings {
 }
 
 /// Bytes a read-rate probe reads.
-const PROBE_BYTES: usize = 64 << 20;
+const PROBE_BYTES: usize = 256 << 20;
 /// Read rate assumed for a file held in memory.
 const MEMORY_READ_RATE: f64 = 10e9;
 

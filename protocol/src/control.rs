@@ -152,6 +152,11 @@ pub struct StageLayout {
     pub prefetch: u32,
     /// Stream every layer (the naive baseline, `--stream all`).
     pub stream_all: bool,
+    /// Predictive layer skip (`up --skip`): the predictor file's bytes (empty: off), the
+    /// probability a skip needs in millionths, and the most layers skipped in a row.
+    pub skip_predictor: Vec<u8>,
+    pub skip_confidence_ppm: u32,
+    pub skip_max: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -183,6 +183,9 @@ fn stage_layout() -> impl Strategy<Value = StageLayout> {
         any::<bool>(),
     )
         .prop_map(|(windows, streamed, prefetch, stream_all)| StageLayout {
+            skip_predictor: streamed.iter().map(|&x| x as u8).collect(),
+            skip_confidence_ppm: prefetch.wrapping_mul(7),
+            skip_max: prefetch / 3,
             windows,
             streamed,
             prefetch,
@@ -856,6 +859,9 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                     streamed: vec![5],
                     prefetch: 2,
                     stream_all: false,
+                    skip_predictor: vec![1, 2, 3],
+                    skip_confidence_ppm: 990_000,
+                    skip_max: 5,
                 },
             }),
             1,

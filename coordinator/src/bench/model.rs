@@ -95,7 +95,13 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     let mut rows = Vec::new();
     for &t in &threads {
         let t = t.max(1);
-        let bw = measure_bandwidth(t, bytes_per_token);
+        // A model that streams does not fit the memory: probe with 64 MiB (beyond any cache).
+        let probe = if model.streamer.is_some() {
+            64 << 20
+        } else {
+            bytes_per_token
+        };
+        let bw = measure_bandwidth(t, probe);
         let roof = bw / bytes_per_token as f64;
         eprintln!(
             "threads {t}: memory read bandwidth {:.2} GB/s -> decode roofline {roof:.1} tok/s",
@@ -220,9 +226,6 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Bytes of the model file the read-rate probe reads.
-const READ_PROBE_BYTES: usize = 512 << 20;
-
 /// What the streamed tier cost over `tokens` decoded tokens since `s0`, against its bound.
 fn stream_row(
     model: &ringllm_node::Model,
@@ -236,12 +239,7 @@ fn stream_row(
     let bytes = (s1.bytes_read - s0.bytes_read) as f64 / n;
     let stall = (s1.stall_s - s0.stall_s) / n;
     let t = 1.0 / tokens_per_s.max(1e-12);
-    let first = st.layers().first().copied().unwrap_or(0);
-    let at = ringllm_node::stream::layer_span(model.file(), first).map_or(0, |s| s.range.start);
-    let rate = match model.file().path() {
-        Some(p) => ringllm_node::stream::measure_read_rate(p, at as u64, READ_PROBE_BYTES)?,
-        None => f64::INFINITY,
-    };
+    let rate = st.measure_read_rate(model.file_arc())?;
     let compute = (t - stall).max(0.0);
     let io = bytes / rate;
     let bound = 1.0 / compute.max(io).max(1e-12);
@@ -315,7 +313,10 @@ fn stats(v: &[f64]) -> (f64, f64) {
 /// one decoded token reads (so caches help it exactly as much as they help decode), at least
 /// 64 MiB; best of several passes.
 fn measure_bandwidth(threads: usize, bytes: usize) -> f64 {
-    let buf: Vec<u8> = (0..bytes.max(64 << 20)).map(|i| i as u8).collect();
+    // Well beyond any cache, and not the whole of a model larger than the memory.
+    let buf: Vec<u8> = (0..bytes.clamp(64 << 20, 512 << 20))
+        .map(|i| i as u8)
+        .collect();
     let pool = ThreadPool::new(threads);
     ringllm_kernels::bandwidth::read_bandwidth(&pool, &buf, 8)
 }

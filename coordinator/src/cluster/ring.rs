@@ -97,6 +97,9 @@ pub struct RingSpec {
     pub wait: Duration,
     /// Streaming layers from disk when the model does not fit the ring's memory.
     pub stream: StreamPolicy,
+    /// Predictive layer skip on every node (`up --skip`): the predictor file's bytes, the
+    /// probability a skip needs, the most layers skipped in a row.
+    pub skip: Option<(Arc<Vec<u8>>, f32, usize)>,
 }
 
 /// When and how the ring streams layers from disk (`up --stream`, `--rounds`).
@@ -678,11 +681,19 @@ impl Ring {
                         .and_then(|s| s.threads)
                         .unwrap_or(0) as u32,
                     kv_slots: slots.max(1) as u32,
-                    layout: self
-                        .streaming
-                        .as_ref()
-                        .map(|sp| sp.layout(i))
-                        .unwrap_or_default(),
+                    layout: {
+                        let mut l = self
+                            .streaming
+                            .as_ref()
+                            .map(|sp| sp.layout(i))
+                            .unwrap_or_default();
+                        if let Some((bytes, confidence, max_skip)) = &spec.skip {
+                            l.skip_predictor = bytes.to_vec();
+                            l.skip_confidence_ppm = (confidence * 1e6) as u32;
+                            l.skip_max = *max_skip as u32;
+                        }
+                        l
+                    },
                 };
                 assigned.push(i);
                 self.send_control(i, &Control::Assign(a))?;

@@ -136,6 +136,7 @@ impl StreamingPlan {
             streamed: st.streamed.iter().map(|&l| l as u32).collect(),
             prefetch: c.depth as u32,
             stream_all: c.naive,
+            ..Default::default()
         }
     }
 }

@@ -24,6 +24,19 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
     }
     s.spec.wait = std::time::Duration::from_secs_f64(args.wait);
     s.spec.send_slices = !args.no_send;
+    // The predictor is checked here against the whole model and sent to every node.
+    let skip = ringllm::skip::SkipOptions::from(&args.skip);
+    if skip.setting != ringllm::skip::SkipSetting::Off {
+        let file = ringllm::engine::open_gguf(&model.model)?;
+        let full = ringllm_node::Model::load(file, &Default::default())?;
+        if let Some(p) = ringllm::skip::load_policy(&skip, &model.model, &full)? {
+            s.spec.skip = Some((
+                std::sync::Arc::new(p.predictor.to_bytes()),
+                p.confidence,
+                p.max_skip,
+            ));
+        }
+    }
     let missing = cluster::wait_for_nodes(&s.spec, s.spec.wait);
     if !missing.is_empty() {
         eprintln!("{} not listening after {} s", missing.join(", "), args.wait);

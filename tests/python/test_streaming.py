@@ -1,0 +1,108 @@
+"""Models larger than the memory they run in (issue 15), with real processes under cgroup memory
+caps: a single process whose layers do not fit streams the rest from disk and answers exactly as
+the uncapped run, at every read-ahead depth; two capped nodes, which together cannot hold the
+model, run it in the layout the planner picks (stream in place or several rounds) and in the
+naive one, every time equal to the single process; `up --skip` sends the predictor to the nodes
+and refuses one made for another model. Needs root (cgroups)."""
+
+import json
+
+import pytest
+
+from conftest import GEMMA, SMOL, model_path
+from ringutil import KEY, Nodes, ringllm
+from test_budgets import MIB, MemoryCap
+
+GEN = ["-n", "12", "--temp", "0", "--json", "-c", "256"]
+PROMPT = "The three primary colours are"
+
+
+def tokens(r):
+    return json.loads(r.stdout)["token_ids"]
+
+
+def run_capped(cap, model, *extra):
+    with MemoryCap("run", cap) as g:
+        r = ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1", *extra], preexec_fn=g.preexec())
+        assert g.oom_kills() == 0
+        return r
+
+
+@pytest.mark.parametrize("name", [SMOL.name, GEMMA.name])
+def test_a_capped_process_streams_what_does_not_fit_and_answers_as_uncapped(name):
+    model = model_path(name)
+    want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
+    # The cap leaves room for the output head, the runner and a few layers, not all of them.
+    cap = {SMOL.name: 150 * MIB, GEMMA.name: 450 * MIB}[name]
+    for depth in ["1", "2", "4"]:
+        r = run_capped(cap, model, "--prefetch", depth)
+        assert "streaming" in r.stderr and f"{depth} read ahead" in r.stderr, r.stderr
+        assert "MiB read per forward pass" in r.stderr, r.stderr
+        assert tokens(r) == want, f"depth {depth}: {r.stderr}"
+
+
+def test_stream_all_reads_every_layer_each_token_and_off_streams_nothing():
+    model = model_path(SMOL.name)
+    want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
+    r = ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1", "--stream", "all"])
+    assert "streaming 30 of 30 layers" in r.stderr, r.stderr
+    assert tokens(r) == want
+    r = ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1", "--stream", "off",
+                 "--memory", "150MiB"])
+    assert "streaming" not in r.stderr and tokens(r) == want
+
+
+def test_a_budget_too_small_even_to_stream_is_named():
+    r = ringllm(["run", "-m", model_path(SMOL.name), "-p", PROMPT, *GEN, "--memory", "60MiB"],
+                check=False)
+    assert r.returncode != 0
+    assert "not even two layer buffers" in r.stderr and "budget" in r.stderr, r.stderr
+
+
+def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
+    model = model_path(SMOL.name)
+    want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
+    # 90 MiB each: with the 48 MiB headroom and 15 MiB of scratch, the two nodes hold about
+    # half of the 63 MiB of layers; the coordinator keeps the embedding and the head.
+    caps = [MemoryCap(f"node{i}", 90 * MIB) for i in (1, 2)]
+    with caps[0], caps[1]:
+        with Nodes(2, log_dir=tmp_path, preexec=lambda i: caps[i].preexec()) as nodes:
+            flags = ["-m", model, "--key", KEY, *nodes.node_flags()]
+            plan = json.loads(ringllm(["plan", *flags, "-c", "256", "--json"]).stdout)
+            sp = plan["streaming"]
+            assert sp is not None, plan
+            names = [a["name"] for a in sp["alternatives"]]
+            assert "stream in place" in names and any("naive" in n for n in names), names
+            chosen = sp["alternatives"][sp["chosen"]]
+            naive = next(a for a in sp["alternatives"] if a["naive"])
+            assert chosen["predicted_tokens_per_s"] > naive["predicted_tokens_per_s"]
+            for rounds in ["auto", "naive", "1", "3"]:
+                r = ringllm(["up", *flags, "-p", PROMPT, *GEN, "--rounds", rounds])
+                assert "<- chosen" in r.stderr, r.stderr
+                assert tokens(r) == want, f"--rounds {rounds}: {r.stderr}"
+            # Off: a model that does not fit is refused, as before streaming existed.
+            r = ringllm(["up", *flags, "-p", PROMPT, *GEN, "--rounds", "off"], check=False)
+            assert r.returncode != 0 and "does not fit" in r.stderr, r.stderr
+        for c in caps:
+            assert c.oom_kills() == 0
+
+
+def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
+    smol, gemma = model_path(SMOL.name), model_path(GEMMA.name)
+    pred = tmp_path / "smol.skip"
+    ringllm(["calibrate", "-m", smol, "-f", str(pathlib_readme()), "-o", str(pred), "--ctx", "128",
+             "--chunks", "4", "-t", "1"])
+    with Nodes(2, log_dir=tmp_path) as nodes:
+        flags = ["--key", KEY, *nodes.node_flags()]
+        r = ringllm(["up", "-m", smol, *flags, "-p", PROMPT, *GEN, "--skip", f"auto:{pred}"])
+        assert len(tokens(r)) == 12
+        for i in range(2):
+            assert "layer skip on" in nodes.log(i), nodes.log(i)
+        r = ringllm(["up", "-m", gemma, *flags, "-p", PROMPT, *GEN, "--skip", f"auto:{pred}"],
+                    check=False)
+        assert r.returncode != 0 and str(pred) in r.stderr and "another model" in r.stderr, r.stderr
+
+
+def pathlib_readme():
+    import pathlib
+    return pathlib.Path(__file__).resolve().parents[2] / "README.md"
