@@ -118,6 +118,20 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
     drop(probe);
     let ctx = context_size_quiet(args.ctx, hp.ctx_train);
     let layers: Vec<usize> = (0..hp.n_layer).collect();
+    // Settings and the runner's own memory first: streaming layers cannot make room for them.
+    limits::check("threads", threads, limits::MAX_THREADS)?;
+    limits::check("batch size", args.batch.max(1), limits::MAX_BATCH)?;
+    limits::check("context size", ctx, limits::MAX_CTX)?;
+    let (what, need) = limits::runner_memory(
+        &hp,
+        0..hp.n_layer,
+        threads,
+        args.batch.max(1),
+        ctx,
+        args.kv,
+        1,
+    );
+    limits::check_memory_within(args.memory, what, need)?;
     let mut why = String::new();
     let budget = limits::budget(args.memory).map(|avail| {
         let (what, runner) = limits::runner_memory(

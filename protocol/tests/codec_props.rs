@@ -633,7 +633,10 @@ proptest! {
     }
 
     #[test]
-    fn unknown_flags_and_reserved_bits_are_refused(flag_bit in 2u32..32, reserved in 1u32..) {
+    fn unknown_flags_and_reserved_bits_are_refused(
+        flag_bit in prop_oneof![2u32..8, 16u32..32],
+        reserved in 1u32..,
+    ) {
         let f = FrameHeader::decode(&raw_header(2, 1, 1, 4, 1 << flag_bit, 0), u32::MAX);
         prop_assert!(
             matches!(f, Err(ProtocolError::BadField { field: "frame flags", .. })),
@@ -644,6 +647,20 @@ proptest! {
             matches!(r, Err(ProtocolError::BadField { field: "frame reserved word", .. })),
             "got {:?}", r
         );
+    }
+}
+
+proptest! {
+    /// Bits 8..16 carry a multi-round ring's round: any round decodes and comes back.
+    #[test]
+    fn a_frames_round_rides_in_its_flags(round in 0usize..256, more in any::<bool>()) {
+        let base = if more { ringllm_protocol::frame::FLAG_MORE } else { 0 };
+        let flags = ringllm_protocol::frame::with_round(base, round);
+        let h = FrameHeader::decode(&raw_header(2, 1, 1, 4, flags, 0), u32::MAX);
+        prop_assert!(h.is_ok(), "got {:?}", h);
+        let h = h.unwrap();
+        prop_assert_eq!(ringllm_protocol::frame::round_of(h.flags), round);
+        prop_assert_eq!(h.flags & ringllm_protocol::frame::FLAG_MORE != 0, more);
     }
 }
 

@@ -236,14 +236,14 @@ fn server_rejects_anything_but_a_proof() {
 #[test]
 fn version_mismatch_is_refused_naming_both_versions() {
     let k = key("k");
-    let hello = forged_hello(k.id(), 3, Role::Coordinator, "future");
+    let hello = forged_hello(k.id(), 4, Role::Coordinator, "future");
     let (out, e) = expect_refuse(ServerHandshake::on_hello(&k, "node-a", &hello).unwrap());
     assert!(
         matches!(
             e,
             ProtocolError::Version {
-                ours: 2,
-                theirs: 3,
+                ours: 3,
+                theirs: 4,
                 ..
             }
         ),
@@ -251,20 +251,23 @@ fn version_mismatch_is_refused_naming_both_versions() {
     );
     let text = e.to_string();
     assert!(
-        text.contains("we speak 2") && text.contains("peer speaks 3"),
+        text.contains("we speak 3") && text.contains("peer speaks 4"),
         "{text}"
     );
-    assert!(reject_text(&out).contains("peer speaks 3"));
-    // A peer of the first version (before slices were sent) is refused too.
-    let (_, e) = expect_refuse(
-        ServerHandshake::on_hello(
-            &k,
-            "node-a",
-            &forged_hello(k.id(), 1, Role::Coordinator, "old"),
-        )
-        .unwrap(),
-    );
-    assert!(e.to_string().contains("peer speaks 1"), "{e}");
+    assert!(reject_text(&out).contains("peer speaks 4"));
+    // Peers of earlier versions (1: before slices were sent; 2: before stage layouts and
+    // rounds) are refused too.
+    for old in [1u16, 2] {
+        let (_, e) = expect_refuse(
+            ServerHandshake::on_hello(
+                &k,
+                "node-a",
+                &forged_hello(k.id(), old, Role::Coordinator, "old"),
+            )
+            .unwrap(),
+        );
+        assert!(e.to_string().contains(&format!("peer speaks {old}")), "{e}");
+    }
 
     // The client side applies the same check to the server's hello.
     let (mut client, _) = ClientHandshake::start(&k, Role::Coordinator, "c").unwrap();
@@ -273,7 +276,7 @@ fn version_mismatch_is_refused_naming_both_versions() {
         matches!(
             r,
             Err(ProtocolError::Version {
-                ours: 2,
+                ours: 3,
                 theirs: 0,
                 ..
             })

@@ -97,6 +97,18 @@ pub struct ModelCost {
     pub logits_bytes_f16: u64,
 }
 
+impl ModelCost {
+    /// What the coordinator holds when the head is there: embedding and head (one tensor
+    /// when tied).
+    pub fn coordinator_need(&self) -> u64 {
+        if self.tied_head {
+            self.embedding_bytes.max(self.head_bytes)
+        } else {
+            self.embedding_bytes.saturating_add(self.head_bytes)
+        }
+    }
+}
+
 /// One stage of the ring, in ring order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StageInput {
@@ -290,11 +302,7 @@ pub fn plan(
     check_pins(n, stages)?;
 
     // The head: on the coordinator when embedding + head fit there.
-    let coord_need = if model.tied_head {
-        model.embedding_bytes.max(model.head_bytes)
-    } else {
-        model.embedding_bytes.saturating_add(model.head_bytes)
-    };
+    let coord_need = model.coordinator_need();
     let head = if coord_need <= coord.memory_budget {
         HeadPlace::Coordinator
     } else if model.embedding_bytes <= coord.memory_budget {

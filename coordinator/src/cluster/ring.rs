@@ -552,8 +552,8 @@ impl Ring {
         } else {
             None
         };
-        let plan = match fitted {
-            Some(Ok(p)) => p,
+        let (plan, fit_error) = match fitted {
+            Some(Ok(p)) => (p, None),
             Some(Err(e))
                 if spec.stream.off
                     || !matches!(e, planner::PlanError::DoesNotFit { .. })
@@ -561,7 +561,8 @@ impl Ring {
             {
                 return Err(anyhow!("{e}"));
             }
-            _ => {
+            other => {
+                let fit_error = other.and_then(|r| r.err());
                 if inputs.iter().any(|s| s.local || s.pinned.is_some()) {
                     bail!(
                         "layers are streamed only over a ring of nodes without pinned layers \
@@ -573,13 +574,24 @@ impl Ring {
                     .iter()
                     .map(|n| n.caps.disk_read_bytes_per_s)
                     .collect();
-                let sp = streaming::plan(&cost, &coord_in, &inputs, &disk, spec.stream.choice)
-                    .map_err(|e| anyhow!("{e}"))?;
+                let sp = match streaming::plan(&cost, &coord_in, &inputs, &disk, spec.stream.choice)
+                {
+                    Ok(sp) => sp,
+                    // What does not fit, as the plain planner says it, then why streaming
+                    // does not help either.
+                    Err(e) => match &fit_error {
+                        Some(f) => bail!("{f}\n{e}"),
+                        None => bail!("{e}"),
+                    },
+                };
                 let p = sp.to_plan(&inputs, cost.slots);
                 ring.streaming = Some(sp);
-                p
+                (p, fit_error)
             }
         };
+        if let Some(f) = fit_error {
+            tracing::info!("{f}: streaming layers from disk instead");
+        }
         ring.rounds = ring.streaming.as_ref().map_or(1, |s| s.chosen().rounds);
         // Stages: local ranges and segments of consecutive remote nodes.
         let mut stages = Vec::new();

@@ -171,11 +171,7 @@ pub fn plan(
                 .into(),
         });
     }
-    let coord_need = if model.tied_head {
-        model.embedding_bytes.max(model.head_bytes)
-    } else {
-        model.embedding_bytes.saturating_add(model.head_bytes)
-    };
+    let coord_need = model.coordinator_need();
     let head = if coord_need <= coord.memory_budget {
         HeadPlace::Coordinator
     } else {
@@ -207,7 +203,9 @@ pub fn plan(
                         best = Some(a);
                     }
                 }
-                Err(e) => why_not.push(e),
+                // The smallest pool (depth 1) says why a layout cannot be streamed at all.
+                Err(e) if depth == 1 => why_not.push(e),
+                Err(_) => {}
             }
         }
         if let Some(b) = best {
@@ -228,6 +226,7 @@ pub fn plan(
         })
         .map(|(i, _)| i);
     let Some(chosen) = chosen else {
+        why_not.sort();
         why_not.dedup();
         return Err(PlanError::DoesNotFit {
             needed: model.layer_weight_bytes.iter().sum(),
