@@ -1298,11 +1298,18 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         } else {
             0
         };
-        let budget = limits::budget(s.cap).map(|b| {
-            b.saturating_sub(runner_need)
-                .saturating_sub(head_bytes)
-                .saturating_sub(STREAM_HEADROOM)
-        });
+        // Without a streaming layout the coordinator's plan fitted the slice in this node's
+        // budget: it is trusted (the node's own view counts the slice file's pages it has just
+        // checked as used). Only `--stream all` streams here on its own.
+        let budget = if settings.mode == StreamMode::All {
+            limits::budget(s.cap).map(|b| {
+                b.saturating_sub(runner_need)
+                    .saturating_sub(head_bytes)
+                    .saturating_sub(STREAM_HEADROOM)
+            })
+        } else {
+            None
+        };
         crate::stream::decide(&s.file, &all, budget, &settings, s.threads, 0.0)
             .map_err(|why| AssignError::Layout {
                 node: node.clone(),
