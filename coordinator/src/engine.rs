@@ -131,22 +131,11 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
         args.kv,
         1,
     );
-    limits::check_memory_within(args.memory, what, need)?;
+    limits::check_memory_within(args.memory, what.clone(), need)?;
+    let runner = need;
     let mut why = String::new();
     let budget = limits::budget(args.memory).map(|avail| {
-        let (what, runner) = limits::runner_memory(
-            &hp,
-            0..hp.n_layer,
-            threads,
-            args.batch.max(1),
-            ctx,
-            args.kv,
-            1,
-        );
-        let head = ["output.weight", "token_embd.weight"]
-            .iter()
-            .find_map(|n| file.tensor(n))
-            .map_or(0, |t| t.size);
+        let head = stream::head_bytes(file);
         let room = crate::cluster::planner::headroom(avail);
         why = format!(
             "of the {} MiB budget, {} MiB is headroom, {} MiB the output head and {what}",

@@ -1260,9 +1260,15 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         // The coordinator planned from what this node reported; if the budget has shrunk
         // since, stream more (the last resident layers first) rather than overrun it.
         if let Some(b) = limits::budget(s.cap) {
-            let bytes = |l: usize| {
-                crate::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len() as u64)
-            };
+            // Each layer's span once (finding one scans the tensor table).
+            let sizes: Vec<(usize, u64)> = all
+                .iter()
+                .map(|&l| {
+                    let b = crate::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len());
+                    (l, b as u64)
+                })
+                .collect();
+            let bytes = |l: usize| sizes.iter().find(|x| x.0 == l).map_or(0, |x| x.1);
             let largest = order.iter().map(|&l| bytes(l)).max().unwrap_or(0);
             let pool = (largest + 8192) * (depth as u64 + 1);
             let mut resident: Vec<usize> =
@@ -1291,10 +1297,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         Some(Arc::new(st))
     } else {
         let head_bytes = if s.head {
-            ["output.weight", "token_embd.weight"]
-                .iter()
-                .find_map(|n| s.file.tensor(n))
-                .map_or(0, |t| t.size)
+            crate::stream::head_bytes(&s.file)
         } else {
             0
         };

@@ -65,6 +65,15 @@ pub fn layer_span(file: &GgufFile, il: usize) -> Option<LayerSpan> {
     })
 }
 
+/// Bytes of the output head a stage holding it keeps resident: `output.weight`, or the tied
+/// embedding.
+pub fn head_bytes(file: &GgufFile) -> u64 {
+    ["output.weight", "token_embd.weight"]
+        .iter()
+        .find_map(|n| file.tensor(n))
+        .map_or(0, |t| t.size)
+}
+
 /// Counters of a streamer since it started (tier B: what was read from disk).
 #[derive(Debug, Default)]
 pub struct StreamCounters {
