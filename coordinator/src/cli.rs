@@ -601,6 +601,28 @@ pub enum DebugCommand {
         #[arg(long)]
         delay_ms: f64,
     },
+    /// Hold a kernel-module context (`/dev/ringllm`) on a UDP port and wait for data in it,
+    /// printing the module's counters when data arrives or after --seconds (kmod/test-qemu:
+    /// unloading the module while a reader is blocked).
+    KmodHold {
+        #[arg(long)]
+        port: u16,
+        #[arg(long, default_value_t = 0)]
+        tag: u32,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+    /// Send small UDP datagrams carrying the kernel module's magic and --tag, with a header
+    /// the module refuses, to --to for --seconds (kmod/test-qemu: traffic through the hook
+    /// while the module unloads).
+    UdpFlood {
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        tag: u32,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
 }
 
 /// `debug synth`.

@@ -218,7 +218,10 @@ impl Listener {
                         .map_err(|source| DaemonError::Quic { addr, source })?,
                 )
             }
-            TransportKind::Tcp | TransportKind::Udp | TransportKind::Uring => None,
+            TransportKind::Tcp
+            | TransportKind::Udp
+            | TransportKind::Uring
+            | TransportKind::Kmod => None,
         };
         Ok(Listener { tcp, quic })
     }

@@ -171,13 +171,13 @@ pub async fn connect_data_link(
             send_control(link.as_mut(), &attach(kind, 0))?;
             Ok(link)
         }
-        TransportKind::Udp => {
+        TransportKind::Udp | TransportKind::Kmod => {
             let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
             // The attach names our UDP port, known once the socket is bound.
             let (ring, from) = (ring_session, name.to_string());
             let msg = move |port| attach_msg(ring, &from, role, kind, port);
             let link = tokio::task::spawn_blocking(move || {
-                connect_udp(stream, &session, msg, max_payload, timeout)
+                connect_udp(stream, &session, msg, max_payload, timeout, kind, role)
             })
             .await
             .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
@@ -197,11 +197,17 @@ fn connect_udp(
     attach: impl FnOnce(u16) -> Control,
     max_payload: u32,
     timeout: Duration,
+    kind: TransportKind,
+    role: LinkRole,
 ) -> Result<BoxLink, TransportError> {
     let peer = stream.peer_addr()?;
     let local = stream.local_addr()?;
     let sock = crate::sock::bind_udp_reuse(SocketAddr::new(local.ip(), 0))?;
     sock.connect(peer)?;
+    let keys = session.link_keys().sub(UDP_KEYS);
+    // The module claims our port before the node learns it.
+    // The node sends on the link when it carries the node's output.
+    let dev = kmod_device(kind, &sock, &keys, role.output(), role.input())?;
     let anchor = stream.try_clone()?;
     let mut tcp = TcpDataLink::new(stream, max_payload, &session.link_keys())?;
     send_control(&mut tcp, &attach(sock.local_addr()?.port()))?;
@@ -215,14 +221,39 @@ fn connect_udp(
         ))
         .into());
     }
-    let keys = session.link_keys().sub(UDP_KEYS);
-    Ok(Box::new(crate::udp::UdpDataLink::new(
-        sock,
-        anchor,
-        &keys,
-        max_payload,
-        crate::udp::UdpConfig::default(),
-    )?))
+    udp_link(sock, anchor, &keys, max_payload, dev)
+}
+
+/// For `TransportKind::Kmod`, the kernel module's context for this link's socket.
+/// Sized for the direction data flows: `receives` (banks for frames) and `sends` (a TX
+/// area for them); the other direction carries only acks, on the link's socket.
+fn kmod_device(
+    kind: TransportKind,
+    sock: &std::net::UdpSocket,
+    keys: &crate::seal::LinkKeys,
+    receives: bool,
+    sends: bool,
+) -> Result<Option<crate::kmod::Device>, TransportError> {
+    if kind != TransportKind::Kmod {
+        return Ok(None);
+    }
+    let cfg = crate::kmod::KmodConfig::for_link(receives, sends);
+    Ok(Some(crate::kmod::Device::for_link(sock, keys, cfg)?))
+}
+
+/// A reliable UDP link, its data through the kernel module's context `dev` if given.
+fn udp_link(
+    sock: std::net::UdpSocket,
+    anchor: std::net::TcpStream,
+    keys: &crate::seal::LinkKeys,
+    max_payload: u32,
+    dev: Option<crate::kmod::Device>,
+) -> Result<BoxLink, TransportError> {
+    let cfg = crate::udp::UdpConfig::default();
+    Ok(Box::new(match dev {
+        Some(dev) => crate::udp::UdpDataLink::with_kmod(sock, anchor, keys, max_payload, cfg, dev)?,
+        None => crate::udp::UdpDataLink::new(sock, anchor, keys, max_payload, cfg)?,
+    }))
 }
 
 /// Server side of a TCP connection that authenticated as a data link: reads its `Attach`
@@ -252,7 +283,7 @@ pub fn accept_tcp_data(
     let (info, udp_port) = read_attach(link.as_mut(), timeout)?;
     match info.transport {
         TransportKind::Tcp | TransportKind::Uring => Ok((link, info)),
-        TransportKind::Udp => {
+        TransportKind::Udp | TransportKind::Kmod => {
             if udp_port == 0 {
                 return Err(ProtocolError::BadField {
                     field: "attach udp_port",
@@ -262,24 +293,19 @@ pub fn accept_tcp_data(
             }
             let sock = crate::sock::bind_udp_reuse(local)?;
             sock.connect(SocketAddr::new(peer.ip(), udp_port))?;
-            let answer = attach_msg(
-                info.session,
-                "",
-                info.role,
-                TransportKind::Udp,
-                local.port(),
-            );
+            let keys = hs.link_keys().sub(UDP_KEYS);
+            // The module claims our port before the client may send (our answer).
+            let dev = kmod_device(
+                info.transport,
+                &sock,
+                &keys,
+                info.role.input(),
+                info.role.output(),
+            )?;
+            let answer = attach_msg(info.session, "", info.role, info.transport, local.port());
             send_control(link.as_mut(), &answer)?;
             drop(link);
-            let keys = hs.link_keys().sub(UDP_KEYS);
-            let udp = crate::udp::UdpDataLink::new(
-                sock,
-                anchor,
-                &keys,
-                max_payload,
-                crate::udp::UdpConfig::default(),
-            )?;
-            Ok((Box::new(udp), info))
+            Ok((udp_link(sock, anchor, &keys, max_payload, dev)?, info))
         }
         TransportKind::Quic => Err(ProtocolError::Inconsistent(
             "a QUIC link was announced on a TCP connection".into(),

@@ -19,6 +19,8 @@
 //! * `uring`: `UringDataLink`, the same wire driven by io_uring.
 //! * `udp`: `UdpDataLink`, reliable UDP (a folder: wire format, sender and receiver state
 //!   machines, socket calls, the link).
+//! * `kmod`: the kernel module's device (`kmod/`); `UdpDataLink::with_kmod` runs reliable
+//!   UDP over it, its data datagrams taken off the wire before the socket layer.
 //! * `quic`: `QuicDataLink`, QUIC with mutual TLS derived from the cluster key.
 //!
 //! `dial` opens a data link of any transport, both sides (`DialSpec`, `LinkRole`); `sock`
@@ -34,6 +36,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod key;
+pub mod kmod;
 pub mod quic;
 pub mod seal;
 pub mod sock;

@@ -44,14 +44,17 @@ pub enum TransportKind {
     Udp,
     Quic,
     Uring,
+    /// Reliable UDP whose data datagrams the kernel module (`kmod/`) takes off the wire.
+    Kmod,
 }
 
 impl TransportKind {
-    pub const ALL: [TransportKind; 4] = [
+    pub const ALL: [TransportKind; 5] = [
         TransportKind::Tcp,
         TransportKind::Udp,
         TransportKind::Quic,
         TransportKind::Uring,
+        TransportKind::Kmod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +63,7 @@ impl TransportKind {
             TransportKind::Udp => "udp",
             TransportKind::Quic => "quic",
             TransportKind::Uring => "uring",
+            TransportKind::Kmod => "kmod",
         }
     }
 

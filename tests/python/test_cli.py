@@ -280,3 +280,17 @@ def test_info_describes_a_model_whose_vocabulary_cannot_be_built(tmp_path):
     copy_with_new_metadata(src, w, {"tokenizer.ggml.model": MetadataDetails(gguf.GGUFValueType.STRING, "rwkv")}, [])
     r = run(["info", out])
     assert "layers:        30" in r.stdout and "tokenizer:     none usable" in r.stdout and "rwkv" in r.stdout, r.stdout
+
+
+def test_node_and_up_with_kmod_and_no_module_stop_at_start_and_say_what_to_do(tmp_path):
+    """No silent fallback: without /dev/ringllm, `--transport kmod` stops a node at start-up
+    with how to load the module (kmod/test-qemu checks the same inside a QEMU guest, and the
+    ring over the module there)."""
+    from ringutil import KEY, ringllm
+    if os.path.exists("/dev/ringllm"):
+        pytest.skip("the ringllm module is loaded on this machine")
+    r = ringllm(["node", "--listen", "127.0.0.1:0", "--key", KEY, "--models", tmp_path,
+                 "--transport", "kmod"], check=False, timeout=30)
+    assert r.returncode != 0
+    assert "--transport kmod" in r.stderr and "insmod kmod/ringllm.ko" in r.stderr, r.stderr
+    assert "kmod/README.md" in r.stderr

@@ -4,8 +4,14 @@
 //! (header + payload; no seal, no handshake, no retransmission) over the same path.
 //!
 //! Both ends run in this process over loopback by default. Across machines or network
-//! namespaces: `--echo-server HOST:PORT` on one side (it answers on PORT … PORT+5: tcp,
-//! uring, udp, quic, raw tcp, raw udp), `--peer HOST:PORT` on the other.
+//! namespaces: `--echo-server HOST:PORT` on one side (it answers on PORT … PORT+6: tcp,
+//! uring, udp, quic, raw tcp, raw udp, kmod), `--peer HOST:PORT` on the other.
+//!
+//! The echo side also measures what receiving the throughput burst cost it: CPU time of the
+//! whole machine (every CPU's busy time in /proc/stat, softirqs included: where a kernel
+//! module or the network stack does its work) and of its own process (getrusage), per MiB
+//! received. It answers the burst's last frame with both figures. On one machine (loopback)
+//! the machine figure includes the sender too.
 
 use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
@@ -24,13 +30,14 @@ const ACK: [u8; 4] = [0; 4];
 /// Frame data per raw UDP datagram (the reliable UDP link's default chunk).
 const RAW_UDP_CHUNK: usize = 1400;
 /// The raw baselines' and the links' order of ports from the base port.
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 7] = [
     Kind::Link(TransportKind::Tcp),
     Kind::Link(TransportKind::Uring),
     Kind::Link(TransportKind::Udp),
     Kind::Link(TransportKind::Quic),
     Kind::RawTcp,
     Kind::RawUdp,
+    Kind::Link(TransportKind::Kmod),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,8 +69,68 @@ struct Row {
     /// p50 minus the raw socket's of the same family (TCP for tcp/uring/quic, UDP for udp).
     p50_over_raw_us: Option<f64>,
     mb_per_s: f64,
+    /// CPU time the receiving machine spent per MiB of the burst (all CPUs' busy time).
+    rx_machine_ms_per_mib: Option<f64>,
+    /// CPU time the receiving process spent per MiB of the burst.
+    rx_process_ms_per_mib: Option<f64>,
     /// Retransmissions, MAC failures and fast-path counters seen on the client's link.
     events: String,
+}
+
+/// A point in CPU time: the machine's busy nanoseconds (every CPU, from /proc/stat) and this
+/// process's (getrusage).
+#[derive(Clone, Copy)]
+struct CpuMark {
+    machine_ns: u64,
+    process_ns: u64,
+}
+
+impl CpuMark {
+    fn now() -> CpuMark {
+        CpuMark {
+            machine_ns: machine_busy_ns().unwrap_or(0),
+            process_ns: process_cpu_ns(),
+        }
+    }
+
+    /// What was spent since `self`, as the payload of the answer to a burst.
+    fn since(self) -> [u8; 16] {
+        let n = CpuMark::now();
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&n.machine_ns.saturating_sub(self.machine_ns).to_le_bytes());
+        out[8..].copy_from_slice(&n.process_ns.saturating_sub(self.process_ns).to_le_bytes());
+        out
+    }
+}
+
+/// Busy time of every CPU (user, nice, system, irq, softirq, steal) in nanoseconds.
+fn machine_busy_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| f.get(i))
+        .sum::<u64>();
+    // SAFETY: sysconf takes no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(busy * (1_000_000_000 / hz))
+}
+
+fn process_cpu_ns() -> u64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ns(r.ru_utime) + ns(r.ru_stime)
 }
 
 fn key() -> Result<ClusterKey> {
@@ -80,13 +147,16 @@ fn frame(len: usize, tag: u64) -> Result<(FrameHeader, Vec<u8>)> {
 /// marks the end of a throughput burst and is answered with an empty frame.
 fn echo_link(mut link: BoxLink) {
     let mut buf = Vec::new();
+    let mut mark: Option<CpuMark> = None;
     while let Ok(h) = link.recv(&mut buf) {
         let r = if h.pos == 1 {
-            match FrameHeader::new(FrameKind::Hidden, Dtype::F32, h.seq, 2, 1, 0, &ACK) {
-                Ok(ack) => link.send(&ack, &ACK),
+            let cpu = mark.take().map_or([0; 16], CpuMark::since);
+            match FrameHeader::new(FrameKind::Hidden, Dtype::F32, h.seq, 2, 1, 0, &cpu) {
+                Ok(ack) => link.send(&ack, &cpu),
                 Err(_) => break,
             }
         } else if h.pos == 2 {
+            mark.get_or_insert_with(CpuMark::now);
             continue;
         } else {
             link.send(&h, &buf)
@@ -101,6 +171,7 @@ fn echo_raw_tcp(mut s: TcpStream) {
     let _ = s.set_nodelay(true);
     let mut head = [0u8; HEADER_LEN];
     let mut buf = Vec::new();
+    let mut mark: Option<CpuMark> = None;
     loop {
         if s.read_exact(&mut head).is_err() {
             return;
@@ -113,9 +184,11 @@ fn echo_raw_tcp(mut s: TcpStream) {
             return;
         }
         let r = if h.pos == 1 {
-            s.write_all(&ack_header(h.seq))
-                .and_then(|()| s.write_all(&ACK))
+            let cpu = mark.take().map_or([0; 16], CpuMark::since);
+            s.write_all(&ack_header(h.seq, &cpu))
+                .and_then(|()| s.write_all(&cpu))
         } else if h.pos == 2 {
+            mark.get_or_insert_with(CpuMark::now);
             Ok(())
         } else {
             s.write_all(&head).and_then(|()| s.write_all(&buf))
@@ -126,8 +199,8 @@ fn echo_raw_tcp(mut s: TcpStream) {
     }
 }
 
-fn ack_header(seq: u64) -> [u8; HEADER_LEN] {
-    FrameHeader::new(FrameKind::Hidden, Dtype::F32, seq, 2, 1, 0, &ACK)
+fn ack_header(seq: u64, payload: &[u8]) -> [u8; HEADER_LEN] {
+    FrameHeader::new(FrameKind::Hidden, Dtype::F32, seq, 2, 1, 0, payload)
         .map(|h| h.encode())
         .unwrap_or([0u8; HEADER_LEN])
 }
@@ -181,12 +254,15 @@ fn raw_udp_recv(s: &UdpSocket, buf: &mut Vec<u8>) -> Result<Option<(FrameHeader,
 fn echo_raw_udp(s: UdpSocket) {
     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
     let mut buf = Vec::new();
+    let mut mark: Option<CpuMark> = None;
     loop {
         match raw_udp_recv(&s, &mut buf) {
             Ok(Some((h, from))) => {
                 let r = if h.pos == 1 {
-                    raw_udp_send(&s, Some(from), &ack_header(h.seq), &ACK)
+                    let cpu = mark.take().map_or([0; 16], CpuMark::since);
+                    raw_udp_send(&s, Some(from), &ack_header(h.seq, &cpu), &cpu)
                 } else if h.pos == 2 {
+                    mark.get_or_insert_with(CpuMark::now);
                     Ok(())
                 } else {
                     raw_udp_send(&s, Some(from), &h.encode(), &buf)
@@ -207,6 +283,10 @@ fn echo_server(base: SocketAddr, rt: &tokio::runtime::Runtime) -> Result<()> {
     for kind in KINDS {
         let addr = SocketAddr::new(base.ip(), base.port() + kind.offset());
         match kind {
+            Kind::Link(TransportKind::Kmod) if ringllm_protocol::kmod::probe().is_err() => {
+                // Not loaded here: nothing to serve (the client says why it cannot connect).
+                continue;
+            }
             Kind::Link(t) => {
                 let l = match rt.block_on(async {
                     DataListener::bind(addr, &key, "echo", t, DEFAULT_MAX_PAYLOAD)
@@ -337,7 +417,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Ping-pong latency and one-way burst throughput of one transport at one size.
-fn measure(c: &mut Client, size: usize, iters: usize) -> Result<(f64, f64, f64)> {
+fn measure(c: &mut Client, size: usize, iters: usize) -> Result<Measured> {
     let (h, p) = frame(size, 7)?;
     let mut buf = Vec::new();
     let mut rtts = Vec::with_capacity(iters);
@@ -383,12 +463,35 @@ fn measure(c: &mut Client, size: usize, iters: usize) -> Result<(f64, f64, f64)>
             break;
         }
     }
+    let secs = t.elapsed().as_secs_f64();
     let mbs = if ok {
-        (burst * size) as f64 / t.elapsed().as_secs_f64() / 1e6
+        (burst * size) as f64 / secs / 1e6
     } else {
         f64::NAN
     };
-    Ok((p50, p99, mbs))
+    // The echo side's CPU time for the burst.
+    let mib = (burst * size) as f64 / (1u64 << 20) as f64;
+    let per_mib = |ns: u64| (ok && ns > 0).then(|| ns as f64 / 1e6 / mib);
+    let word = |i: usize| {
+        buf.get(i..i + 8)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    Ok(Measured {
+        p50,
+        p99,
+        mbs,
+        rx_machine: per_mib(word(0)),
+        rx_process: per_mib(word(8)),
+    })
+}
+
+struct Measured {
+    p50: f64,
+    p99: f64,
+    mbs: f64,
+    rx_machine: Option<f64>,
+    rx_process: Option<f64>,
 }
 
 pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
@@ -401,7 +504,7 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
             .parse()
             .with_context(|| format!("--echo-server {addr}"))?;
         echo_server(a, &rt)?;
-        eprintln!("echo server on {a} (ports {}-{})", a.port(), a.port() + 5);
+        eprintln!("echo server on {a} (ports {}-{})", a.port(), a.port() + 6);
         loop {
             std::thread::sleep(Duration::from_secs(3600));
         }
@@ -409,7 +512,7 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
     let base: SocketAddr = match &args.peer {
         Some(p) => p.parse().with_context(|| format!("--peer {p}"))?,
         None => {
-            // A free block of 6 ports on loopback.
+            // A free block of 7 ports on loopback.
             let probe = TcpListener::bind("127.0.0.1:0")?;
             let port = probe.local_addr()?.port();
             drop(probe);
@@ -451,13 +554,15 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
                 iters
             };
             match measure(&mut c, size, n) {
-                Ok((p50, p99, mbs)) => rows.push(Row {
+                Ok(m) => rows.push(Row {
                     transport: kind.name(),
                     bytes: size,
-                    p50_us: p50,
-                    p99_us: p99,
+                    p50_us: m.p50,
+                    p99_us: m.p99,
                     p50_over_raw_us: None,
-                    mb_per_s: mbs,
+                    mb_per_s: m.mbs,
+                    rx_machine_ms_per_mib: m.rx_machine,
+                    rx_process_ms_per_mib: m.rx_process,
                     events: c.events(),
                 }),
                 Err(e) => eprintln!("{} at {size} bytes: {e:#}", kind.name()),
@@ -474,7 +579,7 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
         .iter()
         .map(|r| {
             let fam = match r.transport.as_str() {
-                "udp" => "raw udp",
+                "udp" | "kmod" => "raw udp",
                 "raw tcp" | "raw udp" => return None,
                 _ => "raw tcp",
             };
@@ -488,11 +593,14 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
-    outln!("| transport | frame | one-way p50 µs | p99 µs | p50 − raw µs | MB/s | counters |");
-    outln!("|---|---|---|---|---|---|---|");
+    outln!(
+        "| transport | frame | one-way p50 µs | p99 µs | p50 − raw µs | MB/s | rx CPU ms/MiB machine | rx CPU ms/MiB process | counters |"
+    );
+    outln!("|---|---|---|---|---|---|---|---|---|");
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
     for r in &rows {
         outln!(
-            "| {} | {} | {:.1} | {:.1} | {} | {:.0} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {} | {:.0} | {} | {} | {} |",
             r.transport,
             size_name(r.bytes),
             r.p50_us,
@@ -500,6 +608,8 @@ pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
             r.p50_over_raw_us
                 .map_or("".to_string(), |v| format!("{v:+.1}")),
             r.mb_per_s,
+            opt(r.rx_machine_ms_per_mib),
+            opt(r.rx_process_ms_per_mib),
             r.events
         );
     }

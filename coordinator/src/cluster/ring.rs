@@ -454,6 +454,17 @@ impl Ring {
                 ),
             }
         }
+        // The coordinator dials each node's transport: kmod needs the module here too.
+        if let Some(i) =
+            (0..ring.nodes.len()).find(|&i| ring.nodes[i].caps.transport == TransportKind::Kmod)
+        {
+            if let Err(e) = ringllm_protocol::kmod::probe() {
+                bail!(
+                    "{} uses --transport kmod, so the coordinator's machine needs the module                      too: {e}",
+                    ring.who(i)
+                );
+            }
+        }
         // Link round trips: best of a few heartbeats.
         for i in 0..ring.nodes.len() {
             let mut best = f64::MAX;
@@ -787,6 +798,12 @@ impl Ring {
             };
             links.push(SegmentLinks { input, output });
         }
+        let kinds: Vec<String> = links
+            .iter()
+            .flat_map(|l| std::iter::once(&l.input).chain(l.output.as_ref()))
+            .map(|l| l.transport().to_string())
+            .collect();
+        eprintln!("  data links: {}", kinds.join(", "));
         self.links = links;
         // Every node answered its assignment; the time spent connecting data links (seconds,
         // when SYNs are lost) was our silence, not theirs: count from now.

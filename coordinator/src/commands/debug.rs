@@ -118,8 +118,57 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
                 std::time::Duration::from_secs_f64(delay_ms / 1000.0),
             )?;
         }
+        DebugCommand::KmodHold { port, tag, seconds } => kmod_hold(port, tag, seconds)?,
+        DebugCommand::UdpFlood { to, tag, seconds } => udp_flood(to, tag, seconds)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `debug udp-flood`: about 10,000 datagrams a second of magic, tag and a refused header.
+fn udp_flood(to: std::net::SocketAddr, tag: u32, seconds: u64) -> Result<()> {
+    let sock = std::net::UdpSocket::bind(if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+    let mut d = Vec::with_capacity(100);
+    d.extend_from_slice(&ringllm_protocol::kmod::MAGIC.to_le_bytes());
+    d.extend_from_slice(&tag.to_le_bytes());
+    d.resize(100, 0xee);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    let mut n = 0u64;
+    while std::time::Instant::now() < end {
+        for _ in 0..10 {
+            // A refused port (ICMP) or a full queue loses a datagram: that is fine here.
+            if sock.send_to(&d, to).is_ok() {
+                n += 1;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    outln!("sent {n} datagrams to {to}");
+    Ok(())
+}
+
+/// `debug kmod-hold`: a context on `port`, blocked in WAIT_DATA until `seconds` pass.
+fn kmod_hold(port: u16, tag: u32, seconds: u64) -> Result<()> {
+    use ringllm_protocol::kmod::{Device, KmodConfig};
+    let dev = Device::open(KmodConfig {
+        banks: 1,
+        slots: 64,
+        tx_bytes: 4096,
+    })?;
+    dev.set_port(port, tag)?;
+    eprintln!("holding /dev/ringllm on UDP port {port} (tag {tag:#x})");
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    let mut seen = 0;
+    while let Some(left) = end.checked_duration_since(std::time::Instant::now()) {
+        let now = dev.wait_data(seen, left)?;
+        if now != seen {
+            seen = now;
+            // Take what arrived (nothing checks seals here), so the bank frees.
+            dev.drain(|_| {}, |_| true)?;
+            outln!("{:?}", dev.stats()?);
+        }
+    }
+    outln!("{:?}", dev.stats()?);
+    Ok(())
 }
 
 /// `debug synth`: a small model in memory, or a real-size shape streamed to `output`.

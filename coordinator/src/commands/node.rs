@@ -82,6 +82,12 @@ async fn bind(listen: &str, opts: &NodeOptions) -> Result<Listener> {
             sock::bind_udp_reuse(addr)
                 .map_err(|e| anyhow!("--transport udp: cannot bind UDP {addr}: {e}"))?;
         }
+        TransportKind::Kmod => {
+            // No silent fallback: without the module there is no kmod transport.
+            ringllm_protocol::kmod::probe().map_err(|e| anyhow!("--transport kmod: {e}"))?;
+            sock::bind_udp_reuse(addr)
+                .map_err(|e| anyhow!("--transport kmod: cannot bind UDP {addr}: {e}"))?;
+        }
     }
     // With QUIC, this binds the QUIC endpoint on the UDP port of the listener's number.
     Listener::new(tcp, opts).map_err(|e| anyhow!("--transport {}: {e}", opts.transport))

@@ -67,6 +67,31 @@ impl UdpDataLink {
         max_payload: u32,
         cfg: UdpConfig,
     ) -> Result<UdpDataLink, TransportError> {
+        UdpDataLink::build(socket, anchor, keys, max_payload, cfg, None)
+    }
+
+    /// A reliable UDP link whose data datagrams go through the kernel module: `dev` is the
+    /// context `kmod::Device::for_link` opened for this socket. Acks and probes use `socket`.
+    pub fn with_kmod(
+        socket: UdpSocket,
+        anchor: TcpStream,
+        keys: &LinkKeys,
+        max_payload: u32,
+        cfg: UdpConfig,
+        dev: crate::kmod::Device,
+    ) -> Result<UdpDataLink, TransportError> {
+        dev.set_wake_every(cfg.ack_every.max(1) as u64);
+        UdpDataLink::build(socket, anchor, keys, max_payload, cfg, Some(dev))
+    }
+
+    fn build(
+        socket: UdpSocket,
+        anchor: TcpStream,
+        keys: &LinkKeys,
+        max_payload: u32,
+        cfg: UdpConfig,
+        kmod: Option<crate::kmod::Device>,
+    ) -> Result<UdpDataLink, TransportError> {
         let cfg = cfg.checked()?;
         let peer = socket.peer_addr().map_err(|e| {
             TransportError::Io(io::Error::new(
@@ -90,6 +115,7 @@ impl UdpDataLink {
         let counters = Arc::new(LinkCounters::default());
         let shared = Arc::new(Shared {
             sock: socket,
+            kmod,
             anchor: anchor_poll,
             sealer: DatagramSealer::new(&keys.send),
             counter: AtomicU64::new(1),
@@ -128,6 +154,11 @@ impl UdpDataLink {
 
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// The kernel module's counters for this link's context (None: not a kmod link).
+    pub fn kmod_stats(&self) -> Option<crate::kmod::KmodStats> {
+        self.shared.kmod.as_ref().and_then(|d| d.stats().ok())
     }
 
     /// The congestion window, smoothed round trip and retransmission timeout now (for stats
@@ -223,11 +254,12 @@ fn owner_wait(sh: &Shared, deadline: Option<Instant>) -> Result<(), TransportErr
     if let Some(d) = deadline {
         wake = wake.min(d);
     }
-    let [_, anchor, woken] = wait_readable(
+    let [_, anchor, woken, _] = wait_readable(
         [
             sh.sock.as_raw_fd(),
             sh.anchor.as_raw_fd(),
             sh.wake.as_raw_fd(),
+            sh.kmod_fd(),
         ],
         wake.saturating_duration_since(now),
     )?;
@@ -393,7 +425,10 @@ impl DataLink for UdpDataLink {
     }
 
     fn transport(&self) -> TransportKind {
-        TransportKind::Udp
+        match self.shared.kmod {
+            Some(_) => TransportKind::Kmod,
+            None => TransportKind::Udp,
+        }
     }
 }
 

@@ -81,11 +81,32 @@ impl Reader {
                 Err(e) => return Err(End::failed("receiving a datagram", &e)),
             }
         }
+        if let Some(dev) = &sh.kmod {
+            more |= self.drain_kmod(sh, dev)?;
+        }
         if anchor_ready {
             check_anchor(sh)?;
         }
         self.on_timers(sh, Instant::now())?;
         Ok(more)
+    }
+
+    /// Takes the data datagrams the kernel module stored (each checked like one read from
+    /// the socket) and releases the banks of frames that need nothing more. `Ok(true)`: more
+    /// arrived meanwhile.
+    fn drain_kmod(&mut self, sh: &Shared, dev: &crate::kmod::Device) -> Result<bool, End> {
+        // Each datagram is checked (its seal first) and copied into its frame in place.
+        let r = dev.drain(
+            |d| self.on_datagram(sh, d),
+            |frame| lock(&sh.rx).frame_settled(frame),
+        );
+        match r {
+            Ok(_) => Ok(dev.pending()),
+            Err(e) => Err(End::failed(
+                "taking datagrams from the kernel module",
+                &e.into(),
+            )),
+        }
     }
 
     fn on_datagram(&mut self, sh: &Shared, d: &[u8]) {
@@ -248,11 +269,13 @@ fn io_loop(sh: &Shared, anchor: &TcpStream) -> End {
         } else {
             sh.next_wakeup(now).saturating_duration_since(now)
         };
-        let [_, anchor_ready] =
-            match wait_readable([sh.sock.as_raw_fd(), anchor.as_raw_fd()], timeout) {
-                Ok(r) => r,
-                Err(e) => return End::failed("waiting for datagrams", &e),
-            };
+        let [_, anchor_ready, _] = match wait_readable(
+            [sh.sock.as_raw_fd(), anchor.as_raw_fd(), sh.kmod_fd()],
+            timeout,
+        ) {
+            Ok(r) => r,
+            Err(e) => return End::failed("waiting for datagrams", &e),
+        };
         if sh.owner_reading.load(Ordering::SeqCst) {
             continue;
         }

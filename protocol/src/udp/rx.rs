@@ -283,6 +283,15 @@ impl Rx {
         }
     }
 
+    /// Whether frame `frame` needs no more chunks: delivered, complete, refused, or not one
+    /// being reassembled (a kernel-module bank holding it can be released).
+    pub(super) fn frame_settled(&self, frame: u64) -> bool {
+        match self.frames.get(&frame) {
+            Some(f) => f.got == f.count,
+            None => true,
+        }
+    }
+
     /// A probe arrived: ack at once, and send a window update when `recv` takes a frame.
     pub(super) fn on_probe(&mut self) {
         self.ack_now = true;

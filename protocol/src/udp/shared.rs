@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 pub(super) struct Shared {
     pub(super) sock: UdpSocket,
+    /// The kernel module's context when the link runs over it (`TransportKind::Kmod`): data
+    /// datagrams arrive in its banks and leave through its TX area; acks and probes use
+    /// `sock` both ways.
+    pub(super) kmod: Option<crate::kmod::Device>,
     /// A clone of the anchor, polled by whichever thread reads.
     pub(super) anchor: TcpStream,
     pub(super) sealer: DatagramSealer,
@@ -84,6 +88,13 @@ impl Shared {
         seg: usize,
         extra: Option<&[u8]>,
     ) -> io::Result<()> {
+        if let Some(dev) = &self.kmod {
+            dev.send(buf, seg)?;
+            if let Some(x) = extra {
+                send_retrying(&self.sock, x)?;
+            }
+            return Ok(());
+        }
         if buf.len() <= seg || self.gso.load(Ordering::Relaxed) {
             match send_segmented(&self.sock, buf, seg, extra)? {
                 Gso::Sent(n) => {
@@ -104,10 +115,22 @@ impl Shared {
     pub(super) fn send_resends(&self, r: &Resends, scratch: &mut Vec<u8>) -> io::Result<()> {
         let mut from = 0;
         for (h, &end) in r.hdrs.iter().zip(&r.ends) {
-            self.send_sealed(&[&h[..], &r.data[from..end]], scratch)?;
+            match &self.kmod {
+                Some(dev) => {
+                    scratch.clear();
+                    self.append_sealed(&[&h[..], &r.data[from..end]], scratch);
+                    dev.send(scratch, scratch.len())?;
+                }
+                None => self.send_sealed(&[&h[..], &r.data[from..end]], scratch)?,
+            }
             from = end;
         }
         Ok(())
+    }
+
+    /// The kernel module's descriptor, for `ppoll` (-1, which `ppoll` skips, without one).
+    pub(super) fn kmod_fd(&self) -> std::os::fd::RawFd {
+        self.kmod.as_ref().map_or(-1, |d| d.raw_fd())
     }
 
     pub(super) fn heard(&self, now: Instant) {
