@@ -203,7 +203,7 @@ static unsigned int rlk_hook(void *priv, struct sk_buff *skb, const struct nf_ho
 	for (b = 0; b < ctx->nbanks; b++) {
 		struct rlk_bank *k = &ctx->banks[b];
 
-		if (k->state == RLK_BANK_ACTIVE) {
+		if (READ_ONCE(k->state) == RLK_BANK_ACTIVE) {
 			if (k->frame == frame && k->src_addr == iph->saddr &&
 			    k->src_port == uh->source) {
 				bank = k;
@@ -222,6 +222,9 @@ static unsigned int rlk_hook(void *priv, struct sk_buff *skb, const struct nf_ho
 		}
 		b = nfree;
 		bank = &ctx->banks[b];
+		/* User space may free a bank by writing its state (no system call per frame):
+		 * whatever was left in it is dropped here. */
+		bitmap_zero(rlk_bitmap(ctx, b), ctx->slots);
 		bank->count = count;
 		bank->frame = frame;
 		bank->src_addr = iph->saddr;

@@ -82,7 +82,10 @@ struct rlk_shared {
 };
 
 struct rlk_bank {
-	__u32 state;  /* RLK_BANK_FREE or RLK_BANK_ACTIVE */
+	/* RLK_BANK_FREE or RLK_BANK_ACTIVE. The module sets ACTIVE when a new frame claims the
+	 * bank (clearing its bitmap first); user space frees it by storing FREE once it has taken
+	 * every datagram it wants (or with RLK_IOC_RELEASE_BANK). */
+	__u32 state;
 	__u32 count;  /* chunk count of the datagram that claimed the bank */
 	__u64 frame;  /* frame sequence number */
 	__u32 src_addr; /* IPv4 source, network order */

@@ -28,6 +28,7 @@ pub const PREFIX_LEN: usize = 8;
 pub const SLOT_SIZE: usize = 2048;
 pub const MAX_BANKS: u32 = 64;
 pub const MAX_SLOTS: u32 = 16384;
+const BANK_FREE: u32 = 0;
 const BANK_ACTIVE: u32 = 1;
 
 /// How a link sizes its context: banks (frames in reassembly at once), slots per bank (a
@@ -544,8 +545,9 @@ impl Device {
     }
 
     /// Hands every datagram the module stored to `take` (its bytes without the prefix; they
-    /// stay put while `take` runs), frees its slot, then releases each bank `done` says is
-    /// finished (given the bank's frame). Returns the datagrams taken.
+    /// stay put while `take` runs), frees its slot, then frees each bank `done` says is
+    /// finished (given the bank's frame; by a store into the bank's state, which the module
+    /// reads when a new frame needs a bank). Returns the datagrams taken.
     pub fn drain(
         &self,
         mut take: impl FnMut(&[u8]),
@@ -598,7 +600,9 @@ impl Device {
             // acquire load of `state` above).
             let frame = unsafe { std::ptr::read_volatile(&bank.frame) };
             if !left && done(frame) {
-                self.release_bank(b)?;
+                // Freed by a store, not a system call per frame: the module clears the
+                // bitmap when the next frame claims the bank.
+                bank.state.store(BANK_FREE, Ordering::Release);
             }
         }
         Ok(n)

@@ -342,7 +342,9 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
     let mut want = vec![d0[8..].to_vec(), d1[8..].to_vec(), e0[8..].to_vec()];
     want.sort();
     assert_eq!(taken, want);
-    assert_eq!(dev.stats().unwrap().released, 1, "frame 8's bank released");
+    // Frame 8's bank is free again (frame 7's is kept: not done).
+    let active: Vec<bool> = (0..2).map(|b| dev.bank_src(b).unwrap().2).collect();
+    assert_eq!(active.iter().filter(|&&a| a).count(), 1, "{active:?}");
     // Frame 9 now finds a bank; its arrival wakes a waiter.
     let seen = dev.wait_data(0, Duration::ZERO).unwrap();
     assert_eq!(
@@ -358,8 +360,15 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
         seen + 1
     );
     waiter.join().unwrap();
+    // RLK_IOC_RELEASE_BANK frees a bank too, and counts it.
+    let b7 = (0..2)
+        .find(|&b| dev.bank_src(b).unwrap().1 == 7)
+        .expect("frame 7 still holds a bank");
+    dev.release_bank(b7).unwrap();
+    assert!(!dev.bank_src(b7).unwrap().2);
     let s = dev.stats().unwrap();
     assert_eq!((s.claimed, s.dropped_no_bank, s.dropped_busy), (4, 1, 1));
+    assert_eq!(s.released, 1);
     drop(dev);
     eventually("the contexts are freed", || proc_counter("contexts") == 0);
     assert_eq!(proc_counter("bytes"), 0);
