@@ -84,7 +84,7 @@ kmod_device --include-ignored --test-threads 1 --nocapture > /tmp/dev.out 2>&1
 st=$?
 cat /tmp/dev.out
 [ $st = 0 ] || fail "kmod_device"
-grep -q "test result: ok. 4 passed" /tmp/dev.out || fail "kmod_device did not run all four"
+grep -q "test result: ok. 5 passed" /tmp/dev.out || fail "kmod_device did not run all five"
 ok "kmod_device: $(grep 'test result' /tmp/dev.out)"
 
 # 3. A two-node ring of SmolLM2, one node per guest, the coordinator here: the same tokens

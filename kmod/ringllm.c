@@ -52,7 +52,8 @@ module_param(max_mem_mb, uint, 0444);
 MODULE_PARM_DESC(max_mem_mb, "largest mapped area one context may ask for, MiB");
 
 struct rlk_counters {
-	atomic64_t claimed, passed, malformed, no_bank, busy, sent, send_errors, wakeups, released;
+	atomic64_t claimed, passed, malformed, no_bank, busy, sent, send_errors, wakeups, released,
+		coalesced;
 };
 
 struct rlk_ctx {
@@ -120,10 +121,104 @@ static inline unsigned long *rlk_bitmap(struct rlk_ctx *ctx, u32 b)
 	return ctx->bitmaps + (size_t)b * (ctx->slots / BITS_PER_LONG);
 }
 
+/* What became of one datagram. */
+enum rlk_placed { RLK_PLACED, RLK_MALFORMED, RLK_NO_BANK, RLK_BUSY };
+
+/*
+ * Places the datagram at `off` (its magic) of `len` bytes in `skb` into `ctx`, or says why
+ * not. Called under rcu_read_lock with BHs off (the hook). `complete` is set when the
+ * datagram completed its bank.
+ */
+static enum rlk_placed rlk_place(struct rlk_ctx *ctx, const struct sk_buff *skb, u32 off,
+				 u32 len, __be32 saddr, __be16 sport, bool *complete)
+{
+	u8 _h[RLK_PREFIX_LEN + RLK_DATA_HDR_LEN];
+	const u8 *h;
+	struct rlk_bank *bank = NULL;
+	u32 dlen, chunk_size, index, count, slot, b, nfree = U32_MAX;
+	u64 frame;
+	unsigned long *bm;
+	u8 *dst;
+
+	if (len < RLK_PREFIX_LEN + RLK_DATA_HDR_LEN + RLK_SEAL_LEN ||
+	    len - RLK_PREFIX_LEN > RLK_SLOT_SIZE)
+		return RLK_MALFORMED;
+	h = skb_header_pointer(skb, off, sizeof(_h), _h);
+	if (!h || get_unaligned_le32(h) != RLK_MAGIC || get_unaligned_le32(h + 4) != ctx->tag)
+		return RLK_MALFORMED;
+	dlen = len - RLK_PREFIX_LEN;
+	h += RLK_PREFIX_LEN;
+	chunk_size = get_unaligned_le16(h + 2);
+	index = get_unaligned_le32(h + 4);
+	count = get_unaligned_le32(h + 8);
+	frame = get_unaligned_le64(h + 16);
+	if (h[0] != RLK_KIND_DATA || h[1] != RLK_WIRE_VERSION || chunk_size == 0 ||
+	    count == 0 || count > RLK_MAX_CHUNKS || index >= count || frame == 0 ||
+	    dlen - RLK_DATA_HDR_LEN - RLK_SEAL_LEN > chunk_size)
+		return RLK_MALFORMED;
+
+	spin_lock(&ctx->lock);
+	for (b = 0; b < ctx->nbanks; b++) {
+		struct rlk_bank *k = &ctx->banks[b];
+
+		if (READ_ONCE(k->state) == RLK_BANK_ACTIVE) {
+			if (k->frame == frame && k->src_addr == saddr && k->src_port == sport) {
+				bank = k;
+				break;
+			}
+		} else if (nfree == U32_MAX) {
+			nfree = b;
+		}
+	}
+	if (!bank) {
+		if (nfree == U32_MAX) {
+			spin_unlock(&ctx->lock);
+			return RLK_NO_BANK;
+		}
+		b = nfree;
+		bank = &ctx->banks[b];
+		/* User space may free a bank by writing its state (no system call per frame):
+		 * whatever was left in it is dropped here. */
+		bitmap_zero(rlk_bitmap(ctx, b), ctx->slots);
+		bank->count = count;
+		bank->frame = frame;
+		bank->src_addr = saddr;
+		bank->src_port = sport;
+		bank->stored = 0;
+		smp_wmb();
+		WRITE_ONCE(bank->state, RLK_BANK_ACTIVE);
+	}
+	slot = index % ctx->slots;
+	bm = rlk_bitmap(ctx, b);
+	if (test_bit(slot, bm)) {
+		spin_unlock(&ctx->lock);
+		return RLK_BUSY;
+	}
+	dst = ctx->data + ((size_t)b * ctx->slots + slot) * RLK_SLOT_SIZE;
+	if (skb_copy_bits(skb, off + RLK_PREFIX_LEN, dst, dlen)) {
+		spin_unlock(&ctx->lock);
+		return RLK_MALFORMED;
+	}
+	ctx->lens[(size_t)b * ctx->slots + slot] = dlen;
+	/* The bytes and the length before the bit that says they are there. */
+	smp_mb__before_atomic();
+	set_bit(slot, bm);
+	bank->stored++;
+	if (bank->stored == bank->count) {
+		*complete = true;
+		WRITE_ONCE(ctx->sh->completions, ctx->sh->completions + 1);
+	}
+	WRITE_ONCE(ctx->sh->events, ctx->sh->events + 1);
+	spin_unlock(&ctx->lock);
+	return RLK_PLACED;
+}
+
 /*
  * The hook. Returns NF_ACCEPT for anything that is not UDP to a claimed port carrying our
- * magic (the stack handles it, e.g. the link's acknowledgements on its socket), NF_DROP for a
- * datagram with our magic that cannot be placed, NF_STOLEN once its bytes are in a slot.
+ * magic (the stack handles it, e.g. the link's acknowledgements on its socket), NF_DROP when
+ * none of its datagrams could be placed, NF_STOLEN once they are in their slots (each one
+ * that could not be placed counted). A GRO-coalesced skb (UDP GSO) holds several datagrams of
+ * gso_size bytes laid end to end: each is placed on its own.
  */
 static unsigned int rlk_hook(void *priv, struct sk_buff *skb, const struct nf_hook_state *state)
 {
@@ -131,15 +226,12 @@ static unsigned int rlk_hook(void *priv, struct sk_buff *skb, const struct nf_ho
 	const struct iphdr *iph;
 	struct udphdr _uh;
 	const struct udphdr *uh;
-	u8 _h[RLK_PREFIX_LEN + RLK_DATA_HDR_LEN];
-	const u8 *h;
+	u8 _m[RLK_PREFIX_LEN];
+	const u8 *m;
 	struct rlk_ctx *ctx;
-	struct rlk_bank *bank = NULL;
-	u32 ihl, ulen, avail, dlen, chunk_size, index, count, slot, b, nfree = U32_MAX;
-	u64 frame, events;
-	bool complete = false, wake;
-	unsigned long *bm;
-	u8 *dst;
+	u32 ihl, ulen, avail, seg, off, placed = 0;
+	u64 events, every;
+	bool complete = false;
 
 	iph = skb_header_pointer(skb, 0, sizeof(_iph), &_iph);
 	if (!iph || iph->version != 4 || iph->protocol != IPPROTO_UDP)
@@ -159,116 +251,70 @@ static unsigned int rlk_hook(void *priv, struct sk_buff *skb, const struct nf_ho
 		return NF_ACCEPT;
 	}
 	/* The magic decides whose the datagram is: look for it in the bytes that are there. */
-	ulen = ntohs(uh->len);
 	avail = skb->len - min_t(u32, skb->len, ihl + sizeof(struct udphdr));
-	h = NULL;
+	m = NULL;
 	if (avail >= RLK_PREFIX_LEN)
-		h = skb_header_pointer(skb, ihl + sizeof(struct udphdr),
-				       min_t(u32, sizeof(_h), avail), _h);
-	if (!h || get_unaligned_le32(h) != RLK_MAGIC) {
+		m = skb_header_pointer(skb, ihl + sizeof(struct udphdr), sizeof(_m), _m);
+	if (!m || get_unaligned_le32(m) != RLK_MAGIC) {
 		/* Not ours (an acknowledgement, a probe, anything else): the stack's. */
 		atomic64_inc(&rlk_global.passed);
 		rcu_read_unlock();
 		return NF_ACCEPT;
 	}
 	/* Ours from here on: placed, or counted and dropped. */
-	ctx = rlk_find(ntohs(uh->dest), get_unaligned_le32(h + 4));
+	ctx = rlk_find(ntohs(uh->dest), get_unaligned_le32(m + 4));
 	if (!ctx) {
 		/* Our magic, to a claimed port, for no link: a stale or forged tag. */
 		atomic64_inc(&rlk_global.malformed);
 		rcu_read_unlock();
 		return NF_DROP;
 	}
-	/* The UDP length must cover the prefix and stay inside the packet. */
-	if (ulen < sizeof(struct udphdr) + RLK_PREFIX_LEN || ulen - sizeof(struct udphdr) > avail)
-		goto malformed;
-	dlen = ulen - sizeof(struct udphdr) - RLK_PREFIX_LEN;
-	if (dlen < RLK_DATA_HDR_LEN + RLK_SEAL_LEN || dlen > RLK_SLOT_SIZE)
-		goto malformed;
-	h += RLK_PREFIX_LEN;
-	chunk_size = get_unaligned_le16(h + 2);
-	index = get_unaligned_le32(h + 4);
-	count = get_unaligned_le32(h + 8);
-	frame = get_unaligned_le64(h + 16);
-	if (h[0] != RLK_KIND_DATA || h[1] != RLK_WIRE_VERSION || chunk_size == 0 ||
-	    count == 0 || count > RLK_MAX_CHUNKS || index >= count || frame == 0 ||
-	    dlen - RLK_DATA_HDR_LEN - RLK_SEAL_LEN > chunk_size)
-		goto malformed;
-
-	spin_lock(&ctx->lock);
-	if (!ctx->area) {
-		spin_unlock(&ctx->lock);
-		goto malformed;
+	/* (A context is on the list only once its area is set up.) */
+	if (skb_is_gso(skb)) {
+		/* Coalesced by GRO (or sent with UDP GSO over loopback): the UDP length covers
+		 * them all; each datagram is gso_size bytes but the last. */
+		if (!(skb_shinfo(skb)->gso_type & SKB_GSO_UDP_L4) || !skb_shinfo(skb)->gso_size)
+			goto malformed;
+		seg = skb_shinfo(skb)->gso_size;
+		rlk_bump(&ctx->c.coalesced, &rlk_global.coalesced);
+	} else {
+		/* The UDP length must cover the prefix and stay inside the packet. */
+		ulen = ntohs(uh->len);
+		if (ulen < sizeof(struct udphdr) + RLK_PREFIX_LEN ||
+		    ulen - sizeof(struct udphdr) > avail)
+			goto malformed;
+		seg = avail = ulen - sizeof(struct udphdr);
 	}
-	for (b = 0; b < ctx->nbanks; b++) {
-		struct rlk_bank *k = &ctx->banks[b];
-
-		if (READ_ONCE(k->state) == RLK_BANK_ACTIVE) {
-			if (k->frame == frame && k->src_addr == iph->saddr &&
-			    k->src_port == uh->source) {
-				bank = k;
-				break;
-			}
-		} else if (nfree == U32_MAX) {
-			nfree = b;
-		}
-	}
-	if (!bank) {
-		if (nfree == U32_MAX) {
-			spin_unlock(&ctx->lock);
+	for (off = 0; off < avail; off += seg) {
+		switch (rlk_place(ctx, skb, ihl + sizeof(struct udphdr) + off,
+				  min(seg, avail - off), iph->saddr, uh->source, &complete)) {
+		case RLK_PLACED:
+			placed++;
+			rlk_bump(&ctx->c.claimed, &rlk_global.claimed);
+			break;
+		case RLK_MALFORMED:
+			rlk_bump(&ctx->c.malformed, &rlk_global.malformed);
+			break;
+		case RLK_NO_BANK:
 			rlk_bump(&ctx->c.no_bank, &rlk_global.no_bank);
-			rcu_read_unlock();
-			return NF_DROP;
+			break;
+		case RLK_BUSY:
+			rlk_bump(&ctx->c.busy, &rlk_global.busy);
+			break;
 		}
-		b = nfree;
-		bank = &ctx->banks[b];
-		/* User space may free a bank by writing its state (no system call per frame):
-		 * whatever was left in it is dropped here. */
-		bitmap_zero(rlk_bitmap(ctx, b), ctx->slots);
-		bank->count = count;
-		bank->frame = frame;
-		bank->src_addr = iph->saddr;
-		bank->src_port = uh->source;
-		bank->stored = 0;
-		smp_wmb();
-		WRITE_ONCE(bank->state, RLK_BANK_ACTIVE);
 	}
-	slot = index % ctx->slots;
-	bm = rlk_bitmap(ctx, b);
-	if (test_bit(slot, bm)) {
-		spin_unlock(&ctx->lock);
-		rlk_bump(&ctx->c.busy, &rlk_global.busy);
-		rcu_read_unlock();
-		return NF_DROP;
-	}
-	dst = ctx->data + ((size_t)b * ctx->slots + slot) * RLK_SLOT_SIZE;
-	if (skb_copy_bits(skb, ihl + sizeof(struct udphdr) + RLK_PREFIX_LEN, dst, dlen)) {
-		spin_unlock(&ctx->lock);
-		goto malformed;
-	}
-	ctx->lens[(size_t)b * ctx->slots + slot] = dlen;
-	/* The bytes and the length before the bit that says they are there. */
-	smp_mb__before_atomic();
-	set_bit(slot, bm);
-	bank->stored++;
-	if (bank->stored == bank->count) {
-		complete = true;
-		WRITE_ONCE(ctx->sh->completions, ctx->sh->completions + 1);
-	}
-	events = ctx->sh->events + 1;
-	WRITE_ONCE(ctx->sh->events, events);
-	{
-		u64 every = READ_ONCE(ctx->sh->wake_every);
-
-		wake = complete || every <= 1 || events - READ_ONCE(ctx->sh->seen) >= every;
-	}
-	spin_unlock(&ctx->lock);
-	rlk_bump(&ctx->c.claimed, &rlk_global.claimed);
-	if (wake && wq_has_sleeper(&ctx->wq)) {
-		rlk_bump(&ctx->c.wakeups, &rlk_global.wakeups);
-		wake_up_interruptible(&ctx->wq);
+	if (placed) {
+		events = READ_ONCE(ctx->sh->events);
+		every = READ_ONCE(ctx->sh->wake_every);
+		if ((complete || every <= 1 || events - READ_ONCE(ctx->sh->seen) >= every) &&
+		    wq_has_sleeper(&ctx->wq)) {
+			rlk_bump(&ctx->c.wakeups, &rlk_global.wakeups);
+			wake_up_interruptible(&ctx->wq);
+		}
 	}
 	rcu_read_unlock();
+	if (!placed)
+		return NF_DROP;
 	consume_skb(skb);
 	return NF_STOLEN;
 
@@ -588,6 +634,7 @@ static void rlk_read_counters(struct rlk_counters *c, struct rlk_stats *s)
 	s->send_errors = atomic64_read(&c->send_errors);
 	s->wakeups = atomic64_read(&c->wakeups);
 	s->released = atomic64_read(&c->released);
+	s->coalesced = atomic64_read(&c->coalesced);
 }
 
 static long rlk_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
@@ -690,6 +737,7 @@ static int rlk_proc_show(struct seq_file *m, void *v)
 		   s.claimed, s.passed, s.dropped_malformed, s.dropped_no_bank);
 	seq_printf(m, "dropped_busy %llu\nsent %llu\nsend_errors %llu\nwakeups %llu\nreleased %llu\n",
 		   s.dropped_busy, s.sent, s.send_errors, s.wakeups, s.released);
+	seq_printf(m, "coalesced %llu\n", s.coalesced);
 	return 0;
 }
 

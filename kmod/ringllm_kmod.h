@@ -165,7 +165,8 @@ struct rlk_stats {
 	__u64 sent;              /* datagrams sent by RLK_IOC_SEND */
 	__u64 send_errors;
 	__u64 wakeups;
-	__u64 released;          /* banks released */
+	__u64 released;          /* banks released by RLK_IOC_RELEASE_BANK */
+	__u64 coalesced;         /* skbs holding several datagrams (GRO), each placed on its own */
 };
 
 #define RLK_IOC_MAGIC 'r'

@@ -374,6 +374,51 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
     assert_eq!(proc_counter("bytes"), 0);
 }
 
+#[test]
+#[ignore = "needs the ringllm kernel module: kmod/test-qemu runs it in a guest"]
+fn datagrams_coalesced_into_one_skb_are_placed_one_by_one() {
+    kmod::probe().expect("the module is loaded");
+    let dev = Device::open(KmodConfig {
+        banks: 4,
+        slots: 64,
+        tx_bytes: 4096,
+    })
+    .unwrap();
+    let holder = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    dev.set_port(port, TAG).unwrap();
+    // UDP segmentation offload: one send, one skb holding three datagrams of `seg` bytes
+    // (loopback keeps it whole, as GRO hands a coalesced run to the hook on a real NIC).
+    let ds: Vec<Vec<u8>> = (0..3)
+        .map(|i| datagram(TAG, Hdr::good(11, i, 3), 500, 30 + i as u64))
+        .collect();
+    let seg = ds[0].len();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let seg_c = seg as libc::c_int;
+    // SAFETY: passes a live c_int of the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SOL_UDP,
+            103, // UDP_SEGMENT
+            (&seg_c as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+    sock.send_to(&ds.concat(), ("127.0.0.1", port)).unwrap();
+    eventually("three placed", || dev.stats().unwrap().claimed == 3);
+    let s = dev.stats().unwrap();
+    assert_eq!(s.coalesced, 1, "one skb held the three: {s:?}");
+    assert_eq!(s.dropped_malformed, 0);
+    let mut taken = Vec::new();
+    dev.drain(|d| taken.push(d.to_vec()), |_| true).unwrap();
+    taken.sort();
+    let mut want: Vec<Vec<u8>> = ds.iter().map(|d| d[8..].to_vec()).collect();
+    want.sort();
+    assert_eq!(taken, want);
+}
+
 /// Two ends of a reliable UDP link over the module on loopback, with known keys.
 fn kmod_pair() -> (UdpDataLink, UdpDataLink, LinkKeys, u16) {
     let ka = LinkKeys {

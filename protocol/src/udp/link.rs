@@ -102,7 +102,10 @@ impl UdpDataLink {
         let local = socket.local_addr()?;
         socket.set_nonblocking(false)?;
         sock::grow_buffers(socket2::SockRef::from(&socket));
-        enable_gro(&socket);
+        if kmod.is_none() {
+            // (Over the module the socket carries acks only; GRO would only coalesce them.)
+            enable_gro(&socket);
+        }
         anchor.set_nonblocking(true)?;
         let anchor_poll = anchor.try_clone()?;
         // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
