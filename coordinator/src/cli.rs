@@ -202,6 +202,10 @@ pub struct GenArgs {
     /// Write the logits of the last token fed (raw little-endian f32) to this file.
     #[arg(long, hide = true)]
     pub logits_out: Option<PathBuf>,
+    /// Write the logits every generated token was sampled from, one row of the vocabulary's
+    /// size per token (raw little-endian f32).
+    #[arg(long, hide = true)]
+    pub step_logits_out: Option<PathBuf>,
     #[command(flatten)]
     pub serve: ServeArgs,
 }

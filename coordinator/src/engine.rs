@@ -72,6 +72,9 @@ pub struct Engine {
     /// Ring mode: the nodes run the layers; this process holds the embedding, the output head
     /// (unless the plan put it on the last node) and any `local` layers.
     pub ring: Option<RingMode>,
+    /// When set, `generate` appends the logits every token was sampled from, one row of
+    /// `vocab` per token (the hidden `--step-logits-out`, for cross-machine comparisons).
+    pub step_logits: Option<Vec<f32>>,
 }
 
 pub struct RingMode {
@@ -228,6 +231,7 @@ impl Engine {
             ctx,
             load_seconds: t0.elapsed().as_secs_f64(),
             ring: None,
+            step_logits: None,
         })
     }
 
@@ -272,6 +276,7 @@ impl Engine {
             ctx,
             load_seconds: t0.elapsed().as_secs_f64(),
             ring: Some(mode),
+            step_logits: None,
         })
     }
 
@@ -658,6 +663,9 @@ pub fn generate(
             out.finish_reason = FinishReason::Length;
             out.context_full = true;
             break;
+        }
+        if let Some(rows) = engine.step_logits.as_mut() {
+            rows.extend_from_slice(&engine.logits);
         }
         let tok = sampler.sample(&engine.logits, &history);
         if eog.contains(&tok) {

@@ -31,6 +31,7 @@ pub fn rss_bytes() -> u64 {
 
 /// CPU features the kernels care about.
 pub fn cpu_features() -> Vec<String> {
+    #[allow(unused_mut)] // nothing is pushed on other architectures
     let mut v = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
@@ -49,6 +50,15 @@ pub fn cpu_features() -> Vec<String> {
             "avx512bw",
             "avx512vnni"
         );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        macro_rules! f {
+            ($($name:tt),*) => {$(
+                if std::arch::is_aarch64_feature_detected!($name) { v.push($name.to_string()); }
+            )*};
+        }
+        f!("neon", "fp16", "dotprod", "i8mm", "bf16", "sve", "sve2");
     }
     v
 }

@@ -162,12 +162,7 @@ pub async fn connect_data_link(
         }
         TransportKind::Uring => {
             let (stream, session) = connect_upstream(addr, key, name, timeout).await?;
-            let mut link: BoxLink = Box::new(crate::uring::UringDataLink::new(
-                stream,
-                max_payload,
-                &session.link_keys(),
-                crate::uring::UringConfig::default(),
-            )?);
+            let mut link = uring_link(stream, max_payload, &session.link_keys())?;
             send_control(link.as_mut(), &attach(kind, 0))?;
             Ok(link)
         }
@@ -188,6 +183,55 @@ pub async fn connect_data_link(
                 .await?,
         )),
     }
+}
+
+/// `stream` as a data link driven by io_uring (`--transport uring`).
+#[cfg(target_os = "linux")]
+fn uring_link(
+    stream: std::net::TcpStream,
+    max_payload: u32,
+    keys: &crate::seal::LinkKeys,
+) -> Result<BoxLink, TransportError> {
+    Ok(Box::new(crate::uring::UringDataLink::new(
+        stream,
+        max_payload,
+        keys,
+        crate::uring::UringConfig::default(),
+    )?))
+}
+
+/// io_uring is a Linux system call interface: elsewhere `--transport uring` is refused.
+#[cfg(not(target_os = "linux"))]
+fn uring_link(
+    _stream: std::net::TcpStream,
+    _max_payload: u32,
+    _keys: &crate::seal::LinkKeys,
+) -> Result<BoxLink, TransportError> {
+    Err(uring_unavailable())
+}
+
+/// Checks that io_uring can drive data links here (`uring::probe` on Linux; elsewhere
+/// `uring_unavailable`).
+pub fn uring_probe() -> Result<(), TransportError> {
+    #[cfg(target_os = "linux")]
+    {
+        crate::uring::probe().map(|_| ())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Err(uring_unavailable())
+    }
+}
+
+/// The error `--transport uring` gets on a system other than Linux.
+pub fn uring_unavailable() -> TransportError {
+    TransportError::Io(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!(
+            "io_uring needs Linux (this is {}): use --transport tcp, udp or quic",
+            std::env::consts::OS
+        ),
+    ))
 }
 
 /// The client half of a reliable UDP link, over an authenticated TCP anchor.
@@ -271,12 +315,7 @@ pub fn accept_tcp_data(
     let local = stream.local_addr()?;
     let peer = stream.peer_addr()?;
     let mut link: BoxLink = if uring {
-        Box::new(crate::uring::UringDataLink::new(
-            stream,
-            max_payload,
-            &hs.link_keys(),
-            crate::uring::UringConfig::default(),
-        )?)
+        uring_link(stream, max_payload, &hs.link_keys())?
     } else {
         Box::new(TcpDataLink::new(stream, max_payload, &hs.link_keys())?)
     };
@@ -399,7 +438,7 @@ impl DataListener {
             _ => None,
         };
         if kind == TransportKind::Uring {
-            crate::uring::probe()?;
+            uring_probe()?;
         }
         Ok(DataListener {
             tcp,

@@ -16,7 +16,8 @@
 //! thread each, behind `blocking::DataLink`, one transport per file:
 //!
 //! * `tcp`: `TcpDataLink`, frames on a TCP stream.
-//! * `uring`: `UringDataLink`, the same wire driven by io_uring.
+//! * `uring`: `UringDataLink`, the same wire driven by io_uring (Linux only: elsewhere
+//!   `dial` refuses `--transport uring` with `dial::uring_unavailable`).
 //! * `udp`: `UdpDataLink`, reliable UDP (a folder: wire format, sender and receiver state
 //!   machines, socket calls, the link).
 //! * `kmod`: the kernel module's device (`kmod/`); `UdpDataLink::with_kmod` runs reliable
@@ -43,6 +44,7 @@ pub mod sock;
 pub mod tcp;
 pub mod transport;
 pub mod udp;
+#[cfg(target_os = "linux")]
 pub mod uring;
 
 pub use blocking::{DataLink, LinkCloser};
@@ -55,4 +57,5 @@ pub use quic::{QuicDataLink, QuicServer};
 pub use tcp::TcpDataLink;
 pub use transport::{FrameReceiver, FrameSender, Link, LinkCounters, TransportKind};
 pub use udp::{UdpConfig, UdpDataLink};
+#[cfg(target_os = "linux")]
 pub use uring::{UringConfig, UringDataLink};

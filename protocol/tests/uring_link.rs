@@ -1,6 +1,7 @@
 //! The io_uring data link over real loopback sockets: frames of every size both ways, against
 //! itself and against `TcpDataLink` in both directions, back-pressure, closing from another
 //! thread, and peers that misbehave (early close, forged seals, replays, huge lengths).
+#![cfg(target_os = "linux")]
 
 mod common;
 

@@ -68,6 +68,7 @@ async fn bind(listen: &str, opts: &NodeOptions) -> Result<Listener> {
     let addr = tcp.local_addr()?;
     match opts.transport {
         TransportKind::Tcp | TransportKind::Quic => {}
+        #[cfg(target_os = "linux")]
         TransportKind::Uring => {
             let s = ringllm_protocol::uring::probe().map_err(|e| {
                 anyhow!(
@@ -76,6 +77,13 @@ async fn bind(listen: &str, opts: &NodeOptions) -> Result<Listener> {
                 )
             })?;
             info!(send_zc = s.send_zc, "io_uring available");
+        }
+        #[cfg(not(target_os = "linux"))]
+        TransportKind::Uring => {
+            return Err(anyhow!(
+                "--transport uring: {}",
+                ringllm_protocol::dial::uring_unavailable()
+            ));
         }
         TransportKind::Udp => {
             // Each reliable UDP link binds the UDP port of the listener's number.

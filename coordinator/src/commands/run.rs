@@ -68,6 +68,9 @@ pub fn session(
         }
     };
     let mut engine = load()?;
+    if args.gen.step_logits_out.is_some() {
+        engine.step_logits = Some(Vec::new());
+    }
     let add_bos = engine.tokenizer.add_bos_default();
     let ids = engine.tokenizer.encode(&prompt, add_bos)?;
     let mut sampler = Sampler::new(&SamplerParams::from(args.sampling));
@@ -98,7 +101,10 @@ pub fn session(
     }
     report(&engine, &g);
     if let Some(path) = &args.gen.logits_out {
-        write_logits(path, &engine)?;
+        write_logits(path, engine.logits())?;
+    }
+    if let (Some(path), Some(rows)) = (&args.gen.step_logits_out, &engine.step_logits) {
+        write_logits(path, rows)?;
     }
     engine.close();
     Ok(ExitCode::SUCCESS)
@@ -111,9 +117,9 @@ struct Args<'a> {
     gen: &'a GenArgs,
 }
 
-fn write_logits(path: &std::path::Path, engine: &Engine) -> Result<()> {
-    let mut bytes = Vec::with_capacity(engine.logits().len() * 4);
-    for v in engine.logits() {
+fn write_logits(path: &std::path::Path, logits: &[f32]) -> Result<()> {
+    let mut bytes = Vec::with_capacity(logits.len() * 4);
+    for v in logits {
         bytes.extend_from_slice(&v.to_le_bytes());
     }
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
