@@ -17,6 +17,7 @@ use core::arch::aarch64::*;
 use core::arch::asm;
 
 mod float;
+mod gemm;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -236,6 +237,15 @@ pub fn specialize_dotprod(entry: &mut TypeKernels) {
 pub fn specialize_i8mm(entry: &mut TypeKernels) {
     specialize_dotprod(entry);
     entry.isa = Isa::NeonI8mm;
+    entry.gemm = match entry.ty {
+        GgmlType::Q4_0 => Some(gemm::gemm::<q4_0::Q4_0>),
+        GgmlType::Q4_1 => Some(gemm::gemm::<q4_1::Q4_1>),
+        GgmlType::Q5_0 => Some(gemm::gemm::<q5_0::Q5_0>),
+        GgmlType::Q5_1 => Some(gemm::gemm::<q5_1::Q5_1>),
+        GgmlType::Q8_0 => Some(gemm::gemm::<q8_0::Q8_0>),
+        GgmlType::Q8_1 => Some(gemm::gemm::<q8_0::Q8_1>),
+        _ => None,
+    };
 }
 
 /// The kernels both integer levels share, with `D` summing the integer products.

@@ -45,7 +45,7 @@ pub(super) trait Legacy: 'static {
 /// Blocks `i..i + k` lie inside the row.
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn halves(p: *const u8, size: usize, off: usize, i: usize, k: usize) -> u64 {
+pub(super) unsafe fn halves(p: *const u8, size: usize, off: usize, i: usize, k: usize) -> u64 {
     let mut v = 0u64;
     for j in 0..k {
         // SAFETY: block i + j lies inside the row (caller) and `off + 2` inside a block.

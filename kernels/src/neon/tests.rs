@@ -198,3 +198,50 @@ fn every_type_has_a_neon_entry() {
         }
     }
 }
+
+/// The i8mm GEMM gives every (weight row, activation row) pair the decode kernel's bits, at
+/// even and odd row counts and block counts, for a window of the prepared rows.
+#[test]
+fn i8mm_gemm_gives_the_decode_bits() {
+    if !available_i8mm() {
+        eprintln!("SKIPPED i8mm_gemm_gives_the_decode_bits: no FEAT_I8MM on this CPU");
+        return;
+    }
+    use GgmlType as T;
+    for ty in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q8_0, T::Q8_1] {
+        let mut k = scalar_kernels(ty);
+        specialize_i8mm(&mut k);
+        let gemm = k
+            .gemm
+            .expect("i8mm level has a GEMM for the 32-element formats");
+        let at = k.vec_dot_type;
+        let mut rng = Rng(ty as u32 + 77);
+        for nb in [1usize, 2, 3, 5, 8] {
+            let n = nb * 32;
+            let (n_w, n_a) = (5, 7);
+            let (w, ws) = rows_of(ty, n, n_w, 3, &mut rng);
+            let (a, as_) = rows_of(at, n, n_a, 0, &mut rng);
+            let mut acts = crate::gemm::GemmActs::new();
+            acts.prepare(at, &a, as_, n_a, nb);
+            for (r0, m) in [(0, n_a), (1, 3), (6, 1), (2, 2)] {
+                for nw in [1, 2, n_w] {
+                    let stride = nw + 1;
+                    let mut out = vec![f32::NAN; m * stride];
+                    gemm(n, &w, ws, nw, &acts, r0, m, &mut out, stride);
+                    for r in 0..m {
+                        for o in 0..nw {
+                            let want = (k.vec_dot)(n, &w[o * ws..], &a[(r0 + r) * as_..]);
+                            assert_eq!(
+                                out[r * stride + o].to_bits(),
+                                want.to_bits(),
+                                "{ty} nb={nb}: weight row {o}, activation row {}",
+                                r0 + r
+                            );
+                        }
+                        assert!(out[r * stride + nw].is_nan(), "{ty}: wrote past the tile");
+                    }
+                }
+            }
+        }
+    }
+}
