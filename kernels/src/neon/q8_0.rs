@@ -113,6 +113,63 @@ impl Acc {
     }
 }
 
+/// Adds blocks `i..i + k` (k ≤ 4) of every pair to `acc`. Always inlined, so the main loop's
+/// constant 4 unrolls the block loop and `D::dot` inlines into the level's function.
+///
+/// # Safety
+/// Blocks `i..i + k` lie inside every row; the CPU has `D`'s features.
+#[inline(always)]
+unsafe fn group<B: Legacy, D: Dot, const W: usize, const R: usize>(
+    acc: &mut [[Acc; W]; R],
+    w: [*const u8; W],
+    a: [*const u8; R],
+    i: usize,
+    k: usize,
+) {
+    // SAFETY: NEON is part of every aarch64 CPU; pointers and features as the caller
+    // guarantees.
+    unsafe {
+        let zero = vdupq_n_s32(0);
+        let mut parts = [[[zero; 4]; W]; R];
+        for j in 0..k {
+            let mut y = [[vdupq_n_s8(0); 2]; R];
+            for (yr, ar) in y.iter_mut().zip(a) {
+                // Block i + j lies inside every activation row (caller).
+                let p = ar.add((i + j) * B::ABLOCK + B::AQS);
+                *yr = [vld1q_s8(p.cast()), vld1q_s8(p.add(16).cast())];
+            }
+            for (o, wr) in w.iter().enumerate() {
+                // Block i + j lies inside every weight row (caller).
+                let q = B::unpack(wr.add((i + j) * B::BLOCK));
+                for (r, yr) in y.iter().enumerate() {
+                    parts[r][o][j] = D::dot(D::dot(zero, q[0], yr[0]), q[1], yr[1]);
+                }
+            }
+        }
+        let mut dw = [vdupq_n_f32(0.0); W];
+        let mut mw = [vdupq_n_f32(0.0); W];
+        for (o, wr) in w.iter().enumerate() {
+            // Blocks i..i + k lie inside every weight row (caller).
+            dw[o] = f16x4(halves(*wr, B::BLOCK, 0, i, k));
+            if B::MIN {
+                mw[o] = f16x4(halves(*wr, B::BLOCK, 2, i, k));
+            }
+        }
+        for (r, ar) in a.iter().enumerate() {
+            // Blocks i..i + k lie inside every activation row (caller).
+            let da = f16x4(halves(*ar, B::ABLOCK, 0, i, k));
+            let sa = if B::MIN {
+                f16x4(halves(*ar, B::ABLOCK, 2, i, k))
+            } else {
+                vdupq_n_f32(0.0)
+            };
+            for o in 0..W {
+                acc[r][o].add::<B>(gather(parts[r][o]), dw[o], da, mw[o], sa);
+            }
+        }
+    }
+}
+
 /// Dots of `W` weight rows (starting at `w[o]`) with `R` activation rows (starting at `a[r]`),
 /// `nb` blocks each: `[r][o]`. Each weight block is unpacked once for the `R` activation rows
 /// and each activation block loaded once for the `W` weight rows.
@@ -127,57 +184,15 @@ pub(super) unsafe fn tile<B: Legacy, D: Dot, const W: usize, const R: usize>(
     a: [*const u8; R],
 ) -> [[f32; W]; R] {
     let mut acc = [[Acc::zero(); W]; R];
-    let zero = vdupq_n_s32(0);
     let mut i = 0;
-    while i < nb {
-        let k = (nb - i).min(4);
-        let mut parts = [[[zero; 4]; W]; R];
-        for j in 0..k {
-            let mut y = [[vdupq_n_s8(0); 2]; R];
-            for (yr, ar) in y.iter_mut().zip(a) {
-                // SAFETY: block i + j lies inside every activation row (caller).
-                unsafe {
-                    let p = ar.add((i + j) * B::ABLOCK + B::AQS);
-                    *yr = [vld1q_s8(p.cast()), vld1q_s8(p.add(16).cast())];
-                }
-            }
-            for (o, wr) in w.iter().enumerate() {
-                // SAFETY: block i + j lies inside every weight row (caller).
-                let q = unsafe { B::unpack(wr.add((i + j) * B::BLOCK)) };
-                for (r, yr) in y.iter().enumerate() {
-                    // SAFETY: the CPU has D's features (caller).
-                    parts[r][o][j] = unsafe { D::dot(D::dot(zero, q[0], yr[0]), q[1], yr[1]) };
-                }
-            }
-        }
-        let mut dw = [vdupq_n_f32(0.0); W];
-        let mut mw = [vdupq_n_f32(0.0); W];
-        for (o, wr) in w.iter().enumerate() {
-            // SAFETY: blocks i..i + k lie inside every weight row (caller).
-            unsafe {
-                dw[o] = f16x4(halves(*wr, B::BLOCK, 0, i, k));
-                if B::MIN {
-                    mw[o] = f16x4(halves(*wr, B::BLOCK, 2, i, k));
-                }
-            }
-        }
-        for (r, ar) in a.iter().enumerate() {
-            // SAFETY: blocks i..i + k lie inside every activation row (caller).
-            let (da, sa) = unsafe {
-                (
-                    f16x4(halves(*ar, B::ABLOCK, 0, i, k)),
-                    if B::MIN {
-                        f16x4(halves(*ar, B::ABLOCK, 2, i, k))
-                    } else {
-                        vdupq_n_f32(0.0)
-                    },
-                )
-            };
-            for o in 0..W {
-                acc[r][o].add::<B>(gather(parts[r][o]), dw[o], da, mw[o], sa);
-            }
-        }
-        i += k;
+    while nb - i >= 4 {
+        // SAFETY: blocks i..i + 4 lie inside every row (caller); the CPU has D's features.
+        unsafe { group::<B, D, W, R>(&mut acc, w, a, i, 4) };
+        i += 4;
+    }
+    if i < nb {
+        // SAFETY: as above, blocks i..nb.
+        unsafe { group::<B, D, W, R>(&mut acc, w, a, i, nb - i) };
     }
     let mut out = [[0f32; W]; R];
     for (orow, arow) in out.iter_mut().zip(&acc) {
