@@ -18,6 +18,7 @@ use core::arch::asm;
 
 mod float;
 mod gemm;
+pub mod ops;
 mod q4_0;
 mod q4_1;
 mod q4_k;
