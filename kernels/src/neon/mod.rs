@@ -259,8 +259,16 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q4_1 => q8_0::entry::<q4_1::Q4_1, D>(entry),
         GgmlType::Q5_0 => q8_0::entry::<q5_0::Q5_0, D>(entry),
         GgmlType::Q5_1 => q8_0::entry::<q5_1::Q5_1, D>(entry),
-        GgmlType::Q8_0 => q8_0::entry::<q8_0::Q8_0, D>(entry),
-        GgmlType::Q8_1 => q8_0::entry::<q8_0::Q8_1, D>(entry),
+        GgmlType::Q8_0 => {
+            q8_0::entry::<q8_0::Q8_0, D>(entry);
+            // Activations are quantized to Q8_0 on every token: byte-identical to the
+            // reference.
+            entry.quantize = q8_0::quantize_q8_0;
+        }
+        GgmlType::Q8_1 => {
+            q8_0::entry::<q8_0::Q8_1, D>(entry);
+            entry.quantize = q8_0::quantize_q8_1;
+        }
         GgmlType::Q4_K => q8_k::entry::<q4_k::Q4K, D>(entry),
         GgmlType::Q5_K => q8_k::entry::<q5_k::Q5K, D>(entry),
         GgmlType::Q6_K => q8_k::entry::<q6_k::Q6K, D>(entry),

@@ -15,6 +15,7 @@ use crate::dispatch::TypeKernels;
 use crate::quants::common::{check_blocks, check_dot};
 use crate::quants::{q8_0, q8_1};
 use core::arch::aarch64::*;
+use core::arch::asm;
 
 /// Elements per block of every legacy format.
 pub(super) const QK: usize = 32;
@@ -527,4 +528,144 @@ pub(super) unsafe fn bits_to_bytes(p: *const u8) -> [uint8x16_t; 2] {
         vtstq_u8(spread(b[0], b[1]), bit),
         vtstq_u8(spread(b[2], b[3]), bit),
     ]
+}
+
+/// `v` as f16 bits, rounded to nearest even (as `half::f16::from_f32`), with `fcvtn` (the f16
+/// vector types are unstable on stable Rust).
+#[inline]
+#[target_feature(enable = "neon")]
+fn to_f16_bits(v: f32) -> u16 {
+    let h: uint16x4_t;
+    // SAFETY: `fcvtn` reads and writes registers only (base AArch64).
+    unsafe {
+        asm!(
+            "fcvtn {0:v}.4h, {1:v}.4s",
+            lateout(vreg) h,
+            in(vreg) vdupq_n_f32(v),
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    vget_lane_u16::<0>(h)
+}
+
+/// Quantizes `nb` blocks to Q8_0 (`SUM` = false: 34-byte blocks) or Q8_1 (`SUM` = true:
+/// 36-byte blocks with s = d·Σq), with the reference's arithmetic: d = amax / 127, id = 1 / d,
+/// q = round half away from zero (`fcvtas`, saturated to i8 as `as i8` does) of x · id.
+///
+/// # Safety
+/// `src` holds `nb * 32` floats and `dst` has room for `nb` blocks.
+#[target_feature(enable = "neon")]
+unsafe fn quantize_blocks<const SUM: bool>(nb: usize, src: *const f32, dst: *mut u8) {
+    let (block, qs) = if SUM {
+        (q8_1::BLOCK, 4)
+    } else {
+        (q8_0::BLOCK, 2)
+    };
+    for i in 0..nb {
+        // SAFETY: the 32 inputs of block i lie inside `src` (caller).
+        let x: [float32x4_t; 8] = unsafe {
+            let p = src.add(i * QK);
+            core::array::from_fn(|k| vld1q_f32(p.add(4 * k)))
+        };
+        // `fmaxnm` ignores NaN as `f32::max` does.
+        let mut m = vabsq_f32(x[0]);
+        for v in &x[1..] {
+            m = vmaxnmq_f32(m, vabsq_f32(*v));
+        }
+        let amax = vmaxnmvq_f32(m).max(0.0);
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q: [int32x4_t; 8] = x.map(|v| vcvtaq_s32_f32(vmulq_n_f32(v, id)));
+        let h: [int16x8_t; 4] =
+            core::array::from_fn(|k| vqmovn_high_s32(vqmovn_s32(q[2 * k]), q[2 * k + 1]));
+        let b = [
+            vqmovn_high_s16(vqmovn_s16(h[0]), h[1]),
+            vqmovn_high_s16(vqmovn_s16(h[2]), h[3]),
+        ];
+        let out = dst.wrapping_add(i * block);
+        // SAFETY: block i (`block` bytes) lies inside `dst` (caller); `qs + 32 <= block`.
+        unsafe {
+            vst1q_s8(out.add(qs).cast(), b[0]);
+            vst1q_s8(out.add(qs + 16).cast(), b[1]);
+            out.cast::<u16>().write_unaligned(to_f16_bits(d).to_le());
+        }
+        if SUM {
+            let sum = vaddlvq_s8(b[0]) as i32 + vaddlvq_s8(b[1]) as i32;
+            // SAFETY: the sum occupies bytes 2..4 of a Q8_1 block.
+            unsafe {
+                out.add(2)
+                    .cast::<u16>()
+                    .write_unaligned(to_f16_bits(sum as f32 * d).to_le())
+            };
+        }
+    }
+}
+
+fn quantize_rows<const SUM: bool>(src: &[f32], dst: &mut [u8]) {
+    let block = if SUM { q8_1::BLOCK } else { q8_0::BLOCK };
+    let nb = check_blocks(dst.len(), src.len(), QK, block);
+    // SAFETY: `check_blocks` proved `dst` holds `nb` blocks for the `nb * 32` floats of `src`;
+    // NEON is part of every aarch64 CPU.
+    unsafe { quantize_blocks::<SUM>(nb, src.as_ptr(), dst.as_mut_ptr()) }
+}
+
+/// Q8_0 quantization, byte-identical to `quants::q8_0::quantize`.
+pub(super) fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
+    quantize_rows::<false>(src, dst);
+}
+
+/// Q8_1 quantization, byte-identical to `quants::q8_1::quantize`.
+pub(super) fn quantize_q8_1(src: &[f32], dst: &mut [u8]) {
+    quantize_rows::<true>(src, dst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantize_matches_reference_bytes() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut inputs = vec![
+            vec![0.0; 64],
+            // amax 127: d = 1, id = 1, so exact ties at ±k.5 must round away from zero.
+            (0..64)
+                .map(|j| {
+                    if j == 0 {
+                        127.0
+                    } else {
+                        (j as f32 - 32.0) + 0.5
+                    }
+                })
+                .collect::<Vec<f32>>(),
+            (0..64).map(|j| -((j % 7) as f32) * 1e-30).collect(),
+            (0..64)
+                .map(|j| if j % 2 == 0 { 3.0 } else { -3.0 })
+                .collect(),
+        ];
+        // 1e7: d overflows f16 to infinity; 1e-6: d is an f16 subnormal.
+        for scale in [1e-6f32, 1e-3, 1.0, 1e4, 1e7] {
+            for _ in 0..20 {
+                inputs.push((0..256).map(|_| next() * scale).collect());
+            }
+        }
+        for x in inputs {
+            let mut want = vec![0u8; x.len() / QK * q8_0::BLOCK];
+            let mut got = vec![0u8; want.len()];
+            q8_0::quantize(&x, &mut want);
+            quantize_q8_0(&x, &mut got);
+            assert_eq!(got, want, "Q8_0 {:?}", &x[..4]);
+            let mut want = vec![0u8; x.len() / QK * q8_1::BLOCK];
+            let mut got = vec![0u8; want.len()];
+            q8_1::quantize(&x, &mut want);
+            quantize_q8_1(&x, &mut got);
+            assert_eq!(got, want, "Q8_1 {:?}", &x[..4]);
+        }
+    }
 }
