@@ -41,8 +41,9 @@ pub fn available_i8mm() -> bool {
 
 /// How a level sums i8 × i8 products, and the kernels compiled for that level. `dot` adds the
 /// products of `x` and `y` to the lanes of `acc`; which products land in which lane differs
-/// between levels, the total of the four lanes does not (it is exact: |x·y| ≤ 128 · 127 and no
-/// pair of i16 products overflows, since the activation quantizers never produce −128).
+/// between levels, the total of the four lanes does not. It is exact: no pair of i16 products
+/// overflows, since |x·y| ≤ 128 · 127 for the 32-element formats (whose activation quantizers
+/// never produce −128) and |x| ≤ 32 for the K-quant weights (Q8_K activations may be −128).
 trait Dot: Copy + 'static {
     /// True when this CPU has the level's features.
     fn available() -> bool;
@@ -272,7 +273,8 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q4_K => q8_k::entry::<q4_k::Q4K, D>(entry),
         GgmlType::Q5_K => q8_k::entry::<q5_k::Q5K, D>(entry),
         GgmlType::Q6_K => q8_k::entry::<q6_k::Q6K, D>(entry),
-        GgmlType::Q8_K => {}
+        // Activations are quantized to Q8_K on every token: byte-identical to the reference.
+        GgmlType::Q8_K => entry.quantize = q8_k::quantize,
     }
 }
 

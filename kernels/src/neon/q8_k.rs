@@ -148,3 +148,108 @@ pub(super) unsafe fn aq(a: *const u8, off: usize) -> int8x16_t {
     // SAFETY: inside the block's quants (caller).
     unsafe { vld1q_s8(a.add(AQS + off).cast()) }
 }
+
+/// Q8_K quantization (the activations of every K-quant dot, once per token), byte-identical
+/// to `quants::q8_k::quantize`: the value of largest magnitude (the first on ties) gives
+/// `iscale = −128 / max`, quants round half to even (`fcvtns`) and are clamped to 127.
+pub(super) fn quantize(src: &[f32], dst: &mut [u8]) {
+    let nb = q8::check_quantize(src, dst, AB);
+    for (x, b) in src
+        .chunks_exact(QK_K)
+        .zip(dst.chunks_exact_mut(AB))
+        .take(nb)
+    {
+        // SAFETY: `x` holds 256 floats and `b` a whole block; NEON is part of every aarch64 CPU.
+        unsafe { quantize_block(x, b) };
+    }
+}
+
+/// # Safety
+/// `x` holds 256 floats and `b` at least one Q8_K block.
+#[target_feature(enable = "neon")]
+unsafe fn quantize_block(x: &[f32], b: &mut [u8]) {
+    let mut m = vdupq_n_f32(0.0);
+    for c in x.chunks_exact(4) {
+        // SAFETY: `c` holds 4 floats. `fmaxnm` ignores NaN as the reference's `>` does.
+        m = vmaxnmq_f32(m, vabsq_f32(unsafe { vld1q_f32(c.as_ptr()) }));
+    }
+    let amax = vmaxnmvq_f32(m);
+    if amax == 0.0 || amax.is_nan() {
+        b[..AB].fill(0);
+        return;
+    }
+    // The first value of that magnitude, with its sign.
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+    let iscale = -128.0 / max;
+    let top = vdupq_n_s32(127);
+    for (j, c) in x.chunks_exact(16).enumerate() {
+        // SAFETY: `c` holds 16 floats.
+        let q: [int32x4_t; 4] = unsafe {
+            core::array::from_fn(|k| {
+                vminq_s32(
+                    vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(c.as_ptr().add(4 * k)), iscale)),
+                    top,
+                )
+            })
+        };
+        let h = [
+            vqmovn_high_s32(vqmovn_s32(q[0]), q[1]),
+            vqmovn_high_s32(vqmovn_s32(q[2]), q[3]),
+        ];
+        let q8 = vqmovn_high_s16(vqmovn_s16(h[0]), h[1]);
+        // SAFETY: quants 16j..16j + 16 lie inside the block.
+        unsafe { vst1q_s8(b.as_mut_ptr().add(AQS + 16 * j).cast(), q8) };
+        let s = vaddlvq_s8(q8);
+        b[ABSUMS + 2 * j..ABSUMS + 2 * j + 2].copy_from_slice(&s.to_le_bytes());
+    }
+    b[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantize_matches_reference_bytes() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut inputs: Vec<Vec<f32>> = vec![
+            vec![0.0; QK_K],
+            // Ties of magnitude: the first (negative here) sets the sign.
+            (0..QK_K)
+                .map(|j| match j {
+                    3 => -2.0,
+                    9 => 2.0,
+                    _ => (j as f32 - 128.0) / 100.0,
+                })
+                .collect(),
+            // Exact halves after scaling: round half to even.
+            (0..QK_K)
+                .map(|j| {
+                    if j == 0 {
+                        -128.0
+                    } else {
+                        (j % 64) as f32 - 31.5
+                    }
+                })
+                .collect(),
+        ];
+        for scale in [1e-30f32, 1e-3, 1.0, 1e4, 1e30] {
+            for _ in 0..10 {
+                inputs.push((0..2 * QK_K).map(|_| next() * scale).collect());
+            }
+        }
+        for x in inputs {
+            let mut want = vec![0u8; x.len() / QK_K * AB];
+            let mut got = vec![1u8; want.len()];
+            q8::quantize(&x, &mut want);
+            quantize(&x, &mut got);
+            assert_eq!(got, want, "Q8_K {:?}", &x[..4]);
+        }
+    }
+}
