@@ -175,12 +175,14 @@ fn requested() -> Option<Isa> {
 }
 
 fn detected_table() -> Table {
-    if requested() == Some(Isa::Scalar) {
+    // Read once: a refused name is reported once.
+    let requested = requested();
+    if requested == Some(Isa::Scalar) {
         return scalar_table();
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let want = match requested() {
+        let want = match requested {
             Some(w @ (Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm)) => {
                 eprintln!(
                     "warning: RINGLLM_ISA={}: not an x86_64 level; using the best this CPU has",
@@ -224,7 +226,7 @@ fn detected_table() -> Table {
         }
     }
     #[cfg(target_arch = "aarch64")]
-    let table = neon_table(requested());
+    let table = neon_table(requested);
     #[cfg(not(target_arch = "aarch64"))]
     let table = scalar_table();
     table
