@@ -62,6 +62,13 @@ pub enum Isa {
     /// The VNNI level plus AVX-512 (F, BW, VL, VNNI) prefill GEMM kernels for the 32-element
     /// formats.
     Avx512,
+    /// aarch64 Advanced SIMD (every aarch64 CPU).
+    Neon,
+    /// NEON with `sdot` (FEAT_DotProd) for every integer dot product.
+    NeonDotprod,
+    /// The dotprod level plus `smmla` (FEAT_I8MM) prefill GEMM kernels for the 32-element
+    /// formats.
+    NeonI8mm,
 }
 
 impl Isa {
@@ -71,6 +78,9 @@ impl Isa {
             Isa::Avx2 => "avx2+fma",
             Isa::Avx2Vnni => "avx2+vnni",
             Isa::Avx512 => "avx512+vnni",
+            Isa::Neon => "neon",
+            Isa::NeonDotprod => "neon+dotprod",
+            Isa::NeonI8mm => "neon+i8mm",
         }
     }
 }
@@ -137,8 +147,8 @@ fn scalar_table() -> Table {
     }
 }
 
-/// The level `RINGLLM_ISA` asks for (`scalar`, `avx2`, `vnni`, `avx512`; unset or `auto`: the best
-/// this CPU has). `RINGLLM_FORCE_SCALAR=1` is the older spelling of `RINGLLM_ISA=scalar`. A level the
+/// The level `RINGLLM_ISA` asks for (`scalar`; x86_64: `avx2`, `vnni`, `avx512`; aarch64: `neon`,
+/// `dotprod`, `i8mm`; unset or `auto`: the best this CPU has). `RINGLLM_FORCE_SCALAR=1` is the older spelling of `RINGLLM_ISA=scalar`. A level the
 /// CPU lacks, or a name we do not know, is refused on stderr and the best level is used.
 fn requested() -> Option<Isa> {
     if std::env::var_os("RINGLLM_FORCE_SCALAR").is_some_and(|v| v != "0") {
@@ -151,10 +161,13 @@ fn requested() -> Option<Isa> {
         "avx2" => Some(Isa::Avx2),
         "vnni" | "avx2+vnni" => Some(Isa::Avx2Vnni),
         "avx512" | "avx512+vnni" => Some(Isa::Avx512),
+        "neon" => Some(Isa::Neon),
+        "dotprod" | "neon+dotprod" => Some(Isa::NeonDotprod),
+        "i8mm" | "neon+i8mm" => Some(Isa::NeonI8mm),
         other => {
             eprintln!(
-                "warning: RINGLLM_ISA={other}: write scalar, avx2, vnni, avx512 or auto; using \
-                 the best this CPU has"
+                "warning: RINGLLM_ISA={other}: write scalar, avx2, vnni, avx512, neon, dotprod, \
+                 i8mm or auto; using the best this CPU has"
             );
             None
         }
@@ -162,12 +175,23 @@ fn requested() -> Option<Isa> {
 }
 
 fn detected_table() -> Table {
-    if requested() == Some(Isa::Scalar) {
+    // Read once: a refused name is reported once.
+    let requested = requested();
+    if requested == Some(Isa::Scalar) {
         return scalar_table();
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let want = requested();
+        let want = match requested {
+            Some(w @ (Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm)) => {
+                eprintln!(
+                    "warning: RINGLLM_ISA={}: not an x86_64 level; using the best this CPU has",
+                    w.name()
+                );
+                None
+            }
+            w => w,
+        };
         if let (Some(v), true, None | Some(Isa::Avx512)) =
             (crate::avx2::vnni(), crate::avx2::gemm512::available(), want)
         {
@@ -201,7 +225,50 @@ fn detected_table() -> Table {
             return table;
         }
     }
-    scalar_table()
+    #[cfg(target_arch = "aarch64")]
+    let table = neon_table(requested);
+    #[cfg(not(target_arch = "aarch64"))]
+    let table = scalar_table();
+    table
+}
+
+/// The best NEON level this CPU has, or the one `want` names (a level the CPU lacks is refused
+/// with a warning and the best it has used; an x86 level names none of ours).
+#[cfg(target_arch = "aarch64")]
+fn neon_table(want: Option<Isa>) -> Table {
+    use crate::neon;
+    let want = match want {
+        None | Some(Isa::Neon | Isa::NeonDotprod | Isa::NeonI8mm) => want,
+        Some(other) => {
+            eprintln!(
+                "warning: RINGLLM_ISA={}: not an aarch64 level; using the best this CPU has",
+                other.name()
+            );
+            None
+        }
+    };
+    let mut table = scalar_table();
+    let specialize: fn(&mut TypeKernels) = match want {
+        None | Some(Isa::NeonI8mm) if neon::available_i8mm() => neon::specialize_i8mm,
+        Some(Isa::NeonI8mm) if neon::available_dotprod() => {
+            eprintln!("warning: RINGLLM_ISA=i8mm: this CPU has no I8MM; using dotprod");
+            neon::specialize_dotprod
+        }
+        None | Some(Isa::NeonDotprod) if neon::available_dotprod() => neon::specialize_dotprod,
+        Some(Isa::NeonI8mm | Isa::NeonDotprod) => {
+            eprintln!(
+                "warning: RINGLLM_ISA={}: this CPU has no dotprod; using neon",
+                want.map_or("", |w| w.name())
+            );
+            neon::specialize
+        }
+        _ => neon::specialize,
+    };
+    for entry in &mut table.entries {
+        specialize(entry);
+    }
+    table.isa = table.entries.first().map_or(Isa::Scalar, |e| e.isa);
+    table
 }
 
 static SCALAR: OnceLock<Table> = OnceLock::new();

@@ -1,7 +1,7 @@
 //! Numeric kernels for ringllm: GGUF block formats (dequantize, reference quantize, quantized
-//! dot products) with a scalar reference for each and AVX2+FMA paths chosen once at start-up,
-//! the matrix products built on them, the thread pool that runs them, and the small
-//! element-wise ops of a transformer layer.
+//! dot products) with a scalar reference for each, AVX2+FMA (x86_64) and NEON (aarch64) paths
+//! chosen once at start-up, the matrix products built on them, the thread pool that runs them,
+//! and the small element-wise ops of a transformer layer.
 //!
 //! Knows nothing of files or networks: every function works on byte slices and `f32` slices.
 
@@ -18,6 +18,9 @@ pub mod types;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+
+#[cfg(target_arch = "aarch64")]
+pub mod neon;
 
 pub use dispatch::{isa, kernels, reference, Isa, TypeKernels};
 pub use matmul::{matmul, matmul_many, ActBuffer, MatJob, QMatrix};

@@ -137,6 +137,12 @@ fn avx2_level() -> bool {
     crate::isa() != crate::Isa::Scalar
 }
 
+/// True when the kernel table is at a NEON level (not forced to scalar).
+#[cfg(target_arch = "aarch64")]
+fn neon_level() -> bool {
+    crate::isa() != crate::Isa::Scalar
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]` with the fastest kernel this CPU has.
 pub fn glu_silu(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -146,6 +152,11 @@ pub fn glu_silu(gate: &mut [f32], up: &[f32]) {
             unsafe { crate::avx2::ops::glu::<false>(gate, up) };
             return;
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if neon_level() {
+        crate::neon::ops::glu::<false>(gate, up);
+        return;
     }
     glu(gate, up, silu);
 }
@@ -160,6 +171,11 @@ pub fn glu_gelu_tanh(gate: &mut [f32], up: &[f32]) {
             return;
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if neon_level() {
+        crate::neon::ops::glu::<true>(gate, up);
+        return;
+    }
     glu(gate, up, gelu_tanh);
 }
 
@@ -172,6 +188,11 @@ pub fn softmax_fast(x: &mut [f32]) {
             unsafe { crate::avx2::ops::softmax(x) };
             return;
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if neon_level() {
+        crate::neon::ops::softmax(x);
+        return;
     }
     softmax(x);
 }
@@ -193,7 +214,25 @@ pub fn prefetch<T>(s: &[T]) {
             off += 64;
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let p = s.as_ptr().cast::<u8>();
+        let bytes = std::mem::size_of_val(s);
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: `prfm` is a hint: it never faults and changes no architectural state; the
+            // address is inside `s`.
+            unsafe {
+                core::arch::asm!(
+                    "prfm pldl1keep, [{0}]",
+                    in(reg) p.add(off),
+                    options(nostack, preserves_flags, readonly)
+                )
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = s;
 }
 
@@ -207,6 +246,11 @@ pub fn axpy_fast(alpha: f32, x: &[f32], y: &mut [f32]) {
             unsafe { crate::avx2::ops::axpy(alpha, x, y) };
             return;
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if neon_level() {
+        crate::neon::ops::axpy(alpha, x, y);
+        return;
     }
     axpy(alpha, x, y);
 }

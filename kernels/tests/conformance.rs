@@ -384,3 +384,36 @@ fn repacked_matrices_give_the_same_bits() {
         }
     }
 }
+
+/// The level `RINGLLM_ISA` names is the level this suite runs at whenever the CPU has it (and
+/// the best lower one when it does not), so one run per level really covers that level.
+#[test]
+fn requested_level_is_the_level_tested() {
+    let name = ringllm_kernels::isa().name();
+    eprintln!("kernel level under test: {name}");
+    let Ok(want) = std::env::var("RINGLLM_ISA") else {
+        return;
+    };
+    let want = want.trim().to_ascii_lowercase();
+    if want == "scalar" {
+        assert_eq!(name, "scalar");
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let dotprod = std::arch::is_aarch64_feature_detected!("dotprod");
+        let i8mm = dotprod && std::arch::is_aarch64_feature_detected!("i8mm");
+        let expect = match want.as_str() {
+            "neon" => Some("neon"),
+            "dotprod" | "neon+dotprod" => Some(if dotprod { "neon+dotprod" } else { "neon" }),
+            "i8mm" | "neon+i8mm" => Some(match (i8mm, dotprod) {
+                (true, _) => "neon+i8mm",
+                (false, true) => "neon+dotprod",
+                _ => "neon",
+            }),
+            _ => None,
+        };
+        if let Some(expect) = expect {
+            assert_eq!(name, expect, "RINGLLM_ISA={want}");
+        }
+    }
+}
