@@ -4,6 +4,7 @@
 //! 8-element step, then a scalar tail; tiled and single results are bit-identical.
 
 use super::q8_0::hsum;
+use crate::quants::common::last_row;
 use crate::quants::float;
 use core::arch::x86_64::*;
 use half::{bf16, f16};
@@ -333,16 +334,9 @@ pub(super) fn vec_dot_multi512<F: FloatFormat>(
 /// `check` for `rows` activation rows `stride` bytes apart: the last (furthest) row is checked,
 /// so every row holds `n` elements. False when there are no rows.
 fn check_multi(n: usize, w: &[u8], width: usize, a: &[u8], stride: usize, rows: usize) -> bool {
-    let Some(last) = rows.checked_sub(1) else {
+    let Some(start) = last_row("vec_dot_multi", rows, stride, a.len()) else {
         return false;
     };
-    let start = last
-        .checked_mul(stride)
-        .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
-    assert!(
-        start <= a.len(),
-        "vec_dot_multi: {rows} activation rows do not fit"
-    );
     check(n, w, width, &a[start..]);
     true
 }

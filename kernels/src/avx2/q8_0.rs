@@ -8,7 +8,7 @@
 //! scale product. Signed weights use the sign trick (`|w|` times `sign(a, w)`), which requires
 //! activations in -127..=127: our quantizers never produce -128.
 
-use crate::quants::common::{check_blocks, check_dot};
+use crate::quants::common::{check_blocks, check_dot, last_row};
 use crate::quants::{q8_0, q8_1};
 use core::arch::x86_64::*;
 
@@ -424,16 +424,12 @@ macro_rules! legacy_dots {
                 return;
             }
             // Bounds, checked once: the last weight and activation rows hold `nb` blocks.
-            let w_last = (n_w - 1)
-                .checked_mul(w_stride)
-                .unwrap_or_else(|| panic!("vec_dot_tile: weight stride {w_stride} overflows"));
-            let a_last = (n_a - 1)
-                .checked_mul(a_stride)
-                .unwrap_or_else(|| panic!("vec_dot_tile: activation stride {a_stride} overflows"));
-            assert!(
-                w_last <= w.len() && a_last <= a.len(),
-                "vec_dot_tile: rows do not fit"
-            );
+            let (Some(w_last), Some(a_last)) = (
+                last_row("vec_dot_tile: weight", n_w, w_stride, w.len()),
+                last_row("vec_dot_tile: activation", n_a, a_stride, a.len()),
+            ) else {
+                return;
+            };
             let nb = check_dot(n, QK, &w[w_last..], B::BLOCK, &a[a_last..], B::ABLOCK);
             assert!(
                 w_stride >= nb * B::BLOCK && (n_a == 1 || a_stride >= nb * B::ABLOCK),
@@ -537,17 +533,9 @@ macro_rules! legacy_dots {
             a: &[u8],
             out: &mut [f32],
         ) {
-            let Some(last) = out.len().checked_sub(1) else {
+            let Some(start) = last_row("vec_dot_rows", out.len(), w_stride, w.len()) else {
                 return;
             };
-            let start = last
-                .checked_mul(w_stride)
-                .unwrap_or_else(|| panic!("vec_dot_rows: stride {w_stride} overflows"));
-            assert!(
-                start <= w.len(),
-                "vec_dot_rows: {} weight rows do not fit",
-                out.len()
-            );
             let nb = check_dot(n, QK, &w[start..], B::BLOCK, a, B::ABLOCK);
             assert!(
                 w_stride >= nb * B::BLOCK,
@@ -619,17 +607,9 @@ macro_rules! legacy_dots {
             stride: usize,
             out: &mut [f32],
         ) {
-            let Some(last) = out.len().checked_sub(1) else {
+            let Some(start) = last_row("vec_dot_multi", out.len(), stride, a.len()) else {
                 return;
             };
-            let start = last
-                .checked_mul(stride)
-                .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
-            assert!(
-                start <= a.len(),
-                "vec_dot_multi: {} activation rows do not fit",
-                out.len()
-            );
             let nb = check_dot(n, QK, w, B::BLOCK, &a[start..], B::ABLOCK);
             debug_assert!($avail());
             // SAFETY: the last (furthest) activation row and the weight row hold `nb` blocks, hence

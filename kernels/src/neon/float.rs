@@ -6,6 +6,7 @@
 
 use super::f16x8;
 use crate::dispatch::TypeKernels;
+use crate::quants::common::last_row;
 use crate::quants::float;
 use core::arch::aarch64::*;
 use half::{bf16, f16};
@@ -158,17 +159,9 @@ pub(super) fn vec_dot_multi<F: FloatFormat>(
     stride: usize,
     out: &mut [f32],
 ) {
-    let Some(last) = out.len().checked_sub(1) else {
+    let Some(start) = last_row("vec_dot_multi", out.len(), stride, a.len()) else {
         return;
     };
-    let start = last
-        .checked_mul(stride)
-        .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
-    assert!(
-        start <= a.len(),
-        "vec_dot_multi: {} rows do not fit",
-        out.len()
-    );
     check(n, w, F::WIDTH, &a[start..]);
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let mut r = 0;

@@ -12,7 +12,7 @@
 
 use super::{f16_at, f16x4, u16_at, Dot};
 use crate::dispatch::TypeKernels;
-use crate::quants::common::{check_blocks, check_dot};
+use crate::quants::common::{check_blocks, check_dot, last_row};
 use crate::quants::{q8_0, q8_1};
 use core::arch::aarch64::*;
 use core::arch::asm;
@@ -249,17 +249,9 @@ pub(super) fn vec_dot_multi<B: Legacy, D: Dot>(
     stride: usize,
     out: &mut [f32],
 ) {
-    let Some(last) = out.len().checked_sub(1) else {
+    let Some(start) = last_row("vec_dot_multi", out.len(), stride, a.len()) else {
         return;
     };
-    let start = last
-        .checked_mul(stride)
-        .unwrap_or_else(|| panic!("vec_dot_multi: stride {stride} overflows"));
-    assert!(
-        start <= a.len(),
-        "vec_dot_multi: {} activation rows do not fit",
-        out.len()
-    );
     let nb = check_dot(n, QK, w, B::BLOCK, &a[start..], B::ABLOCK);
     debug_assert!(D::available());
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
@@ -315,17 +307,9 @@ pub(super) fn vec_dot_rows<B: Legacy, D: Dot>(
     a: &[u8],
     out: &mut [f32],
 ) {
-    let Some(last) = out.len().checked_sub(1) else {
+    let Some(start) = last_row("vec_dot_rows", out.len(), w_stride, w.len()) else {
         return;
     };
-    let start = last
-        .checked_mul(w_stride)
-        .unwrap_or_else(|| panic!("vec_dot_rows: stride {w_stride} overflows"));
-    assert!(
-        start <= w.len(),
-        "vec_dot_rows: {} weight rows do not fit",
-        out.len()
-    );
     let nb = check_dot(n, QK, &w[start..], B::BLOCK, a, B::ABLOCK);
     assert!(
         out.len() == 1 || w_stride >= nb * B::BLOCK,
@@ -353,16 +337,12 @@ pub(super) fn vec_dot_tile<B: Legacy, D: Dot>(
     if n_w == 0 || n_a == 0 {
         return;
     }
-    let w_last = (n_w - 1)
-        .checked_mul(w_stride)
-        .unwrap_or_else(|| panic!("vec_dot_tile: weight stride {w_stride} overflows"));
-    let a_last = (n_a - 1)
-        .checked_mul(a_stride)
-        .unwrap_or_else(|| panic!("vec_dot_tile: activation stride {a_stride} overflows"));
-    assert!(
-        w_last <= w.len() && a_last <= a.len(),
-        "vec_dot_tile: rows do not fit"
-    );
+    let (Some(w_last), Some(a_last)) = (
+        last_row("vec_dot_tile: weight", n_w, w_stride, w.len()),
+        last_row("vec_dot_tile: activation", n_a, a_stride, a.len()),
+    ) else {
+        return;
+    };
     let nb = check_dot(n, QK, &w[w_last..], B::BLOCK, &a[a_last..], B::ABLOCK);
     assert!(
         (n_w == 1 || w_stride >= nb * B::BLOCK) && (n_a == 1 || a_stride >= nb * B::ABLOCK),

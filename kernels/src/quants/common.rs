@@ -41,6 +41,19 @@ pub fn check_dot(n: usize, qk: usize, w: &[u8], wsize: usize, a: &[u8], asize: u
     nb
 }
 
+/// Where the last of `rows` rows, `stride` bytes apart, starts in a buffer of `len` bytes;
+/// `None` when there are no rows. Panics (naming `what`) when the stride overflows or the last
+/// row starts past the buffer: the bounds of a multi-row kernel, checked once.
+#[inline]
+pub fn last_row(what: &str, rows: usize, stride: usize, len: usize) -> Option<usize> {
+    let last = rows.checked_sub(1)?;
+    let start = last
+        .checked_mul(stride)
+        .unwrap_or_else(|| panic!("{what}: stride {stride} overflows"));
+    assert!(start <= len, "{what}: {rows} rows do not fit");
+    Some(start)
+}
+
 /// Checks `src` bytes hold the blocks `dst` asks for; returns the block count.
 #[inline]
 pub fn check_blocks(src_len: usize, dst_len: usize, qk: usize, size: usize) -> usize {
