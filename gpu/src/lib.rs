@@ -10,4 +10,7 @@
 
 pub mod device;
 
+pub use bytemuck;
+pub use wgpu;
+
 pub use device::{adapters, AdapterSummary, Gpu, GpuError, GpuOptions};

@@ -74,4 +74,7 @@ pub enum ModelError {
     /// The sequence would exceed the KV cache.
     #[error("context full: position {pos} + {n} tokens exceeds the context of {ctx}")]
     ContextFull { pos: usize, n: usize, ctx: usize },
+    /// The backend (a GPU) failed: lost device, allocation, unsupported setting.
+    #[error("backend: {0}")]
+    Backend(String),
 }

@@ -3,6 +3,7 @@
 //! the per-token loop allocates nothing.
 
 use crate::arch::FfnAct;
+use crate::backend::{Batch, LayerBackend};
 use crate::error::ModelError;
 use crate::kv::{KvBuf, KvCache, KvElem, LayerKv};
 use crate::model::{Layer, Model};
@@ -51,6 +52,9 @@ pub struct Runner {
     skip: Option<SkipPolicy>,
     skip_state: SkipState,
     on_skip_plan: Option<SkipPlanHook>,
+    /// The backend running the layers and the head when it is not the CPU
+    /// ([`crate::backend`]); the embedding and the final norm stay on the CPU.
+    backend: Option<Box<dyn LayerBackend>>,
 }
 
 /// Called at the decision point with the plan of the batch (`Runner::set_on_skip_plan`).
@@ -155,7 +159,41 @@ impl Runner {
             skip: None,
             skip_state: SkipState::default(),
             on_skip_plan: None,
+            backend: None,
         }
+    }
+
+    /// Runs the layers and the head on `backend` from now on (`None`: the CPU). Caches made
+    /// before belong to the old backend and are refused by the new one. Refused with
+    /// predictive layer skip on, or with layers streamed from disk: neither runs off the CPU.
+    pub fn set_backend(&mut self, backend: Option<Box<dyn LayerBackend>>) -> Result<(), ModelError> {
+        if backend.is_some() {
+            if self.skip.is_some() {
+                return Err(ModelError::Backend(
+                    "predictive layer skip runs on the CPU backend only".into(),
+                ));
+            }
+            if self.model.streamer.is_some() {
+                return Err(ModelError::Backend(
+                    "layers streamed from disk run on the CPU backend only".into(),
+                ));
+            }
+        }
+        self.backend = backend;
+        Ok(())
+    }
+
+    /// "cpu", or the backend's description ("gpu: <adapter>").
+    pub fn backend_name(&self) -> String {
+        match &self.backend {
+            None => "cpu".into(),
+            Some(b) => b.describe(),
+        }
+    }
+
+    /// True when the layers run on the CPU.
+    pub fn on_cpu(&self) -> bool {
+        self.backend.is_none()
     }
 
     /// Turns predictive layer skip on (`Some`) or off. The decision point is the first layer
@@ -170,6 +208,11 @@ impl Runner {
             self.skip = None;
             return Ok(());
         };
+        if self.backend.is_some() {
+            return Err(ModelError::SkipPredictor {
+                why: "predictive layer skip runs on the CPU backend only".into(),
+            });
+        }
         let hp = &self.model.hp;
         let pm = &pol.predictor.model;
         if pm.n_layer != hp.n_layer || pm.d_model != hp.d_model {
@@ -236,7 +279,12 @@ impl Runner {
 
     /// A KV cache for this runner's layers.
     pub fn new_cache(&self, ctx: usize, ty: crate::kv::KvType) -> KvCache {
-        KvCache::new(
+        let make = if self.backend.is_some() {
+            KvCache::new_device
+        } else {
+            KvCache::new
+        };
+        make(
             &self.model.hp,
             self.model.layer_range.clone(),
             ctx.min(self.scores_stride),
@@ -308,6 +356,13 @@ impl Runner {
                     slice: self.model.layers.len(),
                 });
             }
+            if kv.device_only != self.backend.is_some() {
+                return Err(ModelError::Backend(format!(
+                    "a KV cache made for the {} backend used on {}",
+                    if kv.device_only { "GPU" } else { "CPU" },
+                    self.backend_name()
+                )));
+            }
         }
         if n > self.max_batch {
             return Err(ModelError::BatchTooLarge {
@@ -321,6 +376,20 @@ impl Runner {
         let model = Arc::clone(&self.model);
         let d = model.hp.d_model;
         self.rope_tables(parts, n);
+        if let Some(be) = self.backend.as_mut() {
+            let half = model.hp.rope_dim / 2;
+            let s = &self.scratch;
+            let batch = Batch {
+                pos: &s.pos[..n],
+                rope_local: &s.rope_local[..n * half],
+                rope_global: &s.rope_global[..n * half],
+            };
+            be.layers(&model, &mut x[..n * d], parts, &batch)?;
+            for (kv, k) in parts.iter_mut() {
+                kv.len += *k;
+            }
+            return Ok(());
+        }
         if self.skip.is_some() {
             self.skip_state.active = false;
             self.skip_state.plan.fill(false);
@@ -804,6 +873,9 @@ impl Runner {
                 len: out.len(),
                 need: n * vocab,
             });
+        }
+        if let Some(be) = self.backend.as_mut() {
+            return be.logits(&m, &xn[..n * d], n, &mut out[..n * vocab]);
         }
         self.scratch.acts.reserve(d, n);
         matmul(

@@ -233,6 +233,10 @@ pub struct KvCache {
     pub ty: KvType,
     /// Positions filled so far.
     pub len: usize,
+    /// Made for a runner on another backend (a GPU): the host buffers are empty and the keys
+    /// and values live in `device`, allocated by the backend on first use.
+    pub device_only: bool,
+    pub device: Option<Box<dyn crate::backend::DeviceKv>>,
 }
 
 impl KvCache {
@@ -276,7 +280,43 @@ impl KvCache {
             kv_dim,
             ty,
             len: 0,
+            device_only: false,
+            device: None,
         }
+    }
+
+    /// A cache whose keys and values a backend keeps on its device: the same ring sizes and
+    /// windows, no host buffers.
+    pub fn new_device(
+        hp: &Hparams,
+        layers: std::ops::Range<usize>,
+        ctx: usize,
+        max_batch: usize,
+        ty: KvType,
+    ) -> KvCache {
+        let mut c = KvCache::new(hp, 0..0, ctx, max_batch, ty);
+        c.layers = layers
+            .map(|il| {
+                let (cap, window) = if hp.sliding[il] && hp.sliding_window > 0 {
+                    (
+                        (hp.sliding_window + max_batch.max(1) - 1).min(ctx),
+                        Some(hp.sliding_window),
+                    )
+                } else {
+                    (ctx, None)
+                };
+                LayerKv {
+                    cap,
+                    window,
+                    k: KvBuf::F32(Vec::new()),
+                    v: KvBuf::F32(Vec::new()),
+                    skipped: Vec::new(),
+                    any_skipped: false,
+                }
+            })
+            .collect();
+        c.device_only = true;
+        c
     }
 
     /// Bytes held.

@@ -3,10 +3,13 @@
 //! allocated, and the node daemon (`daemon`) that serves a slice to a coordinator.
 
 pub mod arch;
+pub mod backend;
 pub mod daemon;
 pub mod error;
 pub mod forward;
 pub mod gguf;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod kv;
 pub mod limits;
 pub mod model;
@@ -16,6 +19,7 @@ pub mod stream;
 pub mod synth;
 pub mod sys;
 
+pub use backend::{BackendChoice, LayerBackend};
 pub use arch::{Arch, Hparams, LayerClass, TensorKind};
 pub use error::ModelError;
 pub use forward::Runner;

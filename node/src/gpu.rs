@@ -1,0 +1,444 @@
+//! The GPU backend of the forward pass: a slice's weights uploaded once in their GGUF block
+//! layout, the KV caches on the device, and every layer of a batch recorded into one command
+//! buffer (one submission and one wait per call of `layers`).
+
+use crate::arch::FfnAct;
+use crate::backend::{Batch, DeviceKv, LayerBackend};
+use crate::error::ModelError;
+use crate::kv::{KvCache, KvType};
+use crate::model::{Model, Weight};
+use ringllm_gpu::ops::{AttnShape, Glu, KvLayout, Ops};
+use ringllm_gpu::qmat::{Matmul, QMatrix};
+use ringllm_gpu::{bytemuck, wgpu, Gpu, GpuError};
+
+/// One layer's weights on the device.
+struct GpuLayer {
+    attn_norm: wgpu::Buffer,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    bq: Option<wgpu::Buffer>,
+    bk: Option<wgpu::Buffer>,
+    bv: Option<wgpu::Buffer>,
+    q_norm: Option<wgpu::Buffer>,
+    k_norm: Option<wgpu::Buffer>,
+    post_attn_norm: Option<wgpu::Buffer>,
+    ffn_norm: wgpu::Buffer,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+    post_ffw_norm: Option<wgpu::Buffer>,
+}
+
+/// Scratch buffers on the device for batches up to `rows` rows.
+struct Scratch {
+    rows: usize,
+    x: wgpu::Buffer,
+    xn: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    att: wgpu::Buffer,
+    o: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    pos: wgpu::Buffer,
+    cs_local: wgpu::Buffer,
+    cs_global: wgpu::Buffer,
+}
+
+/// The head on the device: final rows in, logits out (sized on first use).
+struct Head {
+    w: QMatrix,
+    xin: Option<(usize, wgpu::Buffer, wgpu::Buffer)>,
+}
+
+/// A sequence's KV cache on the device: per layer of the slice, K and V.
+#[derive(Debug)]
+pub struct GpuKv {
+    /// Which backend instance made it (a cache is refused by any other).
+    owner: u64,
+    layers: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    bytes: u64,
+}
+
+impl DeviceKv for GpuKv {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+    fn device_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+pub struct GpuLayers {
+    gpu: Gpu,
+    id: u64,
+    ops: Ops,
+    mm: Matmul,
+    layers: Vec<GpuLayer>,
+    head: Option<Head>,
+    scratch: Scratch,
+    /// Forward calls left before a simulated device loss (`RINGLLM_GPU_FAIL_AFTER`: the
+    /// tests' way to lose a device mid-request).
+    fail_after: Option<u64>,
+}
+
+fn be(e: GpuError) -> ModelError {
+    ModelError::Backend(e.to_string())
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+impl GpuLayers {
+    /// Uploads `model`'s layers (and its head when it has one) to `gpu`, with scratch for
+    /// batches up to `max_batch` rows.
+    pub fn new(gpu: Gpu, model: &Model, max_batch: usize) -> Result<GpuLayers, ModelError> {
+        if model.streamer.is_some() {
+            return Err(ModelError::Backend(
+                "layers streamed from disk run on the CPU backend only".into(),
+            ));
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ops = Ops::new(&gpu).map_err(be)?;
+        let mm = Matmul::new(&gpu).map_err(be)?;
+        let up_mat = |w: &Weight| -> Result<QMatrix, ModelError> {
+            let m = model.matrix(w);
+            if m.packed {
+                return Err(ModelError::Backend(format!(
+                    "{}: repacked weights cannot go to the GPU (load without repacking)",
+                    w.name
+                )));
+            }
+            QMatrix::upload(&gpu, w.ty, w.n_out, w.n_in, m.data, &w.name).map_err(be)
+        };
+        let up_vec = |label: &str, v: &[f32]| gpu.storage_init(label, f32_bytes(v)).map_err(be);
+        let up_opt = |label: &str, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>, ModelError> {
+            v.as_ref().map(|v| up_vec(label, v)).transpose()
+        };
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for l in &model.layers {
+            layers.push(GpuLayer {
+                attn_norm: up_vec("attn_norm", &l.attn_norm)?,
+                wq: up_mat(&l.wq)?,
+                wk: up_mat(&l.wk)?,
+                wv: up_mat(&l.wv)?,
+                wo: up_mat(&l.wo)?,
+                bq: up_opt("bq", &l.bq)?,
+                bk: up_opt("bk", &l.bk)?,
+                bv: up_opt("bv", &l.bv)?,
+                q_norm: up_opt("q_norm", &l.q_norm)?,
+                k_norm: up_opt("k_norm", &l.k_norm)?,
+                post_attn_norm: up_opt("post_attn_norm", &l.post_attn_norm)?,
+                ffn_norm: up_vec("ffn_norm", &l.ffn_norm)?,
+                gate: up_mat(&l.gate)?,
+                up: up_mat(&l.up)?,
+                down: up_mat(&l.down)?,
+                post_ffw_norm: up_opt("post_ffw_norm", &l.post_ffw_norm)?,
+            });
+        }
+        let head = match &model.output {
+            Some(w) => Some(Head {
+                w: up_mat(w)?,
+                xin: None,
+            }),
+            None => None,
+        };
+        let hp = &model.hp;
+        let mb = max_batch.max(1) as u64;
+        let half = (hp.rope_dim / 2) as u64;
+        let buf = |label: &str, per_row: usize| gpu.storage(label, mb * per_row as u64 * 4).map_err(be);
+        let scratch = Scratch {
+            rows: mb as usize,
+            x: buf("x", hp.d_model)?,
+            xn: buf("xn", hp.d_model)?,
+            q: buf("q", hp.q_dim())?,
+            k: buf("k", hp.kv_dim())?,
+            v: buf("v", hp.kv_dim())?,
+            att: buf("att", hp.q_dim())?,
+            o: buf("o", hp.d_model)?,
+            gate: buf("gate", hp.d_ff)?,
+            up: buf("up", hp.d_ff)?,
+            pos: buf("pos", 1)?,
+            cs_local: gpu.storage("cs_local", mb * half * 8).map_err(be)?,
+            cs_global: gpu.storage("cs_global", mb * half * 8).map_err(be)?,
+        };
+        gpu.wait().map_err(be)?;
+        let fail_after = std::env::var("RINGLLM_GPU_FAIL_AFTER")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        tracing::info!(
+            adapter = %gpu.summary(),
+            layers = model.layers.len(),
+            head = head.is_some(),
+            "slice uploaded to the GPU"
+        );
+        Ok(GpuLayers {
+            gpu,
+            id,
+            ops,
+            mm,
+            layers,
+            head,
+            scratch,
+            fail_after,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Counts a forward call against `RINGLLM_GPU_FAIL_AFTER`, losing the device when the
+    /// count runs out; then fails when the device is lost.
+    fn check(&mut self) -> Result<(), ModelError> {
+        if let Some(n) = self.fail_after.as_mut() {
+            if *n == 0 {
+                self.gpu.simulate_loss("RINGLLM_GPU_FAIL_AFTER reached");
+            } else {
+                *n -= 1;
+            }
+        }
+        self.gpu.check_lost().map_err(be)
+    }
+
+    /// The device cache of `kv`, allocated on first use.
+    fn device_kv<'a>(
+        gpu: &Gpu,
+        id: u64,
+        model: &Model,
+        kv: &'a mut KvCache,
+    ) -> Result<&'a mut GpuKv, ModelError> {
+        if kv.device.is_none() {
+            let kvd = model.hp.kv_dim() as u64;
+            let mut layers = Vec::with_capacity(kv.layers.len());
+            let mut bytes = 0;
+            for l in &kv.layers {
+                let n = l.cap as u64 * kvd;
+                let b = match kv.ty {
+                    KvType::F32 => n * 4,
+                    KvType::F16 => n * 2,
+                };
+                layers.push((
+                    gpu.storage("k cache", b).map_err(be)?,
+                    gpu.storage("v cache", b).map_err(be)?,
+                ));
+                bytes += 2 * b;
+            }
+            kv.device = Some(Box::new(GpuKv {
+                owner: id,
+                layers,
+                bytes,
+            }));
+        }
+        let dev = kv
+            .device
+            .as_mut()
+            .and_then(|d| d.as_any_mut().downcast_mut::<GpuKv>())
+            .ok_or_else(|| ModelError::Backend("a KV cache of another backend".into()))?;
+        if dev.owner != id {
+            return Err(ModelError::Backend(
+                "a KV cache made by another GPU runner".into(),
+            ));
+        }
+        Ok(dev)
+    }
+}
+
+impl LayerBackend for GpuLayers {
+    fn describe(&self) -> String {
+        format!("gpu: {}", self.gpu.summary())
+    }
+
+    fn layers(
+        &mut self,
+        model: &Model,
+        x: &mut [f32],
+        parts: &mut [(&mut KvCache, usize)],
+        batch: &Batch<'_>,
+    ) -> Result<(), ModelError> {
+        self.check()?;
+        let hp = &model.hp;
+        let n = batch.pos.len();
+        let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
+        if n > self.scratch.rows {
+            return Err(ModelError::BatchTooLarge {
+                n,
+                max: self.scratch.rows,
+            });
+        }
+        if self.layers.len() != model.layers.len() {
+            return Err(ModelError::Backend(format!(
+                "the GPU holds {} layers, the model slice has {}",
+                self.layers.len(),
+                model.layers.len()
+            )));
+        }
+        let (gpu, id) = (self.gpu.clone(), self.id);
+        // Every sequence's device cache, allocated before recording.
+        let mut caches: Vec<(&GpuKv, &KvCache, usize, usize)> = Vec::with_capacity(parts.len());
+        {
+            let mut row = 0;
+            let mut devs = Vec::with_capacity(parts.len());
+            for (kv, k) in parts.iter_mut() {
+                Self::device_kv(&gpu, id, model, kv)?;
+                devs.push((row, *k));
+                row += *k;
+            }
+            for ((kv, _), (row, k)) in parts.iter().zip(devs) {
+                let dev = kv
+                    .device
+                    .as_ref()
+                    .and_then(|d| d.as_any().downcast_ref::<GpuKv>())
+                    .ok_or_else(|| ModelError::Backend("a KV cache of another backend".into()))?;
+                caches.push((dev, &**kv, row, k));
+            }
+        }
+        let s = &self.scratch;
+        let pos: Vec<u32> = batch.pos.iter().map(|&p| p as u32).collect();
+        gpu.queue().write_buffer(&s.pos, 0, bytemuck::cast_slice(&pos));
+        let cs = |t: &[(f32, f32)]| -> Vec<f32> { t.iter().flat_map(|&(c, s)| [c, s]).collect() };
+        if !batch.rope_local.is_empty() {
+            gpu.write_f32(&s.cs_local, 0, &cs(batch.rope_local));
+        }
+        if !batch.rope_global.is_empty() {
+            gpu.write_f32(&s.cs_global, 0, &cs(batch.rope_global));
+        }
+        gpu.write_f32(&s.x, 0, &x[..n * d]);
+
+        let rows = n as u32;
+        let eps = hp.rms_eps;
+        let half = (hp.rope_dim / 2) as u32;
+        let shape = AttnShape {
+            n_head: hp.n_head as u32,
+            n_head_kv: hp.n_head_kv as u32,
+            head_dim: hd as u32,
+            scale: hp.query_scale,
+        };
+        let act = match hp.ffn_act {
+            FfnAct::Silu => Glu::Silu,
+            FfnAct::GeluTanh => Glu::GeluTanh,
+        };
+        let mut enc = gpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("slice"),
+            });
+        let (ops, mm) = (&self.ops, &self.mm);
+        let nn = n as u32;
+        for (i, l) in self.layers.iter().enumerate() {
+            let il = model.layer_range.start + i;
+            let e = &mut enc;
+            ops.rms_norm(&gpu, e, &s.x, 0, &l.attn_norm, &s.xn, 0, rows, d as u32, eps)
+                .map_err(be)?;
+            mm.encode(&gpu, e, &l.wq, &s.xn, 0, &s.q, 0, nn).map_err(be)?;
+            mm.encode(&gpu, e, &l.wk, &s.xn, 0, &s.k, 0, nn).map_err(be)?;
+            mm.encode(&gpu, e, &l.wv, &s.xn, 0, &s.v, 0, nn).map_err(be)?;
+            for (buf, bias, width) in [(&s.q, &l.bq, qd), (&s.k, &l.bk, kvd), (&s.v, &l.bv, kvd)] {
+                if let Some(b) = bias {
+                    ops.add_bias(&gpu, e, buf, 0, b, rows, width as u32)
+                        .map_err(be)?;
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                ops.rms_norm_heads(&gpu, e, &s.q, 0, qn, rows, hp.n_head as u32, hd as u32, eps)
+                    .map_err(be)?;
+                ops.rms_norm_heads(&gpu, e, &s.k, 0, kn, rows, hp.n_head_kv as u32, hd as u32, eps)
+                    .map_err(be)?;
+            }
+            let table = if hp.sliding[il] {
+                &s.cs_local
+            } else {
+                &s.cs_global
+            };
+            if half > 0 {
+                ops.rope(&gpu, e, &s.q, 0, table, rows, hp.n_head as u32, hd as u32, half, hp.rope_style)
+                    .map_err(be)?;
+                ops.rope(&gpu, e, &s.k, 0, table, rows, hp.n_head_kv as u32, hd as u32, half, hp.rope_style)
+                    .map_err(be)?;
+            }
+            for (dev, kv, row, k) in caches.iter() {
+                if *k == 0 {
+                    continue;
+                }
+                let lkv = &kv.layers[i];
+                let layout = KvLayout {
+                    cap: lkv.cap as u32,
+                    window: lkv.window.map(|w| w as u32),
+                    f16: kv.ty == KvType::F16,
+                };
+                let (kc, vc) = &dev.layers[i];
+                ops.kv_store(&gpu, e, &s.k, &s.v, *row as u64, kc, vc, &s.pos, *row as u64, *k as u32, kvd as u32, &layout)
+                    .map_err(be)?;
+                ops.attention(&gpu, e, &s.q, &s.att, *row as u32, kc, vc, &s.pos, *row as u64, *k as u32, &shape, &layout)
+                    .map_err(be)?;
+            }
+            mm.encode(&gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn).map_err(be)?;
+            ops.residual(&gpu, e, &s.x, &s.o, l.post_attn_norm.as_ref(), rows, d as u32, eps)
+                .map_err(be)?;
+            ops.rms_norm(&gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
+                .map_err(be)?;
+            mm.encode(&gpu, e, &l.gate, &s.xn, 0, &s.gate, 0, nn).map_err(be)?;
+            mm.encode(&gpu, e, &l.up, &s.xn, 0, &s.up, 0, nn).map_err(be)?;
+            ops.glu(&gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
+                .map_err(be)?;
+            mm.encode(&gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn).map_err(be)?;
+            ops.residual(&gpu, e, &s.x, &s.o, l.post_ffw_norm.as_ref(), rows, d as u32, eps)
+                .map_err(be)?;
+        }
+        gpu.queue().submit([enc.finish()]);
+        gpu.read_f32(&s.x, 0, &mut x[..n * d]).map_err(be)?;
+        Ok(())
+    }
+
+    fn logits(
+        &mut self,
+        model: &Model,
+        xn: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        self.check()?;
+        let gpu = self.gpu.clone();
+        let (d, vocab) = (model.hp.d_model, model.hp.vocab);
+        let head = self.head.as_mut().ok_or_else(|| ModelError::NotInSlice {
+            what: "output head",
+            layers: model.layer_range.clone(),
+        })?;
+        if head.xin.as_ref().is_none_or(|(rows, _, _)| *rows < n) {
+            let rows = n.max(1);
+            head.xin = Some((
+                rows,
+                gpu.storage("head in", (rows * d * 4) as u64).map_err(be)?,
+                gpu.storage("logits", (rows * vocab * 4) as u64).map_err(be)?,
+            ));
+        }
+        let Some((_, xin, lout)) = head.xin.as_ref() else {
+            return Err(ModelError::Backend("head buffers missing".into()));
+        };
+        gpu.write_f32(xin, 0, &xn[..n * d]);
+        let mut enc = gpu
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("head"),
+            });
+        self.mm
+            .encode(&gpu, &mut enc, &head.w, xin, 0, lout, 0, n as u32)
+            .map_err(be)?;
+        if let Some(cap) = model.hp.final_logit_softcap {
+            self.ops
+                .softcap(&gpu, &mut enc, lout, (n * vocab) as u32, cap)
+                .map_err(be)?;
+        }
+        gpu.queue().submit([enc.finish()]);
+        gpu.read_f32(lout, 0, &mut out[..n * vocab]).map_err(be)?;
+        Ok(())
+    }
+}
