@@ -84,6 +84,11 @@ pub struct LayoutArgs {
     pub no_repack: bool,
     #[command(flatten)]
     pub stream: StreamArgs,
+    /// What runs the layers: cpu; gpu (a wgpu adapter, a software one such as lavapipe
+    /// included; fails when none opens); auto (a GPU that is not a software rasterizer, else
+    /// the CPU).
+    #[arg(long, default_value = "cpu")]
+    pub backend: ringllm_node::BackendChoice,
 }
 
 /// Layers streamed from disk when they do not fit the memory budget.
@@ -665,6 +670,7 @@ impl From<&ModelArgs> for ModelOptions {
             repack: !a.layout.no_repack,
             memory: a.memory,
             stream: a.layout.stream.settings(),
+            backend: a.layout.backend,
         }
     }
 }

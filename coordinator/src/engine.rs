@@ -33,6 +33,8 @@ pub struct ModelOptions {
     /// leave, [`limits::budget`]); layers beyond it are streamed from disk.
     pub memory: Option<u64>,
     pub stream: ringllm_node::stream::StreamSettings,
+    /// What runs the layers held here (`--backend`).
+    pub backend: ringllm_node::BackendChoice,
 }
 
 /// The context size: `asked` (`--ctx`), else the model's trained context capped at 4096. A
@@ -51,6 +53,13 @@ pub fn context_size(asked: Option<usize>, ctx_train: usize) -> usize {
         None => ctx_train.min(4096),
     }
     .max(1)
+}
+
+/// Puts `runner`'s layers and head on the backend `choice` asks for (`--backend`).
+pub fn set_backend(runner: &mut Runner, choice: ringllm_node::BackendChoice) -> Result<()> {
+    let b = ringllm_node::backend::open(choice, &runner.model, runner.max_batch())?;
+    runner.set_backend(b)?;
+    Ok(())
 }
 
 /// Worker threads when none are asked for: one per physical core.
@@ -168,7 +177,7 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
     Ok(Model::load(
         Arc::clone(file),
         &LoadOptions {
-            repack: args.repack,
+            repack: args.repack && args.backend == ringllm_node::BackendChoice::Cpu,
             stream: streamer.map(|s| s.0),
             ..LoadOptions::default()
         },
@@ -211,9 +220,11 @@ impl Engine {
         )?;
         let vocab = model.hp.vocab;
         let d = model.hp.d_model;
-        let runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
+        let mut runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
+        set_backend(&mut runner, args.backend)?;
         let kv = runner.new_cache(ctx, kv_type);
         tracing::info!(
+            backend = %runner.backend_name(),
             threads,
             ctx,
             isa = ringllm_kernels::isa().name(),
@@ -535,7 +546,7 @@ impl RingMode {
                 layers: Some(local),
                 embedding: true,
                 head: !ring.head_on_node,
-                repack: self.args.repack,
+                repack: self.args.repack && self.args.backend == ringllm_node::BackendChoice::Cpu,
                 stream: None,
             },
         )?;
@@ -548,7 +559,10 @@ impl RingMode {
             kv_type,
             slots,
         )?;
-        let runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
+        let mut runner = Runner::new(Arc::new(model), threads, args.batch, ctx);
+        if !runner.model.layers.is_empty() || runner.model.output.is_some() {
+            set_backend(&mut runner, self.args.backend)?;
+        }
         let kv = runner.new_cache(ctx, kv_type);
         self.ring = Some(ring);
         Ok((runner, kv))

@@ -81,6 +81,48 @@ pub trait LayerBackend: Send {
     ) -> Result<(), ModelError>;
 }
 
+/// The start-up check of a node's `--backend`: `Ok(None)` for the CPU (also `auto` with no
+/// GPU), else the adapter's description and its measured speed of a quantized matrix ×
+/// vector, bytes of weights per second (the planner's speed for this node).
+pub fn probe(choice: BackendChoice) -> Result<Option<(String, f64)>, ModelError> {
+    match choice {
+        BackendChoice::Cpu => Ok(None),
+        #[cfg(feature = "gpu")]
+        BackendChoice::Gpu | BackendChoice::Auto => {
+            let opts = ringllm_gpu::GpuOptions {
+                allow_software: choice == BackendChoice::Gpu,
+                ..Default::default()
+            };
+            let gpu = match ringllm_gpu::Gpu::open(&opts) {
+                Ok(g) => g,
+                Err(e) if choice == BackendChoice::Auto => {
+                    tracing::info!("backend auto: {e}; running on the CPU");
+                    return Ok(None);
+                }
+                Err(e) => return Err(ModelError::Backend(format!("--backend gpu: {e}"))),
+            };
+            // A Q4_0 matrix of 4096 × 4096 (9 MiB): large enough to leave the caches of
+            // an integrated GPU, small enough to measure in well under a second.
+            let (secs, bytes) = ringllm_gpu::qmat::bench_matvec(
+                &gpu,
+                ringllm_kernels::GgmlType::Q4_0,
+                4096,
+                4096,
+                8,
+            )
+            .map_err(|e| ModelError::Backend(e.to_string()))?;
+            let speed = if secs > 0.0 { bytes as f64 / secs } else { 0.0 };
+            Ok(Some((format!("gpu: {}", gpu.summary()), speed)))
+        }
+        #[cfg(not(feature = "gpu"))]
+        BackendChoice::Gpu => Err(ModelError::Backend(
+            "--backend gpu: this build has no GPU backend (built without the `gpu` feature)".into(),
+        )),
+        #[cfg(not(feature = "gpu"))]
+        BackendChoice::Auto => Ok(None),
+    }
+}
+
 /// Opens the backend `choice` asks for, for `model` (a slice with no streamed layers), with
 /// batches up to `max_batch` rows. `Ok(None)`: the CPU.
 pub fn open(

@@ -98,6 +98,8 @@ pub struct NodeOptions {
     pub repack: bool,
     /// `--stream`, `--prefetch`: layers streamed from disk when they do not fit.
     pub stream: StreamSettings,
+    /// `--backend`: what runs the layers of an assignment.
+    pub backend: crate::BackendChoice,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -330,6 +332,17 @@ pub async fn serve(
     })
     .await
     .map_err(DaemonError::Probe)?;
+    // A GPU backend is opened once now: a node asked for one that has none refuses to start,
+    // and the planner gets the GPU's measured speed instead of the CPU's.
+    let choice = opts.backend;
+    let gpu = tokio::task::spawn_blocking(move || crate::backend::probe(choice))
+        .await
+        .map_err(DaemonError::Probe)?
+        .map_err(|e| DaemonError::Backend(e.to_string()))?;
+    let (backend, speed) = match gpu {
+        Some((name, gpu_speed)) => (name, gpu_speed),
+        None => ("cpu".to_string(), speed),
+    };
     let (total, avail) = sys::memory();
     // What the planner may use here: --memory, MemAvailable and the cgroup limits, whichever
     // is smallest.
@@ -346,8 +359,10 @@ pub async fn serve(
         models,
         transport: opts.transport,
         disk_read_bytes_per_s: disk,
+        backend,
     };
     info!(
+        backend = %caps.backend,
         speed_gbs = speed / 1e9,
         models = caps.models.len(),
         budget_mib = budget >> 20,
@@ -1000,7 +1015,8 @@ async fn assign(
     limits::check("KV slots", slots, limits::MAX_SLOTS).map_err(limit)?;
     let n2 = name.clone();
     let cap = node.opts.memory;
-    let repack = node.opts.repack;
+    let repack = node.opts.repack && node.opts.backend == crate::BackendChoice::Cpu;
+    let backend = node.opts.backend;
     let settings = node.opts.stream;
     let layout = a.layout.clone();
     let model_hash = a.model.header_hash;
@@ -1012,6 +1028,7 @@ async fn assign(
             layout: &layout,
             head,
             repack,
+            backend,
             cap,
             settings,
             threads,
@@ -1137,6 +1154,7 @@ struct StageLoad<'a> {
     layout: &'a StageLayout,
     head: bool,
     repack: bool,
+    backend: crate::BackendChoice,
     cap: Option<u64>,
     settings: StreamSettings,
     threads: usize,
@@ -1345,6 +1363,19 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         models.push(Arc::new(model));
     }
     let mut runner = Runner::new(Arc::clone(&models[0]), s.threads, s.max_batch, s.ctx);
+    if s.backend != crate::BackendChoice::Cpu {
+        let why = |w: String| AssignError::Layout {
+            node: node.clone(),
+            why: format!("backend {:?}: {w}", s.backend),
+        };
+        if models.len() > 1 {
+            return Err(why("a multi-round ring runs on the CPU backend only".into()));
+        }
+        let b = crate::backend::open(s.backend, &models[0], s.max_batch)
+            .map_err(|e| why(e.to_string()))?;
+        runner.set_backend(b).map_err(|e| why(e.to_string()))?;
+        info!(backend = %runner.backend_name(), "stage runs on");
+    }
     if !s.layout.skip_predictor.is_empty() {
         let why = |w: String| AssignError::Layout {
             node: node.clone(),

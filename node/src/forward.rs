@@ -166,7 +166,10 @@ impl Runner {
     /// Runs the layers and the head on `backend` from now on (`None`: the CPU). Caches made
     /// before belong to the old backend and are refused by the new one. Refused with
     /// predictive layer skip on, or with layers streamed from disk: neither runs off the CPU.
-    pub fn set_backend(&mut self, backend: Option<Box<dyn LayerBackend>>) -> Result<(), ModelError> {
+    pub fn set_backend(
+        &mut self,
+        backend: Option<Box<dyn LayerBackend>>,
+    ) -> Result<(), ModelError> {
         if backend.is_some() {
             if self.skip.is_some() {
                 return Err(ModelError::Backend(

@@ -120,9 +120,10 @@ impl GpuLayers {
             QMatrix::upload(&gpu, w.ty, w.n_out, w.n_in, m.data, &w.name).map_err(be)
         };
         let up_vec = |label: &str, v: &[f32]| gpu.storage_init(label, f32_bytes(v)).map_err(be);
-        let up_opt = |label: &str, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>, ModelError> {
-            v.as_ref().map(|v| up_vec(label, v)).transpose()
-        };
+        let up_opt =
+            |label: &str, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>, ModelError> {
+                v.as_ref().map(|v| up_vec(label, v)).transpose()
+            };
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             layers.push(GpuLayer {
@@ -154,7 +155,8 @@ impl GpuLayers {
         let hp = &model.hp;
         let mb = max_batch.max(1) as u64;
         let half = (hp.rope_dim / 2) as u64;
-        let buf = |label: &str, per_row: usize| gpu.storage(label, mb * per_row as u64 * 4).map_err(be);
+        let buf =
+            |label: &str, per_row: usize| gpu.storage(label, mb * per_row as u64 * 4).map_err(be);
         let scratch = Scratch {
             rows: mb as usize,
             x: buf("x", hp.d_model)?,
@@ -303,7 +305,8 @@ impl LayerBackend for GpuLayers {
         }
         let s = &self.scratch;
         let pos: Vec<u32> = batch.pos.iter().map(|&p| p as u32).collect();
-        gpu.queue().write_buffer(&s.pos, 0, bytemuck::cast_slice(&pos));
+        gpu.queue()
+            .write_buffer(&s.pos, 0, bytemuck::cast_slice(&pos));
         let cs = |t: &[(f32, f32)]| -> Vec<f32> { t.iter().flat_map(|&(c, s)| [c, s]).collect() };
         if !batch.rope_local.is_empty() {
             gpu.write_f32(&s.cs_local, 0, &cs(batch.rope_local));
@@ -336,11 +339,25 @@ impl LayerBackend for GpuLayers {
         for (i, l) in self.layers.iter().enumerate() {
             let il = model.layer_range.start + i;
             let e = &mut enc;
-            ops.rms_norm(&gpu, e, &s.x, 0, &l.attn_norm, &s.xn, 0, rows, d as u32, eps)
+            ops.rms_norm(
+                &gpu,
+                e,
+                &s.x,
+                0,
+                &l.attn_norm,
+                &s.xn,
+                0,
+                rows,
+                d as u32,
+                eps,
+            )
+            .map_err(be)?;
+            mm.encode(&gpu, e, &l.wq, &s.xn, 0, &s.q, 0, nn)
                 .map_err(be)?;
-            mm.encode(&gpu, e, &l.wq, &s.xn, 0, &s.q, 0, nn).map_err(be)?;
-            mm.encode(&gpu, e, &l.wk, &s.xn, 0, &s.k, 0, nn).map_err(be)?;
-            mm.encode(&gpu, e, &l.wv, &s.xn, 0, &s.v, 0, nn).map_err(be)?;
+            mm.encode(&gpu, e, &l.wk, &s.xn, 0, &s.k, 0, nn)
+                .map_err(be)?;
+            mm.encode(&gpu, e, &l.wv, &s.xn, 0, &s.v, 0, nn)
+                .map_err(be)?;
             for (buf, bias, width) in [(&s.q, &l.bq, qd), (&s.k, &l.bk, kvd), (&s.v, &l.bv, kvd)] {
                 if let Some(b) = bias {
                     ops.add_bias(&gpu, e, buf, 0, b, rows, width as u32)
@@ -350,8 +367,18 @@ impl LayerBackend for GpuLayers {
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 ops.rms_norm_heads(&gpu, e, &s.q, 0, qn, rows, hp.n_head as u32, hd as u32, eps)
                     .map_err(be)?;
-                ops.rms_norm_heads(&gpu, e, &s.k, 0, kn, rows, hp.n_head_kv as u32, hd as u32, eps)
-                    .map_err(be)?;
+                ops.rms_norm_heads(
+                    &gpu,
+                    e,
+                    &s.k,
+                    0,
+                    kn,
+                    rows,
+                    hp.n_head_kv as u32,
+                    hd as u32,
+                    eps,
+                )
+                .map_err(be)?;
             }
             let table = if hp.sliding[il] {
                 &s.cs_local
@@ -359,10 +386,32 @@ impl LayerBackend for GpuLayers {
                 &s.cs_global
             };
             if half > 0 {
-                ops.rope(&gpu, e, &s.q, 0, table, rows, hp.n_head as u32, hd as u32, half, hp.rope_style)
-                    .map_err(be)?;
-                ops.rope(&gpu, e, &s.k, 0, table, rows, hp.n_head_kv as u32, hd as u32, half, hp.rope_style)
-                    .map_err(be)?;
+                ops.rope(
+                    &gpu,
+                    e,
+                    &s.q,
+                    0,
+                    table,
+                    rows,
+                    hp.n_head as u32,
+                    hd as u32,
+                    half,
+                    hp.rope_style,
+                )
+                .map_err(be)?;
+                ops.rope(
+                    &gpu,
+                    e,
+                    &s.k,
+                    0,
+                    table,
+                    rows,
+                    hp.n_head_kv as u32,
+                    hd as u32,
+                    half,
+                    hp.rope_style,
+                )
+                .map_err(be)?;
             }
             for (dev, kv, row, k) in caches.iter() {
                 if *k == 0 {
@@ -375,23 +424,71 @@ impl LayerBackend for GpuLayers {
                     f16: kv.ty == KvType::F16,
                 };
                 let (kc, vc) = &dev.layers[i];
-                ops.kv_store(&gpu, e, &s.k, &s.v, *row as u64, kc, vc, &s.pos, *row as u64, *k as u32, kvd as u32, &layout)
-                    .map_err(be)?;
-                ops.attention(&gpu, e, &s.q, &s.att, *row as u32, kc, vc, &s.pos, *row as u64, *k as u32, &shape, &layout)
-                    .map_err(be)?;
-            }
-            mm.encode(&gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn).map_err(be)?;
-            ops.residual(&gpu, e, &s.x, &s.o, l.post_attn_norm.as_ref(), rows, d as u32, eps)
+                ops.kv_store(
+                    &gpu,
+                    e,
+                    &s.k,
+                    &s.v,
+                    *row as u64,
+                    kc,
+                    vc,
+                    &s.pos,
+                    *row as u64,
+                    *k as u32,
+                    kvd as u32,
+                    &layout,
+                )
                 .map_err(be)?;
+                ops.attention(
+                    &gpu,
+                    e,
+                    &s.q,
+                    &s.att,
+                    *row as u32,
+                    kc,
+                    vc,
+                    &s.pos,
+                    *row as u64,
+                    *k as u32,
+                    &shape,
+                    &layout,
+                )
+                .map_err(be)?;
+            }
+            mm.encode(&gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn)
+                .map_err(be)?;
+            ops.residual(
+                &gpu,
+                e,
+                &s.x,
+                &s.o,
+                l.post_attn_norm.as_ref(),
+                rows,
+                d as u32,
+                eps,
+            )
+            .map_err(be)?;
             ops.rms_norm(&gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
                 .map_err(be)?;
-            mm.encode(&gpu, e, &l.gate, &s.xn, 0, &s.gate, 0, nn).map_err(be)?;
-            mm.encode(&gpu, e, &l.up, &s.xn, 0, &s.up, 0, nn).map_err(be)?;
+            mm.encode(&gpu, e, &l.gate, &s.xn, 0, &s.gate, 0, nn)
+                .map_err(be)?;
+            mm.encode(&gpu, e, &l.up, &s.xn, 0, &s.up, 0, nn)
+                .map_err(be)?;
             ops.glu(&gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
                 .map_err(be)?;
-            mm.encode(&gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn).map_err(be)?;
-            ops.residual(&gpu, e, &s.x, &s.o, l.post_ffw_norm.as_ref(), rows, d as u32, eps)
+            mm.encode(&gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn)
                 .map_err(be)?;
+            ops.residual(
+                &gpu,
+                e,
+                &s.x,
+                &s.o,
+                l.post_ffw_norm.as_ref(),
+                rows,
+                d as u32,
+                eps,
+            )
+            .map_err(be)?;
         }
         gpu.queue().submit([enc.finish()]);
         gpu.read_f32(&s.x, 0, &mut x[..n * d]).map_err(be)?;
@@ -417,7 +514,8 @@ impl LayerBackend for GpuLayers {
             head.xin = Some((
                 rows,
                 gpu.storage("head in", (rows * d * 4) as u64).map_err(be)?,
-                gpu.storage("logits", (rows * vocab * 4) as u64).map_err(be)?,
+                gpu.storage("logits", (rows * vocab * 4) as u64)
+                    .map_err(be)?,
             ));
         }
         let Some((_, xin, lout)) = head.xin.as_ref() else {

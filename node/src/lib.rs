@@ -19,8 +19,8 @@ pub mod stream;
 pub mod synth;
 pub mod sys;
 
-pub use backend::{BackendChoice, LayerBackend};
 pub use arch::{Arch, Hparams, LayerClass, TensorKind};
+pub use backend::{BackendChoice, LayerBackend};
 pub use error::ModelError;
 pub use forward::Runner;
 pub use kv::{KvCache, KvType};

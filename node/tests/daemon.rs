@@ -67,6 +67,7 @@ impl TestNode {
             memory: None,
             repack: true,
             stream: Default::default(),
+            backend: ringllm_node::BackendChoice::Cpu,
         };
         let listener = Listener::new(tcp, &opts).expect("listener");
         let addr = listener.local_addr().expect("local address");

@@ -145,7 +145,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
         text(),
         finite_or_inf_f64(),
         prop::collection::vec(model_identity(), 0..4),
-        (transport(), finite_or_inf_f64()),
+        (transport(), finite_or_inf_f64(), text()),
     )
         .prop_map(
             |(
@@ -158,7 +158,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
                 isa,
                 matvec_bytes_per_s,
                 models,
-                (transport, disk_read_bytes_per_s),
+                (transport, disk_read_bytes_per_s, backend),
             )| Capabilities {
                 node_name,
                 version,
@@ -171,6 +171,7 @@ fn capabilities() -> impl Strategy<Value = Capabilities> {
                 models,
                 transport,
                 disk_read_bytes_per_s,
+                backend,
             },
         )
 }
@@ -849,6 +850,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
                 models: vec![model.clone()],
                 transport: TransportKind::Quic,
                 disk_read_bytes_per_s: 1e9,
+                backend: "cpu".into(),
             }),
             0,
         ),

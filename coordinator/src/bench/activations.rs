@@ -143,6 +143,7 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
         repack: false,
         memory: None,
         stream: Default::default(),
+        backend: ringllm_node::BackendChoice::Cpu,
     })?;
     let file = open_gguf(&path)?;
     let n_layer = engine.runner.model.hp.n_layer;

@@ -75,6 +75,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
             repack: !args.no_repack,
             memory: args.memory,
             stream: args.stream.settings(),
+            backend: ringllm_node::BackendChoice::Cpu,
         },
         threads.iter().copied().max().unwrap_or(1),
     )?);
@@ -445,6 +446,7 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         repack: !args.no_repack,
         memory: args.memory,
         stream: args.stream.settings(),
+        backend: ringllm_node::BackendChoice::Cpu,
     };
     eprintln!(
         "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns \

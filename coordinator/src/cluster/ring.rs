@@ -394,6 +394,7 @@ impl Ring {
                     models: Vec::new(),
                     transport: TransportKind::Tcp,
                     disk_read_bytes_per_s: 0.0,
+                    backend: String::new(),
                 },
                 declared: s.transport,
                 rtt_s: 0.0,

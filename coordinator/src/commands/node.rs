@@ -30,6 +30,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
         memory: args.memory,
         repack: !args.layout.no_repack,
         stream: args.layout.stream.settings(),
+        backend: args.layout.backend,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

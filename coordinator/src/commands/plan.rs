@@ -50,6 +50,7 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
                     "threads": c.threads,
                     "matvec_bytes_per_s": c.matvec_bytes_per_s,
                     "disk_read_bytes_per_s": c.disk_read_bytes_per_s,
+                    "backend": c.backend,
                     "rtt_ms": rtt * 1e3,
                 })
             })
@@ -99,13 +100,14 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
             .zip(ring.capabilities().iter().zip(ring.rtts()))
         {
             outln!(
-                "node {name} ({addr}): {} threads, memory budget {}, matvec {:.1} GB/s, disk {:.0} MB/s, rtt {:.3} ms, isa {}",
+                "node {name} ({addr}): {} threads, memory budget {}, matvec {:.1} GB/s, disk {:.0} MB/s, rtt {:.3} ms, isa {}, backend {}",
                 c.threads,
                 format_bytes(c.memory_available),
                 c.matvec_bytes_per_s / 1e9,
                 c.disk_read_bytes_per_s / 1e6,
                 rtt * 1e3,
-                c.isa
+                c.isa,
+                c.backend
             );
         }
         match &ring.streaming {

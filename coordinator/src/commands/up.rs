@@ -18,6 +18,7 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
         repack: !args.layout.no_repack,
         memory: None,
         stream: args.layout.stream.settings(),
+        backend: args.layout.backend,
     };
     if !(args.wait >= 0.0 && args.wait <= 86_400.0) {
         anyhow::bail!("--wait {}: give seconds from 0 to 86400", args.wait);

@@ -237,7 +237,7 @@ pub fn serve_local(
     let model = ringllm_node::Model::load(
         file,
         &ringllm_node::LoadOptions {
-            repack: margs.repack,
+            repack: margs.repack && margs.backend == ringllm_node::BackendChoice::Cpu,
             ..ringllm_node::LoadOptions::default()
         },
     )
@@ -261,12 +261,13 @@ pub fn serve_local(
         kv,
         s.parallel,
     )?;
-    let runner = ringllm_node::Runner::new(
+    let mut runner = ringllm_node::Runner::new(
         Arc::new(model),
         threads,
         s.prefill_chunk.saturating_add(s.parallel),
         ctx,
     );
+    crate::engine::set_backend(&mut runner, margs.backend)?;
     let stepper = scheduler::LocalStepper::new(runner, s.parallel, ctx, kv);
     let what = format!(
         "{} ({} slots, context {ctx}, {threads} threads)",

@@ -35,6 +35,9 @@ pub enum DaemonError {
     /// The start-up probe (matrix-vector speed, models directory) panicked or was cancelled.
     #[error("start-up probe failed: {0}")]
     Probe(#[source] tokio::task::JoinError),
+    /// `--backend gpu` and no GPU opens (or this build has none).
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// Why an assignment was refused. `code` gives the wire code the coordinator sees.
