@@ -9,5 +9,7 @@
 //! (storage-binding offsets must be 256-byte aligned; row offsets are not).
 
 pub mod device;
+pub mod ops;
 
 pub use device::{adapters, AdapterSummary, Gpu, GpuError, GpuOptions};
+pub use ops::{AttnShape, Glu, KvLayout, Ops, RopeStyle};
