@@ -22,6 +22,12 @@ const WG: u32 = 256;
 const ATT_WG: u32 = 64;
 /// Largest head width attention takes (its shared q and accumulator rows).
 pub const MAX_HEAD_DIM: u32 = 512;
+/// Default keys per workgroup above which attention splits a (row, head) over several
+/// workgroups (see `Ops::set_attention_split`).
+pub const ATTN_SPLIT_KEYS: u32 = 256;
+/// Attention splits keys only while (row, head) pairs are fewer than this, and into at most
+/// about this many workgroups in all: enough to fill a GPU, with a small partial buffer.
+const SPLIT_TARGET_GROUPS: u64 = 256;
 /// Workgroups per grid dimension (the WebGPU limit).
 const MAX_GROUPS: u64 = 65535;
 
@@ -76,7 +82,8 @@ pub struct KvLayout {
     pub f16: bool,
 }
 
-/// The compiled kernels.
+/// The compiled kernels (cheap to clone: the pipelines are shared handles).
+#[derive(Clone)]
 pub struct Ops {
     subgroups: bool,
     rms_norm: ComputePipeline,
@@ -93,10 +100,15 @@ pub struct Ops {
     kv_f16: ComputePipeline,
     attn_f32: ComputePipeline,
     attn_f16: ComputePipeline,
+    attn_part_f32: ComputePipeline,
+    attn_part_f16: ComputePipeline,
+    attn_combine: ComputePipeline,
+    split_keys: u32,
 }
 
 /// A buffer argument: its binding, the buffer, and how many bytes the dispatch reads or
 /// writes from its start (checked against the buffer's size).
+#[derive(Clone)]
 struct Arg<'a> {
     binding: u32,
     what: &'static str,
@@ -209,7 +221,19 @@ impl Ops {
             kv_f16: p("ops kv_store_f16", &kv, "kv_store_f16")?,
             attn_f32: p("ops attention_f32", &attn32, "attention")?,
             attn_f16: p("ops attention_f16", &attn16, "attention")?,
+            attn_part_f32: p("ops attention_part_f32", &attn32, "attention_part")?,
+            attn_part_f16: p("ops attention_part_f16", &attn16, "attention_part")?,
+            attn_combine: p("ops attention_combine", &attn32, "attention_combine")?,
+            split_keys: ATTN_SPLIT_KEYS,
         })
+    }
+
+    /// Keys per workgroup above which attention splits the keys of a (row, head) over
+    /// several workgroups and merges their partial softmaxes (when the batch has few
+    /// (row, head) pairs); 0 never splits. Default `ATTN_SPLIT_KEYS`. Results agree either
+    /// way within rounding; tests force both paths.
+    pub fn set_attention_split(&mut self, keys: u32) {
+        self.split_keys = keys;
     }
 
     /// Whether the reductions use subgroup operations.
@@ -611,6 +635,29 @@ impl Ops {
         let qe = span(OP, "q range", u64::from(q_row) + u64::from(rows), qd, 0)?;
         let ce = span(OP, "cache", layout.cap.into(), kvd, 0)?;
         let pe = span(OP, "pos range", rows.into(), 1, pos_off)?;
+        let (pipe, part_pipe, cwords) = if layout.f16 {
+            if !kvd.is_multiple_of(2) {
+                return Err(invalid(
+                    OP,
+                    format!("an f16 cache needs an even kvd, not {kvd}"),
+                ));
+            }
+            (&self.attn_f16, &self.attn_part_f16, ce / 2)
+        } else {
+            (&self.attn_f32, &self.attn_part_f32, ce)
+        };
+        // Split the keys when few (row, head) pairs would leave a GPU idle: the most keys a
+        // row can see is the ring (or the window, if smaller).
+        let pairs = u64::from(rows) * u64::from(n_head);
+        let max_keys = u64::from(layout.window.map_or(layout.cap, |w| w.min(layout.cap)));
+        let splits = if self.split_keys > 0 && pairs > 0 && pairs < SPLIT_TARGET_GROUPS {
+            max_keys
+                .div_ceil(self.split_keys.into())
+                .min(SPLIT_TARGET_GROUPS.div_ceil(pairs))
+        } else {
+            1
+        };
+        let chunk = max_keys.div_ceil(splits);
         let params = vec![
             q_row,
             rows,
@@ -623,27 +670,41 @@ impl Ops {
             layout.window.unwrap_or(0),
             u32_of(OP, "pos offset", pos_off)?,
             scale.to_bits(),
+            splits as u32,
+            chunk as u32,
         ];
-        let (pipe, cwords) = if layout.f16 {
-            if !kvd.is_multiple_of(2) {
-                return Err(invalid(
-                    OP,
-                    format!("an f16 cache needs an even kvd, not {kvd}"),
-                ));
-            }
-            (&self.attn_f16, ce / 2)
-        } else {
-            (&self.attn_f32, ce)
-        };
         let args = [
             arg(1, "q", q, qe),
             arg(2, "pos", pos, pe),
             arg(3, "kc", kc, cwords),
             arg(4, "vc", vc, cwords),
-            arg(5, "out", out, qe),
         ];
-        let groups = u64::from(rows) * u64::from(n_head);
-        self.dispatch(gpu, enc, OP, pipe, params, &args, groups)
+        if splits <= 1 {
+            let args = [&args[..], &[arg(5, "out", out, qe)]].concat();
+            return self.dispatch(gpu, enc, OP, pipe, params, &args, pairs);
+        }
+        let part_len = span(OP, "partials", pairs * splits, u64::from(hd) + 2, 0)?;
+        let part = gpu.storage("attention partials", part_len * 4)?;
+        let part_args = [&args[..], &[arg(6, "partials", &part, part_len)]].concat();
+        self.dispatch(
+            gpu,
+            enc,
+            "attention (split keys)",
+            part_pipe,
+            params.clone(),
+            &part_args,
+            pairs * splits,
+        )?;
+        let comb_args = [arg(5, "out", out, qe), arg(6, "partials", &part, part_len)];
+        self.dispatch(
+            gpu,
+            enc,
+            "attention (merge splits)",
+            &self.attn_combine,
+            params,
+            &comb_args,
+            pairs,
+        )
     }
 
     /// In place: `x = cap * tanh(x / cap)` over `len` values (final logit soft-capping).

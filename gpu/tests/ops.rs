@@ -628,25 +628,39 @@ fn attention_case(c: &AttnCase) -> f64 {
     let mut worst = 0.0f64;
     let kvd = c.shape.n_head_kv * c.shape.head_dim;
     let qd = (c.shape.n_head * c.shape.head_dim) as usize;
+    // Every reduction variant, each with attention in one pass per (row, head) (split 0),
+    // with keys split every 64 (many workgroups per pair, merged), and the default.
+    let mut runs = Vec::new();
     for o in &f.variants {
-        let batch = (c.layout.cap as usize).min(1024);
-        let s = fill_cache(o, gpu, &mut rng, c.len, kvd, &c.layout, batch);
-        let (k, v) = if c.layout.f16 {
-            (f16_round(&s.k), f16_round(&s.v))
-        } else {
-            (s.k.clone(), s.v.clone())
-        };
-        let rows = c.rows as usize;
-        let positions: Vec<usize> = (c.len - rows..c.len).collect();
-        let q = rand_vec(&mut rng, rows * qd, c.q_amp);
-        let want = attention_oracle(
-            &q,
-            &positions,
-            &k,
-            &v,
-            &c.shape,
-            c.layout.window.map(|w| w as usize),
-        );
+        for split in [0u32, 64, ringllm_gpu::ops::ATTN_SPLIT_KEYS] {
+            let mut o = o.clone();
+            o.set_attention_split(split);
+            runs.push((o, split));
+        }
+    }
+    // The cache filled once (by kv_store of the first variant), the oracle computed once.
+    let batch = (c.layout.cap as usize).min(1024);
+    let s = fill_cache(&runs[0].0, gpu, &mut rng, c.len, kvd, &c.layout, batch);
+    let (k, v) = if c.layout.f16 {
+        (f16_round(&s.k), f16_round(&s.v))
+    } else {
+        (s.k.clone(), s.v.clone())
+    };
+    let rows = c.rows as usize;
+    let positions: Vec<usize> = (c.len - rows..c.len).collect();
+    let q = rand_vec(&mut rng, rows * qd, c.q_amp);
+    let t = std::time::Instant::now();
+    let want = attention_oracle(
+        &q,
+        &positions,
+        &k,
+        &v,
+        &c.shape,
+        c.layout.window.map(|w| w as usize),
+    );
+    let oracle_time = t.elapsed();
+    let t = std::time::Instant::now();
+    for (o, split) in &runs {
         // q at row 3 of its buffer, pos at element 4 of its buffer.
         let q_row = 3u32;
         let mut qbuf = vec![SENTINEL; q_row as usize * qd];
@@ -669,12 +683,24 @@ fn attention_case(c: &AttnCase) -> f64 {
         assert_untouched(&got[..start], "attention rows before");
         assert_untouched(&got[start + rows * qd..], "attention rows after");
         let e = max_abs(&got[start..start + rows * qd], &want) as f64;
-        assert!(e <= ATTN_ABS, "{} ({}): abs err {e}", c.name, name(o));
+        assert!(
+            e <= ATTN_ABS,
+            "{} rows {} len {} ({}, split {split}): abs err {e}",
+            c.name,
+            c.rows,
+            c.len,
+            name(o)
+        );
         worst = worst.max(e);
     }
     println!(
-        "attention {}: max abs err {worst:.3e} (budget {ATTN_ABS:.0e})",
-        c.name
+        "attention {} rows {} len {}: max abs err {worst:.3e} (budget {ATTN_ABS:.0e}); \
+         oracle {oracle_time:.1?}, {} GPU runs {:.1?}",
+        c.name,
+        c.rows,
+        c.len,
+        runs.len(),
+        t.elapsed()
     );
     worst
 }
