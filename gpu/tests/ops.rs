@@ -47,14 +47,16 @@ fn fx() -> &'static Fixture {
             ..Default::default()
         })
         .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)");
+        let t = std::time::Instant::now();
         let mut variants = vec![Ops::with_subgroups(&gpu, false).expect("shared-memory ops")];
         if gpu.summary().subgroups.is_some() {
             variants.push(Ops::with_subgroups(&gpu, true).expect("subgroup ops"));
         }
         println!(
-            "adapter: {}; reduction variants: {}",
+            "adapter: {}; reduction variants: {} (compiled in {:.1?})",
             gpu.summary(),
-            variants.len()
+            variants.len(),
+            t.elapsed()
         );
         Fixture { gpu, variants }
     })
@@ -172,6 +174,30 @@ fn rms_norm_matches_cpu() {
         }
     }
     println!("rms_norm: max rel err {worst:.3e} (budget {NORM_REL:.0e})");
+}
+
+#[test]
+fn grids_beyond_65535_workgroups_fold_into_two_dimensions() {
+    // 70 000 rows: one workgroup each, more than one grid dimension holds.
+    let f = fx();
+    let gpu = &f.gpu;
+    let mut rng = StdRng::seed_from_u64(8);
+    let (rows, d) = (70_000u32, 8u32);
+    let n = (rows * d) as usize;
+    let x = rand_vec(&mut rng, n, 2.0);
+    let w = rand_vec(&mut rng, d as usize, 1.0);
+    let mut want = vec![0.0; n];
+    ops::rms_norm_rows(&x, &w, 1e-5, &mut want);
+    for o in &f.variants {
+        let (xb, wb) = (upload(gpu, &x), upload(gpu, &w));
+        let ob = upload(gpu, &vec![SENTINEL; n]);
+        run(gpu, |enc| {
+            o.rms_norm(gpu, enc, &xb, 0, &wb, &ob, 0, rows, d, 1e-5)
+                .unwrap()
+        });
+        let e = max_rel(&read(gpu, &ob, n), &want);
+        assert!(e <= NORM_REL, "{}: {e}", name(o));
+    }
 }
 
 #[test]
