@@ -20,13 +20,16 @@ use wgpu::{Buffer, CommandEncoder, ComputePipeline};
 const WG: u32 = 256;
 /// Workgroup size (and key tile) of attention.
 const ATT_WG: u32 = 64;
+/// Query heads of one KV head an attention workgroup takes together (the lanes of a vec4).
+const ATT_HEADS: u32 = 4;
 /// Largest head width attention takes (its shared q and accumulator rows).
 pub const MAX_HEAD_DIM: u32 = 512;
 /// Default keys per workgroup above which attention splits a (row, head) over several
 /// workgroups (see `Ops::set_attention_split`).
 pub const ATTN_SPLIT_KEYS: u32 = 256;
-/// Attention splits keys only while (row, head) pairs are fewer than this, and into at most
-/// about this many workgroups in all: enough to fill a GPU, with a small partial buffer.
+/// Attention splits keys only while its workgroups (units: a row and up to 4 query heads of
+/// one KV head) are fewer than this, and into at most about this many workgroups in all:
+/// enough to fill a GPU, with a small partial buffer.
 const SPLIT_TARGET_GROUPS: u64 = 256;
 /// Workgroups per grid dimension (the WebGPU limit).
 const MAX_GROUPS: u64 = 65535;
@@ -228,9 +231,9 @@ impl Ops {
         })
     }
 
-    /// Keys per workgroup above which attention splits the keys of a (row, head) over
-    /// several workgroups and merges their partial softmaxes (when the batch has few
-    /// (row, head) pairs); 0 never splits. Default `ATTN_SPLIT_KEYS`. Results agree either
+    /// Keys per workgroup above which attention splits the keys of a unit (a row and up to
+    /// 4 query heads) over several workgroups and merges their partial softmaxes (when the
+    /// batch has few units); 0 never splits. Default `ATTN_SPLIT_KEYS`. Results agree either
     /// way within rounding; tests force both paths.
     pub fn set_attention_split(&mut self, keys: u32) {
         self.split_keys = keys;
@@ -341,7 +344,8 @@ impl Ops {
     }
 
     /// In place, per head: `x` viewed as `rows * heads` vectors of width `hd`, each normed
-    /// with the same `w[hd]` (Gemma 3's QK-norm).
+    /// with the same `w[hd]` (Gemma 3's QK-norm). With `heads = 1, hd = d` it is an in-place
+    /// row norm (the final norm).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm_heads(
         &self,
@@ -590,7 +594,12 @@ impl Ops {
     /// `p = pos[pos_off + r]` attends to positions `(window? max(0, p + 1 - window) : 0) ..= p`
     /// (and at most the last `cap`, which is all the ring holds), each at slot `pos % cap`,
     /// query head `h` using KV head `h / (n_head / n_head_kv)`. Output to `out` at the same
-    /// rows as `q` (`out` distinct from `q`).
+    /// rows as `q` (`out` distinct from `q`). Head width at most `MAX_HEAD_DIM`.
+    ///
+    /// One dispatch (a workgroup per row and block of up to 4 query heads sharing a KV
+    /// head), or, when there are fewer than 256 such units and a row may see more than
+    /// `set_attention_split` keys, two: the keys split over several workgroups per unit into a
+    /// partial buffer allocated here, then merged.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -646,14 +655,20 @@ impl Ops {
         } else {
             (&self.attn_f32, &self.attn_part_f32, ce)
         };
-        // Split the keys when few (row, head) pairs would leave a GPU idle: the most keys a
-        // row can see is the ring (or the window, if smaller).
+        // A workgroup takes up to ATT_HEADS query heads of one KV head (a unit), so each key
+        // and value is loaded once for all of them.
+        let group = n_head / n_head_kv;
+        let ng = group.min(ATT_HEADS);
+        let blocks = group.div_ceil(ng);
+        let units = u64::from(rows) * u64::from(n_head_kv) * u64::from(blocks);
         let pairs = u64::from(rows) * u64::from(n_head);
+        // Split the keys when few units would leave a GPU idle: the most keys a row can see
+        // is the ring (or the window, if smaller).
         let max_keys = u64::from(layout.window.map_or(layout.cap, |w| w.min(layout.cap)));
-        let splits = if self.split_keys > 0 && pairs > 0 && pairs < SPLIT_TARGET_GROUPS {
+        let splits = if self.split_keys > 0 && units > 0 && units < SPLIT_TARGET_GROUPS {
             max_keys
                 .div_ceil(self.split_keys.into())
-                .min(SPLIT_TARGET_GROUPS.div_ceil(pairs))
+                .min(SPLIT_TARGET_GROUPS.div_ceil(units))
         } else {
             1
         };
@@ -662,7 +677,7 @@ impl Ops {
             q_row,
             rows,
             n_head,
-            n_head / n_head_kv,
+            group,
             hd,
             qd as u32,
             kvd as u32,
@@ -672,6 +687,8 @@ impl Ops {
             scale.to_bits(),
             splits as u32,
             chunk as u32,
+            ng,
+            blocks,
         ];
         let args = [
             arg(1, "q", q, qe),
@@ -681,7 +698,7 @@ impl Ops {
         ];
         if splits <= 1 {
             let args = [&args[..], &[arg(5, "out", out, qe)]].concat();
-            return self.dispatch(gpu, enc, OP, pipe, params, &args, pairs);
+            return self.dispatch(gpu, enc, OP, pipe, params, &args, units);
         }
         let part_len = span(OP, "partials", pairs * splits, u64::from(hd) + 2, 0)?;
         let part = gpu.storage("attention partials", part_len * 4)?;
@@ -693,7 +710,7 @@ impl Ops {
             part_pipe,
             params.clone(),
             &part_args,
-            pairs * splits,
+            units * splits,
         )?;
         let comb_args = [arg(5, "out", out, qe), arg(6, "partials", &part, part_len)];
         self.dispatch(

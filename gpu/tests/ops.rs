@@ -908,3 +908,35 @@ fn bad_arguments_are_errors_and_the_device_keeps_working() {
         "{got:?}"
     );
 }
+
+#[test]
+fn attention_other_head_groupings() {
+    // Workgroups take up to 4 query heads of a KV head: 6 per KV head (blocks of 4 and 2),
+    // plain multi-head (1 per KV head), and the widest head (512) with a width that is not a
+    // multiple of the workgroup (96).
+    for (n_head, n_head_kv, head_dim, rows, len) in [
+        (12u32, 2u32, 128u32, 7u32, 300usize),
+        (4, 4, 96, 1, 200),
+        (2, 1, 512, 3, 130),
+    ] {
+        for f16 in [false, true] {
+            attention_case(&AttnCase {
+                name: "other grouping",
+                shape: AttnShape {
+                    n_head,
+                    n_head_kv,
+                    head_dim,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                },
+                layout: KvLayout {
+                    cap: 320,
+                    window: None,
+                    f16,
+                },
+                len,
+                rows,
+                q_amp: 2.0,
+            });
+        }
+    }
+}

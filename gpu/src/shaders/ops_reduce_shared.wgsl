@@ -43,3 +43,35 @@ fn wg_max(v: f32, ids: Ids) -> f32 {
     workgroupBarrier();
     return t;
 }
+
+var<workgroup> red4: array<vec4<f32>, WG>;
+
+// Lane-wise sum of `v` over the workgroup (four reductions at once).
+fn wg_sum4(v: vec4<f32>, ids: Ids) -> vec4<f32> {
+    red4[ids.lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (ids.lid < s) {
+            red4[ids.lid] = red4[ids.lid] + red4[ids.lid + s];
+        }
+        workgroupBarrier();
+    }
+    let t = red4[0];
+    workgroupBarrier();
+    return t;
+}
+
+// Lane-wise maximum of `v` over the workgroup.
+fn wg_max4(v: vec4<f32>, ids: Ids) -> vec4<f32> {
+    red4[ids.lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (ids.lid < s) {
+            red4[ids.lid] = max(red4[ids.lid], red4[ids.lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let t = red4[0];
+    workgroupBarrier();
+    return t;
+}

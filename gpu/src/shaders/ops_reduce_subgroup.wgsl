@@ -47,3 +47,35 @@ fn wg_max(v: f32, ids: Ids) -> f32 {
     workgroupBarrier();
     return t;
 }
+
+var<workgroup> red4: array<vec4<f32>, WG>;
+
+// Lane-wise sum of `v` over the workgroup (four reductions at once).
+fn wg_sum4(v: vec4<f32>, ids: Ids) -> vec4<f32> {
+    let s = subgroupAdd(v);
+    if (ids.sg_lane == 0u) {
+        red4[ids.sg_id] = s;
+    }
+    workgroupBarrier();
+    var t = vec4<f32>(0.0);
+    for (var i = 0u; i < ids.n_sg; i = i + 1u) {
+        t = t + red4[i];
+    }
+    workgroupBarrier();
+    return t;
+}
+
+// Lane-wise maximum of `v` over the workgroup.
+fn wg_max4(v: vec4<f32>, ids: Ids) -> vec4<f32> {
+    let s = subgroupMax(v);
+    if (ids.sg_lane == 0u) {
+        red4[ids.sg_id] = s;
+    }
+    workgroupBarrier();
+    var t = vec4<f32>(-3.0e38);
+    for (var i = 0u; i < ids.n_sg; i = i + 1u) {
+        t = max(t, red4[i]);
+    }
+    workgroupBarrier();
+    return t;
+}
