@@ -9,8 +9,10 @@
 //! (storage-binding offsets must be 256-byte aligned; row offsets are not).
 
 pub mod device;
+pub mod ops;
 
 pub use bytemuck;
 pub use wgpu;
 
 pub use device::{adapters, AdapterSummary, Gpu, GpuError, GpuOptions};
+pub use ops::{AttnShape, Glu, KvLayout, Ops, RopeStyle};
