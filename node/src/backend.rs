@@ -62,13 +62,15 @@ pub trait LayerBackend: Send {
     fn describe(&self) -> String;
     /// Runs every layer of `model`'s slice on the `n = Σ parts[i].1` rows of `x` (`[n × d]`,
     /// in place); `parts` as in `Runner::layers_multi`. Does not advance the caches' `len`
-    /// (the runner does).
+    /// (the runner does). With an `observer`, each layer's output is read back and shown to
+    /// it (a submission per layer: for checks, not for speed).
     fn layers(
         &mut self,
         model: &Model,
         x: &mut [f32],
         parts: &mut [(&mut KvCache, usize)],
         batch: &Batch<'_>,
+        observer: Option<crate::forward::LayerObserver<'_>>,
     ) -> Result<(), ModelError>;
     /// Logits `[n × vocab]` of `n` already-normed rows (the output head), soft-capping
     /// included.

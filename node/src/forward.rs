@@ -387,7 +387,7 @@ impl Runner {
                 rope_local: &s.rope_local[..n * half],
                 rope_global: &s.rope_global[..n * half],
             };
-            be.layers(&model, &mut x[..n * d], parts, &batch)?;
+            be.layers(&model, &mut x[..n * d], parts, &batch, observer)?;
             for (kv, k) in parts.iter_mut() {
                 kv.len += *k;
             }

@@ -265,6 +265,7 @@ impl LayerBackend for GpuLayers {
         x: &mut [f32],
         parts: &mut [(&mut KvCache, usize)],
         batch: &Batch<'_>,
+        mut observer: Option<crate::forward::LayerObserver<'_>>,
     ) -> Result<(), ModelError> {
         self.check()?;
         let hp = &model.hp;
@@ -489,6 +490,18 @@ impl LayerBackend for GpuLayers {
                 eps,
             )
             .map_err(be)?;
+            if let Some(obs) = observer.as_mut() {
+                let done = std::mem::replace(
+                    &mut enc,
+                    gpu.device()
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("slice"),
+                        }),
+                );
+                gpu.queue().submit([done.finish()]);
+                gpu.read_f32(&s.x, 0, &mut x[..n * d]).map_err(be)?;
+                obs(il, &x[..n * d]);
+            }
         }
         gpu.queue().submit([enc.finish()]);
         gpu.read_f32(&s.x, 0, &mut x[..n * d]).map_err(be)?;

@@ -44,7 +44,8 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             let m = Model::load(
                 file,
                 &LoadOptions {
-                    repack: !model.layout.no_repack,
+                    repack: !model.layout.no_repack
+                        && model.layout.backend == ringllm_node::BackendChoice::Cpu,
                     ..LoadOptions::default()
                 },
             )?;
@@ -55,6 +56,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             let threads = model.threads.unwrap_or_else(default_threads);
             let kv_type = model.kv;
             let mut runner = Runner::new(Arc::new(m), threads, model.batch, ctx);
+            ringllm::engine::set_backend(&mut runner, model.layout.backend)?;
             let mut kv = runner.new_cache(ctx, kv_type);
             std::fs::create_dir_all(&dump)?;
             let mut x = vec![0f32; n * d];
