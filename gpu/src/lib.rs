@@ -9,5 +9,7 @@
 //! (storage-binding offsets must be 256-byte aligned; row offsets are not).
 
 pub mod device;
+pub mod qmat;
 
 pub use device::{adapters, AdapterSummary, Gpu, GpuError, GpuOptions};
+pub use qmat::{bench_matvec, Matmul, MatmulVariant, QMatrix, GPU_TYPES};
