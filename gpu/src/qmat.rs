@@ -23,7 +23,7 @@ use crate::device::{Gpu, GpuError};
 /// Values per shader unit (one legacy block, one K-quant sub-block, 32 floats).
 const UNIT: usize = 32;
 /// Rows per matvec workgroup (`MV_ROWS` in matmul_matvec.wgsl).
-const MV_ROWS: usize = 4;
+const MV_ROWS: usize = 16;
 /// Weight rows and activation rows per tiled-matmul workgroup (`MT_R`, `MT_M`).
 const MT_R: usize = 32;
 const MT_M: usize = 16;
@@ -316,14 +316,14 @@ struct Params {
     _pad: u32,
 }
 
-/// A grid of at least `groups` workgroups within 65535 per dimension: (x, y).
-fn grid(groups: usize) -> Result<(u32, u32), GpuError> {
-    let max = MAX_GROUPS as usize;
+/// A grid of at least `groups` workgroups within `max` per dimension: (x, y).
+fn grid(groups: usize, max: u32) -> Result<(u32, u32), GpuError> {
+    let max = max as usize;
     let x = groups.clamp(1, max);
     let y = groups.div_ceil(x).max(1);
     if y > max {
         return Err(GpuError::Invalid(format!(
-            "{groups} workgroups exceed a 65535 × 65535 grid"
+            "{groups} workgroups exceed a {max} × {max} grid"
         )));
     }
     Ok((x as u32, y as u32))
@@ -332,6 +332,8 @@ fn grid(groups: usize) -> Result<(u32, u32), GpuError> {
 /// Compiled matmul pipelines, per (format, kernel), made on first use.
 pub struct Matmul {
     variant: MatmulVariant,
+    /// Workgroups per grid dimension (65535; tests lower it to exercise 2-D grids).
+    max_groups: u32,
     pipes: Mutex<HashMap<(GgmlType, Kind), Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -366,12 +368,21 @@ impl Matmul {
         }
         Ok(Matmul {
             variant,
+            max_groups: MAX_GROUPS,
             pipes: Mutex::new(HashMap::new()),
         })
     }
 
     pub fn variant(&self) -> MatmulVariant {
         self.variant
+    }
+
+    /// Limits grids to `max` workgroups per dimension (at most 65535), so that tests reach
+    /// the 2-D grids of huge matrices with small ones.
+    #[doc(hidden)]
+    pub fn with_grid_limit(mut self, max: u32) -> Matmul {
+        self.max_groups = max.clamp(1, MAX_GROUPS);
+        self
     }
 
     /// The WGSL module of `kind` for `ty` in this variant.
@@ -490,10 +501,10 @@ impl Matmul {
                 Kind::Matvec => (c.rows.div_ceil(MV_ROWS), 1),
                 _ => (c.rows.div_ceil(MT_R), (n as usize).div_ceil(MT_M)),
             };
-            let (gx, gy) = grid(groups)?;
+            let (gx, gy) = grid(groups, self.max_groups)?;
             let gz = u32::try_from(gz)
                 .ok()
-                .filter(|z| *z <= MAX_GROUPS)
+                .filter(|z| *z <= self.max_groups)
                 .ok_or_else(|| GpuError::Invalid(format!("{}: too many rows", what())))?;
             let p = Params {
                 rows: c.rows as u32,
@@ -578,7 +589,7 @@ impl Matmul {
         {
             let mut dispatches = Vec::new();
             for c in &w.chunks {
-                let (gx, gy) = grid((c.rows * w.upr as usize).div_ceil(WG))?;
+                let (gx, gy) = grid((c.rows * w.upr as usize).div_ceil(WG), self.max_groups)?;
                 let p = Params {
                     rows: c.rows as u32,
                     upr: w.upr,
