@@ -1,12 +1,15 @@
 //! Quantized weight matrices on the device and the matmul kernels over them.
 //!
-//! A [`QMatrix`] keeps the GGUF bits of every block; blocks whose size is not a whole number
-//! of u32 words get two zero bytes (after the leading f16 scale for Q4_0, Q5_0 and Q8_0, at
-//! the end for Q6_K), and float rows are padded with zeros to a multiple of 32 values. The
-//! shaders decode every format in units of 32 values (one legacy block, one K-quant
+//! A [`QMatrix`] keeps the GGUF bits of every block, rearranged for 16-byte loads: each
+//! buffer (a chunk of rows) holds region A, a multiple of 16 bytes a block (the quants of
+//! the legacy formats and Q6_K, whole Q4_K and Q5_K blocks), then region B from the next
+//! 16-byte boundary (the f16 scales of the legacy formats, Q6_K's scales and d), packed.
+//! Float rows are padded with zeros to a multiple of 32 values. Q4_0 and Q8_0 thus take
+//! their GGUF size (18 and 34 bytes a block) on the device; Q5_0 and Q6_K 2 bytes more.
+//! The shaders decode every format in units of 32 values (one legacy block, one K-quant
 //! sub-block, 32 floats); the dequantized values are the bits of `ringllm_kernels`'
-//! scalar `dequantize` (every product there is either a single rounding or exact in f32, so
-//! the shader compiler's fused multiply-adds cannot change them; checked by the tests).
+//! scalar `dequantize` (every product there is either a single rounding or exact in f32,
+//! so the shader compiler's fused multiply-adds cannot change them; checked by the tests).
 //!
 //! [`Matmul::encode`] records `y = x·Wᵀ`: a dequant-matvec kernel for one activation row
 //! (decode, see `shaders/matmul_matvec.wgsl` for its design and roofline), a tiled kernel
@@ -32,34 +35,89 @@ const WG: usize = 64;
 /// Workgroups per dispatch dimension (WebGPU's minimum, what wgpu's defaults allow).
 const MAX_GROUPS: u32 = 65535;
 
-/// How a GGUF block is laid out on the device.
+/// How a GGUF block is split on the device: byte ranges `a` of the block, in order, make
+/// its `a_bytes` (a multiple of 16) in region A; ranges `b` its `b_bytes` (zero-padded) in
+/// region B.
 #[derive(Clone, Copy, Debug)]
-struct Layout {
-    /// GGUF bytes per block.
-    src: usize,
-    /// Device bytes per block (multiple of 4).
-    dev: usize,
-    /// Where the two zero bytes go (`dev == src + 2`); `None` when `dev == src`.
-    pad_at: Option<usize>,
+struct Split {
+    a: &'static [(usize, usize)],
+    a_bytes: usize,
+    b: &'static [(usize, usize)],
+    b_bytes: usize,
 }
 
-/// The device layout of a quantized type, `None` for float types (rows of plain values)
+/// The device split of a quantized type, `None` for float types (rows of plain values)
 /// and for the types we do not run on the GPU.
-fn layout(ty: GgmlType) -> Option<Layout> {
-    let (src, pad_at) = match ty {
-        GgmlType::Q4_0 => (18, Some(2)),
-        GgmlType::Q4_1 => (20, None),
-        GgmlType::Q5_0 => (22, Some(2)),
-        GgmlType::Q5_1 => (24, None),
-        GgmlType::Q8_0 => (34, Some(2)),
-        GgmlType::Q4_K => (144, None),
-        GgmlType::Q5_K => (176, None),
-        GgmlType::Q6_K => (210, Some(210)),
-        _ => return None,
+fn split(ty: GgmlType) -> Option<Split> {
+    let s = |a, a_bytes, b, b_bytes| Split {
+        a,
+        a_bytes,
+        b,
+        b_bytes,
     };
-    let dev = if pad_at.is_some() { src + 2 } else { src };
-    debug_assert_eq!(dev % 4, 0);
-    Some(Layout { src, dev, pad_at })
+    Some(match ty {
+        GgmlType::Q4_0 => s(&[(2, 18)], 16, &[(0, 2)], 2),
+        GgmlType::Q4_1 => s(&[(4, 20)], 16, &[(0, 4)], 4),
+        // qh, then d and two zero bytes.
+        GgmlType::Q5_0 => s(&[(6, 22)], 16, &[(2, 6), (0, 2)], 8),
+        GgmlType::Q5_1 => s(&[(8, 24)], 16, &[(0, 8)], 8),
+        GgmlType::Q8_0 => s(&[(2, 34)], 32, &[(0, 2)], 2),
+        GgmlType::Q4_K => s(&[(0, 144)], 144, &[], 0),
+        GgmlType::Q5_K => s(&[(0, 176)], 176, &[], 0),
+        // ql and qh; the 16 scales, then d and two zero bytes.
+        GgmlType::Q6_K => s(&[(0, 192)], 192, &[(192, 210)], 20),
+        _ => return None,
+    })
+}
+
+/// Device bytes of a chunk of `rows` rows of `cols` values of `ty` (a multiple of 16).
+fn chunk_bytes(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+    match split(ty) {
+        Some(sp) => {
+            let nb = rows.checked_mul(cols / ty.block_size())?;
+            let b = nb.checked_mul(sp.b_bytes)?.checked_next_multiple_of(16)?;
+            nb.checked_mul(sp.a_bytes)?.checked_add(b)
+        }
+        None if ty.is_float() => rows
+            .checked_mul(cols.div_ceil(UNIT))?
+            .checked_mul(UNIT * ty.type_size()),
+        None => None,
+    }
+}
+
+/// The device layout of GGUF rows `src` (`row_bytes` each) in `dst` (`chunk_bytes` long,
+/// zeroed); returns the word offset of region B.
+fn relayout(ty: GgmlType, src: &[u8], row_bytes: usize, dst: &mut [u8]) -> usize {
+    match split(ty) {
+        None => {
+            let dev_row = dst.len() / (src.len() / row_bytes);
+            for (s, d) in src
+                .chunks_exact(row_bytes)
+                .zip(dst.chunks_exact_mut(dev_row))
+            {
+                d[..row_bytes].copy_from_slice(s);
+            }
+            0
+        }
+        Some(sp) => {
+            let size = ty.type_size();
+            let nb = src.len() / size;
+            let (ra, rb) = dst.split_at_mut(nb * sp.a_bytes);
+            for (i, blk) in src.chunks_exact(size).enumerate() {
+                let mut o = i * sp.a_bytes;
+                for &(x, y) in sp.a {
+                    ra[o..o + y - x].copy_from_slice(&blk[x..y]);
+                    o += y - x;
+                }
+                let mut o = i * sp.b_bytes;
+                for &(x, y) in sp.b {
+                    rb[o..o + y - x].copy_from_slice(&blk[x..y]);
+                    o += y - x;
+                }
+            }
+            nb * sp.a_bytes / 4
+        }
+    }
 }
 
 /// The shader source of a format's `unit` function, `None` when unsupported.
@@ -96,51 +154,13 @@ pub const GPU_TYPES: [GgmlType; 11] = [
     GgmlType::Q6_K,
 ];
 
-/// Device bytes of one row of `cols` values of `ty` (a multiple of 4).
-fn device_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
-    match layout(ty) {
-        Some(l) => (cols / ty.block_size()).checked_mul(l.dev),
-        None => cols
-            .div_ceil(UNIT)
-            .checked_mul(UNIT * ty.type_size())
-            .filter(|_| ty.is_float()),
-    }
-}
-
-/// Writes GGUF row `src` in its device layout into `dst` (`device_row_bytes` long).
-fn relayout_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
-    match layout(ty) {
-        None => {
-            dst[..src.len()].copy_from_slice(src);
-            dst[src.len()..].fill(0);
-        }
-        Some(Layout {
-            src: sb,
-            dev,
-            pad_at: None,
-        }) => {
-            debug_assert_eq!(sb, dev);
-            dst.copy_from_slice(src);
-        }
-        Some(Layout {
-            src: sb,
-            dev,
-            pad_at: Some(p),
-        }) => {
-            for (s, d) in src.chunks_exact(sb).zip(dst.chunks_exact_mut(dev)) {
-                d[..p].copy_from_slice(&s[..p]);
-                d[p..p + 2].fill(0);
-                d[p + 2..].copy_from_slice(&s[p..]);
-            }
-        }
-    }
-}
-
 /// One buffer of consecutive rows of a matrix.
 struct Chunk {
     buf: wgpu::Buffer,
     row0: usize,
     rows: usize,
+    /// Word offset of region B.
+    soff: u32,
 }
 
 /// A weight matrix on the device: `rows` rows of `cols` values of type `ty`.
@@ -151,8 +171,6 @@ pub struct QMatrix {
     chunks: Vec<Chunk>,
     /// Units of 32 values per row.
     upr: u32,
-    /// u32 words per device row.
-    rw: u32,
 }
 
 impl std::fmt::Debug for QMatrix {
@@ -223,30 +241,45 @@ impl QMatrix {
                 bytes.len()
             )));
         }
-        let dev_row = device_row_bytes(ty, cols)
-            .ok_or_else(|| bad(format!("{cols} columns overflow the device layout")))?;
+        // Device bytes of a row, without region B's rounding to 16 bytes.
+        let dev_row = match split(ty) {
+            Some(sp) => (cols / ty.block_size()).checked_mul(sp.a_bytes + sp.b_bytes),
+            None => chunk_bytes(ty, 1, cols),
+        }
+        .ok_or_else(|| bad(format!("{cols} columns overflow the device layout")))?;
         // Shader indices are u32 words within a chunk: keep every chunk below 2³¹ bytes.
         let limit = max_chunk_bytes.min(1 << 31);
-        if dev_row as u64 > limit {
+        let fits = |r: usize| chunk_bytes(ty, r, cols).is_some_and(|b| b as u64 <= limit);
+        let mut rows_per_chunk = ((limit / dev_row as u64) as usize).min(rows);
+        while rows_per_chunk > 0 && !fits(rows_per_chunk) {
+            rows_per_chunk -= 1;
+        }
+        if rows_per_chunk == 0 {
             return Err(bad(format!(
                 "one row takes {dev_row} device bytes, more than a buffer binding allows ({limit})"
             )));
         }
-        let rows_per_chunk = ((limit / dev_row as u64) as usize).min(rows);
-        let upr = cols.div_ceil(UNIT);
+        let upr = u32::try_from(cols.div_ceil(UNIT)).map_err(|_| bad("too many columns".into()))?;
         let mut chunks = Vec::new();
         let mut row0 = 0;
         while row0 < rows {
             let n = rows_per_chunk.min(rows - row0);
-            let mut dev = vec![0u8; n * dev_row];
-            for (src, dst) in bytes[row0 * row_bytes..(row0 + n) * row_bytes]
-                .chunks_exact(row_bytes)
-                .zip(dev.chunks_exact_mut(dev_row))
-            {
-                relayout_row(ty, src, dst);
-            }
+            let size =
+                chunk_bytes(ty, n, cols).ok_or_else(|| bad("chunk size overflows".into()))?;
+            let mut dev = vec![0u8; size];
+            let soff = relayout(
+                ty,
+                &bytes[row0 * row_bytes..(row0 + n) * row_bytes],
+                row_bytes,
+                &mut dev,
+            );
             let buf = gpu.storage_init(&format!("{label} rows {row0}..{}", row0 + n), &dev)?;
-            chunks.push(Chunk { buf, row0, rows: n });
+            chunks.push(Chunk {
+                buf,
+                row0,
+                rows: n,
+                soff: u32::try_from(soff).map_err(|_| bad("chunk too large".into()))?,
+            });
             row0 += n;
         }
         tracing::debug!(label, %ty, rows, cols, chunks = chunks.len(), "weight matrix uploaded");
@@ -255,8 +288,7 @@ impl QMatrix {
             rows,
             cols,
             chunks,
-            upr: u32::try_from(upr).map_err(|_| bad("too many columns".into()))?,
-            rw: u32::try_from(dev_row / 4).map_err(|_| bad("rows too long".into()))?,
+            upr,
         })
     }
 
@@ -304,7 +336,7 @@ impl Kind {
 struct Params {
     rows: u32,
     upr: u32,
-    rw: u32,
+    soff: u32,
     n: u32,
     x_off: u32,
     x_stride: u32,
@@ -509,7 +541,7 @@ impl Matmul {
             let p = Params {
                 rows: c.rows as u32,
                 upr: w.upr,
-                rw: w.rw,
+                soff: c.soff,
                 n,
                 x_off: x_off as u32,
                 x_stride: w.cols as u32,
@@ -593,7 +625,7 @@ impl Matmul {
                 let p = Params {
                     rows: c.rows as u32,
                     upr: w.upr,
-                    rw: w.rw,
+                    soff: c.soff,
                     n: 1,
                     x_off: 0,
                     x_stride: 0,

@@ -299,15 +299,22 @@ fn rows_split_across_buffers() {
         (GgmlType::F16, 40, 100, 13),
     ] {
         let bytes = weights(ty, rows, cols, &mut rng);
-        let dev_row = match ty {
-            GgmlType::Q4_K => 288,
-            GgmlType::Q4_0 => 20 * cols / 32,
-            _ => 2 * cols.div_ceil(32) * 32,
+        // Device bytes of a buffer of r rows: Q4_K blocks as they are; Q4_0 nibbles
+        // (16 bytes a block), then the f16 scales rounded up to 16 bytes; F16 rows padded
+        // to 128 values.
+        let chunk = |r: usize| match ty {
+            GgmlType::Q4_K => r * 288,
+            GgmlType::Q4_0 => r * 20 * 16 + (r * 20 * 2).next_multiple_of(16),
+            _ => r * 2 * cols.div_ceil(32) * 32,
         };
-        let limit = (dev_row * per_chunk + dev_row / 2) as u64;
+        let limit = (chunk(per_chunk) + 16) as u64;
         let w = QMatrix::upload_with_limit(g, ty, rows, cols, &bytes, "split", limit).unwrap();
         assert_eq!(w.buffers(), rows.div_ceil(per_chunk), "{w:?}");
-        assert_eq!(w.device_bytes(), (rows * dev_row) as u64);
+        let full = rows / per_chunk;
+        assert_eq!(
+            w.device_bytes(),
+            (full * chunk(per_chunk) + chunk(rows - full * per_chunk)) as u64
+        );
         let wf = host_dequantize(ty, rows, cols, &bytes);
         let got = mm.dequantize(g, &w).unwrap();
         assert!(
@@ -409,7 +416,7 @@ fn bad_sizes_and_types_are_clear_errors() {
         64,
         &[0; 256],
         "t",
-        128,
+        255,
     ));
     assert!(m.contains("one row takes 256"), "{m}");
 

@@ -2,18 +2,22 @@
 // weight binding W (matmul_weights_u32.wgsl, or a format's native-f16 file, which also
 // defines `unit`), this file, the format's `unit` function (quant_<format>.wgsl), and one
 // kernel's entry point (matmul_matvec.wgsl + matmul_reduce_*.wgsl, matmul_tiled.wgsl,
-// matmul_dequant.wgsl). `unit(rb, u)` returns values 32·u .. 32·u + 32 of the row that
-// starts at word rb of W, dequantized to f32 exactly as ringllm_kernels does.
+// matmul_dequant.wgsl). `unit(g)` returns the 32 values of unit g = row·upr + u of the
+// chunk (values 32·u .. 32·u + 32 of that row), dequantized to f32 exactly as
+// ringllm_kernels does.
 //
-// W holds one chunk of rows of a matrix in its device layout (GGUF blocks padded to whole
-// u32 words); a row is `rw` words and `upr` units of 32 values. X and Y are whole f32
-// buffers addressed from element offsets in the uniform parameters.
+// W holds one chunk of rows of a matrix in its device layout (see qmat.rs): region A, 16
+// bytes or more a block, aligned to 16 (quants, or whole K-quant blocks), from word 0;
+// region B (the legacy formats' and Q6_K's scales), a few bytes a block, from word
+// `soff`. X and Y are whole f32 buffers addressed from element offsets in the uniform
+// parameters.
 
 struct Params {
-    // Rows in this chunk, units (32 values) per row, words per row, activation rows.
+    // Rows in this chunk, units (32 values) per row, word offset of region B, activation
+    // rows.
     rows: u32,
     upr: u32,
-    rw: u32,
+    soff: u32,
     n: u32,
     // X[x_off + m * x_stride + c]; Y[y_off + m * y_stride + row_base + r].
     x_off: u32,

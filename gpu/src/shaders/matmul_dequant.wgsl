@@ -9,7 +9,7 @@ fn dequant(
     let r = id / P.upr;
     let u = id % P.upr;
     if (r < P.rows) {
-        var w = unit(r * P.rw, u);
+        var w = unit(r * P.upr + u);
         let o = P.y_off + (P.row_base + r) * P.y_stride + 32u * u;
         for (var k = 0u; k < 8u; k++) {
             for (var c = 0u; c < 4u; c++) {

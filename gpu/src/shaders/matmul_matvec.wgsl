@@ -34,7 +34,7 @@ fn mv_partial(lid: u32, row0: u32) -> f32 {
     let lane = lid % MV_TPR;
     let row = row0 + lid / MV_TPR;
     let live = row < P.rows;
-    let rb = row * P.rw;
+    let rb = row * P.upr;
     for (var t0 = 0u; t0 < P.upr; t0 += MV_TILE_UNITS) {
         workgroupBarrier();
         let e = t0 * 32u + 4u * lid;
@@ -55,7 +55,7 @@ fn mv_partial(lid: u32, row0: u32) -> f32 {
             for (var ul = lane; ul < MV_TILE_UNITS; ul += MV_TPR) {
                 let u = t0 + ul;
                 if (u < P.upr) {
-                    let w = unit(rb, u);
+                    let w = unit(rb + u);
                     let x0 = ul * 9u;
                     acc += dot(w[0], xs[x0]) + dot(w[1], xs[x0 + 1u])
                         + dot(w[2], xs[x0 + 2u]) + dot(w[3], xs[x0 + 3u])

@@ -32,7 +32,7 @@ fn matmul(
         let wu = k0 / 32u + wh;
         var w: array<vec4<f32>, 8>;
         if (r0 + wr < P.rows && wu < P.upr) {
-            w = unit((r0 + wr) * P.rw, wu);
+            w = unit((r0 + wr) * P.upr + wu);
         }
         for (var k = 0u; k < 8u; k++) {
             for (var c = 0u; c < 4u; c++) {

@@ -1,13 +1,21 @@
-// Q4_0, device block of 5 words: f16 d | 2 zero bytes | 16 bytes of nibbles.
-// Value j (0..16) is the low nibble of byte j, value j + 16 the high nibble; x = d·(q − 8).
-fn unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
+// Q4_0: region A, the 16 nibble bytes of block g (byte j: value j low, value j + 16
+// high); region B, the f16 scales d, two a word. x = d·(q − 8).
+fn q4_0_half(d: f32, w: u32, hi: bool) -> vec4<f32> {
+    let q = select(lo4(w), hi4(w), hi);
+    return d * vec4<f32>(vec4<i32>(q) - vec4<i32>(8));
+}
+
+fn unit(g: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
-    let b = rb + u * 5u;
-    let d = h2(W[b]).x;
-    for (var k = 0u; k < 4u; k++) {
-        let q = W[b + 1u + k];
-        o[k] = d * vec4<f32>(vec4<i32>(lo4(q)) - vec4<i32>(8));
-        o[k + 4u] = d * vec4<f32>(vec4<i32>(hi4(q)) - vec4<i32>(8));
+    let q = W[g];
+    let dd = h2(wd(P.soff + g / 2u));
+    let d = select(dd.x, dd.y, g % 2u == 1u);
+    for (var k = 0u; k < 2u; k++) {
+        let hi = k == 1u;
+        o[4u * k] = q4_0_half(d, q.x, hi);
+        o[4u * k + 1u] = q4_0_half(d, q.y, hi);
+        o[4u * k + 2u] = q4_0_half(d, q.z, hi);
+        o[4u * k + 3u] = q4_0_half(d, q.w, hi);
     }
     return o;
 }
