@@ -29,7 +29,7 @@ const UNIT: usize = 32;
 const MV_ROWS: usize = 16;
 /// Weight rows and activation rows per tiled-matmul workgroup (`MT_R`, `MT_M`).
 const MT_R: usize = 32;
-const MT_M: usize = 16;
+const MT_M: usize = 32;
 /// Invocations per workgroup of every entry point.
 const WG: usize = 64;
 /// Workgroups per dispatch dimension (WebGPU's minimum, what wgpu's defaults allow).

@@ -1,18 +1,26 @@
 // Tiled matmul (prefill, n > 1 activation rows): Y[m][r] = Σ_c X[m][c]·W[r][c].
 //
-// A workgroup of 64 computes a tile of MT_R = 32 weight rows × MT_M = 16 activation rows.
-// Per step of MT_K = 64 columns, each invocation dequantizes one unit (row i / 2, unit
-// i % 2) into workgroup memory and loads 16 activations; the dequantized weight tile is
-// then used by all 16 activation rows. Invocation i accumulates weight rows 4·(i % 8) ..
-// +4 for activation rows 2·(i / 8), +1: 8 outputs, one vec4 and two vec2 reads per 8 FMAs.
+// A workgroup of 64 computes a tile of MT_R = 32 weight rows × MT_M = 32 activation rows,
+// stepping through the columns one unit (32 values) at a time. Per step, invocations
+// 0..32 each dequantize one unit (row i) into workgroup memory, and invocations 32..64
+// each load one column of the 32 activation rows (consecutive invocations, consecutive
+// columns); every dequantized weight is then used by all 32 activation rows. Invocation
+// i accumulates a 4 × 4 block, weight rows 4·(i % 8) .. +4 for activation rows
+// 4·(i / 8) .. +4: two vec4 reads per 16 multiply-adds.
 
 const MT_R: u32 = 32u;
-const MT_M: u32 = 16u;
-const MT_K: u32 = 64u;
+const MT_M: u32 = 32u;
 
-// ws[k·8 + r/4][r%4] = W[r0 + r][k0 + k]; xt[k·8 + m/2][m%2] = X[m0 + m][k0 + k].
-var<workgroup> ws: array<vec4<f32>, 512>;
-var<workgroup> xt: array<vec2<f32>, 512>;
+// ws[k·8 + r/4][r%4] = W[r0 + r][k0 + k]; xt[k·8 + m/4][m%4] = X[m0 + m][k0 + k].
+var<workgroup> ws: array<vec4<f32>, 256>;
+var<workgroup> xt: array<vec4<f32>, 256>;
+
+fn mt_x(m: u32, c: u32) -> f32 {
+    if (m < P.n && c < P.cols) {
+        return X[P.x_off + m * P.x_stride + c];
+    }
+    return 0.0;
+}
 
 @compute @workgroup_size(64)
 fn matmul(
@@ -23,51 +31,56 @@ fn matmul(
     let m0 = wid.z * MT_M;
     let tx = lid % 8u;
     let ty = lid / 8u;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    let wr = lid / 2u;
-    let wh = lid % 2u;
-    let kend = P.upr * 32u;
-    for (var k0 = 0u; k0 < kend; k0 += MT_K) {
-        let wu = k0 / 32u + wh;
-        var w: array<vec4<f32>, 8>;
-        if (r0 + wr < P.rows && wu < P.upr) {
-            w = unit((r0 + wr) * P.upr + wu);
-        }
-        for (var k = 0u; k < 8u; k++) {
-            for (var c = 0u; c < 4u; c++) {
-                let kk = 32u * wh + 4u * k + c;
-                ws[kk * 8u + wr / 4u][wr % 4u] = w[k][c];
+    var acc: array<vec4<f32>, 4>;
+    for (var u = 0u; u < P.upr; u++) {
+        if (lid < 32u) {
+            var w: array<vec4<f32>, 8>;
+            if (r0 + lid < P.rows) {
+                w = unit((r0 + lid) * P.upr + u);
             }
-        }
-        for (var i = 0u; i < 16u; i++) {
-            let idx = lid + 64u * i;
-            let m = idx / MT_K;
-            let kk = idx % MT_K;
-            var v = 0.0;
-            if (m0 + m < P.n && k0 + kk < P.cols) {
-                v = X[P.x_off + (m0 + m) * P.x_stride + k0 + kk];
+            for (var k = 0u; k < 8u; k++) {
+                let v = w[k];
+                ws[(4u * k) * 8u + lid / 4u][lid % 4u] = v.x;
+                ws[(4u * k + 1u) * 8u + lid / 4u][lid % 4u] = v.y;
+                ws[(4u * k + 2u) * 8u + lid / 4u][lid % 4u] = v.z;
+                ws[(4u * k + 3u) * 8u + lid / 4u][lid % 4u] = v.w;
             }
-            xt[kk * 8u + m / 2u][m % 2u] = v;
+        } else {
+            let kk = lid - 32u;
+            let c = 32u * u + kk;
+            for (var q = 0u; q < 8u; q++) {
+                let m = m0 + 4u * q;
+                xt[kk * 8u + q] = vec4<f32>(mt_x(m, c), mt_x(m + 1u, c), mt_x(m + 2u, c), mt_x(m + 3u, c));
+            }
         }
         workgroupBarrier();
-        for (var kk = 0u; kk < MT_K; kk++) {
+        for (var kk = 0u; kk < 32u; kk++) {
             let w4 = ws[kk * 8u + tx];
-            let x2 = xt[kk * 8u + ty];
-            acc0 += w4 * x2.x;
-            acc1 += w4 * x2.y;
+            let x4 = xt[kk * 8u + ty];
+            acc[0] += w4 * x4.x;
+            acc[1] += w4 * x4.y;
+            acc[2] += w4 * x4.z;
+            acc[3] += w4 * x4.w;
         }
         workgroupBarrier();
     }
     for (var i = 0u; i < 4u; i++) {
-        let r = r0 + 4u * tx + i;
-        if (r < P.rows) {
-            let m = m0 + 2u * ty;
-            if (m < P.n) {
-                Y[P.y_off + m * P.y_stride + P.row_base + r] = acc0[i];
+        let m = m0 + 4u * ty + i;
+        if (m < P.n) {
+            let a = acc[i];
+            let o = P.y_off + m * P.y_stride + P.row_base + r0 + 4u * tx;
+            let r = r0 + 4u * tx;
+            if (r < P.rows) {
+                Y[o] = a.x;
             }
-            if (m + 1u < P.n) {
-                Y[P.y_off + (m + 1u) * P.y_stride + P.row_base + r] = acc1[i];
+            if (r + 1u < P.rows) {
+                Y[o + 1u] = a.y;
+            }
+            if (r + 2u < P.rows) {
+                Y[o + 2u] = a.z;
+            }
+            if (r + 3u < P.rows) {
+                Y[o + 3u] = a.w;
             }
         }
     }
