@@ -32,6 +32,9 @@ const MT_R: usize = 32;
 const MT_M: usize = 32;
 /// Invocations per workgroup of every entry point.
 const WG: usize = 64;
+/// Smallest subgroup the subgroup matvec takes: its 256 invocations leave partials of at
+/// most 64 subgroups (WebGPU guarantees 4).
+const MIN_SUBGROUP: u32 = 4;
 /// Workgroups per dispatch dimension (WebGPU's minimum, what wgpu's defaults allow).
 const MAX_GROUPS: u32 = 65535;
 
@@ -377,7 +380,7 @@ impl Matmul {
         Self::with_variant(
             gpu,
             MatmulVariant {
-                subgroups: s.subgroups.is_some(),
+                subgroups: s.subgroups.is_some_and(|n| n >= MIN_SUBGROUP),
                 f16: s.f16,
             },
         )
@@ -386,10 +389,11 @@ impl Matmul {
     /// The matmul kernels in `variant`; an error when it needs a feature the device lacks.
     pub fn with_variant(gpu: &Gpu, variant: MatmulVariant) -> Result<Matmul, GpuError> {
         let s = gpu.summary();
-        if variant.subgroups && s.subgroups.is_none() {
+        if variant.subgroups && s.subgroups.is_none_or(|n| n < MIN_SUBGROUP) {
             return Err(GpuError::Invalid(format!(
-                "matmul variant {variant:?}: {} has no subgroup operations in use",
-                s.name
+                "matmul variant {variant:?}: {} has no subgroup operations in use with \
+                 subgroups of {MIN_SUBGROUP} or more ({:?})",
+                s.name, s.subgroups
             )));
         }
         if variant.f16 && !s.f16 {
@@ -524,6 +528,22 @@ impl Matmul {
                 y_end,
                 y.size()
             )));
+        }
+        if x == y {
+            return Err(GpuError::Invalid(format!(
+                "{}: activations and outputs in one buffer (bound read-only and read-write \
+                 in one dispatch); use two buffers",
+                what()
+            )));
+        }
+        for (name, b) in [("activation", x), ("output", y)] {
+            if !b.usage().contains(wgpu::BufferUsages::STORAGE) {
+                return Err(GpuError::Invalid(format!(
+                    "{}: the {name} buffer is not a storage buffer ({:?})",
+                    what(),
+                    b.usage()
+                )));
+            }
         }
         let kind = if n == 1 { Kind::Matvec } else { Kind::Tiled };
         let pipe = self.pipeline(gpu, w.ty, kind)?;
