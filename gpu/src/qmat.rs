@@ -536,12 +536,21 @@ impl Matmul {
                 what()
             )));
         }
+        let max_binding = gpu.device().limits().max_storage_buffer_binding_size;
         for (name, b) in [("activation", x), ("output", y)] {
             if !b.usage().contains(wgpu::BufferUsages::STORAGE) {
                 return Err(GpuError::Invalid(format!(
                     "{}: the {name} buffer is not a storage buffer ({:?})",
                     what(),
                     b.usage()
+                )));
+            }
+            if b.size() > max_binding {
+                return Err(GpuError::Invalid(format!(
+                    "{}: the {name} buffer ({} bytes) is larger than a storage binding \
+                     ({max_binding} bytes); it is bound whole",
+                    what(),
+                    b.size()
                 )));
             }
         }

@@ -41,11 +41,6 @@ fn h2(w: u32) -> vec2<f32> {
     return unpack2x16float(w);
 }
 
-// The four bytes of a word, low first.
-fn bytes4(w: u32) -> vec4<u32> {
-    return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
-}
-
 // Low and high nibbles of the four bytes of a word.
 fn lo4(w: u32) -> vec4<u32> {
     return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);

@@ -14,9 +14,12 @@
 // so time per call ≈ bytes ÷ memory bandwidth. A token of a model costs the sum over
 // its matrices: Gemma-3 270M Q4_K_M (≈ 240 MB read per token, its 262144 × 640 Q8_0
 // head alone 178 MB) ≈ 0.5 ms at 500 GB/s; a 7B Q4_K_M (≈ 4 GB) ≈ 8 ms at 500 GB/s,
-// ≈ 4 ms on a 1 TB/s card. The kernel needs enough workgroups in flight to reach that:
-// rows / 16 workgroups (40 for a 640-row matrix, 16384 for the 262144-row head), and decode work per unit (≤ 20
-// integer ops per 4 values) that stays hidden behind the loads.
+// ≈ 4 ms on a 1 TB/s card. Reaching that needs enough workgroups in flight (rows / 16:
+// 16384 for the head, but only 40 for a 640-row matrix, which a large GPU would run
+// below its bandwidth; such small matrices are a small share of a token's bytes) and
+// decode work (≤ 20 integer ops per 4 values) that stays hidden behind the loads. The
+// weight layout (qmat.rs) makes every load a 16-byte vector and the 16 invocations of a
+// row read 16 consecutive blocks' quants, then their consecutive scales.
 
 const MV_ROWS: u32 = 16u;
 const MV_WG: u32 = 256u;
