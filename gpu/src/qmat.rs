@@ -30,7 +30,7 @@ const MV_ROWS: usize = 16;
 /// Weight rows and activation rows per tiled-matmul workgroup (`MT_R`, `MT_M`).
 const MT_R: usize = 32;
 const MT_M: usize = 32;
-/// Invocations per workgroup of every entry point.
+/// Invocations per workgroup of the dequantize kernel.
 const WG: usize = 64;
 /// Smallest subgroup the subgroup matvec takes: its 256 invocations leave partials of at
 /// most 64 subgroups (WebGPU guarantees 4).
