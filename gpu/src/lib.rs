@@ -10,9 +10,11 @@
 
 pub mod device;
 pub mod ops;
+pub mod qmat;
 
 pub use bytemuck;
 pub use wgpu;
 
 pub use device::{adapters, AdapterSummary, Gpu, GpuError, GpuOptions};
 pub use ops::{AttnShape, Glu, KvLayout, Ops, RopeStyle};
+pub use qmat::{bench_matvec, Matmul, MatmulVariant, QMatrix, GPU_TYPES};
