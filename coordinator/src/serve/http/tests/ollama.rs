@@ -420,3 +420,37 @@ fn the_page_may_call_its_own_server_without_cors() {
     );
     assert!(ollama_error(&r, 403).contains("--cors"));
 }
+
+#[test]
+fn a_client_leaving_an_ndjson_stream_or_a_whole_answer_cancels_it() {
+    for (i, (path, body)) in [
+        ("/api/chat", json!({"messages": user("Tell a long story.")})),
+        (
+            "/api/generate",
+            json!({"prompt": "Tell a long story.", "stream": false}),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = start(Scripted::new(Script::Trickle), None);
+        let body = body.to_string();
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.write_all(&raw_request("POST", path, &[], Some(body.as_bytes())))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.backend.seen(|r| r.is_empty()) {
+            assert!(Instant::now() < deadline, "{path}: never submitted");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if i == 0 {
+            let mut buf = [0u8; 256];
+            let n = c.read(&mut buf).unwrap();
+            assert!(std::str::from_utf8(&buf[..n])
+                .unwrap()
+                .starts_with("HTTP/1.1 200"));
+        }
+        drop(c);
+        assert!(s.backend.wait_cancelled(0), "{path}: the drop sets cancel");
+    }
+}
