@@ -509,7 +509,8 @@ async fn allowed_origin(State(s): State<Shared>, req: Request, next: Next) -> Re
 
 /// Whether a request comes from this server's own page (the chat page at `/`): its origin is
 /// `http(s)://` + the `Host` it was sent to, and that host cannot be rebound by someone
-/// else's DNS (an IP address, `localhost`, a `.local` mDNS name or a name without dots). A
+/// else's DNS (an IP address, `localhost`, a name without dots, or a name under the
+/// private-use `.local` (mDNS), `.home.arpa` or `.internal`). A
 /// public DNS name could point at this server after a page of it loaded (DNS rebinding), so
 /// such names need `--cors` or an API key as any other origin does.
 fn same_origin(origin: &HeaderValue, host: Option<&HeaderValue>) -> bool {
@@ -522,20 +523,20 @@ fn same_origin(origin: &HeaderValue, host: Option<&HeaderValue>) -> bool {
     if !rest.is_some_and(|r| r.eq_ignore_ascii_case(host)) {
         return false;
     }
-    let name = if host.starts_with('[') {
-        // An IPv6 literal.
-        return true;
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host,
-        }
+    if host.starts_with('[') {
+        return true; // an IPv6 literal
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
     }
     .to_ascii_lowercase();
     name.parse::<std::net::IpAddr>().is_ok()
         || name == "localhost"
         || name.ends_with(".localhost")
-        || name.ends_with(".local")
+        || [".local", ".home.arpa", ".internal"]
+            .iter()
+            .any(|tld| name.ends_with(tld))
         || (!name.is_empty() && !name.contains('.'))
 }
 

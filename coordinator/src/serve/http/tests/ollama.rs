@@ -399,6 +399,7 @@ fn the_page_may_call_its_own_server_without_cors() {
         ("localhost:8080", "http://localhost:8080"),
         ("gpu-box:8080", "http://gpu-box:8080"),
         ("gpu-box.local", "http://gpu-box.local"),
+        ("gpu-box.home.arpa:8080", "http://gpu-box.home.arpa:8080"),
         ("192.168.1.20:8080", "https://192.168.1.20:8080"),
     ] {
         assert_eq!(call(host, origin).status, 200, "{origin}");
@@ -407,6 +408,7 @@ fn the_page_may_call_its_own_server_without_cors() {
         ("127.0.0.1:8080", "http://127.0.0.1:9999"),
         ("127.0.0.1:8080", "http://evil.example"),
         ("evil.example:8080", "http://evil.example:8080"),
+        ("local.evil.example", "http://local.evil.example"),
         ("127.0.0.1:8080", "null"),
     ] {
         assert_eq!(call(host, origin).error(403)["code"], "origin_not_allowed");
