@@ -158,7 +158,12 @@ class Browser:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        # Chromium's helper processes may still be writing into the profile as it exits.
+        for _ in range(50):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if not os.path.exists(self.dir):
+                break
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
