@@ -215,10 +215,11 @@ pub struct GenArgs {
     pub serve: ServeArgs,
 }
 
-/// `--serve`: an OpenAI-compatible HTTP API instead of one prompt.
+/// `--serve`: an OpenAI- and Ollama-compatible HTTP API (and a chat page) instead of one prompt.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Serve the OpenAI-compatible API on HOST:PORT (e.g. 127.0.0.1:8080).
+    /// Serve the OpenAI-compatible API on HOST:PORT (e.g. 127.0.0.1:8080), with Ollama's
+    /// API on /api and a chat page on /.
     #[arg(long)]
     pub serve: Option<String>,
     /// Sequences decoded at once (KV slots).

@@ -3,6 +3,10 @@
 //! Prometheus `/metrics`. Requests are parsed and checked here (`openai`), rendered with the
 //! chat template, tokenized, and handed to the backend; its events become JSON objects or SSE
 //! chunks. Errors have OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+//! Beside it, Ollama's API (`ollama`: `/api/chat`, `/api/generate`, … with NDJSON streaming
+//! and `{"error": "…"}` errors) on the same path to the backend, and a chat page at `/`
+//! (`page`). A request naming another model than the one served gets the served one (with a
+//! log line), as llama-server does.
 //!
 //! A client that goes away cancels its request: every submitted request is owned by a
 //! `CancelOnDrop` that the response (or the stream) holds until the backend's last event.
@@ -13,7 +17,9 @@
 //! is not allowed is refused with a 403 before anything runs.
 
 mod conn;
+mod ollama;
 mod openai;
+mod page;
 #[cfg(test)]
 mod tests;
 
@@ -37,6 +43,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 pub use conn::raise_open_files;
+pub use ollama::ModelCard;
 
 /// How to serve.
 #[derive(Clone, Debug)]
@@ -52,6 +59,8 @@ pub struct ServeOptions {
     pub body_timeout: Duration,
     /// Most connections open at once (lowered to fit the open-file limit).
     pub max_connections: usize,
+    /// What Ollama's `/api/tags` and `/api/show` say about the model file.
+    pub model: ModelCard,
 }
 
 impl Default for ServeOptions {
@@ -62,6 +71,7 @@ impl Default for ServeOptions {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 512,
+            model: ModelCard::default(),
         }
     }
 }
@@ -117,7 +127,13 @@ struct AppState {
     draining: AtomicBool,
     /// Unix time the server started (`created` of the model).
     started: u64,
+    model: ModelCard,
+    /// Other model names requests gave (warned about once each, up to `NAMES_WARNED`).
+    other_names: std::sync::Mutex<Vec<String>>,
 }
+
+/// How many distinct unknown model names get a warning (later ones a debug line).
+const NAMES_WARNED: usize = 32;
 
 type Shared = Arc<AppState>;
 
@@ -233,6 +249,8 @@ fn state(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Result<Shared> {
         body_timeout: opts.body_timeout,
         draining: AtomicBool::new(false),
         started: openai::unix_now(),
+        model: opts.model.clone(),
+        other_names: std::sync::Mutex::new(Vec::new()),
     }))
 }
 
@@ -243,6 +261,7 @@ fn app(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/metrics", get(metrics))
+        .merge(ollama::routes())
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -251,6 +270,7 @@ fn app(state: Shared) -> Router {
     let cors = state.cors.clone();
     let app = Router::new()
         .route("/health", get(health))
+        .merge(page::routes())
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -427,7 +447,7 @@ async fn reject_large(req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if length.is_some_and(|n| n > BODY_LIMIT as u64) {
-        return too_large().into_response();
+        return error_for(req.uri().path(), too_large());
     }
     next.run(req).await
 }
@@ -458,9 +478,9 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
             } else {
                 "an API key is needed: send `Authorization: Bearer KEY`"
             };
-            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
-                .code("invalid_api_key")
-                .into_response();
+            let e = ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+                .code("invalid_api_key");
+            return error_for(req.uri().path(), e);
         }
     }
     next.run(req).await
@@ -470,9 +490,9 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
 /// `Origin` on cross-origin requests; other clients do not send it).
 async fn allowed_origin(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
-        if !s.cors.allows(origin) {
+        if !s.cors.allows(origin) && !same_origin(origin, req.headers().get(header::HOST)) {
             let origin = String::from_utf8_lossy(origin.as_bytes()).into_owned();
-            return ApiError::new(
+            let e = ApiError::new(
                 StatusCode::FORBIDDEN,
                 "invalid_request_error",
                 format!(
@@ -480,11 +500,54 @@ async fn allowed_origin(State(s): State<Shared>, req: Request, next: Next) -> Re
                      --cors {origin} (or with an --api-key, which lets any origin in)"
                 ),
             )
-            .code("origin_not_allowed")
-            .into_response();
+            .code("origin_not_allowed");
+            return error_for(req.uri().path(), e);
         }
     }
     next.run(req).await
+}
+
+/// Whether a request comes from this server's own page (the chat page at `/`): its origin is
+/// `http(s)://` + the `Host` it was sent to, and that host cannot be rebound by someone
+/// else's DNS (an IP address, `localhost`, a name without dots, or a name under the
+/// private-use `.local` (mDNS), `.home.arpa` or `.internal`). A
+/// public DNS name could point at this server after a page of it loaded (DNS rebinding), so
+/// such names need `--cors` or an API key as any other origin does.
+fn same_origin(origin: &HeaderValue, host: Option<&HeaderValue>) -> bool {
+    let (Ok(origin), Some(Ok(host))) = (origin.to_str(), host.map(HeaderValue::to_str)) else {
+        return false;
+    };
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    if !rest.is_some_and(|r| r.eq_ignore_ascii_case(host)) {
+        return false;
+    }
+    if host.starts_with('[') {
+        return true; // an IPv6 literal
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+    .to_ascii_lowercase();
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || [".local", ".home.arpa", ".internal"]
+            .iter()
+            .any(|tld| name.ends_with(tld))
+        || (!name.is_empty() && !name.contains('.'))
+}
+
+/// An error in the shape its API uses: Ollama's `{"error": "…"}` under `/api/`, else
+/// OpenAI's.
+fn error_for(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/api/") {
+        ollama::OllamaError(e).into_response()
+    } else {
+        e.into_response()
+    }
 }
 
 /// Compares without stopping at the first difference.
@@ -525,22 +588,24 @@ async fn health(State(s): State<Shared>) -> Response {
 /// `Retry-After` of a 503 from `/health`.
 const HEALTH_RETRY_AFTER_S: u64 = 5;
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::new(
+async fn not_found(req: Request) -> Response {
+    let e = ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
         format!("no such endpoint: {} {}", req.method(), req.uri().path()),
     )
-    .code("not_found")
+    .code("not_found");
+    error_for(req.uri().path(), e)
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::new(
+async fn method_not_allowed(req: Request) -> Response {
+    let e = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
         format!("{} is not allowed on {}", req.method(), req.uri().path()),
     )
-    .code("method_not_allowed")
+    .code("method_not_allowed");
+    error_for(req.uri().path(), e)
 }
 
 fn model_object(s: &AppState) -> serde_json::Value {
@@ -601,11 +666,33 @@ fn check(s: &AppState, body: &openai::Body, kind: Kind) -> Result<Params, ApiErr
     if s.draining.load(Ordering::SeqCst) {
         return Err(shutting_down());
     }
-    match body.model.as_deref() {
-        Some(m) if !m.is_empty() && m != s.backend.model_id() => return Err(unknown_model(s, m)),
-        _ => {}
-    }
+    served_model(s, body.model.as_deref());
     Params::from_body(body, kind)
+}
+
+/// The model a request asked for, mapped onto the one served: a name that is absent, empty,
+/// the served id or the id with an Ollama tag (`id:latest`) is the served model; any other
+/// name gets the served model too, with a warning the first time a name is seen (as
+/// llama-server does). Returns the name to echo in responses: the request's own when it
+/// named the served model, else the id.
+fn served_model(s: &AppState, requested: Option<&str>) -> String {
+    let id = s.backend.model_id();
+    match requested {
+        None | Some("") => id,
+        Some(m) if m == id || m.split_once(':').is_some_and(|(name, _)| name == id) => m.into(),
+        Some(m) => {
+            let mut seen = s.other_names.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.len() < NAMES_WARNED && !seen.iter().any(|n| n == m) {
+                seen.push(m.to_string());
+                tracing::warn!(
+                    "requests name the model {m:?}; answering with {id:?}, the one served"
+                );
+            } else {
+                tracing::debug!("a request names the model {m:?}; answering with {id:?}");
+            }
+            id
+        }
+    }
 }
 
 enum Prompt {
@@ -695,8 +782,35 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Checks the prompt against the context, submits, and answers (whole or streamed).
-async fn generate(s: &AppState, p: Params, prompt: Vec<u32>) -> Result<Response, ApiError> {
+/// A request handed to the backend: its events, and the guard that cancels it when dropped.
+struct Submitted {
+    rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    guard: CancelOnDrop,
+}
+
+impl Submitted {
+    /// The first event of a streamed request: the status waits for it, so a request that
+    /// fails before its first token gets a real error status, not a 200 with an error inside.
+    async fn first(&mut self) -> Result<GenEvent, ApiError> {
+        match self.rx.recv().await {
+            Some(GenEvent::Error {
+                message,
+                retry_after_s,
+            }) => {
+                self.guard.disarm();
+                Err(ApiError::engine(message, retry_after_s))
+            }
+            None => {
+                self.guard.disarm();
+                Err(stopped())
+            }
+            Some(e) => Ok(e),
+        }
+    }
+}
+
+/// Checks the prompt against the context and submits it.
+fn submit(s: &AppState, p: &Params, prompt: Vec<u32>) -> Result<Submitted, ApiError> {
     let ctx = s.backend.ctx();
     if prompt.len() >= ctx {
         return Err(ApiError::invalid(format!(
@@ -721,31 +835,22 @@ async fn generate(s: &AppState, p: Params, prompt: Vec<u32>) -> Result<Response,
         cancel: Arc::clone(&cancel),
     };
     s.backend.submit(req)?;
-    let mut guard = CancelOnDrop {
-        flag: cancel,
-        armed: true,
-    };
+    Ok(Submitted {
+        rx,
+        guard: CancelOnDrop {
+            flag: cancel,
+            armed: true,
+        },
+    })
+}
+
+/// Submits and answers in OpenAI's shape (whole or streamed).
+async fn generate(s: &AppState, p: Params, prompt: Vec<u32>) -> Result<Response, ApiError> {
+    let mut sub = submit(s, &p, prompt)?;
     let reply = openai::Reply::new(&p, s.backend.model_id());
     if p.stream {
-        // The status waits for the first event: a request that fails before its first token
-        // gets a real error status, not a 200 with an error inside.
-        let mut rx = rx;
-        let first = rx.recv().await;
-        match first {
-            Some(GenEvent::Error {
-                message,
-                retry_after_s,
-            }) => {
-                guard.disarm();
-                return Err(ApiError::engine(message, retry_after_s));
-            }
-            None => {
-                guard.disarm();
-                return Err(stopped());
-            }
-            Some(_) => {}
-        }
-        let body = Body::from_stream(openai::sse(reply, first, rx, guard));
+        let first = sub.first().await?;
+        let body = Body::from_stream(openai::sse(reply, Some(first), sub.rx, sub.guard));
         let headers = [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
@@ -753,7 +858,7 @@ async fn generate(s: &AppState, p: Params, prompt: Vec<u32>) -> Result<Response,
         ];
         return Ok((headers, body).into_response());
     }
-    let done = collect(rx, guard).await?;
+    let done = collect(sub.rx, sub.guard).await?;
     Ok(Json(reply.whole(&done)).into_response())
 }
 
@@ -764,6 +869,8 @@ pub(crate) struct Collected {
     pub logprobs: Vec<(super::TokenLogprob, usize)>,
     pub finish: super::Finish,
     pub usage: openai::Usage,
+    /// When the first token arrived (Ollama's `prompt_eval_duration` ends there).
+    pub first_token: Option<std::time::Instant>,
 }
 
 /// Waits for the end of a non-streamed request. Dropping this future (the client went away)
@@ -775,11 +882,13 @@ async fn collect(
     let mut text = String::new();
     let mut chars = 0;
     let mut logprobs = Vec::new();
+    let mut first_token = None;
     loop {
         match rx.recv().await {
             Some(GenEvent::Token {
                 text: t, logprob, ..
             }) => {
+                first_token.get_or_insert_with(std::time::Instant::now);
                 if let Some(lp) = logprob {
                     logprobs.push((lp, chars));
                 }
@@ -804,6 +913,7 @@ async fn collect(
                         completion_tokens,
                         cached_tokens,
                     },
+                    first_token,
                 });
             }
             Some(GenEvent::Error {

@@ -318,11 +318,12 @@ fn start_and_serve(
         header_timeout: s.header_timeout,
         body_timeout: s.body_timeout,
         max_connections: s.max_connections,
+        model: http::ModelCard::read(model),
     };
     let at = listener
         .local_addr()
         .map_or_else(|_| s.addr.clone(), |a| a.to_string());
-    eprintln!("serving {what} on http://{at}/v1");
+    eprintln!("serving {what} on http://{at}/v1 (Ollama's API on /api, a chat page on /)");
     http::serve(listener, backend, opts)?;
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -158,6 +158,7 @@ pub fn builtin(name: &str) -> Option<&'static str> {
 /// A compiled chat template with its special-token variables.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
 }
@@ -186,9 +187,15 @@ impl ChatTemplate {
             .map_err(|e| TemplateError::Compile(describe(&e)))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos: bos_token.to_string(),
             eos: eos_token.to_string(),
         })
+    }
+
+    /// The template's Jinja source (what Ollama's `/api/show` reports).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The prompt for `messages`, ending with the assistant's header when

@@ -92,12 +92,12 @@ pub(super) struct Params {
     pub include_usage: bool,
 }
 
-fn bad(param: &'static str, message: String) -> ApiError {
+pub(super) fn bad(param: &'static str, message: String) -> ApiError {
     ApiError::invalid(message).param(param)
 }
 
 /// `v` (or `default`) when within `lo..=hi`.
-fn within(
+pub(super) fn within(
     v: Option<f32>,
     param: &'static str,
     lo: f32,
@@ -192,7 +192,7 @@ impl Params {
     }
 }
 
-fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+pub(super) fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     let all = match v {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],

@@ -384,7 +384,10 @@ impl Resp {
 
 /// The request's bytes, without a body framing of its own.
 fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Vec<u8> {
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req += "Host: test\r\n";
+    }
     for (k, v) in headers {
         req += &format!("{k}: {v}\r\n");
     }
@@ -940,17 +943,17 @@ fn malformed_and_invalid_bodies_are_openai_400s() {
 }
 
 #[test]
-fn unknown_model_is_a_400() {
+fn an_unknown_model_name_gets_the_served_model() {
     let s = start(Scripted::new(Script::Events(hello())), None);
+    // As llama-server does: any name is the one model served (with a warning in the log).
     let r = post(
         s.addr,
         "/v1/chat/completions",
-        &chat_body(json!({"model": "no-such-model"})),
+        &chat_body(json!({"model": "gpt-4o"})),
     );
-    let e = r.error(400);
-    assert_eq!(e["code"], "model_not_found");
-    assert_eq!(e["param"], "model");
-    assert!(e["message"].as_str().unwrap().contains("no-such-model"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["model"], MODEL_ID);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "Hello!");
     // Absent or empty: the served model.
     let r = post(
         s.addr,
@@ -958,8 +961,10 @@ fn unknown_model_is_a_400() {
         &json!({"prompt": "x", "model": ""}),
     );
     assert_eq!(r.status, 200);
+    assert_eq!(s.backend.seen(|r| r.len()), 2);
+    // Looking a model up by name is not a request to run one: an unknown name is an error.
     let r = get(s.addr, "/v1/models/other");
-    r.error(400);
+    assert_eq!(r.error(400)["code"], "model_not_found");
 }
 
 #[test]
@@ -998,4 +1003,5 @@ fn no_template_is_a_400_that_says_so() {
         .contains("template"));
 }
 
+mod ollama;
 mod server;

@@ -1,0 +1,805 @@
+//! Ollama's API beside the OpenAI one, for the tools that speak only Ollama (Open WebUI's
+//! Ollama mode, Home Assistant, the `ollama` client libraries): `GET /api/tags`,
+//! `POST /api/show`, `POST /api/chat`, `POST /api/generate`, `GET /api/version`,
+//! `GET /api/ps`. Requests go through the same checks, template, tokenizer and backend as
+//! `/v1/chat/completions`; answers stream as NDJSON (one JSON object a line; Ollama's default)
+//! or come whole with `"stream": false`. Errors are `{"error": "…"}` with the status the
+//! OpenAI endpoints would give.
+//!
+//! Sampling follows Ollama's `options` and its defaults (temperature 0.8, top_k 40, top_p 0.9,
+//! repeat_penalty 1.1 over the last 64 tokens); options about the hardware or the context
+//! (`num_ctx`, `num_gpu`, `num_thread`, …) are the server's business and are ignored.
+
+use super::openai::{self, bad, within, Kind, Params};
+use super::{
+    served_model, shutting_down, stopped, submit, tokenize, ApiError, CancelOnDrop, JsonBody,
+    Prompt, Shared,
+};
+use crate::serve::{Finish, GenEvent, Sampling};
+use crate::text::template::Message;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+pub(super) fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/api/tags", get(tags))
+        .route("/api/show", post(show))
+        .route("/api/chat", post(chat))
+        .route("/api/generate", post(generate))
+        .route("/api/version", get(version))
+        .route("/api/ps", get(ps))
+}
+
+/// What Ollama's listings say about the model file.
+#[derive(Clone, Debug, Default)]
+pub struct ModelCard {
+    /// `general.architecture` (Ollama's `family`).
+    pub architecture: String,
+    /// Weights in the file, all tensors together.
+    pub parameters: u64,
+    /// The type holding most of the weights' bytes (`Q4_K`, `F16`, …).
+    pub quantization: String,
+    /// File size in bytes.
+    pub size: u64,
+    /// The file's modification time.
+    pub modified: Option<SystemTime>,
+    /// A digest of the GGUF header (tensor table and metadata), as hex.
+    pub digest: String,
+    /// The context the model was trained with.
+    pub context_length: u64,
+}
+
+impl ModelCard {
+    /// Reads the card of the GGUF at `path`; what cannot be read is left empty (with a
+    /// warning): the listings are informative, serving does not depend on them.
+    pub fn read(path: &Path) -> ModelCard {
+        let mut card = ModelCard::default();
+        match std::fs::metadata(path) {
+            Ok(m) => {
+                card.size = m.len();
+                card.modified = m.modified().ok();
+            }
+            Err(e) => tracing::warn!("cannot stat {}: {e}", path.display()),
+        }
+        let file = match ringllm_node::gguf::GgufFile::open_lean(path) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("cannot read {} for /api/show: {e}", path.display());
+                return card;
+            }
+        };
+        let meta = file.metadata();
+        card.architecture = meta
+            .opt_str("general.architecture")
+            .ok()
+            .flatten()
+            .unwrap_or("")
+            .to_string();
+        let key = format!("{}.context_length", card.architecture);
+        card.context_length = meta
+            .opt_u64(&key)
+            .ok()
+            .flatten()
+            .or_else(|| meta.opt_u32(&key).ok().flatten().map(u64::from))
+            .unwrap_or(0);
+        card.parameters = file
+            .tensors()
+            .iter()
+            .map(|t| t.n_elements())
+            .fold(0u64, u64::saturating_add);
+        let mut bytes: Vec<(&'static str, u64)> = Vec::new();
+        for t in file.tensors().iter().filter(|t| t.dims.len() >= 2) {
+            let name = t.ty.name();
+            match bytes.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, b)) => *b = b.saturating_add(t.size),
+                None => bytes.push((name, t.size)),
+            }
+        }
+        card.quantization = bytes
+            .iter()
+            .max_by_key(|(_, b)| *b)
+            .map_or_else(String::new, |(n, _)| (*n).to_string());
+        card.digest = format!("{:016x}", file.header_hash());
+        card
+    }
+
+    /// `"134.52M"`, `"8.0B"`: Ollama's `parameter_size`.
+    fn parameter_size(&self) -> String {
+        let n = self.parameters as f64;
+        if n >= 1e9 {
+            format!("{:.1}B", n / 1e9)
+        } else if n >= 1e6 {
+            format!("{:.2}M", n / 1e6)
+        } else {
+            format!("{:.2}K", n / 1e3)
+        }
+    }
+
+    fn details(&self) -> Value {
+        let families: Vec<&str> = if self.architecture.is_empty() {
+            Vec::new()
+        } else {
+            vec![self.architecture.as_str()]
+        };
+        json!({
+            "parent_model": "",
+            "format": "gguf",
+            "family": self.architecture,
+            "families": families,
+            "parameter_size": self.parameter_size(),
+            "quantization_level": self.quantization,
+        })
+    }
+}
+
+/// An error in Ollama's shape: `{"error": "…"}` (with `Retry-After` and
+/// `WWW-Authenticate` as the OpenAI errors have them).
+pub(super) struct OllamaError(pub ApiError);
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> OllamaError {
+        OllamaError(e)
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let mut r = (e.status, Json(json!({ "error": e.message }))).into_response();
+        if let Some(s) = e.retry_after_s {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s.max(1)));
+        }
+        if e.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+/// A JSON body whose failures are Ollama-shaped errors.
+struct OllamaJson<T>(T);
+
+impl<T: serde::de::DeserializeOwned> FromRequest<Shared> for OllamaJson<T> {
+    type Rejection = OllamaError;
+
+    async fn from_request(req: Request, state: &Shared) -> Result<Self, OllamaError> {
+        match JsonBody::<T>::from_request(req, state).await {
+            Ok(JsonBody(t)) => Ok(OllamaJson(t)),
+            Err(e) => Err(OllamaError(e)),
+        }
+    }
+}
+
+/// `options` of `/api/chat` and `/api/generate`: the sampling ones; every other option is
+/// ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Options {
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    /// -1: until the context ends; -2: fill the context (the same here).
+    num_predict: Option<i64>,
+    stop: Option<Value>,
+}
+
+/// Ollama's defaults where `options` says nothing.
+const DEFAULT_TEMPERATURE: f32 = 0.8;
+const DEFAULT_TOP_K: usize = 40;
+const DEFAULT_TOP_P: f32 = 0.9;
+const DEFAULT_REPEAT_PENALTY: f32 = 1.1;
+
+impl Options {
+    fn params(&self, kind: Kind, stream: bool) -> Result<Params, ApiError> {
+        let max_tokens = match self.num_predict {
+            None | Some(-1) | Some(-2) => None,
+            Some(n) if n >= 1 => Some(n as u64),
+            Some(n) => {
+                return Err(bad(
+                    "options.num_predict",
+                    format!("`options.num_predict` must be at least 1, or -1 (no limit), not {n}"),
+                ))
+            }
+        };
+        let sampling = Sampling {
+            temperature: within(
+                self.temperature,
+                "options.temperature",
+                0.0,
+                2.0,
+                DEFAULT_TEMPERATURE,
+            )?,
+            top_p: within(self.top_p, "options.top_p", 0.0, 1.0, DEFAULT_TOP_P)?,
+            top_k: self.top_k.map_or(DEFAULT_TOP_K, |k| k.max(0) as usize),
+            min_p: within(self.min_p, "options.min_p", 0.0, 1.0, 0.0)?,
+            repetition_penalty: match self.repeat_penalty {
+                None => DEFAULT_REPEAT_PENALTY,
+                Some(r) if r > 0.0 && r <= 10.0 => r,
+                Some(r) => {
+                    return Err(bad(
+                        "options.repeat_penalty",
+                        format!("`options.repeat_penalty` must be in (0, 10], not {r}"),
+                    ))
+                }
+            },
+            frequency_penalty: within(
+                self.frequency_penalty,
+                "options.frequency_penalty",
+                -2.0,
+                2.0,
+                0.0,
+            )?,
+            presence_penalty: within(
+                self.presence_penalty,
+                "options.presence_penalty",
+                -2.0,
+                2.0,
+                0.0,
+            )?,
+            // Ollama: a negative seed is a random one.
+            seed: self.seed.and_then(|s| u64::try_from(s).ok()),
+        };
+        Ok(Params {
+            kind,
+            max_tokens,
+            sampling,
+            stop: openai::stop_strings(self.stop.as_ref())?,
+            logprobs: None,
+            stream,
+            include_usage: false,
+        })
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ChatBody {
+    model: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    stream: Option<bool>,
+    format: Option<Value>,
+    options: Option<Options>,
+    keep_alive: Option<Value>,
+    tools: Option<Vec<Value>>,
+    think: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    images: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct GenerateBody {
+    model: Option<String>,
+    prompt: Option<String>,
+    suffix: Option<String>,
+    system: Option<String>,
+    template: Option<String>,
+    context: Option<Vec<Value>>,
+    raw: Option<bool>,
+    stream: Option<bool>,
+    format: Option<Value>,
+    options: Option<Options>,
+    images: Option<Vec<Value>>,
+    keep_alive: Option<Value>,
+    think: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ShowBody {
+    model: Option<String>,
+    /// The older name of `model`.
+    name: Option<String>,
+}
+
+/// Refuses what this server cannot do, by name, instead of ignoring it.
+fn unsupported(format: Option<&Value>, think: Option<&Value>) -> Result<(), ApiError> {
+    match format {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(_) => {
+            return Err(bad(
+                "format",
+                "structured output (`format`) is not supported by this server".into(),
+            ))
+        }
+    }
+    match think {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(_) => Err(bad(
+            "think",
+            "the model does not support thinking (`think`)".into(),
+        )),
+    }
+}
+
+fn has_items(v: &Option<Vec<Value>>) -> bool {
+    v.as_ref().is_some_and(|v| !v.is_empty())
+}
+
+/// A `keep_alive` of 0 asks Ollama to unload the model; here the model stays loaded.
+fn unloads(keep_alive: Option<&Value>) -> bool {
+    match keep_alive {
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => matches!(s.trim(), "0" | "0s" | "0m" | "0h"),
+        _ => false,
+    }
+}
+
+/// The answer to a request without messages or prompt: Ollama loads (or unloads) the model
+/// and says so; this server's model is always loaded.
+fn load_reply(model: &str, what: What, keep_alive: Option<&Value>) -> Response {
+    let mut v = json!({
+        "model": model,
+        "created_at": rfc3339(SystemTime::now()),
+        "done_reason": if unloads(keep_alive) { "unload" } else { "load" },
+        "done": true,
+    });
+    match what {
+        What::Chat => v["message"] = json!({"role": "assistant", "content": ""}),
+        What::Generate => v["response"] = json!(""),
+    }
+    Json(v).into_response()
+}
+
+async fn chat(
+    State(s): State<Shared>,
+    OllamaJson(body): OllamaJson<ChatBody>,
+) -> Result<Response, OllamaError> {
+    let t0 = Instant::now();
+    if s.draining.load(Ordering::SeqCst) {
+        return Err(shutting_down().into());
+    }
+    let model = served_model(&s, body.model.as_deref());
+    unsupported(body.format.as_ref(), body.think.as_ref())?;
+    if has_items(&body.tools) {
+        return Err(
+            ApiError::invalid(format!("the model `{model}` does not support tools"))
+                .param("tools")
+                .into(),
+        );
+    }
+    let messages = body.messages.unwrap_or_default();
+    if messages.is_empty() {
+        return Ok(load_reply(&model, What::Chat, body.keep_alive.as_ref()));
+    }
+    let messages = messages
+        .into_iter()
+        .map(|m| {
+            if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                return Err(bad(
+                    "messages",
+                    format!(
+                        "role `{}` is not supported (system, user, assistant)",
+                        m.role
+                    ),
+                ));
+            }
+            if has_items(&m.images) {
+                return Err(bad(
+                    "messages",
+                    "images are not supported: the model reads text only".into(),
+                ));
+            }
+            if has_items(&m.tool_calls) {
+                return Err(bad(
+                    "messages",
+                    "tool calls are not supported by this server".into(),
+                ));
+            }
+            Ok(Message {
+                role: m.role,
+                content: m.content.unwrap_or_default(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let stream = body.stream.unwrap_or(true);
+    let p = body
+        .options
+        .unwrap_or_default()
+        .params(Kind::Chat, stream)?;
+    let prompt = tokenize(&s, Prompt::Chat(messages)).await?;
+    answer(&s, p, prompt, What::Chat, model, t0).await
+}
+
+async fn generate(
+    State(s): State<Shared>,
+    OllamaJson(body): OllamaJson<GenerateBody>,
+) -> Result<Response, OllamaError> {
+    let t0 = Instant::now();
+    if s.draining.load(Ordering::SeqCst) {
+        return Err(shutting_down().into());
+    }
+    let model = served_model(&s, body.model.as_deref());
+    unsupported(body.format.as_ref(), body.think.as_ref())?;
+    if has_items(&body.images) {
+        return Err(bad(
+            "images",
+            "images are not supported: the model reads text only".into(),
+        )
+        .into());
+    }
+    if body.suffix.as_deref().is_some_and(|x| !x.is_empty()) {
+        return Err(bad(
+            "suffix",
+            "`suffix` (fill-in-the-middle) is not supported".into(),
+        )
+        .into());
+    }
+    if body.template.as_deref().is_some_and(|x| !x.is_empty()) {
+        return Err(bad(
+            "template",
+            "a per-request `template` is not supported: the model's chat template is used \
+             (or send `raw: true` with a prompt in the model's format)"
+                .into(),
+        )
+        .into());
+    }
+    if has_items(&body.context) {
+        return Err(bad(
+            "context",
+            "`context` is not supported: send the conversation to /api/chat".into(),
+        )
+        .into());
+    }
+    let text = body.prompt.unwrap_or_default();
+    if text.is_empty() {
+        return Ok(load_reply(&model, What::Generate, body.keep_alive.as_ref()));
+    }
+    let stream = body.stream.unwrap_or(true);
+    let p = body
+        .options
+        .unwrap_or_default()
+        .params(Kind::Completion, stream)?;
+    // Raw: the client wrote the model's format itself, so its special-token texts are
+    // control tokens. Otherwise the prompt is one user turn in the chat template (with
+    // `system`), or plain text when the model has none.
+    let prompt = if body.raw == Some(true) {
+        Prompt::Text {
+            text,
+            special: true,
+        }
+    } else if s.backend.template().is_some() {
+        let mut messages = Vec::new();
+        if let Some(system) = body.system.filter(|x| !x.is_empty()) {
+            messages.push(Message {
+                role: "system".into(),
+                content: system,
+            });
+        }
+        messages.push(Message {
+            role: "user".into(),
+            content: text,
+        });
+        Prompt::Chat(messages)
+    } else {
+        Prompt::Text {
+            text,
+            special: false,
+        }
+    };
+    let prompt = tokenize(&s, prompt).await?;
+    answer(&s, p, prompt, What::Generate, model, t0).await
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum What {
+    Chat,
+    Generate,
+}
+
+/// When a request arrived, was handed to the backend, and saw its first token.
+#[derive(Clone, Copy)]
+struct Timing {
+    arrived: Instant,
+    submitted: Instant,
+    first_token: Option<Instant>,
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Builds the objects of one answer.
+struct Reply {
+    what: What,
+    model: String,
+}
+
+impl Reply {
+    /// A piece of the answer (streamed), or the whole text (`done` objects).
+    fn object(&self, text: &str, done: bool) -> Value {
+        let mut v = json!({
+            "model": self.model,
+            "created_at": rfc3339(SystemTime::now()),
+        });
+        match self.what {
+            What::Chat => v["message"] = json!({"role": "assistant", "content": text}),
+            What::Generate => v["response"] = json!(text),
+        }
+        v["done"] = json!(done);
+        v
+    }
+
+    /// The last object: the reason and Ollama's counts and durations (nanoseconds).
+    fn done(
+        &self,
+        text: &str,
+        finish: Finish,
+        timing: &Timing,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    ) -> Value {
+        let now = Instant::now();
+        let first = timing.first_token.unwrap_or(now);
+        let mut v = self.object(text, true);
+        v["done_reason"] = json!(done_reason(finish));
+        v["total_duration"] = json!(nanos(now - timing.arrived));
+        v["load_duration"] = json!(0);
+        v["prompt_eval_count"] = json!(prompt_tokens);
+        v["prompt_eval_duration"] = json!(nanos(first.saturating_duration_since(timing.submitted)));
+        v["eval_count"] = json!(completion_tokens);
+        v["eval_duration"] = json!(nanos(now.saturating_duration_since(first)));
+        v
+    }
+}
+
+/// Ollama has no "cancelled": an answer cut short by a shutdown reads as truncated.
+fn done_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length | Finish::Cancelled => "length",
+    }
+}
+
+/// Submits and answers: NDJSON lines, or one object.
+async fn answer(
+    s: &Shared,
+    p: Params,
+    prompt: Vec<u32>,
+    what: What,
+    model: String,
+    arrived: Instant,
+) -> Result<Response, OllamaError> {
+    let mut sub = submit(s, &p, prompt)?;
+    let mut timing = Timing {
+        arrived,
+        submitted: Instant::now(),
+        first_token: None,
+    };
+    let reply = Reply { what, model };
+    if p.stream {
+        let first = sub.first().await?;
+        if matches!(first, GenEvent::Token { .. }) {
+            timing.first_token = Some(Instant::now());
+        }
+        let lines = Lines {
+            reply,
+            timing,
+            first: Some(first),
+            rx: sub.rx,
+            guard: sub.guard,
+            ended: false,
+        };
+        let body = Body::from_stream(futures_util::stream::unfold(lines, |mut l| async move {
+            let text = l.next().await?;
+            Some((Ok::<_, Infallible>(Bytes::from(text)), l))
+        }));
+        let headers = [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-cache"),
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ];
+        return Ok((headers, body).into_response());
+    }
+    let done = super::collect(sub.rx, sub.guard).await?;
+    timing.first_token = done.first_token;
+    let v = reply.done(
+        &done.text,
+        done.finish,
+        &timing,
+        done.usage.prompt_tokens,
+        done.usage.completion_tokens,
+    );
+    Ok(Json(v).into_response())
+}
+
+/// Turns a request's events into NDJSON lines; owns the cancel guard, so dropping the stream
+/// (the client went away) cancels the request.
+struct Lines {
+    reply: Reply,
+    timing: Timing,
+    first: Option<GenEvent>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
+    guard: CancelOnDrop,
+    ended: bool,
+}
+
+fn line(v: &Value) -> String {
+    format!("{v}\n")
+}
+
+impl Lines {
+    async fn next(&mut self) -> Option<String> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            let next = match self.first.take() {
+                Some(e) => Some(e),
+                None => self.rx.recv().await,
+            };
+            match next {
+                Some(GenEvent::Token { text, .. }) => {
+                    self.timing.first_token.get_or_insert_with(Instant::now);
+                    if text.is_empty() {
+                        continue;
+                    }
+                    return Some(line(&self.reply.object(&text, false)));
+                }
+                Some(GenEvent::Done {
+                    finish,
+                    text,
+                    prompt_tokens,
+                    completion_tokens,
+                    ..
+                }) => {
+                    self.guard.disarm();
+                    self.ended = true;
+                    let mut out = String::new();
+                    if !text.is_empty() {
+                        out += &line(&self.reply.object(&text, false));
+                    }
+                    out += &line(&self.reply.done(
+                        "",
+                        finish,
+                        &self.timing,
+                        prompt_tokens,
+                        completion_tokens,
+                    ));
+                    return Some(out);
+                }
+                Some(GenEvent::Error { message, .. }) => return Some(self.fail(message)),
+                None => return Some(self.fail(stopped().message)),
+            }
+        }
+    }
+
+    fn fail(&mut self, message: String) -> String {
+        self.guard.disarm();
+        self.ended = true;
+        line(&json!({ "error": message }))
+    }
+}
+
+/// The served model as `/api/tags` and `/api/ps` list it.
+fn listed(s: &Shared) -> Value {
+    let name = format!("{}:latest", s.backend.model_id());
+    let card = &s.model;
+    json!({
+        "name": name,
+        "model": name,
+        "modified_at": rfc3339(card.modified.unwrap_or(UNIX_EPOCH + std::time::Duration::from_secs(s.started))),
+        "size": card.size,
+        "digest": card.digest,
+        "details": card.details(),
+    })
+}
+
+async fn tags(State(s): State<Shared>) -> Json<Value> {
+    Json(json!({ "models": [listed(&s)] }))
+}
+
+async fn ps(State(s): State<Shared>) -> Json<Value> {
+    let mut m = listed(&s);
+    m["size_vram"] = json!(0);
+    m["context_length"] = json!(s.backend.ctx());
+    Json(json!({ "models": [m] }))
+}
+
+async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+async fn show(
+    State(s): State<Shared>,
+    OllamaJson(body): OllamaJson<ShowBody>,
+) -> Result<Response, OllamaError> {
+    let requested = body.model.or(body.name);
+    served_model(&s, requested.as_deref());
+    let card = &s.model;
+    let template = s
+        .backend
+        .template()
+        .map_or_else(String::new, |t| t.source().to_string());
+    let arch = &card.architecture;
+    let mut info = serde_json::Map::new();
+    info.insert("general.architecture".into(), json!(arch));
+    info.insert("general.parameter_count".into(), json!(card.parameters));
+    if !arch.is_empty() {
+        info.insert(format!("{arch}.context_length"), json!(card.context_length));
+    }
+    let modelfile = format!(
+        "# served by ringllm\nFROM {}\nPARAMETER num_ctx {}\n",
+        s.backend.model_id(),
+        s.backend.ctx()
+    );
+    Ok(Json(json!({
+        "license": "",
+        "modelfile": modelfile,
+        "parameters": format!("num_ctx {}", s.backend.ctx()),
+        "template": template,
+        "details": card.details(),
+        "model_info": Value::Object(info),
+        "capabilities": ["completion"],
+        "modified_at": rfc3339(card.modified.unwrap_or(UNIX_EPOCH)),
+    }))
+    .into_response())
+}
+
+/// `2026-11-26T07:03:04.123456789Z`.
+fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_nanos()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+        let t = UNIX_EPOCH + Duration::new(951_782_400, 5);
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00.000000005Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_647_723);
+        assert_eq!(rfc3339(t), "2026-11-25T23:02:03.000000000Z");
+    }
+}
