@@ -63,7 +63,8 @@ pub fn resolve_chat_template(
         return Ok(None);
     };
     let note = format!(
-        "{} has no chat template; using the built-in '{family}' template of the {} family          (--template NAME picks another)",
+        "{} has no chat template; using the built-in '{family}' template of the {} family \
+         (--template NAME picks another)",
         model.display(),
         arch.name()
     );
