@@ -87,3 +87,47 @@ def test_a_model_without_template_gets_its_familys():
                "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n", "--temp", "0", "-n", "8",
                "--threads", "1"])
     assert out == raw.stdout
+
+
+def test_line_editing_and_history_on_a_terminal(ringllm, tmp_path):
+    """On a terminal (stdin and stdout), lines are edited (a backspace takes back a character)
+    and kept in $XDG_STATE_HOME/ringllm/history; the reply is the one a pipe gets."""
+    import os
+    import pty
+    import subprocess
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "TERM": "xterm"}
+    p = subprocess.Popen([str(ringllm), "run", "-m", model_path(SMOL.name), "--chat", "--temp", "0", "-n", "8",
+                          "--threads", "1"], stdin=slave, stdout=slave, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    seen = b""
+    try:
+        def read_until(prompts, limit=120):
+            """Reads the terminal until it has shown the prompt `prompts` times."""
+            nonlocal seen
+            import select
+            import time
+            deadline = time.monotonic() + limit
+            while seen.count(b"> ") < prompts:
+                assert time.monotonic() < deadline, f"not {prompts} prompts on the terminal: {seen!r}"
+                r, _, _ = select.select([master], [], [], 1)
+                if r:
+                    try:
+                        seen += os.read(master, 4096)
+                    except OSError:
+                        break
+        read_until(1)
+        os.write(master, b"Hx\x7fi there\r")
+        read_until(2)
+        os.write(master, b"\x04")  # Ctrl-D at an empty prompt
+        _, err = p.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    history = (tmp_path / "ringllm" / "history").read_text()
+    assert "Hi there" in history and "Hx" not in history, history
+    piped, _ = chat(["Hi there"], n="8")
+    assert piped.strip() and piped.strip().encode() in seen.replace(b"\r\n", b"\n"), (seen, piped)

@@ -206,7 +206,7 @@ pub fn chat(
     if lines.interactive() {
         eprintln!(
             "[chat: type a message and Enter; /help lists the commands; Ctrl-C stops a reply, \
-             Ctrl-D or /bye ends]"
+             Ctrl-D ends (or /bye)]"
         );
     }
     let closed = AtomicBool::new(false);
