@@ -71,16 +71,17 @@ def frames(log):
     return tuple(map(int, m[-1]))
 
 
-def test_sigterm_while_idle_is_a_clean_close(tmp_path):
+@pytest.mark.parametrize("sig,said", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C (SIGINT)")])
+def test_sigterm_while_idle_is_a_clean_close(tmp_path, sig, said):
     with Nodes(2, log_dir=tmp_path) as nodes:
         s = RingServer(nodes, tmp_path / "coordinator.log")
         try:
             c = s.client().completions.create(model=MODEL, prompt="The capital of France is", temperature=0,
                                               max_tokens=4)
             assert c.choices[0].text
-            rc, log = stop_node(nodes, 1)
+            rc, log = stop_node(nodes, 1, sig)
             assert rc == 0, log
-            assert "SIGTERM: finishing the step under way, closing links" in log
+            assert f"{said}: finishing the step under way, closing links" in log
             assert "stopped cleanly" in log
             assert not ANSI.search(log), repr(log[:300])
             # Both steps of the request were finished, none cut.
