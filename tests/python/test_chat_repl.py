@@ -91,7 +91,8 @@ def test_a_model_without_template_gets_its_familys():
 
 def test_line_editing_and_history_on_a_terminal(ringllm, tmp_path):
     """On a terminal (stdin and stdout), lines are edited (a backspace takes back a character)
-    and kept in $XDG_STATE_HOME/ringllm/history; the reply is the one a pipe gets."""
+    and kept in $XDG_STATE_HOME/ringllm/history; the reply is the one a pipe gets; Ctrl-C at
+    the prompt gives a hint, Ctrl-D leaves."""
     import os
     import pty
     import subprocess
@@ -120,6 +121,8 @@ def test_line_editing_and_history_on_a_terminal(ringllm, tmp_path):
         read_until(1)
         os.write(master, b"Hx\x7fi there\r")
         read_until(2)
+        os.write(master, b"\x03")  # Ctrl-C at the prompt: a hint, and a new prompt
+        read_until(3)
         os.write(master, b"\x04")  # Ctrl-D at an empty prompt
         _, err = p.communicate(timeout=60)
     finally:
@@ -127,6 +130,7 @@ def test_line_editing_and_history_on_a_terminal(ringllm, tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, err
+    assert b"Ctrl-C again" in err, err
     history = (tmp_path / "ringllm" / "history").read_text()
     assert "Hi there" in history and "Hx" not in history, history
     piped, _ = chat(["Hi there"], n="8")
