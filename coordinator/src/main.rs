@@ -60,10 +60,43 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    // Colours only on a terminal: not in a pipe, a file or journald.
-    let _ = tracing_subscriber::fmt()
+    // Colours only on a terminal: not in a pipe, a file or journald. Under journald, which
+    // stamps every line itself, no timestamps of our own either.
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let _ = if stderr_is_journal() {
+        fmt.without_time().try_init()
+    } else {
+        fmt.try_init()
+    };
+}
+
+/// True when stderr is the journal stream systemd connected (`JOURNAL_STREAM` names its
+/// device and inode, as `DEVICE:INODE`; a child whose stderr was redirected no longer
+/// matches).
+fn stderr_is_journal() -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+            return false;
+        };
+        let Some((dev, ino)) = v.to_str().and_then(|v| v.split_once(':')) else {
+            return false;
+        };
+        let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
+            return false;
+        };
+        let Ok(fd) = std::io::stderr().as_fd().try_clone_to_owned() else {
+            return false;
+        };
+        std::fs::File::from(fd)
+            .metadata()
+            .is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+    }
+    #[cfg(not(unix))]
+    false
 }

@@ -75,6 +75,9 @@ pub use ringllm_protocol::frame::NODE_MAX_PAYLOAD as MAX_PAYLOAD;
 /// How long shutdown waits for connection tasks, then for compute threads, before giving up
 /// on them (a hang guard: both end within milliseconds once their links close).
 pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the step under way to finish before closing the links under
+/// it (a long prefill on a big slice; a decode step takes milliseconds).
+pub const STEP_WAIT: Duration = Duration::from_secs(30);
 
 /// What a node is: its cluster, name, compute threads, models and data-link transport.
 pub struct NodeOptions {
@@ -122,6 +125,10 @@ struct SessionHandle {
     release: Arc<Mutex<Vec<u64>>>,
     /// The session's streamed layers, for their counters.
     streamer: Option<Arc<Streamer>>,
+    /// Held by the compute thread through each step (from a batch's first frame to its last
+    /// result sent): shutdown takes it before closing the links, so a step under way is
+    /// finished and no half-sent frame is left on a link.
+    step: Arc<Mutex<()>>,
 }
 
 impl Drop for SessionHandle {
@@ -404,14 +411,15 @@ pub async fn serve(
     info!("node '{}' shutting down", node.opts.name);
     node.stopping.send_replace(true);
     node.changed.notify_waiters();
-    let drained = tokio::time::timeout(SHUTDOWN_WAIT, async {
+    let drained = tokio::time::timeout(STEP_WAIT + SHUTDOWN_WAIT, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
         warn!(
-            "{} connection task(s) still running after {SHUTDOWN_WAIT:?}; abandoning them",
-            tasks.len()
+            "{} connection task(s) still running after {:?}; abandoning them",
+            tasks.len(),
+            STEP_WAIT + SHUTDOWN_WAIT
         );
         tasks.abort_all();
     }
@@ -541,15 +549,61 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
             info!("{who}: shutting down");
             let reason = format!("node '{}' is shutting down", node.opts.name);
             queue_control(&out, Control::Shutdown { reason }).await;
+            // The coordinator hears why first; then the step under way finishes, and the
+            // session's links close between steps.
+            let step = node.lock().session.as_ref().and_then(|s| {
+                (s.conn_id == conn_id).then(|| (Arc::clone(&s.step), Arc::clone(&s.stop)))
+            });
+            if let Some((step, stop)) = step {
+                let name = node.opts.name.clone();
+                let ended = tokio::task::spawn_blocking(move || {
+                    // No new step starts once `stop` is set.
+                    stop.store(true, Ordering::SeqCst);
+                    let held = lock_within(&step, STEP_WAIT);
+                    if held.is_none() {
+                        warn!(
+                            "node '{name}': the step under way did not finish within \
+                             {STEP_WAIT:?}; closing its links anyway"
+                        );
+                    }
+                    // Ends the session (its links close) while no step runs.
+                    drop(slot);
+                    drop(held);
+                })
+                .await;
+                if let Err(e) = ended {
+                    warn!("{who}: ending the session failed: {e}");
+                }
+                info!("{who}: links closed between steps");
+            } else {
+                drop(slot);
+            }
+        } else {
+            // Ends the session: its compute thread, which holds a sender of `out`, stops.
+            drop(slot);
         }
-        // Ends the session: its compute thread, which holds a sender of `out`, stops.
-        drop(slot);
     }
     drop(out);
     // Everything queued (a refusal, the shutdown notice) is written before the connection
     // closes.
     if tokio::time::timeout(SHUTDOWN_WAIT, writer).await.is_err() {
         warn!("{who}: the last messages were not written within {SHUTDOWN_WAIT:?}");
+    }
+}
+
+/// Takes `m` within `wait` (polling: shutdown only), or `None`.
+fn lock_within(m: &Mutex<()>, wait: Duration) -> Option<std::sync::MutexGuard<'_, ()>> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -1086,6 +1140,7 @@ async fn assign(
         }
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let step = Arc::new(Mutex::new(()));
     let release = Arc::new(Mutex::new(Vec::new()));
     let (attach_tx, attach_rx) = std::sync::mpsc::channel::<Attached>();
     let worker = Worker {
@@ -1108,6 +1163,7 @@ async fn assign(
         stop: Arc::clone(&stop),
         closers: Arc::clone(&closers),
         release: Arc::clone(&release),
+        step: Arc::clone(&step),
     };
     let thread = std::thread::Builder::new()
         .name(format!("compute-{}", a.session))
@@ -1140,6 +1196,7 @@ async fn assign(
         closers,
         release,
         streamer,
+        step,
     });
     node.changed.notify_waiters();
     Ok(ready)

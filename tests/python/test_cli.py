@@ -159,10 +159,12 @@ def test_chat_renders_the_models_template_and_keeps_the_conversation():
     assert raw2["text"].strip().split("\n")[0] in r.stdout
 
 
-def test_chat_needs_a_template_when_the_model_has_none(ringllm):
-    r = subprocess.run([ringllm, "run", "-m", model_path(GEMMA.name), "--chat"], input="hi\n",
-                       capture_output=True, text=True)
-    assert r.returncode != 0 and "--template" in r.stderr
+def test_chat_template_by_name_and_an_unknown_name(ringllm):
+    # A model without a template gets its family's (tests/python/test_chat_repl.py); a name
+    # that is no built-in template is refused, naming the built-in ones.
+    r = subprocess.run([ringllm, "run", "-m", model_path(GEMMA.name), "--chat", "--template", "nosuch"],
+                       input="hi\n", capture_output=True, text=True)
+    assert r.returncode != 0 and "unknown template 'nosuch'" in r.stderr and "gemma" in r.stderr
     ok = run(["run", "-m", model_path(GEMMA.name), "--chat", "--template", "gemma", "--temp", "0", "-n", "8"],
              input="Hello\n")
     assert ok.stdout.strip()

@@ -37,6 +37,8 @@ use tokio::sync::mpsc;
 /// absent host still fails at once ("connection refused") when its address answers.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a failed data link waits for the node's control connection to give the cause.
+const CAUSE_WAIT: Duration = Duration::from_secs(1);
 /// A node silent for this long is declared lost.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Loading a slice may take a while (page-in from disk).
@@ -1116,10 +1118,10 @@ impl Ring {
                 .links
                 .get_mut(seg)
                 .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
-            links
-                .input
-                .send(&h, &payload)
-                .map_err(|e| anyhow!("{who_first}: sending the hidden state failed: {e}"))?;
+            if let Err(e) = links.input.send(&h, &payload) {
+                self.cause_within(CAUSE_WAIT)?;
+                bail!("{who_first}: sending the hidden state failed: {e}");
+            }
         }
         self.scratch = payload;
         Ok(())
@@ -1157,9 +1159,9 @@ impl Ring {
                     Ok(Some(h)) => break h,
                     Ok(None) => self.check_health()?,
                     Err(e) => {
-                        // A closed data link usually means the node died: its control
-                        // connection says more, if already noticed.
-                        self.check_health()?;
+                        // A closed data link usually means the node died or is shutting
+                        // down: its control connection says which, if it says anything.
+                        self.cause_within(CAUSE_WAIT)?;
                         let why = if e.is_closed() {
                             "closed the data link (process stopped?)".to_string()
                         } else {
@@ -1208,18 +1210,56 @@ impl Ring {
         Ok(())
     }
 
-    /// Fails if any node was lost, reported an error, or went silent.
+    /// After a data link failed: waits up to `wait` for a node's control connection to say
+    /// why (a node shutting down says so before its links close), failing with that cause.
+    fn cause_within(&mut self, wait: Duration) -> Result<()> {
+        let deadline = Instant::now() + wait;
+        loop {
+            self.check_health()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            match self.poll_event(deadline - now)? {
+                Some(Event::Lost { node, why }) => bail!("{} {why}", self.who(node)),
+                Some(Event::Control {
+                    node,
+                    msg: Control::Error(e),
+                }) => {
+                    // A node's report that its neighbour went away: the neighbour's own
+                    // word, if it comes, is the cause.
+                    let first = format!("{}: {}", self.who(node), e.message);
+                    let rest = deadline.saturating_duration_since(Instant::now());
+                    if let Some(Event::Lost { node, why }) = self.poll_event(rest)? {
+                        bail!("{} {why}", self.who(node));
+                    }
+                    bail!("{first}");
+                }
+                Some(_) => {}
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Fails if any node was lost, reported an error, or went silent. A lost node is named
+    /// before the errors others report about it.
     pub fn check_health(&mut self) -> Result<()> {
+        let mut error = None;
         loop {
             match self.events.try_recv() {
                 Ok(Event::Lost { node, why }) => bail!("{} {why}", self.who(node)),
                 Ok(Event::Control {
                     node,
                     msg: Control::Error(e),
-                }) => bail!("{}: {}", self.who(node), e.message),
+                }) => {
+                    error.get_or_insert_with(|| format!("{}: {}", self.who(node), e.message));
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }
+        }
+        if let Some(e) = error {
+            bail!("{e}");
         }
         let now_ms = self.t0.elapsed().as_millis() as u64;
         for (i, n) in self.nodes.iter().enumerate() {

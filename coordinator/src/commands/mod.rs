@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod chat;
 pub mod debug;
 pub mod info;
 pub mod keygen;

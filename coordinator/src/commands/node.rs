@@ -1,6 +1,7 @@
 //! `ringllm node`: the worker daemon of a ring, serving a slice of a model to a coordinator.
 //! This command binds `--listen`, runs the transport's start-up checks (refusing now rather
-//! than at the first data link), and serves until Ctrl-C or SIGTERM.
+//! than at the first data link), and serves until Ctrl-C or SIGTERM; then it tells its
+//! coordinator, finishes the step under way, closes its links and exits 0.
 
 use crate::cli::NodeArgs;
 use anyhow::{anyhow, Result};
@@ -22,7 +23,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
     });
     let opts = NodeOptions {
         key,
-        name,
+        name: name.clone(),
         threads: args.threads.unwrap_or_else(default_threads).max(1),
         models_dir: args.models.clone(),
         cache_dir: args.cache_dir(),
@@ -55,6 +56,7 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
     // Blocking work still under way (a model being mapped) is not waited for long.
     rt.shutdown_timeout(Duration::from_secs(1));
     served?;
+    eprintln!("ringllm node '{name}' stopped cleanly: links closed, exiting");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -125,8 +127,11 @@ async fn shutdown_signal() {
     };
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => info!("Ctrl-C: shutting down"),
-        _ = term => info!("SIGTERM: shutting down"),
-    }
+    let why = tokio::select! {
+        _ = ctrl_c => "Ctrl-C (SIGINT)",
+        _ = term => "SIGTERM",
+    };
+    // Always shown (as the listening line is): a service's log says why it stopped.
+    eprintln!("ringllm node: {why}: finishing the step under way, closing links");
+    info!("{why}: shutting down");
 }

@@ -2,11 +2,9 @@
 
 use crate::cli::{GenArgs, RunArgs, SamplingArgs};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm::engine::{generate, Engine, FinishReason, Generation, ModelOptions};
-use ringllm::text::resolve_template;
+use ringllm::engine::{generate, Engine, Generation, ModelOptions};
 use ringllm::text::sampler::{Sampler, SamplerParams};
-use ringllm::text::template::Message;
-use std::io::{BufRead, IsTerminal, Read};
+use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -46,7 +44,7 @@ pub fn session(
         gen,
     };
     if args.gen.chat {
-        return chat(args, load);
+        return super::chat::chat(args.model, args.sampling, args.gen, load);
     }
     if args.gen.serve.serve.is_some() {
         bail!("internal: --serve is handled before a session starts");
@@ -175,7 +173,10 @@ pub fn skip_line(s: &ringllm_node::skip::SkipStats) -> String {
 
 /// First Ctrl-C sets `cancel` (stop the current reply); a second one in a row exits, as
 /// does one when `presses` is None.
-fn install_ctrlc(cancel: Arc<AtomicBool>, presses: Option<Arc<AtomicUsize>>) -> Result<()> {
+pub(super) fn install_ctrlc(
+    cancel: Arc<AtomicBool>,
+    presses: Option<Arc<AtomicUsize>>,
+) -> Result<()> {
     ctrlc::set_handler(move || {
         let n = presses
             .as_ref()
@@ -187,125 +188,4 @@ fn install_ctrlc(cancel: Arc<AtomicBool>, presses: Option<Arc<AtomicUsize>>) -> 
         cancel.store(true, Ordering::SeqCst);
     })
     .map_err(|e| anyhow!("cannot install the Ctrl-C handler: {e}"))
-}
-
-fn chat(args: Args, load: &dyn Fn() -> Result<Engine>) -> Result<ExitCode> {
-    let mut engine = load()?;
-    let template = resolve_template(
-        args.gen.template.as_deref(),
-        &engine.spec,
-        &engine.tokenizer,
-        args.model,
-    )?
-    .ok_or_else(|| {
-        anyhow!(
-            "{} has no chat template; pick one with --template ({})",
-            args.model.display(),
-            ringllm::text::template::builtin_names().join(", ")
-        )
-    })?;
-    let mut sampler = Sampler::new(&SamplerParams::from(args.sampling));
-    let cancel = Arc::new(AtomicBool::new(false));
-    let presses = Arc::new(AtomicUsize::new(0));
-    install_ctrlc(Arc::clone(&cancel), Some(Arc::clone(&presses)))?;
-    let mut messages: Vec<Message> = Vec::new();
-    if let Some(s) = &args.gen.system {
-        messages.push(Message {
-            role: "system".into(),
-            content: s.clone(),
-        });
-    }
-    let stdin = std::io::stdin();
-    let interactive = stdin.is_terminal();
-    let mut lines = stdin.lock().lines();
-    if interactive {
-        eprintln!("[chat: type a message and Enter; Ctrl-C stops a reply, Ctrl-D ends]");
-    }
-    let closed = AtomicBool::new(false);
-    loop {
-        if interactive {
-            eprint!("> ");
-        }
-        presses.store(0, Ordering::SeqCst);
-        let Some(line) = lines.next() else { break }; // Ctrl-D
-        let line = line.context("reading stdin")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        messages.push(Message {
-            role: "user".into(),
-            content: line,
-        });
-        // Messages are text: `<|im_start|>` typed in one stays characters; only the template's
-        // markup yields control tokens. The template writes BOS itself where the model wants one.
-        let tok = &engine.tokenizer;
-        let rendered = match template.render_pieces(&messages, true, &|c| tok.control_spans(c)) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("error: {e}");
-                messages.pop();
-                continue;
-            }
-        };
-        let ids = tok.encode_pieces(&rendered.pieces(), false)?;
-        tracing::info!("chat prompt: {} tokens", ids.len());
-        cancel.store(false, Ordering::SeqCst);
-        let mut on_text = |t: &str| {
-            if !crate::out::stream(t) {
-                closed.store(true, Ordering::SeqCst);
-                cancel.store(true, Ordering::SeqCst);
-            }
-        };
-        if engine.ring_down() {
-            eprintln!("[rebuilding the ring]");
-            if let Err(e) = engine.recover() {
-                eprintln!("error: {e:#}");
-                eprintln!("[the ring is still down; send the message again to retry]");
-                messages.pop();
-                continue;
-            }
-        }
-        let g = match generate(
-            &mut engine,
-            &ids,
-            args.gen.n_predict,
-            &mut sampler,
-            &args.gen.stop,
-            &cancel,
-            &mut on_text,
-        ) {
-            Ok(g) => g,
-            Err(e) if engine.ring.is_some() => {
-                outln!();
-                eprintln!("error: {e:#}");
-                messages.pop();
-                eprintln!("[rebuilding the ring over the nodes still there]");
-                if let Err(e) = engine.recover() {
-                    eprintln!("error: {e:#}");
-                    eprintln!("[the ring is down; send the message again to retry]");
-                }
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if closed.load(Ordering::SeqCst) {
-            break; // the reader of our output went away
-        }
-        outln!();
-        if g.finish_reason == FinishReason::Cancelled {
-            eprintln!("[reply stopped]");
-        }
-        if g.context_full {
-            eprintln!("[the context is full; starting over]");
-            engine.reset();
-            messages.clear();
-            continue;
-        }
-        messages.push(Message {
-            role: "assistant".into(),
-            content: g.text.trim().to_string(),
-        });
-    }
-    engine.close();
-    Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,7 @@
 //! Text in and out of the model: the tokenizer built from GGUF metadata, chat templates, and
 //! the sampler chain that picks each next token.
 
+pub mod chat;
 pub mod sampler;
 pub mod template;
 pub mod tokenizer;
@@ -43,4 +44,29 @@ pub fn resolve_template(
     let t = ChatTemplate::new(&source, &bos, &eos)
         .with_context(|| format!("chat template of {}", model.display()))?;
     Ok(Some(t))
+}
+
+/// The chat template for `--chat`: as [`resolve_template`], and when neither `name` nor the
+/// file gives one, the built-in template of `arch`'s family ([`chat::family_template`]) with
+/// a note saying so. `None`: no template at all.
+pub fn resolve_chat_template(
+    name: Option<&str>,
+    spec: &TokenizerSpec,
+    tokenizer: &Tokenizer,
+    model: &Path,
+    arch: ringllm_node::Arch,
+) -> Result<Option<(ChatTemplate, Option<String>)>> {
+    if name.is_some() || spec.chat_template.is_some() {
+        return Ok(resolve_template(name, spec, tokenizer, model)?.map(|t| (t, None)));
+    }
+    let Some(family) = chat::family_template(arch, &spec.tokens) else {
+        return Ok(None);
+    };
+    let note = format!(
+        "{} has no chat template; using the built-in '{family}' template of the {} family \
+         (--template NAME picks another)",
+        model.display(),
+        arch.name()
+    );
+    Ok(resolve_template(Some(family), spec, tokenizer, model)?.map(|t| (t, Some(note))))
 }

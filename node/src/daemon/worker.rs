@@ -75,6 +75,8 @@ pub(super) struct Worker {
     pub(super) closers: Arc<Mutex<Vec<LinkCloser>>>,
     /// Sequences released by the coordinator, cleared before the next batch.
     pub(super) release: Arc<Mutex<Vec<u64>>>,
+    /// Held through each step; shutdown takes it before closing the links.
+    pub(super) step: Arc<Mutex<()>>,
 }
 
 /// The input link, and the output link when it is a different one.
@@ -157,9 +159,13 @@ impl Worker {
         };
         debug!("node '{}': data links ready", self.name);
         let mut x: Vec<f32> = Vec::new();
+        let step = Arc::clone(&self.step);
+        let mut not_started = 0u64;
         'serve: loop {
             // A batch: frames up to the first without FLAG_MORE.
             let mut batch: Vec<(FrameHeader, Vec<u8>)> = Vec::new();
+            // Held from the batch's first frame to its last result sent.
+            let mut in_step = None;
             loop {
                 let mut buf = Vec::new();
                 let h = match io.input.recv(&mut buf) {
@@ -195,6 +201,19 @@ impl Worker {
                 self.stats
                     .bytes_in
                     .fetch_add(h.len as u64 + 40, Ordering::Relaxed);
+                if in_step.is_none() {
+                    in_step = Some(step.lock().unwrap_or_else(|e| e.into_inner()));
+                    // Shutdown came between this frame and the step: it is not started (the
+                    // links close once this thread lets the step go).
+                    if self.stop.load(Ordering::SeqCst) {
+                        debug!(
+                            "node '{}': stopping; a step that arrived is not run",
+                            self.name
+                        );
+                        not_started += 1;
+                        break 'serve;
+                    }
+                }
                 let more = h.flags & FLAG_MORE != 0;
                 batch.push((h, buf));
                 if !more || batch.len() >= self.caches[0].len() {
@@ -239,6 +258,7 @@ impl Worker {
                     self.stats
                         .busy_us
                         .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    drop(in_step);
                 }
                 Err(e) => {
                     let seq = batch.first().map(|b| b.0.seq);
@@ -247,6 +267,13 @@ impl Worker {
                 }
             }
         }
+        info!(
+            "node '{}': compute ends: {} frames in, {} frames out, {not_started} not started \
+             (arrived as the node stopped)",
+            self.name,
+            self.stats.frames_in.load(Ordering::Relaxed),
+            self.stats.frames_out.load(Ordering::Relaxed)
+        );
         // What the transports saw: retransmissions, refused seals, fast paths taken.
         let links = [Some(&io.input), io.output.as_ref(), self.next.as_ref()];
         for l in links.into_iter().flatten() {
