@@ -513,7 +513,7 @@ async fn monitor_conn(node: &Arc<Node>, link: Link) {
             Ok(Ok(h)) => h,
         };
         let reply = match control_of(&h, &buf) {
-            Ok(Control::GetStatus) => Control::Status(node_status(node)),
+            Ok(Control::GetStatus) => Control::Status(Box::new(node_status(node))),
             Ok(Control::Heartbeat {
                 nonce,
                 reply: false,

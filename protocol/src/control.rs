@@ -372,7 +372,7 @@ pub enum Control {
     /// any key holder may open while a coordinator holds the node).
     GetStatus,
     /// A node's answer to `GetStatus`.
-    Status(NodeStatus),
+    Status(Box<NodeStatus>),
 }
 
 fn config() -> impl bincode::config::Config {

@@ -388,7 +388,7 @@ fn control() -> impl Strategy<Value = Control> {
         text().prop_map(|reason| Control::Shutdown { reason }),
         Just(Control::GetStats),
         Just(Control::GetStatus),
-        Just(Control::Status(node_status_example())),
+        Just(Control::Status(Box::new(node_status_example()))),
         (
             any::<u64>(),
             text(),
@@ -953,7 +953,7 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
             12,
         ),
         (Control::GetStatus, 13),
-        (Control::Status(node_status_example()), 14),
+        (Control::Status(Box::new(node_status_example())), 14),
     ]
 }
 
@@ -1179,7 +1179,12 @@ fn control_huge_claimed_lengths_are_refused() {
     assert!(Control::decode(&b).is_err());
 
     // Unknown variant indexes.
-    assert!(Control::decode(&[13]).is_err());
+    assert!(Control::decode(&[15]).is_err());
+    // Status (14) with nothing behind it, and with a name claiming a huge length.
+    assert!(Control::decode(&[14]).is_err());
+    let mut b = vec![14u8, 0xFD];
+    b.extend_from_slice(&huge);
+    assert!(Control::decode(&b).is_err());
     assert!(Control::decode(&[250]).is_err());
     assert!(Control::decode(&[]).is_err());
 }

@@ -149,3 +149,21 @@ def test_up_discover_finds_its_three_nodes_and_equals_the_single_process(lan):
     # b1 was never asked to join: its log shows no coordinator.
     assert procs["b1"].poll() is None
     assert "serving coordinator" not in open(f"{tmp}/b1.log").read()
+
+
+def test_cluster_file_with_discover_plans_and_reports_over_the_heard_nodes(lan, tmp_path):
+    net, procs, key_b, tmp = lan
+    wait_all_heard(net)
+    cfg = tmp_path / "disco.toml"
+    cfg.write_text(f'model = "{SMOL}"\nkey = "{KEY}"\ndiscover = true\ndiscover_wait = 2\n')
+    r = net.run("master", [_bin(), "plan", cfg], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "discovered 3 nodes" in r.stderr and "'b1'" in r.stderr, r.stderr
+    rows = re.findall(r"^(a\d|b1)\s+([\d.]+):\d+\s+\d+-\d+", r.stdout + r.stderr, re.M)
+    assert sorted(n for n, _ in rows) == list(A_NODES), r.stdout + r.stderr
+    # `status` over the same file asks the three nodes of its cluster directly.
+    r = net.run("master", [_bin(), "status", cfg, "--json"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert sorted(n["name"] for n in rep["nodes"]) == list(A_NODES)
+    assert all(n["health"] == "idle" and n["coordinator"] is None for n in rep["nodes"]), rep

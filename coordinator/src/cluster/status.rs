@@ -2,7 +2,7 @@
 //! asked over a `Role::Monitor` connection (authenticated by the cluster key like any other,
 //! but it never claims the node, so it works while a coordinator holds the ring) and answers
 //! with its `NodeStatus`. The JSON here is a stable interface, documented in README.md
-//! ("Cluster status"): add fields, never rename or remove them.
+//! ("Finding the nodes (mDNS) and watching the cluster"): add fields, never rename or remove them.
 
 use ringllm_protocol::control::{Control, NodeStatus};
 use ringllm_protocol::control_conn::{self, control_of};
@@ -166,7 +166,7 @@ async fn ask(
     let h = link.rx.recv(&mut buf).await?;
     let rtt = t0.elapsed();
     match control_of(&h, &buf)? {
-        Control::Status(s) => Ok((s, rtt)),
+        Control::Status(s) => Ok((*s, rtt)),
         Control::Error(e) => Err(TransportError::Io(std::io::Error::other(format!(
             "the node refused: {}",
             e.message
