@@ -62,12 +62,18 @@ def lan():
             key = KEY if h != "b1" else key_b
             # a1 listens on its address (advertises exactly it); the others on every address.
             listen = f"{net.addr(h)}:{PORT}" if h == "a1" else f"0.0.0.0:{PORT}"
+            # a2 restricts mDNS to its eth0 (the others use every interface).
+            only = ["--mdns-interface", "eth0"] if h == "a2" else []
             procs[h] = net.popen(h, [_bin(), "-v", "node", "--listen", listen, "--key", key, "--models", MODELS,
-                                     "--name", h, "--threads", "1", "--cache", f"{tmp}/cache-{h}", "--advertise"],
+                                     "--name", h, "--threads", "1", "--cache", f"{tmp}/cache-{h}", "--advertise",
+                                     *only],
                                  stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{h}.log", "w"), text=True)
         for h in procs:
             wait_port(net, "master", net.addr(h), PORT, timeout=20)
         try:
+            # Every node has probed its name and announced itself (under a second each).
+            heard = wait_all_heard(net)
+            assert sorted(f["name"] for f in heard) == ["a1", "a2", "a3", "b1"], heard
             yield net, procs, key_b, tmp
         finally:
             for p in procs.values():
@@ -77,8 +83,23 @@ def lan():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+# A responder multicasts the same record at most once a second (RFC 6762 section 6), so a browse
+# started within a second of the previous one is answered only at its second query, about 1 s in.
+# The test leaves that second between its browses, as between two people's commands on a LAN.
+_last_browse = [0.0]
+
+
+def browsing(net, argv, timeout=300):
+    """Runs a command that browses mDNS on the master, at least 1.5 s after the previous one."""
+    time.sleep(max(0.0, _last_browse[0] + 1.5 - time.monotonic()))
+    try:
+        return net.run("master", argv, timeout=timeout)
+    finally:
+        _last_browse[0] = time.monotonic()
+
+
 def nodes_json(net, *extra):
-    r = net.run("master", [_bin(), "nodes", "--json", *extra], timeout=60)
+    r = browsing(net, [_bin(), "nodes", "--json", *extra], timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -87,7 +108,7 @@ def wait_all_heard(net, want=4, timeout=20):
     """Polls `nodes` until every node's announcement (after its mDNS name probe) is heard."""
     deadline = time.monotonic() + timeout
     while True:
-        found = nodes_json(net, "--wait", "1")
+        found = nodes_json(net)
         if len(found) >= want or time.monotonic() > deadline:
             return found
         time.sleep(0.2)
@@ -95,8 +116,7 @@ def wait_all_heard(net, want=4, timeout=20):
 
 def test_nodes_json_lists_every_node_with_its_cluster_hash(lan):
     net, procs, key_b, tmp = lan
-    assert len(wait_all_heard(net)) == 4
-    found = nodes_json(net, "--key", KEY)
+    found = nodes_json(net, "--key", KEY, "--mdns-interface", "eth0")
     by_name = {f["name"]: f for f in found}
     assert sorted(by_name) == ["a1", "a2", "a3", "b1"], found
     hash_a = discovery_hash(KEY)
@@ -112,21 +132,24 @@ def test_nodes_json_lists_every_node_with_its_cluster_hash(lan):
         assert f["port"] == PORT
         assert f["threads"] == 1 and f["transport"] == "tcp" and f["memory_budget"] > 0, f
         assert f["backend"] and f["version"], f
-    # a1 listens on one address and advertises exactly it.
+    # a1 listens on one address and advertises exactly it; a2, restricted to eth0, only eth0's
+    # addresses (its IPv4 one, and an IPv6 link-local one, which is never dialled).
     assert by_name["a1"]["addresses"] == [net.addr("a1")], by_name["a1"]
+    a2_v4 = [a for a in by_name["a2"]["addresses"] if ":" not in a]
+    assert a2_v4 == [net.addr("a2")], by_name["a2"]
+    # An interface that does not exist hears nothing.
+    assert nodes_json(net, "--wait", "1", "--mdns-interface", "nosuch0") == []
     # Without a key nothing is judged.
     assert all(f["same_cluster"] is None for f in nodes_json(net))
 
 
 def test_up_discover_finds_its_three_nodes_and_equals_the_single_process(lan):
     net, procs, key_b, tmp = lan
-    wait_all_heard(net)
     single = subprocess.run([str(_bin()), "run", "-m", SMOL, "-p", PROMPT, *GEN, "--json"],
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
     t0 = time.monotonic()
-    r = net.run("master", [_bin(), "up", "-m", SMOL, "--key", KEY, "--discover", "-p", PROMPT, *GEN, "--json"],
-                timeout=300)
+    r = browsing(net, [_bin(), "up", "-m", SMOL, "--key", KEY, "--discover", "-p", PROMPT, *GEN, "--json"])
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     m = re.search(r"discovered (\d+) nodes of cluster ([0-9a-f]{16}) in ([0-9.]+) s: (.*)", r.stderr)
@@ -153,16 +176,15 @@ def test_up_discover_finds_its_three_nodes_and_equals_the_single_process(lan):
 
 def test_cluster_file_with_discover_plans_and_reports_over_the_heard_nodes(lan, tmp_path):
     net, procs, key_b, tmp = lan
-    wait_all_heard(net)
     cfg = tmp_path / "disco.toml"
-    cfg.write_text(f'model = "{SMOL}"\nkey = "{KEY}"\ndiscover = true\ndiscover_wait = 2\n')
-    r = net.run("master", [_bin(), "plan", cfg], timeout=120)
+    cfg.write_text(f'model = "{SMOL}"\nkey = "{KEY}"\ndiscover = true\ndiscover_wait = 3\n')
+    r = browsing(net, [_bin(), "plan", cfg], timeout=120)
     assert r.returncode == 0, r.stderr
     assert "discovered 3 nodes" in r.stderr and "'b1'" in r.stderr, r.stderr
     rows = re.findall(r"^(a\d|b1)\s+([\d.]+):\d+\s+\d+-\d+", r.stdout + r.stderr, re.M)
     assert sorted(n for n, _ in rows) == list(A_NODES), r.stdout + r.stderr
     # `status` over the same file asks the three nodes of its cluster directly.
-    r = net.run("master", [_bin(), "status", cfg, "--json"], timeout=60)
+    r = browsing(net, [_bin(), "status", cfg, "--json"], timeout=60)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert sorted(n["name"] for n in rep["nodes"]) == list(A_NODES)
