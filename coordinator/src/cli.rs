@@ -351,6 +351,7 @@ pub struct StatusArgs {
     /// reports when stdout is a terminal.
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
     pub watch: Option<f64>,
+    /// Also ask the nodes of the key's cluster heard on the LAN by mDNS (`node --advertise`).
     #[arg(long)]
     pub discover: bool,
     /// With --discover: seconds to listen.

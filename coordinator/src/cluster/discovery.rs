@@ -93,6 +93,15 @@ fn dns_label(s: &str) -> String {
     }
 }
 
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn cut_utf8(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Announces a node of the cluster of `key` until the returned handle is dropped.
 pub fn advertise(a: &Advert, key: &ClusterKey, interfaces: &[String]) -> Result<Advertised> {
     let d = daemon(interfaces)?;
@@ -115,7 +124,8 @@ pub fn advertise(a: &Advert, key: &ClusterKey, interfaces: &[String]) -> Result<
     };
     let mut info = ServiceInfo::new(
         SERVICE_TYPE,
-        &format!("{} {}", a.name, a.listen.port()),
+        // A DNS label holds at most 63 bytes: the name is cut (the TXT `name` keeps it whole).
+        &format!("{} {}", cut_utf8(&a.name, 40), a.listen.port()),
         &host,
         ip.as_str(),
         a.listen.port(),
@@ -345,6 +355,8 @@ mod tests {
     fn labels_and_address_choice() {
         assert_eq!(dns_label("Desk PC:7701"), "desk-pc-7701");
         assert_eq!(dns_label("::"), "node");
+        assert_eq!(cut_utf8("ééé", 3), "é");
+        assert_eq!(cut_utf8("desk", 40), "desk");
         let v4: IpAddr = "10.0.0.2".parse().unwrap();
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let v6: IpAddr = "fe80::1".parse().unwrap();
