@@ -44,6 +44,10 @@ pub enum Command {
     Plan(PlanArgs),
     /// Write a new random cluster key file.
     Keygen(KeygenArgs),
+    /// List the ringllm nodes heard on the LAN (mDNS; `node --advertise`).
+    Nodes(NodesArgs),
+    /// What every node of a cluster is doing: layers, memory, speed, links, coordinator.
+    Status(StatusArgs),
     /// Developer tools: dump dequantized tensors and hidden states.
     #[command(hide = true)]
     Debug(DebugArgs),
@@ -280,6 +284,87 @@ pub struct ClusterSource {
     /// slice: the baseline), off (refuse a model that does not fit).
     #[arg(long, default_value = "auto", value_parser = parse_rounds)]
     pub rounds: ringllm::cluster::StreamPolicy,
+    #[command(flatten)]
+    pub discovery: DiscoverArgs,
+}
+
+/// Finding nodes on the LAN by mDNS (`up`, `plan`, `status`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct DiscoverArgs {
+    /// Find the nodes of this key's cluster on the LAN by mDNS (`node --advertise`) and
+    /// plan over them as if listed (after any --node or [[node]] given).
+    #[arg(long)]
+    pub discover: bool,
+    /// With --discover: seconds to listen (default: the cluster file's `discover_wait`, else 3).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_discover_wait)]
+    pub discover_wait: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub mdns: MdnsArgs,
+}
+
+/// Which interfaces mDNS uses.
+#[derive(Args, Debug, Clone, Default)]
+pub struct MdnsArgs {
+    /// Use only this network interface for mDNS (repeatable; default: every interface).
+    #[arg(long = "mdns-interface", value_name = "NAME")]
+    pub mdns_interfaces: Vec<String>,
+}
+
+fn parse_discover_wait(s: &str) -> Result<std::time::Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if (0.1..=60.0).contains(&t) => Ok(std::time::Duration::from_secs_f64(t)),
+        _ => Err(format!("'{s}': give seconds from 0.1 to 60")),
+    }
+}
+
+/// `ringllm nodes`.
+#[derive(Args, Debug, Clone)]
+pub struct NodesArgs {
+    /// Cluster key file: marks which nodes are of its cluster (others are listed as such).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Seconds to listen.
+    #[arg(long, value_name = "SECONDS", default_value = "3", value_parser = parse_discover_wait)]
+    pub wait: std::time::Duration,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub mdns: MdnsArgs,
+}
+
+/// `ringllm status`.
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// Cluster file: its key and nodes (and `discover = true`).
+    pub cluster: Option<PathBuf>,
+    /// Cluster key file (without a cluster file, or to override its `key`).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Nodes to ask, HOST:PORT, comma-separated (repeatable).
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
+    /// A serving coordinator (http://HOST:PORT): read its GET /v1/cluster.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// API key of the coordinator at --url.
+    #[arg(long, env = "RINGLLM_API_KEY")]
+    pub api_key: Option<String>,
+    /// Print the JSON (the same as GET /v1/cluster) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Ask again every SECS seconds (default 2) until Ctrl-C; the screen is cleared between
+    /// reports when stdout is a terminal.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2")]
+    pub watch: Option<f64>,
+    /// Also ask the nodes of the key's cluster heard on the LAN by mDNS (`node --advertise`).
+    #[arg(long)]
+    pub discover: bool,
+    /// With --discover: seconds to listen.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_discover_wait)]
+    pub discover_wait: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub mdns: MdnsArgs,
 }
 
 fn parse_rounds(s: &str) -> Result<ringllm::cluster::StreamPolicy, String> {
@@ -385,6 +470,12 @@ pub struct NodeArgs {
     /// (default: ~/.cache/ringllm/slices); reused on the next start.
     #[arg(long)]
     pub cache: Option<PathBuf>,
+    /// Announce this node on the LAN by mDNS (port, name, a hash of the cluster, threads,
+    /// memory budget, kernels, transport, version; never the key), for `up --discover`.
+    #[arg(long)]
+    pub advertise: bool,
+    #[command(flatten)]
+    pub mdns: MdnsArgs,
     #[command(flatten)]
     pub layout: LayoutArgs,
 }
@@ -708,6 +799,9 @@ impl From<&ClusterSource> for cluster::Source {
             transport: a.transport,
             activations: a.activations.clone(),
             stream: a.rounds,
+            discover: a.discovery.discover,
+            discover_wait: a.discovery.discover_wait,
+            mdns_interfaces: a.discovery.mdns.mdns_interfaces.clone(),
         }
     }
 }

@@ -35,8 +35,8 @@ use crate::stream::{StreamMode, StreamSettings, Streamer};
 use crate::{limits, sys};
 use crate::{KvCache, KvType, Runner};
 use ringllm_protocol::control::{
-    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, ModelIdentity, NextHop, Ready,
-    SliceKey, StageLayout, Stats,
+    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Holder as StatusHolder, ModelIdentity,
+    NextHop, NodeStatus, Ready, SliceKey, StageLayout, StageStatus, Stats,
 };
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
@@ -129,6 +129,8 @@ struct SessionHandle {
     /// result sent): shutdown takes it before closing the links, so a step under way is
     /// finished and no half-sent frame is left on a link.
     step: Arc<Mutex<()>>,
+    /// What the stage runs, for status queries.
+    info: StageStatus,
 }
 
 impl Drop for SessionHandle {
@@ -159,7 +161,18 @@ struct Holder {
     conn_id: u64,
     /// "coordinator 'name' (address)".
     who: String,
+    /// The name from its handshake and its address, for status queries.
+    name: String,
+    address: String,
     since: Instant,
+}
+
+/// Counters of the current session sampled about once a second, and the rates between the
+/// last two samples (status queries report them).
+#[derive(Default)]
+struct Rates {
+    last: Option<(Instant, u64, [u64; 3])>,
+    per_s: [f64; 3],
 }
 
 struct Node {
@@ -175,6 +188,9 @@ struct Node {
     /// Compute threads started, joined at shutdown (finished ones are dropped as new ones
     /// start).
     compute: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    started: Instant,
+    /// Bytes in, bytes out and tokens per second lately.
+    rates: Mutex<Rates>,
 }
 
 impl Node {
@@ -384,8 +400,11 @@ pub async fn serve(
         next_conn: AtomicU64::new(1),
         stopping: watch::Sender::new(false),
         compute: Mutex::new(Vec::new()),
+        started: Instant::now(),
+        rates: Mutex::new(Rates::default()),
     });
     let mut tasks = JoinSet::new();
+    tasks.spawn(sample_rates(Arc::clone(&node)));
     if let Some(q) = quic {
         tasks.spawn(quic_accept_loop(Arc::clone(&node), q));
     }
@@ -482,9 +501,153 @@ async fn connection(node: Arc<Node>, mut stream: tokio::net::TcpStream, peer: So
             let link = data_conn(Arc::clone(&node), stream, session, peer);
             let _ = node.until_stopped(link).await;
         }
+        Role::Monitor => {
+            let link = control_conn::link_from(stream, session, peer.to_string(), MAX_PAYLOAD);
+            let _ = node.until_stopped(monitor_conn(&node, link)).await;
+        }
         Role::Node => {
             warn!("refused connection from {peer}: a node answering, not connecting")
         }
+    }
+}
+
+/// Longest silence on a status connection before the node closes it (`status --watch`
+/// asks every few seconds).
+pub const MONITOR_SILENCE: Duration = Duration::from_secs(120);
+
+/// A status connection (`Role::Monitor`): answers `GetStatus` (and heartbeats) until the
+/// peer closes it, goes silent or sends anything else. It never touches the coordinator slot.
+async fn monitor_conn(node: &Arc<Node>, link: Link) {
+    let who = format!("monitor '{}' ({})", link.session.peer.name, link.peer_addr);
+    debug!("{who}: connected");
+    let Link { mut tx, mut rx, .. } = link;
+    let mut buf = Vec::new();
+    loop {
+        let h = match tokio::time::timeout(MONITOR_SILENCE, rx.recv(&mut buf)).await {
+            Err(_) => {
+                debug!("{who}: silent for {} s; closing", MONITOR_SILENCE.as_secs());
+                return;
+            }
+            Ok(Err(TransportError::Closed)) => return,
+            Ok(Err(e)) => {
+                warn!("{who}: {e}; closing");
+                return;
+            }
+            Ok(Ok(h)) => h,
+        };
+        let reply = match control_of(&h, &buf) {
+            Ok(Control::GetStatus) => Control::Status(Box::new(node_status(node))),
+            Ok(Control::Heartbeat {
+                nonce,
+                reply: false,
+            }) => Control::Heartbeat { nonce, reply: true },
+            Ok(other) => {
+                let m = format!(
+                    "a status connection takes get-status only, not {}",
+                    other.name()
+                );
+                warn!("{who}: {m}");
+                Control::Error(ErrorMsg {
+                    code: ErrorCode::BadRequest,
+                    seq: None,
+                    message: m,
+                })
+            }
+            Err(e) => {
+                warn!("{who}: {e}");
+                Control::Error(ErrorMsg {
+                    code: ErrorCode::BadRequest,
+                    seq: None,
+                    message: e.to_string(),
+                })
+            }
+        };
+        let bad = matches!(reply, Control::Error(_));
+        if let Err(e) = control_conn::send_control(tx.as_mut(), &reply).await {
+            debug!("{who}: {e}");
+            return;
+        }
+        if bad {
+            return;
+        }
+    }
+}
+
+/// Samples the session's counters every second into `node.rates`.
+async fn sample_rates(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = node.stopped() => return,
+        }
+        let now = Instant::now();
+        let sample = {
+            let st = node.lock();
+            st.session.as_ref().map(|s| {
+                let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                (
+                    s.id,
+                    [
+                        g(&s.stats.bytes_in),
+                        g(&s.stats.bytes_out),
+                        g(&s.stats.tokens),
+                    ],
+                )
+            })
+        };
+        let mut r = node.rates.lock().unwrap_or_else(|e| e.into_inner());
+        match sample {
+            None => *r = Rates::default(),
+            Some((id, counts)) => {
+                r.per_s = match r.last {
+                    Some((t, last_id, last)) if last_id == id => {
+                        let dt = now.duration_since(t).as_secs_f64().max(1e-3);
+                        std::array::from_fn(|i| counts[i].saturating_sub(last[i]) as f64 / dt)
+                    }
+                    _ => [0.0; 3],
+                };
+                r.last = Some((now, id, counts));
+            }
+        }
+    }
+}
+
+/// The node's answer to a status query.
+fn node_status(node: &Node) -> NodeStatus {
+    let stats = node_stats(node);
+    let (coordinator, stage) = {
+        let st = node.lock();
+        (
+            st.coordinator.as_ref().map(|h| StatusHolder {
+                name: h.name.clone(),
+                address: h.address.clone(),
+                held_ms: h.since.elapsed().as_millis() as u64,
+            }),
+            st.session.as_ref().map(|s| s.info.clone()),
+        )
+    };
+    let per_s = node.rates.lock().unwrap_or_else(|e| e.into_inner()).per_s;
+    let c = &node.caps;
+    NodeStatus {
+        node_name: node.opts.name.clone(),
+        version: c.version.clone(),
+        listen: node.addr.to_string(),
+        transport: c.transport,
+        threads: c.threads,
+        isa: c.isa.clone(),
+        memory_total: c.memory_total,
+        memory_budget: c.memory_available,
+        matvec_bytes_per_s: c.matvec_bytes_per_s,
+        disk_read_bytes_per_s: c.disk_read_bytes_per_s,
+        uptime_ms: node.started.elapsed().as_millis() as u64,
+        coordinator,
+        stage,
+        stats,
+        bytes_in_per_s: per_s[0],
+        bytes_out_per_s: per_s[1],
+        tokens_per_s: per_s[2],
     }
 }
 
@@ -536,11 +699,12 @@ async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
         "coordinator '{}' ({})",
         link.session.peer.name, link.peer_addr
     );
+    let named = (link.session.peer.name.clone(), link.peer_addr.clone());
     let Link { tx, mut rx, .. } = link;
     let (out, writer) = spawn_writer(tx, who.clone(), None);
     // `None`: shutting down; `Some(None)`: refused as busy (and told so).
     if let Some(Some(slot)) = node
-        .until_stopped(claim_slot(&node, conn_id, &who, &out))
+        .until_stopped(claim_slot(&node, conn_id, &who, named, &out))
         .await
     {
         queue_control(&out, Control::Capabilities(node.caps.clone())).await;
@@ -614,6 +778,7 @@ async fn claim_slot(
     node: &Arc<Node>,
     conn_id: u64,
     who: &str,
+    (name, address): (String, String),
     out: &mpsc::Sender<Outgoing>,
 ) -> Option<SlotGuard> {
     let deadline = Instant::now() + TAKEOVER_WAIT;
@@ -626,6 +791,8 @@ async fn claim_slot(
                     st.coordinator = Some(Holder {
                         conn_id,
                         who: who.to_string(),
+                        name: name.clone(),
+                        address: address.clone(),
                         since: Instant::now(),
                     });
                     None
@@ -1095,6 +1262,17 @@ async fn assign(
     })
     .await??;
     let (runner, windows, streamer, weight_bytes, kv_bytes) = loaded;
+    let info = StageStatus {
+        session: a.session,
+        model: a.model.file_name.clone(),
+        layer_start: a.layer_start,
+        layer_end: a.layer_end,
+        head: a.head,
+        windows: a.layout.windows.clone(),
+        streamed_layers: streamer.as_ref().map_or(0, |s| s.layers().len() as u32),
+        weight_bytes,
+        kv_bytes,
+    };
     let stats = Arc::new(SessionStats::default());
     // The link to the next node, if the output does not go back to the coordinator.
     let next = match &a.next_hop {
@@ -1197,6 +1375,7 @@ async fn assign(
         release,
         streamer,
         step,
+        info,
     });
     node.changed.notify_waiters();
     Ok(ready)

@@ -460,3 +460,90 @@ async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
     drop(control);
     node.stop().await.expect("clean stop");
 }
+
+async fn monitor(addr: SocketAddr, key: &ClusterKey) -> Result<Link, TransportError> {
+    control_conn::connect(
+        &addr.to_string(),
+        key,
+        Role::Monitor,
+        "test-status",
+        GUARD,
+        daemon::MAX_PAYLOAD,
+    )
+    .await
+}
+
+async fn ask_status(link: &mut Link) -> ringllm_protocol::control::NodeStatus {
+    control_conn::send_control(link.tx.as_mut(), &Control::GetStatus)
+        .await
+        .expect("send get-status");
+    match recv_control(link).await.expect("an answer") {
+        Control::Status(s) => *s,
+        other => panic!("expected a status, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_queries_are_answered_beside_the_coordinator_without_claiming_the_node() {
+    let node = TestNode::start("watched", key(KEY), &models_dir("watched")).await;
+    // Before any coordinator: idle, and the same capabilities a coordinator would get.
+    let mut m = monitor(node.addr, &key(KEY))
+        .await
+        .expect("monitor connects");
+    let s = ask_status(&mut m).await;
+    assert_eq!(s.node_name, "watched");
+    assert_eq!(s.listen, node.addr.to_string());
+    assert!(s.coordinator.is_none() && s.stage.is_none(), "{s:?}");
+    // A coordinator takes the node; status queries go on, on the same and on new connections,
+    // and name it.
+    let mut coord = connect(node.addr, &key(KEY)).await.expect("connect");
+    let caps = capabilities(&mut coord).await;
+    assert_eq!(caps.matvec_bytes_per_s, s.matvec_bytes_per_s);
+    assert_eq!(caps.memory_available, s.memory_budget);
+    for _ in 0..3 {
+        let s = ask_status(&mut m).await;
+        let h = s.coordinator.expect("the coordinator is named");
+        assert_eq!(h.name, "test-coordinator");
+    }
+    let mut m2 = monitor(node.addr, &key(KEY))
+        .await
+        .expect("a second monitor");
+    assert!(ask_status(&mut m2).await.coordinator.is_some());
+    // A monitor cannot act as a coordinator: anything but get-status is refused and closes it.
+    control_conn::send_control(m2.tx.as_mut(), &Control::Shutdown { reason: "x".into() })
+        .await
+        .expect("send");
+    assert!(matches!(recv_control(&mut m2).await, Ok(Control::Error(_))));
+    // A wrong key gets no status.
+    assert!(monitor(node.addr, &key("another key")).await.is_err());
+    // The coordinator still holds the node and it still answers it.
+    control_conn::send_control(
+        coord.tx.as_mut(),
+        &Control::Heartbeat {
+            nonce: 7,
+            reply: false,
+        },
+    )
+    .await
+    .expect("heartbeat");
+    assert_eq!(
+        recv_control(&mut coord).await.expect("a reply"),
+        Control::Heartbeat {
+            nonce: 7,
+            reply: true
+        }
+    );
+    assert!(ask_status(&mut m).await.coordinator.is_some());
+    // Once the coordinator leaves, the node is idle again.
+    drop(coord);
+    let deadline = std::time::Instant::now() + GUARD;
+    while ask_status(&mut m).await.coordinator.is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(m);
+    node.stop().await.expect("a clean stop");
+}

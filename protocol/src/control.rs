@@ -252,6 +252,63 @@ pub struct SliceProgress {
     pub bad: Vec<u32>,
 }
 
+/// The coordinator holding a node, as the node saw it at its handshake.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// The name the coordinator gave in its handshake.
+    pub name: String,
+    /// Its address as the node sees it (`ip:port`).
+    pub address: String,
+    /// How long it has held the node, in milliseconds.
+    pub held_ms: u64,
+}
+
+/// The stage a node runs for its coordinator.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageStatus {
+    pub session: u64,
+    /// Model file name.
+    pub model: String,
+    /// Layers `layer_start..layer_end` (with several rounds, the span of its windows).
+    pub layer_start: u32,
+    pub layer_end: u32,
+    /// The stage computes the output head.
+    pub head: bool,
+    /// Several rounds: each round's window `(start, end)`; empty for one window.
+    pub windows: Vec<(u32, u32)>,
+    /// How many of its layers are read from disk every token.
+    pub streamed_layers: u32,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+}
+
+/// A node's answer to `GetStatus`: what it is, who holds it, what it runs, how busy it is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node_name: String,
+    pub version: String,
+    /// The address it listens on (as bound: `0.0.0.0:7701` when it listens everywhere).
+    pub listen: String,
+    pub transport: TransportKind,
+    pub threads: u32,
+    pub isa: String,
+    pub memory_total: u64,
+    /// What the planner may use (`--memory`, MemAvailable and the cgroup's limit at start).
+    pub memory_budget: u64,
+    /// Measured weight-read speed of a quantized matrix × vector, bytes per second.
+    pub matvec_bytes_per_s: f64,
+    pub disk_read_bytes_per_s: f64,
+    pub uptime_ms: u64,
+    pub coordinator: Option<Holder>,
+    pub stage: Option<StageStatus>,
+    /// Counters of the current session (zeros without one), and the process's RSS.
+    pub stats: Stats,
+    /// Rates over the last second or so.
+    pub bytes_in_per_s: f64,
+    pub bytes_out_per_s: f64,
+    pub tokens_per_s: f64,
+}
+
 /// Error codes (stable numbers for machines; the message is for people).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorCode {
@@ -314,6 +371,11 @@ pub enum Control {
     SliceOffer(SliceOffer),
     SliceNeed(SliceNeed),
     SliceProgress(SliceProgress),
+    /// Ask a node how it is doing (`ringllm status`; on a `Role::Monitor` connection, which
+    /// any key holder may open while a coordinator holds the node).
+    GetStatus,
+    /// A node's answer to `GetStatus`.
+    Status(Box<NodeStatus>),
 }
 
 fn config() -> impl bincode::config::Config {
@@ -376,6 +438,8 @@ impl Control {
             Control::SliceOffer(_) => "slice-offer",
             Control::SliceNeed(_) => "slice-need",
             Control::SliceProgress(_) => "slice-progress",
+            Control::GetStatus => "get-status",
+            Control::Status(_) => "status",
         }
     }
 }

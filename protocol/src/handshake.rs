@@ -22,7 +22,8 @@ use crate::key::{ct_eq, ClusterKey};
 pub const HS_MAGIC: [u8; 4] = *b"RLHS";
 /// 1: the ring. 2: model slices sent to nodes (`Slice*` control messages, `Slice` frames).
 pub const PROTOCOL_MAJOR: u16 = 3;
-pub const PROTOCOL_MINOR: u16 = 0;
+/// Minor 1: `Role::Monitor` connections and the `GetStatus`/`Status` control messages.
+pub const PROTOCOL_MINOR: u16 = 1;
 /// Capability bits a peer may announce.
 pub const CAP_TCP: u64 = 1;
 pub const MAX_BODY: usize = 1024;
@@ -45,6 +46,9 @@ pub enum Role {
     Upstream = 2,
     /// A node answering a connection.
     Node = 3,
+    /// A key holder asking for a node's status (`ringllm status`, a coordinator's
+    /// `/v1/cluster`): answered beside the coordinator, never claims the node.
+    Monitor = 4,
 }
 
 impl Role {
@@ -53,6 +57,7 @@ impl Role {
             1 => Some(Role::Coordinator),
             2 => Some(Role::Upstream),
             3 => Some(Role::Node),
+            4 => Some(Role::Monitor),
             _ => None,
         }
     }

@@ -71,6 +71,14 @@ impl ClusterKey {
         hex(&self.id())
     }
 
+    /// The cluster hash nodes advertise on the LAN (mDNS, `node --advertise`): 16 hex
+    /// characters of an HMAC under the key with a label of its own, so it matches only
+    /// machines holding the same key, tells an eavesdropper nothing about the key, and differs
+    /// from the handshake's cluster id.
+    pub fn discovery_hash(&self) -> String {
+        hex(&self.mac(&[b"ringllm mdns cluster hash v1\0"])[..8])
+    }
+
     /// HMAC-SHA256 of the concatenated `parts` under the key.
     pub fn mac(&self, parts: &[&[u8]]) -> [u8; 32] {
         // HMAC accepts keys of any length; the error branch cannot happen for Hmac<Sha256>.
@@ -119,6 +127,22 @@ mod tests {
             hex(&m),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn discovery_hash_is_keyed_and_not_the_cluster_id() {
+        let a = ClusterKey::from_bytes(b"secret\n").unwrap();
+        let b = ClusterKey::from_bytes(b"secret").unwrap();
+        let c = ClusterKey::from_bytes(b"Secret").unwrap();
+        assert_eq!(a.discovery_hash(), b.discovery_hash());
+        assert_ne!(a.discovery_hash(), c.discovery_hash());
+        assert_eq!(a.discovery_hash().len(), 16);
+        assert_ne!(a.discovery_hash(), a.id_hex());
+        // HMAC-SHA256(key, label), first 8 bytes: computed independently of `mac`.
+        let mut m = <HmacSha256 as KeyInit>::new_from_slice(b"secret").unwrap();
+        m.update(b"ringllm mdns cluster hash v1\0");
+        let want: [u8; 32] = m.finalize().into_bytes().into();
+        assert_eq!(a.discovery_hash(), hex(&want[..8]));
     }
 
     #[test]

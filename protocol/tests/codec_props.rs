@@ -4,8 +4,9 @@
 
 use proptest::prelude::*;
 use ringllm_protocol::control::{
-    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Input, KvType, ModelIdentity, NextHop,
-    Piece, Ready, SliceKey, SliceNeed, SliceOffer, SliceProgress, StageLayout, Stats,
+    Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Holder, Input, KvType, ModelIdentity,
+    NextHop, NodeStatus, Piece, Ready, SliceKey, SliceNeed, SliceOffer, SliceProgress, StageLayout,
+    StageStatus, Stats,
 };
 use ringllm_protocol::frame::{
     FLAG_ALL_TOKENS, FRAME_MAGIC, FRAME_VERSION, KNOWN_FLAGS, MAX_CONTROL_LEN,
@@ -387,6 +388,8 @@ fn control() -> impl Strategy<Value = Control> {
         error_msg().prop_map(Control::Error),
         text().prop_map(|reason| Control::Shutdown { reason }),
         Just(Control::GetStats),
+        Just(Control::GetStatus),
+        Just(Control::Status(Box::new(node_status_example()))),
         (
             any::<u64>(),
             text(),
@@ -412,7 +415,8 @@ fn role() -> impl Strategy<Value = Role> {
     prop_oneof![
         Just(Role::Coordinator),
         Just(Role::Upstream),
-        Just(Role::Node)
+        Just(Role::Node),
+        Just(Role::Monitor)
     ]
 }
 
@@ -950,7 +954,48 @@ fn one_of_each_control() -> Vec<(Control, u8)> {
             }),
             12,
         ),
+        (Control::GetStatus, 13),
+        (Control::Status(Box::new(node_status_example())), 14),
     ]
+}
+
+fn node_status_example() -> NodeStatus {
+    NodeStatus {
+        node_name: "n".into(),
+        version: "0.1".into(),
+        listen: "0.0.0.0:7701".into(),
+        transport: TransportKind::Udp,
+        threads: 2,
+        isa: "avx2".into(),
+        memory_total: 8 << 30,
+        memory_budget: 2 << 30,
+        matvec_bytes_per_s: 1e10,
+        disk_read_bytes_per_s: 2e9,
+        uptime_ms: 1234,
+        coordinator: Some(Holder {
+            name: "master".into(),
+            address: "10.0.0.1:50000".into(),
+            held_ms: 99,
+        }),
+        stage: Some(StageStatus {
+            session: 7,
+            model: "m.gguf".into(),
+            layer_start: 0,
+            layer_end: 15,
+            head: false,
+            windows: vec![(0, 5), (10, 15)],
+            streamed_layers: 3,
+            weight_bytes: 1 << 20,
+            kv_bytes: 1 << 10,
+        }),
+        stats: Stats {
+            bytes_in: 5,
+            ..Stats::default()
+        },
+        bytes_in_per_s: 1.5,
+        bytes_out_per_s: 2.5,
+        tokens_per_s: 3.5,
+    }
 }
 
 fn slice_offer_example() -> SliceOffer {
@@ -980,7 +1025,7 @@ fn slice_offer_example() -> SliceOffer {
 #[test]
 fn pinned_control_discriminants() {
     let all = one_of_each_control();
-    assert_eq!(all.len(), 13);
+    assert_eq!(all.len(), 15);
     for (msg, index) in all {
         let b = msg.encode().unwrap();
         assert_eq!(
@@ -994,6 +1039,7 @@ fn pinned_control_discriminants() {
     }
     // Small fixed encodings.
     assert_eq!(Control::GetStats.encode().unwrap(), [8]);
+    assert_eq!(Control::GetStatus.encode().unwrap(), [13]);
     assert_eq!(
         Control::ReleaseSequence { seq: 3 }.encode().unwrap(),
         [5, 3]
@@ -1135,7 +1181,12 @@ fn control_huge_claimed_lengths_are_refused() {
     assert!(Control::decode(&b).is_err());
 
     // Unknown variant indexes.
-    assert!(Control::decode(&[13]).is_err());
+    assert!(Control::decode(&[15]).is_err());
+    // Status (14) with nothing behind it, and with a name claiming a huge length.
+    assert!(Control::decode(&[14]).is_err());
+    let mut b = vec![14u8, 0xFD];
+    b.extend_from_slice(&huge);
+    assert!(Control::decode(&b).is_err());
     assert!(Control::decode(&[250]).is_err());
     assert!(Control::decode(&[]).is_err());
 }

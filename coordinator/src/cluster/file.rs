@@ -9,6 +9,10 @@
 //! transport = "tcp"            # optional: data links' transport: tcp (default), udp, quic
 //!                              #   or uring; each node must run with the same --transport
 //! kv = "f32"                   # optional: KV cache type, "f32" (default) or "f16"
+//! discover = true              # optional: also find the nodes of this key's cluster on the
+//!                              #   LAN by mDNS (`node --advertise`); [[node]] tables may
+//!                              #   then be left out
+//! discover_wait = 3            # optional: seconds to listen for them (default 3)
 //!
 //! [coordinator]                # optional table: the machine that runs `ringllm`
 //! threads = 2                  # optional, at least 1
@@ -82,6 +86,10 @@ pub struct ClusterConfig {
     pub memory: Option<u64>,
     /// The stages in ring order.
     pub stages: Vec<StageConfig>,
+    /// Also find this cluster's nodes by mDNS (`discover = true`).
+    pub discover: bool,
+    /// How long to listen for them (`discover_wait`, seconds).
+    pub discover_wait: Option<std::time::Duration>,
 }
 
 /// One `[[node]]` table: a stage of the ring.
@@ -112,6 +120,8 @@ pub(super) const TOP_FIELDS: &[&str] = &[
     "kv",
     "coordinator",
     "node",
+    "discover",
+    "discover_wait",
 ];
 
 #[derive(Deserialize)]
@@ -126,6 +136,8 @@ struct RawCluster {
     coordinator: Option<RawCoordinator>,
     #[serde(default)]
     node: Vec<Spanned<RawNode>>,
+    discover: Option<bool>,
+    discover_wait: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -240,10 +252,35 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
         }
     };
 
-    if raw.node.is_empty() {
+    let discover = raw.discover.unwrap_or(false);
+    let discover_wait = match &raw.discover_wait {
+        None => None,
+        Some(v) => {
+            let secs = match v.get_ref() {
+                toml::Value::Integer(n) => Some(*n as f64),
+                toml::Value::Float(f) => Some(*f),
+                _ => None,
+            };
+            match secs {
+                Some(t) if (0.1..=60.0).contains(&t) => {
+                    Some(std::time::Duration::from_secs_f64(t))
+                }
+                _ => {
+                    return Err(src.err(
+                        v,
+                        format!(
+                            "field `discover_wait` {} is not a number of seconds from 0.1 to 60                              — write e.g. discover_wait = 3",
+                            v.get_ref()
+                        ),
+                    ))
+                }
+            }
+        }
+    };
+    if raw.node.is_empty() && !discover {
         return Err(anyhow::anyhow!(
             "{}: no [[node]] tables — add one per stage of the ring, e.g.\n[[node]]\nname = \"a\"\n\
-             address = \"192.168.1.20:7701\"",
+             address = \"192.168.1.20:7701\"\n(or discover = true at the top to find them by mDNS)",
             src.file
         ));
     }
@@ -272,6 +309,8 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
         threads,
         memory,
         stages,
+        discover,
+        discover_wait,
     })
 }
 

@@ -4,9 +4,11 @@
 //! into the `RingSpec` a ring is built from.
 
 mod diagnostics;
+pub mod discovery;
 pub mod file;
 pub mod planner;
 pub mod ring;
+pub mod status;
 pub mod streaming;
 
 pub use file::{load, parse_str, ClusterConfig, StageConfig};
@@ -35,6 +37,12 @@ pub struct Source {
     pub activations: Option<String>,
     /// Streaming layers when the model does not fit (`--rounds`).
     pub stream: StreamPolicy,
+    /// Find the nodes by mDNS (`--discover`; a cluster file's `discover = true` also does).
+    pub discover: bool,
+    /// How long to listen (`--discover-wait`; default: the file's, else 3 s).
+    pub discover_wait: Option<std::time::Duration>,
+    /// Interfaces mDNS may use (`--mdns-interface`; empty: all).
+    pub mdns_interfaces: Vec<String>,
 }
 
 /// How long `up` waits for nodes that do not answer yet (`--wait`).
@@ -85,7 +93,7 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     )
                 })?,
             };
-            let stages = cfg
+            let mut stages: Vec<StageSpec> = cfg
                 .stages
                 .iter()
                 .map(|s| StageSpec {
@@ -97,6 +105,16 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     transport: src.transport.or(s.transport).or(cfg.transport),
                 })
                 .collect();
+            if src.discover || cfg.discover {
+                let wait = src.discover_wait.or(cfg.discover_wait);
+                add_discovered(
+                    &mut stages,
+                    &key,
+                    wait,
+                    src,
+                    src.transport.or(cfg.transport),
+                )?;
+            }
             Ok(Setup {
                 model: model.clone().unwrap_or(cfg.model.clone()),
                 spec: RingSpec {
@@ -122,8 +140,8 @@ pub fn setup(src: &Source) -> Result<Setup> {
             let key = key.as_ref().ok_or_else(|| {
                 anyhow!("--key FILE is needed with --node (the cluster key file)")
             })?;
-            if nodes.is_empty() {
-                bail!("give a cluster file, or at least one --node HOST:PORT");
+            if nodes.is_empty() && !src.discover {
+                bail!("give a cluster file, at least one --node HOST:PORT, or --discover");
             }
             let key = ClusterKey::load(key)?;
             let mut stages = Vec::new();
@@ -141,6 +159,9 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     threads: None,
                     transport: src.transport,
                 });
+            }
+            if src.discover {
+                add_discovered(&mut stages, &key, src.discover_wait, src, src.transport)?;
             }
             Ok(Setup {
                 model,
@@ -165,6 +186,41 @@ pub fn setup(src: &Source) -> Result<Setup> {
             })
         }
     }
+}
+
+/// Browses mDNS for the nodes of `key`'s cluster and appends those not listed already (by
+/// address), in name order, as if they had been listed.
+fn add_discovered(
+    stages: &mut Vec<StageSpec>,
+    key: &ClusterKey,
+    wait: Option<std::time::Duration>,
+    src: &Source,
+    transport: Option<TransportKind>,
+) -> Result<()> {
+    let wait = wait.unwrap_or(discovery::DEFAULT_WAIT);
+    for f in discovery::discover_nodes(key, wait, &src.mdns_interfaces)? {
+        if stages
+            .iter()
+            .any(|s| s.address.as_deref() == Some(f.address.as_str()))
+        {
+            continue;
+        }
+        // A name taken by a listed node keeps the node apart by its address.
+        let name = if stages.iter().any(|s| s.name == f.name) {
+            format!("{} ({})", f.name, f.address)
+        } else {
+            f.name.clone()
+        };
+        stages.push(StageSpec {
+            name,
+            address: Some(f.address.clone()),
+            layers: None,
+            memory: None,
+            threads: None,
+            transport,
+        });
+    }
+    Ok(())
 }
 
 /// Waits up to `wait` for every node of `spec` to take a TCP connection (machines of a home

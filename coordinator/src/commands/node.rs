@@ -5,6 +5,7 @@
 
 use crate::cli::NodeArgs;
 use anyhow::{anyhow, Result};
+use ringllm::cluster::discovery;
 use ringllm::engine::default_threads;
 use ringllm_node::daemon::{self, Listener, NodeOptions};
 use ringllm_protocol::{sock, ClusterKey, TransportKind};
@@ -48,6 +49,12 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
             opts.transport,
             opts.cache_dir.display()
         );
+        // Withdrawn (a goodbye on the LAN) when the daemon stops.
+        let _advertised = if args.advertise {
+            Some(advertise(&opts, addr, &args.mdns.mdns_interfaces)?)
+        } else {
+            None
+        };
         // The daemon's messages name their causes already: keep them as they are.
         daemon::serve(listener, opts, shutdown_signal())
             .await
@@ -58,6 +65,32 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
     served?;
     eprintln!("ringllm node '{name}' stopped cleanly: links closed, exiting");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--advertise`: announces the node by mDNS with what a coordinator needs to choose it.
+fn advertise(
+    opts: &NodeOptions,
+    addr: std::net::SocketAddr,
+    interfaces: &[String],
+) -> Result<discovery::Advertised> {
+    let (_, avail) = ringllm_node::sys::memory();
+    let a = discovery::Advert {
+        name: opts.name.clone(),
+        listen: addr,
+        threads: opts.threads as u32,
+        memory_budget: ringllm_node::limits::budget(opts.memory).unwrap_or(avail),
+        backend: ringllm_kernels::isa().name().to_string(),
+        transport: opts.transport.to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let adv = discovery::advertise(&a, &opts.key, interfaces)?;
+    eprintln!(
+        "advertising '{}' on mDNS ({}, cluster hash {})",
+        opts.name,
+        discovery::SERVICE_TYPE,
+        opts.key.discovery_hash()
+    );
+    Ok(adv)
 }
 
 /// Binds `--listen` and checks the transport can run here.

@@ -16,6 +16,7 @@
 //! is set (any origin) or their origin was named (`--cors ORIGIN`); a request whose `Origin`
 //! is not allowed is refused with a 403 before anything runs.
 
+mod cluster;
 mod conn;
 mod ollama;
 mod openai;
@@ -260,6 +261,7 @@ fn app(state: Shared) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/v1/cluster", get(cluster::cluster))
         .route("/metrics", get(metrics))
         .merge(ollama::routes())
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth))

@@ -177,6 +177,10 @@ pub trait Backend: Send + Sync + 'static {
     fn health(&self) -> Health {
         Health::ready()
     }
+    /// A ring's key and nodes, for `GET /v1/cluster` (`None` on one machine).
+    fn cluster(&self) -> Option<crate::cluster::status::ClusterView> {
+        None
+    }
     /// Stop taking requests; cancel or finish what runs, then return.
     fn shutdown(&self);
 }

@@ -170,6 +170,18 @@ fn missing_nodes(mode: &RingMode, ring: Option<&Ring>) -> Vec<String> {
 }
 
 impl Stepper for RingStepper {
+    fn cluster(&self) -> Option<crate::cluster::status::ClusterView> {
+        let spec = &self.mode.spec;
+        Some(crate::cluster::status::ClusterView {
+            key: spec.key.clone(),
+            nodes: spec
+                .stages
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), s.address.clone()?)))
+                .collect(),
+        })
+    }
+
     fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()> {
         if self.ring.is_none() {
             self.rebuild()?;

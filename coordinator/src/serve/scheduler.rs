@@ -62,6 +62,10 @@ pub trait Stepper: Send {
     }
     /// Forgets batches in flight after a failure.
     fn abort(&mut self) {}
+    /// A ring's key and nodes, for `GET /v1/cluster` (`None` on one machine).
+    fn cluster(&self) -> Option<crate::cluster::status::ClusterView> {
+        None
+    }
     /// Whether the engine can serve (`None`: always; one machine).
     fn health(&self) -> Option<Health> {
         None
@@ -262,6 +266,7 @@ pub struct SchedBackend {
     ctx: usize,
     slots: usize,
     queue: usize,
+    cluster: Option<crate::cluster::status::ClusterView>,
 }
 
 impl SchedBackend {
@@ -279,6 +284,7 @@ impl SchedBackend {
         let slots = stepper.slots();
         let ctx = opts.ctx;
         let queue = opts.queue;
+        let cluster = stepper.cluster();
         let mut sched = Scheduler::new(stepper, Arc::clone(&tokenizer), Arc::clone(&shared), opts);
         sched.publish_health();
         let thread = std::thread::Builder::new()
@@ -295,11 +301,16 @@ impl SchedBackend {
             ctx,
             slots,
             queue,
+            cluster,
         }))
     }
 }
 
 impl Backend for SchedBackend {
+    fn cluster(&self) -> Option<crate::cluster::status::ClusterView> {
+        self.cluster.clone()
+    }
+
     fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
         if !self.shared.accepting.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);

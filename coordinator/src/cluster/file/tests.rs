@@ -460,3 +460,27 @@ fn oversized_threads_and_ctx_are_refused_with_the_line() {
         "{e}"
     );
 }
+
+#[test]
+fn discover_allows_a_file_without_nodes_and_checks_its_wait() {
+    let c =
+        parse("model = \"m.gguf\"\nkey = \"k\"\ndiscover = true\ndiscover_wait = 1.5\n").unwrap();
+    assert!(c.discover);
+    assert!(c.stages.is_empty());
+    assert_eq!(
+        c.discover_wait,
+        Some(std::time::Duration::from_millis(1500))
+    );
+    let c = parse("model = \"m.gguf\"\nkey = \"k\"\ndiscover = true\n").unwrap();
+    assert_eq!(c.discover_wait, None);
+    // Without discovery a file still needs its nodes.
+    let m = err("model = \"m.gguf\"\nkey = \"k\"\ndiscover = false\n");
+    assert!(
+        m.contains("no [[node]] tables") && m.contains("discover = true"),
+        "{m}"
+    );
+    let m = err("model = \"m.gguf\"\nkey = \"k\"\ndiscover = true\ndiscover_wait = 0\n");
+    assert_names(&m, 4, "discover_wait");
+    let m = err("model = \"m.gguf\"\nkey = \"k\"\ndiscover = true\ndiscover_wait = \"3s\"\n");
+    assert_names(&m, 4, "discover_wait");
+}
