@@ -792,6 +792,7 @@ async fn collect(
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                resume,
             }) => {
                 guard.disarm();
                 text.push_str(&t);
@@ -803,6 +804,7 @@ async fn collect(
                         prompt_tokens,
                         completion_tokens,
                         cached_tokens,
+                        resume,
                     },
                 });
             }

@@ -25,6 +25,7 @@ fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
             queue,
             prefill_chunk: 16,
             ctx: 128,
+            resume_retries: 0,
         },
     )
     .unwrap()
@@ -295,6 +296,7 @@ fn scripted(gated: bool, fail: fn(usize) -> bool, retry: Option<u64>) -> Scripte
             queue: 4,
             prefill_chunk: 16,
             ctx: 512,
+            resume_retries: 0,
         },
     )
     .unwrap();

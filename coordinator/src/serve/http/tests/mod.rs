@@ -133,6 +133,7 @@ fn cancelled_done() -> GenEvent {
         prompt_tokens: 1,
         completion_tokens: 1,
         cached_tokens: 0,
+        resume: Default::default(),
     }
 }
 
@@ -162,12 +163,14 @@ impl Backend for Scripted {
                             prompt_tokens: 0,
                             completion_tokens,
                             cached_tokens,
+                            resume,
                         } => GenEvent::Done {
                             finish,
                             text,
                             prompt_tokens: req.prompt.len(),
                             completion_tokens,
                             cached_tokens,
+                            resume,
                         },
                         e => e,
                     };
@@ -257,6 +260,7 @@ fn done(finish: Finish, completion_tokens: usize) -> GenEvent {
         prompt_tokens: 0,
         completion_tokens,
         cached_tokens: 0,
+        resume: Default::default(),
     }
 }
 
@@ -488,6 +492,7 @@ fn hello() -> Vec<GenEvent> {
             prompt_tokens: 0,
             completion_tokens: 4,
             cached_tokens: 3,
+            resume: Default::default(),
         },
     ]
 }
