@@ -632,8 +632,8 @@ fn resume(
         out.resumed += 1;
         tracing::warn!("the ring failed mid-generation: {failure:#}");
         eprintln!(
-            "\n[the ring failed: {failure:#}; rebuilding it over the nodes still there and \
-             replaying {} tokens (resume {} of {})]",
+            "\n[the ring failed: {failure:#}; rebuilding the ring over the nodes still there \
+             and replaying {} tokens (resume {} of {})]",
             context.len(),
             out.resumed,
             engine.resume_retries
