@@ -564,7 +564,10 @@ fn resumed_requests_equal_the_uninterrupted_run_greedy_and_seeded() {
     let plain = backend(SynthArch::Llama, 2, 4);
     let want = ids_of(&plain, &reqs);
     plain.shutdown();
-    assert!(want.iter().all(|(ids, r)| ids.len() == 24 && *r == 0));
+    assert!(
+        want.iter().all(|(ids, r)| ids.len() >= 12 && *r == 0),
+        "{want:?}"
+    );
     let failing = backend_over(SynthArch::Llama, 2, 4, 2, |s| {
         Box::new(Failing {
             inner: s,
