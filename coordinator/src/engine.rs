@@ -606,8 +606,9 @@ pub struct Generation {
     pub prefill_tokens: usize,
     /// Times a lost node made the generation resume on a rebuilt ring (`up --resume-retries`).
     pub resumed: u32,
-    /// Milliseconds from each failure to the generation's next logits (the ring rebuilt, the
-    /// prompt and the tokens so far replayed), summed.
+    /// Milliseconds from the last token before each failure (or the failure, in the prompt)
+    /// to the logits of the next (the failure noticed, the ring rebuilt, the prompt and the
+    /// tokens so far replayed), summed.
     pub resume_ms: f64,
 }
 
@@ -621,10 +622,10 @@ fn resume(
     engine: &mut Engine,
     context: &[u32],
     failure: anyhow::Error,
+    since: Instant,
     out: &mut Generation,
 ) -> Result<()> {
     let mut failure = failure;
-    let t0 = Instant::now();
     loop {
         if engine.ring.is_none() || out.resumed as usize >= engine.resume_retries {
             return Err(failure);
@@ -643,7 +644,7 @@ fn resume(
             .and_then(|()| engine.feed(context).map(|_| ()));
         match r {
             Ok(()) => {
-                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                let ms = since.elapsed().as_secs_f64() * 1e3;
                 out.resume_ms += ms;
                 eprintln!("[resumed after {ms:.0} ms]");
                 return Ok(());
@@ -693,7 +694,7 @@ pub fn generate(
     let todo = engine.reuse_prefix(prompt);
     out.prefill_tokens = todo.len();
     if let Err(e) = engine.feed(todo) {
-        resume(engine, prompt, e, &mut out)?;
+        resume(engine, prompt, e, Instant::now(), &mut out)?;
     }
     let prefill = t0.elapsed().as_secs_f64();
     out.prefill_tokens_per_s = todo.len() as f64 / prefill.max(1e-9);
@@ -730,6 +731,7 @@ pub fn generate(
         }
         out.token_ids.push(tok);
         history.push(tok);
+        let last_token = Instant::now();
         let piece = decoder.push(&engine.tokenizer, tok);
         let (safe, matched) = stop.push(&piece);
         emit(&safe, &mut out, on_text);
@@ -741,7 +743,7 @@ pub fn generate(
             continue; // the check above ends the loop without feeding a token never used
         }
         if let Err(e) = engine.feed(&[tok]) {
-            resume(engine, &history, e, &mut out)?;
+            resume(engine, &history, e, last_token, &mut out)?;
         }
         decoded += 1;
     }

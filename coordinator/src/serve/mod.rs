@@ -113,9 +113,10 @@ pub enum GenEvent {
 pub struct ResumeStats {
     /// Times the request was resumed on a rebuilt engine.
     pub resumed: u32,
-    /// Milliseconds from each failure to the request's next token (the ring rebuilt, the
-    /// prompt and the tokens generated so far replayed), summed: the pause the client saw,
-    /// less the time to notice the failure.
+    /// Milliseconds between the request's last token before each failure (or the failure,
+    /// before its first token) and its next token, summed: the pause the client saw (noticing
+    /// the failure, rebuilding the ring, replaying the prompt and the tokens so far), one
+    /// ordinary token time of it not extra.
     pub resume_ms: f64,
 }
 

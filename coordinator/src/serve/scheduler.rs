@@ -414,8 +414,11 @@ struct Active {
     in_flight: bool,
     /// Engine failures this request was resumed after, and the time spent resuming.
     resume: super::ResumeStats,
-    /// Since when the request waits to be resumed (the failure), until its next token.
+    /// Since when the request waits to be resumed, until its next token: its last token
+    /// before the failure (else the failure).
     paused: Option<Instant>,
+    /// When its last token was sampled.
+    last_token: Option<Instant>,
     /// The step that last carried some of its prompt (`None`: its prefill has not started).
     last_fed: Option<u64>,
 }
@@ -566,7 +569,7 @@ impl Scheduler {
                 a.pending = a.history.clone();
                 a.in_flight = false;
                 a.last_fed = None;
-                a.paused.get_or_insert(now);
+                a.paused.get_or_insert(a.last_token.unwrap_or(now));
                 resumed += 1;
                 continue;
             }
@@ -691,6 +694,7 @@ impl Scheduler {
                 in_flight: false,
                 resume: Default::default(),
                 paused: None,
+                last_token: None,
                 last_fed: None,
                 req,
             });
@@ -880,6 +884,7 @@ impl Scheduler {
                     a.generated
                 );
             }
+            a.last_token = Some(Instant::now());
             let reason = sample_one(a, lrow, &self.tokenizer, &self.eog, len, ctx);
             if let Some(f) = reason {
                 self.finish(i, f);
