@@ -1151,7 +1151,7 @@ impl Ring {
                     .get_mut(seg)
                     .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
                 let out = links.output.as_mut().unwrap_or(&mut links.input);
-                match out.recv_timeout(&mut payload, Duration::from_millis(250)) {
+                match out.recv_timeout(&mut payload, DATA_POLL) {
                     Ok(Some(h)) => break h,
                     Ok(None) => self.check_health()?,
                     Err(e) => {
@@ -1267,6 +1267,10 @@ impl Ring {
         self.rt.shutdown_timeout(Duration::from_millis(200));
     }
 }
+
+/// How long a wait for a node's output blocks before the control connections are looked at:
+/// a node that died mid-pass (and the answer to resume) is noticed through them within this.
+const DATA_POLL: Duration = Duration::from_millis(50);
 
 /// The coordinator's probe speed and its speed on `file`'s layers and head
 /// ([`calibrate`]), measured once per model file and thread count in this process: a ring
