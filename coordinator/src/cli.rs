@@ -416,6 +416,11 @@ pub struct UpArgs {
     /// file, or a slice already in its cache).
     #[arg(long)]
     pub no_send: bool,
+    /// When a node dies mid-answer, the answer goes on on the ring rebuilt over the nodes
+    /// left (its prompt and the tokens already generated are replayed): at most this many
+    /// times per request (or per `-p` generation), then it fails. 0: fail at once.
+    #[arg(long, default_value_t = ringllm::serve::scheduler::DEFAULT_RESUME_RETRIES, value_name = "N")]
+    pub resume_retries: usize,
     #[command(flatten)]
     pub layout: LayoutArgs,
     #[command(flatten)]
@@ -821,6 +826,7 @@ impl GenArgs {
             header_timeout: seconds(s.header_timeout),
             body_timeout: seconds(s.body_timeout),
             max_connections: s.max_connections,
+            resume_retries: ringllm::serve::scheduler::DEFAULT_RESUME_RETRIES,
         })
     }
 }

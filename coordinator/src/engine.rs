@@ -84,6 +84,9 @@ pub struct Engine {
     /// When set, `generate` appends the logits every token was sampled from, one row of
     /// `vocab` per token (the hidden `--step-logits-out`, for cross-machine comparisons).
     pub step_logits: Option<Vec<f32>>,
+    /// Ring mode: how many times one generation is resumed on a rebuilt ring after a node
+    /// is lost (`up --resume-retries`); 0 in one process.
+    pub resume_retries: usize,
 }
 
 pub struct RingMode {
@@ -243,6 +246,7 @@ impl Engine {
             load_seconds: t0.elapsed().as_secs_f64(),
             ring: None,
             step_logits: None,
+            resume_retries: 0,
         })
     }
 
@@ -288,6 +292,7 @@ impl Engine {
             load_seconds: t0.elapsed().as_secs_f64(),
             ring: Some(mode),
             step_logits: None,
+            resume_retries: 0,
         })
     }
 
@@ -613,6 +618,54 @@ pub struct Generation {
     pub context_full: bool,
     #[serde(skip)]
     pub prefill_tokens: usize,
+    /// Times a lost node made the generation resume on a rebuilt ring (`up --resume-retries`).
+    pub resumed: u32,
+    /// Milliseconds from the last token before each failure (or the failure, in the prompt)
+    /// to the logits of the next (the failure noticed, the ring rebuilt, the prompt and the
+    /// tokens so far replayed), summed.
+    pub resume_ms: f64,
+}
+
+/// After a ring failure (`failure`) in the middle of a generation: while retries are left
+/// (`Engine::resume_retries`), rebuilds the ring over the nodes still there and feeds it
+/// `context` — the prompt and every token generated so far — so the logits of the next
+/// token are exactly those the lost ring would have given. The caller's sampler and stop
+/// state go on untouched, and nothing already written is written again. Returns the failure
+/// when out of retries or when no ring can be built.
+fn resume(
+    engine: &mut Engine,
+    context: &[u32],
+    failure: anyhow::Error,
+    since: Instant,
+    out: &mut Generation,
+) -> Result<()> {
+    let mut failure = failure;
+    loop {
+        if engine.ring.is_none() || out.resumed as usize >= engine.resume_retries {
+            return Err(failure);
+        }
+        out.resumed += 1;
+        tracing::warn!("the ring failed mid-generation: {failure:#}");
+        eprintln!(
+            "\n[the ring failed: {failure:#}; rebuilding the ring over the nodes still there \
+             and replaying {} tokens (resume {} of {})]",
+            context.len(),
+            out.resumed,
+            engine.resume_retries
+        );
+        let r = engine
+            .recover()
+            .and_then(|()| engine.feed(context).map(|_| ()));
+        match r {
+            Ok(()) => {
+                let ms = since.elapsed().as_secs_f64() * 1e3;
+                out.resume_ms += ms;
+                eprintln!("[resumed after {ms:.0} ms]");
+                return Ok(());
+            }
+            Err(e) => failure = e,
+        }
+    }
 }
 
 /// Generates a continuation of `prompt` (already tokenized), streaming text to `on_text`.
@@ -648,11 +701,15 @@ pub fn generate(
         decode_tokens_per_s: 0.0,
         context_full: false,
         prefill_tokens: 0,
+        resumed: 0,
+        resume_ms: 0.0,
     };
     let t0 = Instant::now();
     let todo = engine.reuse_prefix(prompt);
     out.prefill_tokens = todo.len();
-    engine.feed(todo)?;
+    if let Err(e) = engine.feed(todo) {
+        resume(engine, prompt, e, Instant::now(), &mut out)?;
+    }
     let prefill = t0.elapsed().as_secs_f64();
     out.prefill_tokens_per_s = todo.len() as f64 / prefill.max(1e-9);
     let mut history: Vec<u32> = prompt.to_vec();
@@ -688,6 +745,7 @@ pub fn generate(
         }
         out.token_ids.push(tok);
         history.push(tok);
+        let last_token = Instant::now();
         let piece = decoder.push(&engine.tokenizer, tok);
         let (safe, matched) = stop.push(&piece);
         emit(&safe, &mut out, on_text);
@@ -698,7 +756,9 @@ pub fn generate(
         if limit_reached(out.token_ids.len()) {
             continue; // the check above ends the loop without feeding a token never used
         }
-        engine.feed(&[tok])?;
+        if let Err(e) = engine.feed(&[tok]) {
+            resume(engine, &history, e, last_token, &mut out)?;
+        }
         decoded += 1;
     }
     if out.finish_reason != FinishReason::Stop || stop.is_empty() {

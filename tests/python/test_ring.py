@@ -113,7 +113,8 @@ def test_killed_node_fails_the_request_quickly_and_names_it(tmp_path):
     with Nodes(2) as nodes:
         p = subprocess.Popen(
             [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
-             "-p", "Tell me a long story.", "--temp", "0", "-n", "-1", "--threads", "1", "-c", "4096"],
+             "-p", "Tell me a long story.", "--temp", "0", "-n", "-1", "--threads", "1", "-c", "4096",
+             "--resume-retries", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Wait until tokens flow, then kill the second node.
         deadline = time.monotonic() + 60

@@ -70,7 +70,7 @@ def test_netns_pulled_cable_fails_within_seconds_naming_the_node(net, tmp_path):
     try:
         p = net.popen("coord", [str(_bin()), "up", str(ROOT / "cluster-configs" / "netns-3.toml"),
                                 "-p", "Write a long story about a dragon.", "--temp", "0", "-n", "-1",
-                                "--threads", "1", "-c", "4096"],
+                                "--threads", "1", "-c", "4096", "--resume-retries", "0"],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and p.poll() is None:

@@ -325,8 +325,9 @@ def test_ring_serves_the_api_and_recovers_from_a_lost_node(tmp_path):
     model = model_path(SMOL.name)
     q = [{"role": "user", "content": "What is the capital of France?"}]
     with Nodes(2) as nodes:
+        # Without resuming (`--resume-retries 0`; resuming is tested in test_resume.py).
         s = Server(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "--threads", "1", "-c", "1024",
-                    "--parallel", "4"])
+                    "--parallel", "4", "--resume-retries", "0"])
         try:
             r = s.client().chat.completions.create(model=SMOL_ID, messages=q, temperature=0, max_tokens=16)
             assert r.choices[0].message.content.strip() == cli_chat(q[0]["content"], 16)

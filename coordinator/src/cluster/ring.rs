@@ -509,8 +509,7 @@ impl Ring {
         };
         // Calibration: the probe's speed against this model's real layers and head, measured
         // here; every node's probe speed is scaled by the same factor.
-        let coord_probe = sys::matvec_speed(coordinator_threads, Duration::from_millis(150));
-        let (layer_speed, head_speed) = calibrate(file, coordinator_threads)?;
+        let (coord_probe, layer_speed, head_speed) = calibration(file, coordinator_threads)?;
         let factor = (layer_speed / coord_probe.max(1.0)).clamp(0.01, 10.0);
         tracing::info!(
             probe_gbs = coord_probe / 1e9,
@@ -1155,7 +1154,7 @@ impl Ring {
                     .get_mut(seg)
                     .ok_or_else(|| anyhow!("no data link for segment {seg}"))?;
                 let out = links.output.as_mut().unwrap_or(&mut links.input);
-                match out.recv_timeout(&mut payload, Duration::from_millis(250)) {
+                match out.recv_timeout(&mut payload, DATA_POLL) {
                     Ok(Some(h)) => break h,
                     Ok(None) => self.check_health()?,
                     Err(e) => {
@@ -1308,6 +1307,33 @@ impl Ring {
         });
         self.rt.shutdown_timeout(Duration::from_millis(200));
     }
+}
+
+/// How long a wait for a node's output blocks before the control connections are looked at:
+/// a node that died mid-pass (and the answer to resume) is noticed through them within this.
+const DATA_POLL: Duration = Duration::from_millis(50);
+
+/// The coordinator's probe speed and its speed on `file`'s layers and head
+/// ([`calibrate`]), measured once per model file and thread count in this process: a ring
+/// re-planned after a lost node reuses them (this CPU has not changed, and measuring took a
+/// few hundred milliseconds of the pause a resumed request sees).
+fn calibration(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64, f64)> {
+    type Measured = (std::sync::Weak<GgufFile>, usize, (f64, f64, f64));
+    static DONE: std::sync::Mutex<Vec<Measured>> = std::sync::Mutex::new(Vec::new());
+    let same =
+        |(f, t, _): &Measured| *t == threads && std::sync::Weak::ptr_eq(f, &Arc::downgrade(file));
+    if let Ok(mut done) = DONE.lock() {
+        done.retain(|(f, _, _)| f.strong_count() > 0);
+        if let Some((_, _, speeds)) = done.iter().find(|m| same(m)) {
+            return Ok(*speeds);
+        }
+    }
+    let probe = sys::matvec_speed(threads, Duration::from_millis(150));
+    let (layer, head) = calibrate(file, threads)?;
+    if let Ok(mut done) = DONE.lock() {
+        done.push((Arc::downgrade(file), threads, (probe, layer, head)));
+    }
+    Ok((probe, layer, head))
 }
 
 /// Decode speed of this model's real layers and output head on this machine, in weight bytes

@@ -139,6 +139,12 @@ fn report(engine: &Engine, g: &Generation) {
         g.decode_tokens_per_s,
         g.finish_reason
     );
+    if g.resumed > 0 {
+        eprintln!(
+            "resumed {} time(s) after a lost node: {:.0} ms of pause",
+            g.resumed, g.resume_ms
+        );
+    }
     if let Some(st) = &engine.runner.model.streamer {
         let s = st.stats();
         let n = (g.prefill_tokens.min(1) + g.token_ids.len()).max(1) as f64;

@@ -42,12 +42,18 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
     if !missing.is_empty() {
         eprintln!("{} not listening after {} s", missing.join(", "), args.wait);
     }
-    if let Some(cfg) = args.gen.serve_config() {
+    if let Some(mut cfg) = args.gen.serve_config() {
+        cfg.resume_retries = args.resume_retries;
         return ringllm::serve::serve_ring(&model, s.spec.clone(), &cfg);
     }
     let spec = s.spec.clone();
+    let retries = args.resume_retries;
     super::run::session(
-        &|| Engine::load_ring(&model, spec.clone()),
+        &|| {
+            let mut e = Engine::load_ring(&model, spec.clone())?;
+            e.resume_retries = retries;
+            Ok(e)
+        },
         &model.model,
         &args.sampling,
         &args.gen,

@@ -903,6 +903,7 @@ async fn collect(
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                resume,
             }) => {
                 guard.disarm();
                 text.push_str(&t);
@@ -914,6 +915,7 @@ async fn collect(
                         prompt_tokens,
                         completion_tokens,
                         cached_tokens,
+                        resume,
                     },
                     first_token,
                 });

@@ -95,6 +95,8 @@ pub enum GenEvent {
         completion_tokens: usize,
         /// Prompt tokens whose KV came from an earlier request (prefix reuse).
         cached_tokens: usize,
+        /// Whether (and how long) the request was carried over engine failures.
+        resume: ResumeStats,
     },
     Error {
         message: String,
@@ -103,6 +105,19 @@ pub enum GenEvent {
         /// engine failed (HTTP 500).
         retry_after_s: Option<u64>,
     },
+}
+
+/// How a request went through engine failures (a ring losing a node mid-answer): shown in
+/// the response's `usage` as `resumed` and `resume_ms` when `resumed` > 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ResumeStats {
+    /// Times the request was resumed on a rebuilt engine.
+    pub resumed: u32,
+    /// Milliseconds between the request's last token before each failure (or the failure,
+    /// before its first token) and its next token, summed: the pause the client saw (noticing
+    /// the failure, rebuilding the ring, replaying the prompt and the tokens so far), one
+    /// ordinary token time of it not extra.
+    pub resume_ms: f64,
 }
 
 /// Whether the engine can serve, for `/health`.
@@ -208,6 +223,9 @@ pub struct ServeConfig {
     pub body_timeout: std::time::Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Engine failures (a ring losing a node) one request is resumed after (`up
+    /// --resume-retries`); one machine never resumes.
+    pub resume_retries: usize,
 }
 
 /// Binds the serve address first (a taken port fails before the model loads) and warns when
@@ -314,6 +332,7 @@ fn start_and_serve(
             queue: s.queue,
             prefill_chunk: s.prefill_chunk,
             ctx,
+            resume_retries: s.resume_retries,
         },
     )?;
     let opts = http::ServeOptions {

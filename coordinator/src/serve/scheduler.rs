@@ -5,8 +5,12 @@
 //! weights), computes the logits of every sequence that needs a token in one batched head
 //! product, samples each with its own sampler, and streams text back. Requests wait first
 //! come, first served in a bounded queue; a finished sequence keeps its slot's cache so a
-//! conversation that comes back with its history reuses the prefix. A request the engine
-//! fails before its first token (a ring losing a node) is queued again once.
+//! conversation that comes back with its history reuses the prefix. When the engine fails
+//! (a ring losing a node) every running request is resumed on the rebuilt ring: its prompt
+//! and the tokens already generated are fed again as a prefill, and sampling goes on from
+//! where it stopped (the sampler's state is kept), so the client sees a pause, not an error,
+//! and nothing already sent is sent again. `SchedulerOptions::resume_retries` bounds how many
+//! failures one request goes through; after that it gets an error.
 
 use super::{
     Backend, Finish, GenEvent, GenRequest, Health, Metrics, SubmitError, TokenLogprob, TopLogprob,
@@ -230,7 +234,14 @@ pub struct SchedulerOptions {
     /// Most prompt tokens fed in one step (one sequence's chunk).
     pub prefill_chunk: usize,
     pub ctx: usize,
+    /// How many engine failures one request is resumed after (each time replaying its
+    /// prompt and generated tokens on the rebuilt engine); the next one fails it. Only for
+    /// steppers whose failures are worth retrying (`Stepper::retry_after_s`).
+    pub resume_retries: usize,
 }
+
+/// The default of `up --resume-retries`.
+pub const DEFAULT_RESUME_RETRIES: usize = 2;
 
 /// Counters shared with the HTTP side.
 #[derive(Default)]
@@ -412,8 +423,13 @@ struct Active {
     cached: usize,
     /// Part of a batch in flight (pipelined ring).
     in_flight: bool,
-    /// Already queued again once after an engine failure.
-    retried: bool,
+    /// Engine failures this request was resumed after, and the time spent resuming.
+    resume: super::ResumeStats,
+    /// Since when the request waits to be resumed, until its next token: its last token
+    /// before the failure (else the failure).
+    paused: Option<Instant>,
+    /// When its last token was sampled.
+    last_token: Option<Instant>,
     /// The step that last carried some of its prompt (`None`: its prefill has not started).
     last_fed: Option<u64>,
 }
@@ -421,8 +437,6 @@ struct Active {
 /// A request waiting for a slot.
 struct Waiting {
     req: Box<GenRequest>,
-    /// Queued again after an engine failure before its first token.
-    retried: bool,
 }
 
 struct Slot {
@@ -506,10 +520,7 @@ impl Scheduler {
             }
             for m in msgs {
                 match m {
-                    Msg::Submit(req) => self.queue.push_back(Waiting {
-                        req,
-                        retried: false,
-                    }),
+                    Msg::Submit(req) => self.queue.push_back(Waiting { req }),
                     Msg::Shutdown => {
                         self.shutdown();
                         return;
@@ -543,48 +554,72 @@ impl Scheduler {
         }
     }
 
-    /// The engine failed (e.g. a node was lost): every running request that has not had a
-    /// token yet is queued again, once (the ring is rebuilt on the next step); the others
-    /// fail.
+    /// The engine failed (e.g. a node was lost). Every running request is resumed: its
+    /// slot's cache is gone (the ring is rebuilt on the next step), so what it holds — the
+    /// prompt and the tokens generated so far — is fed again as a prefill, after which
+    /// sampling goes on with the same sampler (its random state untouched: no token was
+    /// sampled from the failed step). A request that already went through
+    /// `resume_retries` failures gets an error instead; so do all when the engine's failures
+    /// are not worth retrying (one machine).
     fn failed(&mut self, e: &anyhow::Error) {
         let message = format!("{e:#}");
         tracing::warn!("step failed: {message}");
         self.inflight.clear();
         self.stepper.abort();
         let retry_after_s = self.stepper.retry_after_s();
-        let mut again = Vec::new();
+        let now = Instant::now();
+        let (mut resumed, mut failed) = (0usize, 0usize);
         for i in 0..self.slots.len() {
-            if let Some(a) = self.slots[i].active.take() {
-                self.shared.busy.fetch_sub(1, Ordering::SeqCst);
-                if a.generated == 0 && !a.retried && retry_after_s.is_some() {
-                    again.push((self.slots[i].last_used, a.req));
-                } else {
-                    self.shared.failed.fetch_add(1, Ordering::Relaxed);
-                    let _ = a.req.events.send(GenEvent::Error {
-                        message: message.clone(),
-                        retry_after_s,
-                    });
-                }
-            }
             self.slots[i].tokens.clear();
             self.stepper.truncate(i, 0);
+            let Some(a) = self.slots[i].active.as_mut() else {
+                continue;
+            };
+            if retry_after_s.is_some() && (a.resume.resumed as usize) < self.opts.resume_retries {
+                a.resume.resumed += 1;
+                a.pending = a.history.clone();
+                a.in_flight = false;
+                a.last_fed = None;
+                a.paused.get_or_insert(a.last_token.unwrap_or(now));
+                resumed += 1;
+                continue;
+            }
+            let Some(a) = self.slots[i].active.take() else {
+                continue;
+            };
+            failed += 1;
+            self.shared.busy.fetch_sub(1, Ordering::SeqCst);
+            self.shared.failed.fetch_add(1, Ordering::Relaxed);
+            let message = if a.resume.resumed > 0 {
+                format!(
+                    "{message} (the request was resumed {} time(s) already; --resume-retries {})",
+                    a.resume.resumed, self.opts.resume_retries
+                )
+            } else {
+                message.clone()
+            };
+            let _ = a.req.events.send(GenEvent::Error {
+                message,
+                retry_after_s,
+            });
         }
-        // Ahead of the queue, in their first order; they were counted once already.
-        again.sort_by_key(|(order, _)| std::cmp::Reverse(*order));
-        for (_, req) in again {
-            tracing::info!("retrying a request the failure interrupted before its first token");
-            self.shared.queued.fetch_add(1, Ordering::SeqCst);
-            self.shared.requests.fetch_sub(1, Ordering::Relaxed);
-            self.shared
-                .prompt_tokens
-                .fetch_sub(req.prompt.len() as u64, Ordering::Relaxed);
-            self.queue.push_front(Waiting { req, retried: true });
+        if resumed > 0 {
+            tracing::warn!(resumed, failed, "resuming requests after an engine failure");
+            eprintln!(
+                "[resuming {resumed} request(s) on the rebuilt ring (prompt and generated tokens \
+                 replayed){}]",
+                if failed > 0 {
+                    format!("; {failed} out of retries failed")
+                } else {
+                    String::new()
+                }
+            );
         }
         self.publish_health();
     }
 
     fn shutdown(&mut self) {
-        while let Some(Waiting { req: r, .. }) = self.queue.pop_front() {
+        while let Some(Waiting { req: r }) = self.queue.pop_front() {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             let _ = r.events.send(GenEvent::Done {
                 finish: Finish::Cancelled,
@@ -592,6 +627,7 @@ impl Scheduler {
                 prompt_tokens: r.prompt.len(),
                 completion_tokens: 0,
                 cached_tokens: 0,
+                resume: Default::default(),
             });
         }
         for i in 0..self.slots.len() {
@@ -629,7 +665,7 @@ impl Scheduler {
                 keep = 0;
                 self.stepper.truncate(best, 0);
             }
-            let Some(Waiting { req, retried }) = self.queue.pop_front() else {
+            let Some(Waiting { req }) = self.queue.pop_front() else {
                 break;
             };
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
@@ -667,7 +703,9 @@ impl Scheduler {
                 counts: Default::default(),
                 cached: keep,
                 in_flight: false,
-                retried,
+                resume: Default::default(),
+                paused: None,
+                last_token: None,
                 last_fed: None,
                 req,
             });
@@ -709,6 +747,7 @@ impl Scheduler {
             prompt_tokens: a.req.prompt.len(),
             completion_tokens: a.generated,
             cached_tokens: a.cached,
+            resume: a.resume,
         });
     }
 
@@ -842,6 +881,21 @@ impl Scheduler {
                 self.finish(i, Finish::Cancelled);
                 continue;
             }
+            if let Some(t) = a.paused.take() {
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                a.resume.resume_ms += ms;
+                tracing::info!(
+                    replayed = len,
+                    ms,
+                    "request resumed: {} generated token(s) replayed",
+                    a.generated
+                );
+                eprintln!(
+                    "[resumed a request after {ms:.0} ms: {len} tokens replayed ({} generated)]",
+                    a.generated
+                );
+            }
+            a.last_token = Some(Instant::now());
             let reason = sample_one(a, lrow, &self.tokenizer, &self.eog, len, ctx);
             if let Some(f) = reason {
                 self.finish(i, f);

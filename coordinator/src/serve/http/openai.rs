@@ -1,7 +1,7 @@
 //! OpenAI's wire format: request bodies and their checks, response objects, SSE chunks.
 
 use super::{ApiError, CancelOnDrop, Collected};
-use crate::serve::{Finish, GenEvent, Sampling, TokenLogprob};
+use crate::serve::{Finish, GenEvent, ResumeStats, Sampling, TokenLogprob};
 use crate::text::template::Message;
 use axum::body::Bytes;
 use serde::Deserialize;
@@ -342,16 +342,24 @@ pub(crate) struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    pub resume: ResumeStats,
 }
 
 impl Usage {
+    /// OpenAI's usage object; a request resumed after a node loss also has `resumed` (times)
+    /// and `resume_ms` (the pause, summed).
     fn json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        })
+        });
+        if self.resume.resumed > 0 {
+            v["resumed"] = json!(self.resume.resumed);
+            v["resume_ms"] = json!((self.resume.resume_ms * 10.0).round() / 10.0);
+        }
+        v
     }
 }
 
@@ -567,6 +575,7 @@ impl Streamer {
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    resume,
                 }) => {
                     self.guard.disarm();
                     self.ended = true;
@@ -580,6 +589,7 @@ impl Streamer {
                             prompt_tokens,
                             completion_tokens,
                             cached_tokens,
+                            resume,
                         };
                         out += &event(&self.reply.envelope(json!([]), usage.json()));
                     }

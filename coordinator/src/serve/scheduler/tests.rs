@@ -8,6 +8,17 @@ use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_node::{KvType, LoadOptions, Model, Runner};
 
 fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
+    backend_over(arch, slots, queue, 0, |s| Box::new(s))
+}
+
+/// A scheduler over the synthetic model, its `LocalStepper` wrapped by `wrap`.
+fn backend_over(
+    arch: SynthArch,
+    slots: usize,
+    queue: usize,
+    resume_retries: usize,
+    wrap: impl FnOnce(LocalStepper) -> Box<dyn Stepper>,
+) -> Arc<SchedBackend> {
     let bytes = synth_model(&SynthSpec::new(arch, ringllm_kernels::GgmlType::Q8_0, 7)).unwrap();
     let file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
     let spec = TokenizerSpec::from_gguf(file.metadata()).unwrap();
@@ -16,7 +27,7 @@ fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
     let runner = Runner::new(model, 2, 16 + slots, 128);
     let stepper = LocalStepper::new(runner, slots, 128, KvType::F32);
     SchedBackend::start(
-        Box::new(stepper),
+        wrap(stepper),
         tok,
         None,
         "synth".into(),
@@ -25,6 +36,7 @@ fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
             queue,
             prefill_chunk: 16,
             ctx: 128,
+            resume_retries,
         },
     )
     .unwrap()
@@ -260,7 +272,12 @@ type ScriptedRun = (
 
 /// A scheduler over `Scripted` (2 slots, chunks of 16); `gated`: each step waits for the
 /// go-ahead.
-fn scripted(gated: bool, fail: fn(usize) -> bool, retry: Option<u64>) -> ScriptedRun {
+fn scripted(
+    gated: bool,
+    fail: fn(usize) -> bool,
+    retry: Option<u64>,
+    resume_retries: usize,
+) -> ScriptedRun {
     let bytes = synth_model(&SynthSpec::new(
         SynthArch::Llama,
         ringllm_kernels::GgmlType::Q8_0,
@@ -295,6 +312,7 @@ fn scripted(gated: bool, fail: fn(usize) -> bool, retry: Option<u64>) -> Scripte
             queue: 4,
             prefill_chunk: 16,
             ctx: 512,
+            resume_retries,
         },
     )
     .unwrap();
@@ -344,7 +362,7 @@ fn the_prefill_planner_takes_short_prompts_whole_and_never_skips_one_twice() {
 
 #[test]
 fn a_short_prompt_is_fed_in_the_step_after_it_arrives_while_a_long_one_prefills() {
-    let (b, steps, go) = scripted(true, never, None);
+    let (b, steps, go) = scripted(true, never, None, 0);
     let long = submit(&b, run(100, 10), 1);
     let first = steps.recv().unwrap();
     assert_eq!(first.len(), 1);
@@ -405,9 +423,9 @@ fn outcome(
 }
 
 #[test]
-fn a_request_failing_before_its_first_token_is_retried_once() {
-    // The ring fails once, then works: the request is served.
-    let (b, steps, _go) = scripted(false, first_step_fails, Some(5));
+fn a_failed_request_is_resumed_with_its_prompt_and_tokens_replayed() {
+    // The ring fails once before the first token, then works: the request is served.
+    let (b, steps, _go) = scripted(false, first_step_fails, Some(5), 1);
     assert_eq!(outcome(submit(&b, run(3, 10), 2)), Ok(2));
     let fed: Vec<_> = steps.try_iter().map(|s| s[0].1).collect();
     assert_eq!(
@@ -417,22 +435,150 @@ fn a_request_failing_before_its_first_token_is_retried_once() {
     );
     assert_eq!(b.metrics().requests_total, 1);
     b.shutdown();
-    // It keeps failing: the second failure is the answer, with a retry time.
-    let (b, steps, _go) = scripted(false, every_step_fails, Some(5));
+    // It keeps failing: the failure after the last retry is the answer, with a retry time.
+    let (b, steps, _go) = scripted(false, every_step_fails, Some(5), 1);
     let (message, retry) = outcome(submit(&b, run(3, 10), 2)).unwrap_err();
     assert!(message.contains("'n2'"), "{message}");
+    assert!(message.contains("resumed 1 time"), "{message}");
     assert_eq!(retry, Some(5));
     assert_eq!(steps.try_iter().count(), 2, "one retry");
+    assert_eq!(b.metrics().requests_failed, 1);
+    assert_eq!(b.metrics().slots_busy, 0);
     b.shutdown();
-    // A failure after the first token is not retried.
-    let (b, steps, _go) = scripted(false, second_step_fails, Some(5));
+    // A failure after the first token: the prompt (3) and that token are fed again in one
+    // prefill, then decoding goes on; every token is sent once.
+    let (b, steps, _go) = scripted(false, second_step_fails, Some(5), 1);
+    let mut rx = submit(&b, run(3, 10), 4);
+    let mut tokens = 0;
+    let resume = loop {
+        match rx.blocking_recv() {
+            Some(GenEvent::Token { .. }) => tokens += 1,
+            Some(GenEvent::Done { resume, .. }) => break resume,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(tokens, 4);
+    assert_eq!(resume.resumed, 1);
+    assert!(resume.resume_ms >= 0.0);
+    let fed: Vec<_> = steps.try_iter().map(|s| s[0].1).collect();
+    assert_eq!(fed, vec![3, 1, 4, 1, 1]);
+    b.shutdown();
+    // With no retries it fails.
+    let (b, steps, _go) = scripted(false, second_step_fails, Some(5), 0);
     let (_, retry) = outcome(submit(&b, run(3, 10), 4)).unwrap_err();
     assert_eq!(retry, Some(5));
     assert_eq!(steps.try_iter().count(), 2);
     b.shutdown();
     // One machine: an engine failure is an error at once, with no retry time.
-    let (b, steps, _go) = scripted(false, first_step_fails, None);
+    let (b, steps, _go) = scripted(false, first_step_fails, None, 2);
     assert_eq!(outcome(submit(&b, run(3, 10), 2)).unwrap_err().1, None);
     assert_eq!(steps.try_iter().count(), 1);
     b.shutdown();
+}
+
+/// The real model behind a stepper whose steps in `fail_at` fail before running and lose
+/// every slot's cache, as a ring losing a node does.
+struct Failing {
+    inner: LocalStepper,
+    fail_at: &'static [usize],
+    steps: usize,
+}
+
+impl Stepper for Failing {
+    fn step(&mut self, feeds: &[Feed], logits: &mut Vec<f32>) -> Result<()> {
+        self.steps += 1;
+        if self.fail_at.contains(&self.steps) {
+            for i in 0..self.inner.slots() {
+                self.inner.truncate(i, 0);
+            }
+            anyhow::bail!("node 'n2' lost");
+        }
+        self.inner.step(feeds, logits)
+    }
+    fn len(&self, slot: usize) -> usize {
+        self.inner.len(slot)
+    }
+    fn truncate(&mut self, slot: usize, len: usize) -> bool {
+        self.inner.truncate(slot, len)
+    }
+    fn vocab(&self) -> usize {
+        self.inner.vocab()
+    }
+    fn slots(&self) -> usize {
+        self.inner.slots()
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+    fn retry_after_s(&self) -> Option<u64> {
+        Some(1)
+    }
+}
+
+/// Ids and resume counts of requests with their sampling, run together.
+fn ids_of(b: &SchedBackend, reqs: &[(Vec<u32>, Sampling)]) -> Vec<(Vec<u32>, u32)> {
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|(p, s)| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            b.submit(GenRequest {
+                prompt: p.clone(),
+                max_tokens: 24,
+                sampling: s.clone(),
+                stop: Vec::new(),
+                logprobs: None,
+                events: tx,
+                cancel: Arc::new(AtomicBool::new(false)),
+            })
+            .unwrap();
+            rx
+        })
+        .collect();
+    rxs.into_iter()
+        .map(|mut rx| {
+            let mut ids = Vec::new();
+            loop {
+                match rx.blocking_recv() {
+                    Some(GenEvent::Token { id, .. }) => ids.push(id),
+                    Some(GenEvent::Done { resume, .. }) => return (ids, resume.resumed),
+                    other => panic!("{other:?}"),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Two failures mid-answer (greedy and seeded sampling in one batch): the resumed requests
+/// give exactly the tokens of the uninterrupted run; the sampler's random state goes on.
+#[test]
+fn resumed_requests_equal_the_uninterrupted_run_greedy_and_seeded() {
+    let seeded = Sampling {
+        temperature: 0.9,
+        seed: Some(42),
+        ..greedy()
+    };
+    let reqs = [
+        (prompts()[1].clone(), greedy()),
+        (prompts()[2].clone(), seeded),
+    ];
+    let plain = backend(SynthArch::Llama, 2, 4);
+    let want = ids_of(&plain, &reqs);
+    plain.shutdown();
+    assert!(
+        want.iter().all(|(ids, r)| ids.len() >= 12 && *r == 0),
+        "{want:?}"
+    );
+    let failing = backend_over(SynthArch::Llama, 2, 4, 2, |s| {
+        Box::new(Failing {
+            inner: s,
+            fail_at: &[6, 11],
+            steps: 0,
+        })
+    });
+    let got = ids_of(&failing, &reqs);
+    failing.shutdown();
+    for ((g, resumed), (w, _)) in got.iter().zip(&want) {
+        assert_eq!(g, w);
+        assert_eq!(*resumed, 2);
+    }
 }

@@ -133,6 +133,7 @@ fn cancelled_done() -> GenEvent {
         prompt_tokens: 1,
         completion_tokens: 1,
         cached_tokens: 0,
+        resume: Default::default(),
     }
 }
 
@@ -162,12 +163,14 @@ impl Backend for Scripted {
                             prompt_tokens: 0,
                             completion_tokens,
                             cached_tokens,
+                            resume,
                         } => GenEvent::Done {
                             finish,
                             text,
                             prompt_tokens: req.prompt.len(),
                             completion_tokens,
                             cached_tokens,
+                            resume,
                         },
                         e => e,
                     };
@@ -257,6 +260,7 @@ fn done(finish: Finish, completion_tokens: usize) -> GenEvent {
         prompt_tokens: 0,
         completion_tokens,
         cached_tokens: 0,
+        resume: Default::default(),
     }
 }
 
@@ -491,6 +495,7 @@ fn hello() -> Vec<GenEvent> {
             prompt_tokens: 0,
             completion_tokens: 4,
             cached_tokens: 3,
+            resume: Default::default(),
         },
     ]
 }
@@ -563,6 +568,7 @@ fn chat_answers_with_the_text_usage_and_the_templated_prompt() {
     assert_eq!(u["completion_tokens"], 4);
     assert_eq!(u["total_tokens"], want.len() + 4);
     assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 3);
+    assert!(u.get("resumed").is_none() && u.get("resume_ms").is_none());
     // No max_tokens: what the context leaves; OpenAI's default temperature.
     assert_eq!(max_tokens, 256 - want.len());
     assert_eq!(temperature, 1.0);
@@ -729,6 +735,30 @@ fn chat_streams_sse_chunks_ending_with_done() {
     let last = &chunks[chunks.len() - 1]["choices"][0];
     assert_eq!(last["delta"], json!({}));
     assert_eq!(last["finish_reason"], "stop");
+}
+
+/// A request resumed after a node loss says so in `usage`, streamed or not.
+#[test]
+fn a_resumed_request_reports_it_in_usage() {
+    let mut events = hello();
+    if let Some(GenEvent::Done { resume, .. }) = events.last_mut() {
+        *resume = crate::serve::ResumeStats {
+            resumed: 1,
+            resume_ms: 812.345,
+        };
+    }
+    let s = start(Scripted::new(Script::Events(events)), None);
+    let r = post(s.addr, "/v1/chat/completions", &chat_body(json!({})));
+    let u = &r.json()["usage"];
+    assert_eq!(u["resumed"], 1);
+    assert_eq!(u["resume_ms"], 812.3);
+    let body = chat_body(json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let chunks = post(s.addr, "/v1/chat/completions", &body).chunks();
+    let u = &chunks[chunks.len() - 1]["usage"];
+    assert_eq!(
+        (u["resumed"].clone(), u["resume_ms"].clone()),
+        (json!(1), json!(812.3))
+    );
 }
 
 #[test]
