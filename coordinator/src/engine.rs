@@ -614,6 +614,8 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
+    /// What ran the layers held in this process: "cpu" or "gpu: <adapter> (…)".
+    pub backend: String,
     #[serde(skip)]
     pub context_full: bool,
     #[serde(skip)]
@@ -699,6 +701,7 @@ pub fn generate(
         finish_reason: FinishReason::Length,
         prefill_tokens_per_s: 0.0,
         decode_tokens_per_s: 0.0,
+        backend: engine.runner.backend_name(),
         context_full: false,
         prefill_tokens: 0,
         resumed: 0,

@@ -83,9 +83,6 @@ pub struct GpuLayers {
     layers: Vec<GpuLayer>,
     head: Option<Head>,
     scratch: Scratch,
-    /// Forward calls left before a simulated device loss (`RINGLLM_GPU_FAIL_AFTER`: the
-    /// tests' way to lose a device mid-request).
-    fail_after: Option<u64>,
 }
 
 fn be(e: GpuError) -> ModelError {
@@ -173,9 +170,6 @@ impl GpuLayers {
             cs_global: gpu.storage("cs_global", mb * half * 8).map_err(be)?,
         };
         gpu.wait().map_err(be)?;
-        let fail_after = std::env::var("RINGLLM_GPU_FAIL_AFTER")
-            .ok()
-            .and_then(|v| v.parse().ok());
         tracing::info!(
             adapter = %gpu.summary(),
             layers = model.layers.len(),
@@ -190,7 +184,6 @@ impl GpuLayers {
             layers,
             head,
             scratch,
-            fail_after,
         })
     }
 
@@ -198,14 +191,22 @@ impl GpuLayers {
         &self.gpu
     }
 
-    /// Counts a forward call against `RINGLLM_GPU_FAIL_AFTER`, losing the device when the
-    /// count runs out; then fails when the device is lost.
+    /// Counts a forward call against `RINGLLM_GPU_FAIL_AFTER=N` (the tests' way to lose a
+    /// device mid-request, as a driver reset would: once per process, at its N-th forward
+    /// call on a GPU), then fails when the device is lost.
     fn check(&mut self) -> Result<(), ModelError> {
-        if let Some(n) = self.fail_after.as_mut() {
-            if *n == 0 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::OnceLock;
+        static AT: OnceLock<Option<u64>> = OnceLock::new();
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        let at = AT.get_or_init(|| {
+            std::env::var("RINGLLM_GPU_FAIL_AFTER")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        });
+        if let Some(at) = at {
+            if CALLS.fetch_add(1, Ordering::Relaxed) + 1 == *at {
                 self.gpu.simulate_loss("RINGLLM_GPU_FAIL_AFTER reached");
-            } else {
-                *n -= 1;
             }
         }
         self.gpu.check_lost().map_err(be)
