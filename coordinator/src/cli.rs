@@ -559,6 +559,10 @@ pub struct BenchArgs {
     pub memory: Option<u64>,
     #[command(flatten)]
     pub stream: StreamArgs,
+    /// What runs the layers and the head for -m MODEL: cpu, gpu (reports the adapter; its
+    /// roofline is the GPU's measured matrix × vector bandwidth) or auto.
+    #[arg(long, default_value = "cpu")]
+    pub backend: ringllm_node::BackendChoice,
     /// Benchmark a ring (cluster file) next to the single process, in the same run.
     #[arg(long)]
     pub cluster: Option<PathBuf>,

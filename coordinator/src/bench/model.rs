@@ -22,8 +22,8 @@ struct Row {
     /// Decode only: the roofline itself, tokens/s (measured read bandwidth ÷ weight bytes
     /// per token).
     roofline_tokens_per_s: Option<f64>,
-    /// The kernel set and the machine the figure came from.
-    isa: &'static str,
+    /// The kernel set (or the GPU adapter) and the machine the figure came from.
+    isa: String,
     machine: String,
     /// Decode with streamed layers: what the streamed tier cost.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -75,7 +75,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
             repack: !args.no_repack,
             memory: args.memory,
             stream: args.stream.settings(),
-            backend: ringllm_node::BackendChoice::Cpu,
+            backend: args.backend,
         },
         threads.iter().copied().max().unwrap_or(1),
     )?);
@@ -93,6 +93,20 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         ringllm_kernels::isa().name(),
         ringllm_node::sys::machine_summary()
     );
+    // Off the CPU: the adapter's name, and its measured matrix × vector bandwidth as the
+    // roofline (host threads only embed and sample: one thread).
+    let gpu = ringllm_node::backend::probe(args.backend)?;
+    let threads = if gpu.is_some() { vec![1] } else { threads };
+    let isa = match &gpu {
+        Some((name, speed)) => {
+            eprintln!(
+                "backend {name}: measured matvec bandwidth {:.2} GB/s (Q4_0 4096 × 4096)",
+                speed / 1e9
+            );
+            name.clone()
+        }
+        None => ringllm_kernels::isa().name().to_string(),
+    };
     let mut rows = Vec::new();
     for &t in &threads {
         let t = t.max(1);
@@ -102,13 +116,17 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         } else {
             bytes_per_token
         };
-        let bw = measure_bandwidth(t, probe);
+        let bw = match &gpu {
+            Some((_, speed)) => *speed,
+            None => measure_bandwidth(t, probe),
+        };
         let roof = bw / bytes_per_token as f64;
         eprintln!(
-            "threads {t}: memory read bandwidth {:.2} GB/s -> decode roofline {roof:.1} tok/s",
+            "threads {t}: read bandwidth {:.2} GB/s -> decode roofline {roof:.1} tok/s",
             bw / 1e9
         );
         let mut runner = Runner::new(Arc::clone(&model), t, max_p.min(512), ctx);
+        ringllm::engine::set_backend(&mut runner, args.backend)?;
         ringllm::skip::apply(
             &mut runner,
             &ringllm::skip::SkipOptions::from(&args.skip),
@@ -142,7 +160,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 stddev: sd,
                 roofline_pct: None,
                 roofline_tokens_per_s: None,
-                isa: ringllm_kernels::isa().name(),
+                isa: isa.clone(),
                 machine: ringllm_node::sys::machine_summary(),
                 streaming: None,
             });
@@ -179,7 +197,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 stddev: sd,
                 roofline_pct: Some(100.0 * mean / roof),
                 roofline_tokens_per_s: Some(roof),
-                isa: ringllm_kernels::isa().name(),
+                isa: isa.clone(),
                 machine: ringllm_node::sys::machine_summary(),
                 streaming,
             });
