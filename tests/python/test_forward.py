@@ -154,6 +154,9 @@ def test_every_kernel_level_matches_reference(level, tmp_path):
     the avx512 level) on both real models and on synthetic models in the legacy formats."""
     if not level_available(level):
         pytest.skip(f"this CPU lacks the {level} level")
+    best = next(lv for lv in ["avx512", "vnni", "avx2", "scalar"] if level_available(lv))
+    if level == best and "RINGLLM_ISA" not in os.environ:
+        pytest.skip(f"{level} is this CPU's best level: the other tests of this file run at it")
     env = dict(os.environ, RINGLLM_ISA=level)
     for name in [GEMMA.name, SMOL.name]:
         path = model_path(name)
