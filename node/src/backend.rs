@@ -83,46 +83,57 @@ pub trait LayerBackend: Send {
     ) -> Result<(), ModelError>;
 }
 
+/// The GPU `choice` asks for: `Ok(None)` for the CPU, and for `auto` when no GPU other than a
+/// software rasterizer opens (said in the log); an error for `gpu` when none opens, or when
+/// this build has no GPU backend.
+#[cfg(feature = "gpu")]
+fn open_gpu(choice: BackendChoice) -> Result<Option<ringllm_gpu::Gpu>, ModelError> {
+    if choice == BackendChoice::Cpu {
+        return Ok(None);
+    }
+    let opts = ringllm_gpu::GpuOptions {
+        allow_software: choice == BackendChoice::Gpu,
+        ..Default::default()
+    };
+    match ringllm_gpu::Gpu::open(&opts) {
+        Ok(gpu) => Ok(Some(gpu)),
+        Err(e) if choice == BackendChoice::Auto => {
+            tracing::info!("backend auto: {e}; running on the CPU");
+            Ok(None)
+        }
+        Err(e) => Err(ModelError::Backend(format!("--backend gpu: {e}"))),
+    }
+}
+
+#[cfg(not(feature = "gpu"))]
+fn open_gpu(choice: BackendChoice) -> Result<Option<std::convert::Infallible>, ModelError> {
+    match choice {
+        BackendChoice::Gpu => Err(ModelError::Backend(
+            "--backend gpu: this build has no GPU backend (built without the `gpu` feature)".into(),
+        )),
+        BackendChoice::Cpu | BackendChoice::Auto => Ok(None),
+    }
+}
+
 /// The start-up check of a node's `--backend`: `Ok(None)` for the CPU (also `auto` with no
 /// GPU), else the adapter's description and its measured speed of a quantized matrix ×
 /// vector, bytes of weights per second (the planner's speed for this node).
 pub fn probe(choice: BackendChoice) -> Result<Option<(String, f64)>, ModelError> {
-    match choice {
-        BackendChoice::Cpu => Ok(None),
-        #[cfg(feature = "gpu")]
-        BackendChoice::Gpu | BackendChoice::Auto => {
-            let opts = ringllm_gpu::GpuOptions {
-                allow_software: choice == BackendChoice::Gpu,
-                ..Default::default()
-            };
-            let gpu = match ringllm_gpu::Gpu::open(&opts) {
-                Ok(g) => g,
-                Err(e) if choice == BackendChoice::Auto => {
-                    tracing::info!("backend auto: {e}; running on the CPU");
-                    return Ok(None);
-                }
-                Err(e) => return Err(ModelError::Backend(format!("--backend gpu: {e}"))),
-            };
-            // A Q4_0 matrix of 4096 × 4096 (9 MiB): large enough to leave the caches of
-            // an integrated GPU, small enough to measure in well under a second.
-            let (secs, bytes) = ringllm_gpu::qmat::bench_matvec(
-                &gpu,
-                ringllm_kernels::GgmlType::Q4_0,
-                4096,
-                4096,
-                8,
-            )
-            .map_err(|e| ModelError::Backend(e.to_string()))?;
-            let speed = if secs > 0.0 { bytes as f64 / secs } else { 0.0 };
-            Ok(Some((format!("gpu: {}", gpu.summary()), speed)))
-        }
-        #[cfg(not(feature = "gpu"))]
-        BackendChoice::Gpu => Err(ModelError::Backend(
-            "--backend gpu: this build has no GPU backend (built without the `gpu` feature)".into(),
-        )),
-        #[cfg(not(feature = "gpu"))]
-        BackendChoice::Auto => Ok(None),
+    let Some(gpu) = open_gpu(choice)? else {
+        return Ok(None);
+    };
+    #[cfg(feature = "gpu")]
+    {
+        // A Q4_0 matrix of 4096 × 4096 (9 MiB): large enough to leave the caches of an
+        // integrated GPU, small enough to measure in well under a second.
+        let (secs, bytes) =
+            ringllm_gpu::qmat::bench_matvec(&gpu, ringllm_kernels::GgmlType::Q4_0, 4096, 4096, 8)
+                .map_err(|e| ModelError::Backend(e.to_string()))?;
+        let speed = if secs > 0.0 { bytes as f64 / secs } else { 0.0 };
+        Ok(Some((format!("gpu: {}", gpu.summary()), speed)))
     }
+    #[cfg(not(feature = "gpu"))]
+    match gpu {}
 }
 
 /// Opens the backend `choice` asks for, for `model` (a slice with no streamed layers), with
@@ -132,33 +143,18 @@ pub fn open(
     model: &Model,
     max_batch: usize,
 ) -> Result<Option<Box<dyn LayerBackend>>, ModelError> {
-    match choice {
-        BackendChoice::Cpu => Ok(None),
-        #[cfg(feature = "gpu")]
-        BackendChoice::Gpu | BackendChoice::Auto => {
-            let opts = ringllm_gpu::GpuOptions {
-                allow_software: choice == BackendChoice::Gpu,
-                ..Default::default()
-            };
-            match ringllm_gpu::Gpu::open(&opts) {
-                Ok(gpu) => Ok(Some(Box::new(crate::gpu::GpuLayers::new(
-                    gpu, model, max_batch,
-                )?))),
-                Err(e) if choice == BackendChoice::Auto => {
-                    tracing::info!("backend auto: {e}; running on the CPU");
-                    Ok(None)
-                }
-                Err(e) => Err(ModelError::Backend(e.to_string())),
-            }
-        }
-        #[cfg(not(feature = "gpu"))]
-        BackendChoice::Gpu => Err(ModelError::Backend(
-            "this build has no GPU backend (built without the `gpu` feature)".into(),
-        )),
-        #[cfg(not(feature = "gpu"))]
-        BackendChoice::Auto => {
-            let _ = (model, max_batch);
-            Ok(None)
-        }
+    let Some(gpu) = open_gpu(choice)? else {
+        return Ok(None);
+    };
+    #[cfg(feature = "gpu")]
+    {
+        Ok(Some(Box::new(crate::gpu::GpuLayers::new(
+            gpu, model, max_batch,
+        )?)))
+    }
+    #[cfg(not(feature = "gpu"))]
+    {
+        let _ = (model, max_batch);
+        match gpu {}
     }
 }
