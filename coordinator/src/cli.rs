@@ -92,7 +92,7 @@ pub struct LayoutArgs {
     /// included; fails when none opens); auto (a GPU that is not a software rasterizer, else
     /// the CPU).
     #[arg(long, default_value = "cpu")]
-    pub backend: ringllm_node::BackendChoice,
+    pub backend: ringllm_model::BackendChoice,
 }
 
 /// Layers streamed from disk when they do not fit the memory budget.
@@ -102,7 +102,7 @@ pub struct StreamArgs {
     /// all: stream every layer (the naive baseline); off: map everything and let the kernel
     /// page.
     #[arg(long = "stream", default_value = "auto")]
-    pub mode: ringllm_node::stream::StreamMode,
+    pub mode: ringllm_model::stream::StreamMode,
     /// Layers read ahead of the compute when streaming, 1-16 (default: chosen from the
     /// measured disk read rate and compute speed).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
@@ -110,8 +110,8 @@ pub struct StreamArgs {
 }
 
 impl StreamArgs {
-    pub fn settings(&self) -> ringllm_node::stream::StreamSettings {
-        ringllm_node::stream::StreamSettings {
+    pub fn settings(&self) -> ringllm_model::stream::StreamSettings {
+        ringllm_model::stream::StreamSettings {
             mode: self.mode,
             prefetch: self.prefetch.map(|p| p as usize),
         }
@@ -152,7 +152,7 @@ pub struct SkipArgs {
     #[arg(long, value_name = "auto[:PREDICTOR]")]
     pub skip: Option<ringllm::skip::SkipSetting>,
     /// With --skip: most layers one token may skip in a row.
-    #[arg(long, value_name = "N", default_value_t = ringllm_node::skip::DEFAULT_MAX_SKIP)]
+    #[arg(long, value_name = "N", default_value_t = ringllm_model::skip::DEFAULT_MAX_SKIP)]
     pub max_skip: usize,
 }
 
@@ -562,7 +562,7 @@ pub struct BenchArgs {
     /// What runs the layers and the head for -m MODEL: cpu, gpu (reports the adapter; its
     /// roofline is the GPU's measured matrix × vector bandwidth) or auto.
     #[arg(long, default_value = "cpu")]
-    pub backend: ringllm_node::BackendChoice,
+    pub backend: ringllm_model::BackendChoice,
     /// Benchmark a ring (cluster file) next to the single process, in the same run.
     #[arg(long)]
     pub cluster: Option<PathBuf>,

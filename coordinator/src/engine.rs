@@ -6,8 +6,8 @@ use crate::cluster::ring::{Ring, RingSpec, Stage, TransferCut};
 use crate::text::sampler::{Sampler, StopStrings};
 use crate::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm_node::gguf::{GgufError, GgufFile};
-use ringllm_node::{limits, KvCache, KvType, LoadOptions, Model, Runner};
+use ringllm_model::gguf::{GgufError, GgufFile};
+use ringllm_model::{limits, KvCache, KvType, LoadOptions, Model, Runner};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,9 +32,9 @@ pub struct ModelOptions {
     /// `--memory`: the most this process may use (with what the machine and its cgroup
     /// leave, [`limits::budget`]); layers beyond it are streamed from disk.
     pub memory: Option<u64>,
-    pub stream: ringllm_node::stream::StreamSettings,
+    pub stream: ringllm_model::stream::StreamSettings,
     /// What runs the layers held here (`--backend`).
-    pub backend: ringllm_node::BackendChoice,
+    pub backend: ringllm_model::BackendChoice,
 }
 
 /// The context size: `asked` (`--ctx`), else the model's trained context capped at 4096. A
@@ -56,8 +56,8 @@ pub fn context_size(asked: Option<usize>, ctx_train: usize) -> usize {
 }
 
 /// Puts `runner`'s layers and head on the backend `choice` asks for (`--backend`).
-pub fn set_backend(runner: &mut Runner, choice: ringllm_node::BackendChoice) -> Result<()> {
-    let b = ringllm_node::backend::open(choice, &runner.model, runner.max_batch())?;
+pub fn set_backend(runner: &mut Runner, choice: ringllm_model::BackendChoice) -> Result<()> {
+    let b = ringllm_model::backend::open(choice, &runner.model, runner.max_batch())?;
     runner.set_backend(b)?;
     Ok(())
 }
@@ -95,7 +95,7 @@ pub struct RingMode {
     pub file: Arc<GgufFile>,
     /// `None` after a failure, until `recover` rebuilds the ring.
     pub ring: Option<Ring>,
-    pub hp: ringllm_node::Hparams,
+    pub hp: ringllm_model::Hparams,
 }
 
 /// Opens a GGUF file with a message that names the file.
@@ -119,7 +119,7 @@ pub fn open_gguf(path: &std::path::Path) -> Result<Arc<GgufFile>> {
 /// budget less a headroom, the runner's scratch and KV cache, and the output head (held in
 /// owned memory when streaming; the embedding stays mapped, one row read per token).
 pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> Result<Model> {
-    use ringllm_node::stream;
+    use ringllm_model::stream;
     let probe = Model::load(
         Arc::clone(file),
         &LoadOptions {
@@ -180,7 +180,7 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
     Ok(Model::load(
         Arc::clone(file),
         &LoadOptions {
-            repack: args.repack && args.backend == ringllm_node::BackendChoice::Cpu,
+            repack: args.repack && args.backend == ringllm_model::BackendChoice::Cpu,
             stream: streamer.map(|s| s.0),
             ..LoadOptions::default()
         },
@@ -353,7 +353,7 @@ impl Engine {
             .count()
             .min(tokens.len().saturating_sub(1));
         let ok = match &self.ring {
-            Some(m) => ringllm_node::kv::can_truncate(
+            Some(m) => ringllm_model::kv::can_truncate(
                 &m.hp,
                 self.ctx,
                 self.runner.max_batch(),
@@ -551,7 +551,7 @@ impl RingMode {
                 layers: Some(local),
                 embedding: true,
                 head: !ring.head_on_node,
-                repack: self.args.repack && self.args.backend == ringllm_node::BackendChoice::Cpu,
+                repack: self.args.repack && self.args.backend == ringllm_model::BackendChoice::Cpu,
                 stream: None,
             },
         )?;

@@ -1,10 +1,10 @@
 //! Predictive layer skip for the commands that run a model (`run`, `bench`, `perplexity`,
 //! and later `up`): what `--skip` asks for, where the predictor file is, and loading it for a
-//! model (`ringllm_node::skip` holds the predictor, `Runner::set_skip` the skipping).
+//! model (`ringllm_model::skip` holds the predictor, `Runner::set_skip` the skipping).
 
 use anyhow::{Context, Result};
-use ringllm_node::skip::{Predictor, SkipModelId, SkipPolicy};
-use ringllm_node::{Model, Runner};
+use ringllm_model::skip::{Predictor, SkipModelId, SkipPolicy};
+use ringllm_model::{Model, Runner};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -51,8 +51,8 @@ impl Default for SkipOptions {
     fn default() -> Self {
         SkipOptions {
             setting: SkipSetting::Off,
-            max_skip: ringllm_node::skip::DEFAULT_MAX_SKIP,
-            confidence: ringllm_node::skip::DEFAULT_CONFIDENCE,
+            max_skip: ringllm_model::skip::DEFAULT_MAX_SKIP,
+            confidence: ringllm_model::skip::DEFAULT_CONFIDENCE,
         }
     }
 }

@@ -73,7 +73,7 @@ fn start_nodes_in(names: &[&str], models_dir: PathBuf, cache_dir: PathBuf) -> No
                     // Every other node keeps the file's layout: a ring may mix both.
                     repack: addrs.len() % 2 == 0,
                     stream: Default::default(),
-                    backend: ringllm_node::BackendChoice::Cpu,
+                    backend: ringllm_model::BackendChoice::Cpu,
                 };
                 let listener = Listener::new(tcp, &opts).expect("listener");
                 addrs.push(listener.local_addr().expect("local address"));
@@ -119,7 +119,7 @@ fn options() -> ModelOptions {
         repack: true,
         memory: None,
         stream: Default::default(),
-        backend: ringllm_node::BackendChoice::Cpu,
+        backend: ringllm_model::BackendChoice::Cpu,
     }
 }
 

@@ -7,7 +7,7 @@
 use ringllm::text::resolve_template;
 use ringllm::text::template::Message;
 use ringllm::text::tokenizer::{Piece, Tokenizer, TokenizerSpec};
-use ringllm_node::gguf::GgufFile;
+use ringllm_model::gguf::GgufFile;
 use serde_json::Value;
 use std::path::PathBuf;
 

@@ -3,8 +3,8 @@
 //! byte fallback, at the real vocabulary sizes.
 
 use ringllm::text::tokenizer::{Tokenizer, TokenizerSpec};
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::synth::{shape, tokenizer_gguf, VocabKind};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::synth::{shape, tokenizer_gguf, VocabKind};
 
 const TEXTS: &[&str] = &[
     "Hello world, the model said it would make the water people.",

@@ -12,7 +12,7 @@
 //! same text in chunks that never split a character.
 
 use ringllm::text::tokenizer::{StreamDecoder, Tokenizer, TokenizerError, TokenizerSpec};
-use ringllm_node::gguf::GgufFile;
+use ringllm_model::gguf::GgufFile;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

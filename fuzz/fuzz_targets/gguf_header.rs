@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringllm_node::gguf::GgufFile;
+use ringllm_model::gguf::GgufFile;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(f) = GgufFile::from_bytes(data.to_vec()) {

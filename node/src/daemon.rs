@@ -29,11 +29,12 @@ mod worker;
 pub use error::{AssignError, DaemonError, StageError};
 use worker::{Attached, SessionStats, Worker};
 
-use crate::gguf::GgufFile;
-use crate::model::{LoadOptions, Model};
-use crate::stream::{StreamMode, StreamSettings, Streamer};
-use crate::{limits, sys};
-use crate::{KvCache, KvType, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::model::{LoadOptions, Model};
+use ringllm_model::stream::{StreamMode, StreamSettings, Streamer};
+use ringllm_model::slice::model_identity;
+use ringllm_model::{limits, sys};
+use ringllm_model::{KvCache, KvType, Runner};
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, ErrorCode, ErrorMsg, Holder as StatusHolder, ModelIdentity,
     NextHop, NodeStatus, Ready, SliceKey, StageLayout, StageStatus, Stats,
@@ -97,12 +98,12 @@ pub struct NodeOptions {
     /// machine and its cgroup leave ([`limits::budget`]). `None`: no cap of its own.
     pub memory: Option<u64>,
     /// Repack weights into panels at load where the kernels read them
-    /// ([`crate::LoadOptions::repack`]); `--no-repack` turns it off for this node.
+    /// ([`ringllm_model::LoadOptions::repack`]); `--no-repack` turns it off for this node.
     pub repack: bool,
     /// `--stream`, `--prefetch`: layers streamed from disk when they do not fit.
     pub stream: StreamSettings,
     /// `--backend`: what runs the layers of an assignment.
-    pub backend: crate::BackendChoice,
+    pub backend: ringllm_model::BackendChoice,
 }
 
 type Outgoing = (FrameHeader, Vec<u8>);
@@ -257,18 +258,6 @@ impl Listener {
     }
 }
 
-/// Identity of a model file (what assignments name).
-pub fn model_identity(path: &Path, file: &GgufFile) -> ModelIdentity {
-    ModelIdentity {
-        file_name: path
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        size: file.bytes().len() as u64,
-        header_hash: file.header_hash(),
-    }
-}
-
 /// The read rate of the largest model or slice file under `dirs` (page cache bypassed), for
 /// the planner's streaming plans; 0 when there is none or it cannot be read.
 fn disk_read_rate(dirs: &[&Path]) -> f64 {
@@ -301,8 +290,8 @@ fn disk_read_rate(dirs: &[&Path]) -> f64 {
     };
     // From a quarter in (the start is the header, likely cached anyway); 256 MiB, so that a
     // throttled or bursty device shows its sustained rate.
-    crate::stream::measure_read_rate(&path, len / 4, 256 << 20)
-        .or_else(|_| crate::stream::measure_read_rate(&path, 0, 256 << 20))
+    ringllm_model::stream::measure_read_rate(&path, len / 4, 256 << 20)
+        .or_else(|_| ringllm_model::stream::measure_read_rate(&path, 0, 256 << 20))
         .unwrap_or(0.0)
 }
 
@@ -358,7 +347,7 @@ pub async fn serve(
     // A GPU backend is opened once now: a node asked for one that has none refuses to start,
     // and the planner gets the GPU's measured speed instead of the CPU's.
     let choice = opts.backend;
-    let gpu = tokio::task::spawn_blocking(move || crate::backend::probe(choice))
+    let gpu = tokio::task::spawn_blocking(move || ringllm_model::backend::probe(choice))
         .await
         .map_err(DaemonError::Probe)?
         .map_err(|e| DaemonError::Backend(e.to_string()))?;
@@ -1236,7 +1225,7 @@ async fn assign(
     limits::check("KV slots", slots, limits::MAX_SLOTS).map_err(limit)?;
     let n2 = name.clone();
     let cap = node.opts.memory;
-    let repack = node.opts.repack && node.opts.backend == crate::BackendChoice::Cpu;
+    let repack = node.opts.repack && node.opts.backend == ringllm_model::BackendChoice::Cpu;
     let backend = node.opts.backend;
     let settings = node.opts.stream;
     let layout = a.layout.clone();
@@ -1390,7 +1379,7 @@ struct StageLoad<'a> {
     layout: &'a StageLayout,
     head: bool,
     repack: bool,
-    backend: crate::BackendChoice,
+    backend: ringllm_model::BackendChoice,
     cap: Option<u64>,
     settings: StreamSettings,
     threads: usize,
@@ -1512,7 +1501,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         let depth = settings
             .prefetch
             .unwrap_or(2)
-            .clamp(1, crate::stream::MAX_DEPTH);
+            .clamp(1, ringllm_model::stream::MAX_DEPTH);
         let mut order: Vec<usize> = s.layout.streamed.iter().map(|&l| l as usize).collect();
         // The coordinator planned from what this node reported; if the budget has shrunk
         // since, stream more (the last resident layers first) rather than overrun it.
@@ -1521,7 +1510,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
             let sizes: Vec<(usize, u64)> = all
                 .iter()
                 .map(|&l| {
-                    let b = crate::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len());
+                    let b = ringllm_model::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len());
                     (l, b as u64)
                 })
                 .collect();
@@ -1554,7 +1543,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         Some(Arc::new(st))
     } else {
         let head_bytes = if s.head {
-            crate::stream::head_bytes(&s.file)
+            ringllm_model::stream::head_bytes(&s.file)
         } else {
             0
         };
@@ -1570,7 +1559,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         } else {
             None
         };
-        crate::stream::decide(&s.file, &all, budget, &settings, s.threads, 0.0)
+        ringllm_model::stream::decide(&s.file, &all, budget, &settings, s.threads, 0.0)
             .map_err(|why| AssignError::Layout {
                 node: node.clone(),
                 why,
@@ -1599,7 +1588,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         models.push(Arc::new(model));
     }
     let mut runner = Runner::new(Arc::clone(&models[0]), s.threads, s.max_batch, s.ctx);
-    if s.backend != crate::BackendChoice::Cpu {
+    if s.backend != ringllm_model::BackendChoice::Cpu {
         let why = |w: String| AssignError::Layout {
             node: node.clone(),
             why: format!("backend {:?}: {w}", s.backend),
@@ -1607,7 +1596,7 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         if models.len() > 1 {
             return Err(why("a multi-round ring runs on the CPU backend only".into()));
         }
-        let b = crate::backend::open(s.backend, &models[0], s.max_batch)
+        let b = ringllm_model::backend::open(s.backend, &models[0], s.max_batch)
             .map_err(|e| why(e.to_string()))?;
         runner.set_backend(b).map_err(|e| why(e.to_string()))?;
         info!(backend = %runner.backend_name(), "stage runs on");
@@ -1620,18 +1609,18 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         if models.len() > 1 {
             return Err(why("not available on a multi-round ring".into()));
         }
-        let p = crate::skip::Predictor::from_bytes(&s.layout.skip_predictor).map_err(why)?;
-        let want = crate::skip::SkipModelId::new(&hp, s.model_hash);
+        let p = ringllm_model::skip::Predictor::from_bytes(&s.layout.skip_predictor).map_err(why)?;
+        let want = ringllm_model::skip::SkipModelId::new(&hp, s.model_hash);
         if p.model != want {
             return Err(why(format!(
                 "the predictor was made for {}, this ring runs {want}",
                 p.model
             )));
         }
-        let policy = crate::skip::SkipPolicy {
+        let policy = ringllm_model::skip::SkipPolicy {
             confidence: (s.layout.skip_confidence_ppm as f32 / 1e6).clamp(0.5, 1.0),
             max_skip: s.layout.skip_max as usize,
-            ..crate::skip::SkipPolicy::new(Arc::new(p))
+            ..ringllm_model::skip::SkipPolicy::new(Arc::new(p))
         };
         runner
             .set_skip(Some(policy))

@@ -4,9 +4,9 @@
 
 use ringllm_kernels::GgmlType;
 use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_model::{KvType, LoadOptions, Model, Runner};
 use ringllm_protocol::control::{Assignment, Capabilities, Input, NextHop, StageLayout};
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, BoxLink, DialSpec, LinkRole};
@@ -67,7 +67,7 @@ impl TestNode {
             memory: None,
             repack: true,
             stream: Default::default(),
-            backend: ringllm_node::BackendChoice::Cpu,
+            backend: ringllm_model::BackendChoice::Cpu,
         };
         let listener = Listener::new(tcp, &opts).expect("listener");
         let addr = listener.local_addr().expect("local address");
@@ -237,7 +237,7 @@ async fn session_round_trip(transport: TransportKind) {
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
-    let identity = daemon::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let identity = ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
     let model = Arc::new(
         Model::load(
             Arc::new(GgufFile::from_bytes(bytes).expect("read back")),
@@ -349,7 +349,7 @@ async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
-    let identity = daemon::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let identity = ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
     let n_layer = GgufFile::from_bytes(bytes)
         .map(|f| Model::load(Arc::new(f), &LoadOptions::default()).expect("load"))
         .expect("read back")

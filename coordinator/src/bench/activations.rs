@@ -9,8 +9,8 @@
 use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
 use ringllm::engine::{open_gguf, Engine, ModelOptions};
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::{KvCache, KvType, LoadOptions, Model, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::{KvCache, KvType, LoadOptions, Model, Runner};
 use ringllm_protocol::{activations, Dtype, HEADER_LEN};
 use serde::Serialize;
 use std::ops::Range;
@@ -143,7 +143,7 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
         repack: false,
         memory: None,
         stream: Default::default(),
-        backend: ringllm_node::BackendChoice::Cpu,
+        backend: ringllm_model::BackendChoice::Cpu,
     })?;
     let file = open_gguf(&path)?;
     let n_layer = engine.runner.model.hp.n_layer;

@@ -5,7 +5,7 @@ use crate::cli::BenchArgs;
 use anyhow::Result;
 use ringllm::engine::{default_threads, open_gguf, Engine, ModelOptions};
 use ringllm_kernels::pool::ThreadPool;
-use ringllm_node::{KvType, Runner};
+use ringllm_model::{KvType, Runner};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -91,11 +91,11 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
         bytes_per_token as f64 / 1048576.0,
         model.packed_bytes() as f64 / 1048576.0,
         ringllm_kernels::isa().name(),
-        ringllm_node::sys::machine_summary()
+        ringllm_model::sys::machine_summary()
     );
     // Off the CPU: the adapter's name, and its measured matrix × vector bandwidth as the
     // roofline (host threads only embed and sample: one thread).
-    let gpu = ringllm_node::backend::probe(args.backend)?;
+    let gpu = ringllm_model::backend::probe(args.backend)?;
     let threads = if gpu.is_some() { vec![1] } else { threads };
     let isa = match &gpu {
         Some((name, speed)) => {
@@ -161,7 +161,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 roofline_pct: None,
                 roofline_tokens_per_s: None,
                 isa: isa.clone(),
-                machine: ringllm_node::sys::machine_summary(),
+                machine: ringllm_model::sys::machine_summary(),
                 streaming: None,
             });
         }
@@ -198,7 +198,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
                 roofline_pct: Some(100.0 * mean / roof),
                 roofline_tokens_per_s: Some(roof),
                 isa: isa.clone(),
-                machine: ringllm_node::sys::machine_summary(),
+                machine: ringllm_model::sys::machine_summary(),
                 streaming,
             });
         }
@@ -247,9 +247,9 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
 
 /// What the streamed tier cost over `tokens` decoded tokens since `s0`, against its bound.
 fn stream_row(
-    model: &ringllm_node::Model,
-    st: &ringllm_node::stream::Streamer,
-    s0: &ringllm_node::stream::StreamStats,
+    model: &ringllm_model::Model,
+    st: &ringllm_model::stream::Streamer,
+    s0: &ringllm_model::stream::StreamStats,
     tokens: usize,
     tokens_per_s: f64,
 ) -> Result<StreamRow> {
@@ -464,14 +464,14 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         repack: !args.no_repack,
         memory: args.memory,
         stream: args.stream.settings(),
-        backend: ringllm_node::BackendChoice::Cpu,
+        backend: ringllm_model::BackendChoice::Cpu,
     };
     eprintln!(
         "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns \
          | isa {} | {}",
         s.spec.stages.len(),
         ringllm_kernels::isa().name(),
-        ringllm_node::sys::machine_summary()
+        ringllm_model::sys::machine_summary()
     );
     // Time to the first token: the single process loads and runs one token; the ring
     // connects, plans, sends the slices the nodes lack (all of them with --cold), loads them
@@ -605,7 +605,7 @@ pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCod
         counted_pass_tokens_per_s: 1.0 / ring_s.max(1e-9),
         start,
         isa: ringllm_kernels::isa().name(),
-        machine: ringllm_node::sys::machine_summary(),
+        machine: ringllm_model::sys::machine_summary(),
     };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);

@@ -49,7 +49,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use ringllm_node::limits;
+use ringllm_model::limits;
 use ringllm_protocol::control::KvType;
 use ringllm_protocol::TransportKind;
 use serde::Deserialize;

@@ -8,9 +8,9 @@ use crate::cluster::planner::{
 };
 use crate::cluster::streaming::{self, StreamingPlan};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm_node::daemon::model_identity;
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::{sys, KvCache, KvType, LoadOptions, Model};
+use ringllm_model::slice::model_identity;
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::{sys, KvCache, KvType, LoadOptions, Model};
 use ringllm_protocol::activations;
 use ringllm_protocol::control::{
     Assignment, Capabilities, Control, Input, ModelIdentity, NextHop, Ready, Stats,
@@ -213,7 +213,7 @@ pub fn model_cost(
     max_batch: usize,
     kv: KvType,
     act: Dtype,
-) -> Result<(ModelCost, ringllm_node::Hparams)> {
+) -> Result<(ModelCost, ringllm_model::Hparams)> {
     let m = Model::load(Arc::clone(file), &LoadOptions::default())?;
     let hp = m.hp.clone();
     let layer_weight_bytes: Vec<u64> = m.layers.iter().map(|l| l.weight_bytes() as u64).collect();
@@ -500,12 +500,12 @@ impl Ring {
         let (mut cost, hp) = model_cost(file, ctx, max_batch, kv, spec.activations)?;
         cost.slots = slots.max(1);
         ring.vocab = hp.vocab;
-        let avail = ringllm_node::limits::available_memory().unwrap_or(0);
+        let avail = ringllm_model::limits::available_memory().unwrap_or(0);
         let coord_budget = spec
             .coordinator_memory
             .unwrap_or(avail.saturating_sub(headroom(avail)));
         let scratch = |threads: usize| {
-            ringllm_node::Runner::scratch_bytes(&hp, threads.max(1), max_batch, ctx)
+            ringllm_model::Runner::scratch_bytes(&hp, threads.max(1), max_batch, ctx)
         };
         // Calibration: the probe's speed against this model's real layers and head, measured
         // here; every node's probe speed is scaled by the same factor.
@@ -1364,7 +1364,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<(f64, f64)> {
     let layer_bytes: usize = model.layers.iter().map(|l| l.weight_bytes()).sum();
     let head_bytes = model.output.as_ref().map_or(0, |w| w.bytes());
     let d = hp.d_model;
-    let mut runner = ringllm_node::Runner::new(Arc::clone(&model), threads, 1, 64);
+    let mut runner = ringllm_model::Runner::new(Arc::clone(&model), threads, 1, 64);
     let mut kv = runner.new_cache(64, KvType::F32);
     let mut x = vec![0f32; d];
     let mut logits = vec![0f32; hp.vocab];

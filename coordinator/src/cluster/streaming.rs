@@ -1,5 +1,5 @@
 //! Plans for a model larger than the ring's memory: every node keeps what fits resident and
-//! streams the rest of its layers from disk each token ([`ringllm_node::stream`]). The layers
+//! streams the rest of its layers from disk each token ([`ringllm_model::stream`]). The layers
 //! can be laid out in one window per node (**stream in place**, one round per token) or in `k`
 //! windows per node (**k rounds**: the token goes round the ring k times, node i running its
 //! window r in round r), so that each node reads its next window while the others compute.
@@ -19,7 +19,7 @@ use super::planner::{
     format_bytes, CoordinatorInput, HeadPlace, ModelCost, Plan, PlanError, StageInput, StagePlan,
     ASSUMED_LINK_BYTES_PER_S,
 };
-use ringllm_node::stream::{self, SimLayer, SimNode, SimRing};
+use ringllm_model::stream::{self, SimLayer, SimNode, SimRing};
 use std::ops::Range;
 
 /// The most rounds considered.

@@ -3,7 +3,7 @@
 //! The text is cut into chunks of `--ctx` tokens as `perplexity` does; the last chunk is held
 //! out. Over the others, every layer `j`'s input and output states are recorded per token:
 //! the cosine `cos(h_in_j, h_out_j)` (how little the layer changes the token's residual
-//! stream) and the features of `h_in_j` (`ringllm_node::skip`: RMS-normalised, projected on
+//! stream) and the features of `h_in_j` (`ringllm_model::skip`: RMS-normalised, projected on
 //! the leading principal directions of the first chunk's states, whitened).
 //!
 //! A layer counts as skippable for a token when its cosine is at least τ. τ is chosen on the
@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use ringllm::engine::{Engine, ModelOptions};
 use ringllm::skip::{default_predictor_path, model_id};
-use ringllm_node::skip::{self, Predictor, SkipPolicy, SkipStats};
+use ringllm_model::skip::{self, Predictor, SkipPolicy, SkipStats};
 use std::process::ExitCode;
 use std::sync::Arc;
 

@@ -4,10 +4,10 @@ use crate::cli::{DebugArgs, DebugCommand, SynthArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm::engine::{default_threads, open_gguf};
 use ringllm_kernels::{kernels, GgmlType};
-use ringllm_node::synth::{
+use ringllm_model::synth::{
     shape_names, synth_model, write_shape_model, ShapeSpec, SynthArch, SynthSpec, WeightMix,
 };
-use ringllm_node::{LoadOptions, Model, Runner};
+use ringllm_model::{LoadOptions, Model, Runner};
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -45,7 +45,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
                 file,
                 &LoadOptions {
                     repack: !model.layout.no_repack
-                        && model.layout.backend == ringllm_node::BackendChoice::Cpu,
+                        && model.layout.backend == ringllm_model::BackendChoice::Cpu,
                     ..LoadOptions::default()
                 },
             )?;
@@ -203,7 +203,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         std::fs::write(output, bytes).with_context(|| format!("writing {}", output.display()))?;
         return Ok(());
     };
-    let base = ringllm_node::synth::shape(&name).ok_or_else(|| {
+    let base = ringllm_model::synth::shape(&name).ok_or_else(|| {
         anyhow!(
             "unknown shape '{name}' (known: {})",
             shape_names().join(", ")

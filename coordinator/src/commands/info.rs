@@ -5,7 +5,7 @@ use anyhow::Result;
 use ringllm::engine::open_gguf;
 use ringllm::text::template::builtin_names;
 use ringllm::text::tokenizer::{Tokenizer, TokenizerSpec};
-use ringllm_node::{KvCache, KvType, LoadOptions, Model};
+use ringllm_model::{KvCache, KvType, LoadOptions, Model};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
@@ -89,7 +89,7 @@ pub fn info(args: InfoArgs) -> Result<ExitCode> {
 }
 
 /// The tokenizer, its BOS/EOS and the chat template (and the template's text when asked).
-fn text_facts(md: &ringllm_node::gguf::Metadata, print_template: bool) -> Result<()> {
+fn text_facts(md: &ringllm_model::gguf::Metadata, print_template: bool) -> Result<()> {
     let spec = TokenizerSpec::from_gguf(md)?;
     let tok = Tokenizer::new(&spec)?;
     // The pre-tokenizer matters to byte-level BPE only.

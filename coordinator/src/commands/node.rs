@@ -73,12 +73,12 @@ fn advertise(
     addr: std::net::SocketAddr,
     interfaces: &[String],
 ) -> Result<discovery::Advertised> {
-    let (_, avail) = ringllm_node::sys::memory();
+    let (_, avail) = ringllm_model::sys::memory();
     let a = discovery::Advert {
         name: opts.name.clone(),
         listen: addr,
         threads: opts.threads as u32,
-        memory_budget: ringllm_node::limits::budget(opts.memory).unwrap_or(avail),
+        memory_budget: ringllm_model::limits::budget(opts.memory).unwrap_or(avail),
         backend: ringllm_kernels::isa().name().to_string(),
         transport: opts.transport.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),

@@ -7,7 +7,7 @@ use ringllm::cluster::planner::format_bytes;
 use ringllm::cluster::ring::{Sizing, SlicePreview};
 use ringllm::cluster::{self, Ring};
 use ringllm::engine::{default_threads, open_gguf};
-use ringllm_node::limits;
+use ringllm_model::limits;
 use std::process::ExitCode;
 
 pub fn plan(args: PlanArgs) -> Result<ExitCode> {

@@ -164,7 +164,7 @@ fn report(engine: &Engine, g: &Generation) {
 }
 
 /// `skipped: X% of layer evaluations …` for the commands that run with --skip.
-pub fn skip_line(s: &ringllm_node::skip::SkipStats) -> String {
+pub fn skip_line(s: &ringllm_model::skip::SkipStats) -> String {
     format!(
         "skipped: {:.1}% of layer evaluations ({} of {}; {} whole layers not run, {:.2} MiB of \
          weights not read; {} computed although the predictor leaned to skipping)",

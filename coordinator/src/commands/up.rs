@@ -29,7 +29,7 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
     let skip = ringllm::skip::SkipOptions::from(&args.skip);
     if skip.setting != ringllm::skip::SkipSetting::Off {
         let file = ringllm::engine::open_gguf(&model.model)?;
-        let full = ringllm_node::Model::load(file, &Default::default())?;
+        let full = ringllm_model::Model::load(file, &Default::default())?;
         if let Some(p) = ringllm::skip::load_policy(&skip, &model.model, &full)? {
             s.spec.skip = Some((
                 std::sync::Arc::new(p.predictor.to_bytes()),

@@ -256,11 +256,11 @@ pub fn serve_local(
     let tokenizer = Arc::new(Tokenizer::new(&spec)?);
     let template =
         crate::text::resolve_template(cfg.template.as_deref(), &spec, &tokenizer, &margs.model)?;
-    let model = ringllm_node::Model::load(
+    let model = ringllm_model::Model::load(
         file,
-        &ringllm_node::LoadOptions {
-            repack: margs.repack && margs.backend == ringllm_node::BackendChoice::Cpu,
-            ..ringllm_node::LoadOptions::default()
+        &ringllm_model::LoadOptions {
+            repack: margs.repack && margs.backend == ringllm_model::BackendChoice::Cpu,
+            ..ringllm_model::LoadOptions::default()
         },
     )
     .with_context(|| format!("cannot load {}", margs.model.display()))?;
@@ -274,7 +274,7 @@ pub fn serve_local(
     if s.parallel == 0 || s.prefill_chunk == 0 {
         anyhow::bail!("--parallel and --prefill-chunk must be at least 1");
     }
-    ringllm_node::limits::check_runner(
+    ringllm_model::limits::check_runner(
         &model.hp,
         model.layer_range.clone(),
         threads,
@@ -283,7 +283,7 @@ pub fn serve_local(
         kv,
         s.parallel,
     )?;
-    let mut runner = ringllm_node::Runner::new(
+    let mut runner = ringllm_model::Runner::new(
         Arc::new(model),
         threads,
         s.prefill_chunk.saturating_add(s.parallel),
@@ -376,9 +376,9 @@ pub fn serve_ring(
     let tokenizer = Arc::new(Tokenizer::new(&tspec)?);
     let template =
         crate::text::resolve_template(cfg.template.as_deref(), &tspec, &tokenizer, &margs.model)?;
-    let hp = ringllm_node::Model::load(
+    let hp = ringllm_model::Model::load(
         Arc::clone(&file),
-        &ringllm_node::LoadOptions {
+        &ringllm_model::LoadOptions {
             layers: Some(0..0),
             embedding: false,
             head: false,

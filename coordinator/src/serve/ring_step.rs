@@ -9,7 +9,7 @@ use super::Health;
 use crate::cluster::ring::{Part, Ring};
 use crate::engine::RingMode;
 use anyhow::{anyhow, Result};
-use ringllm_node::{KvCache, KvType, Runner};
+use ringllm_model::{KvCache, KvType, Runner};
 use std::time::{Duration, Instant};
 
 /// How long a client is told to wait (`Retry-After`) while the ring is down, and how often an
@@ -382,7 +382,7 @@ impl Stepper for RingStepper {
         if len > cur {
             return false;
         }
-        let ok = ringllm_node::kv::can_truncate(
+        let ok = ringllm_model::kv::can_truncate(
             &self.mode.hp,
             self.ctx,
             self.runner.max_batch(),

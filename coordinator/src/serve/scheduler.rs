@@ -90,7 +90,7 @@ pub trait Stepper: Send {
 /// part's row count and whether it wants logits, in the order of `x`'s rows; the logits land
 /// in `logits`, one `vocab` row per wanting part.
 pub fn head_logits(
-    runner: &mut ringllm_node::Runner,
+    runner: &mut ringllm_model::Runner,
     x: &[f32],
     parts: impl Iterator<Item = (usize, bool)>,
     rows: &mut Vec<f32>,
@@ -117,7 +117,7 @@ pub fn head_logits(
 
 /// Embeds every feed's tokens, in order, into `x` (resized to the rows); returns the rows.
 pub fn embed_feeds(
-    runner: &ringllm_node::Runner,
+    runner: &ringllm_model::Runner,
     feeds: &[Feed],
     x: &mut Vec<f32>,
 ) -> Result<usize> {
@@ -135,12 +135,12 @@ pub fn embed_feeds(
 /// Runs `runner`'s layers over the feeds' rows of `x`, each with its slot's cache from
 /// `caches` (slots in one step are distinct).
 pub fn layers_for_feeds(
-    runner: &mut ringllm_node::Runner,
-    caches: &mut [ringllm_node::KvCache],
+    runner: &mut ringllm_model::Runner,
+    caches: &mut [ringllm_model::KvCache],
     feeds: &[Feed],
     x: &mut [f32],
 ) -> Result<()> {
-    let mut refs: Vec<Option<&mut ringllm_node::KvCache>> = caches.iter_mut().map(Some).collect();
+    let mut refs: Vec<Option<&mut ringllm_model::KvCache>> = caches.iter_mut().map(Some).collect();
     let mut parts = Vec::with_capacity(feeds.len());
     for f in feeds {
         let c = refs
@@ -155,18 +155,18 @@ pub fn layers_for_feeds(
 
 /// The whole model in this process.
 pub struct LocalStepper {
-    runner: ringllm_node::Runner,
-    caches: Vec<ringllm_node::KvCache>,
+    runner: ringllm_model::Runner,
+    caches: Vec<ringllm_model::KvCache>,
     x: Vec<f32>,
     rows: Vec<f32>,
 }
 
 impl LocalStepper {
     pub fn new(
-        runner: ringllm_node::Runner,
+        runner: ringllm_model::Runner,
         slots: usize,
         ctx: usize,
-        kv: ringllm_node::KvType,
+        kv: ringllm_model::KvType,
     ) -> LocalStepper {
         let caches = (0..slots.max(1))
             .map(|_| runner.new_cache(ctx, kv))

@@ -3,7 +3,7 @@
 //! family when its file has none.
 
 use super::template::Message;
-use ringllm_node::arch::Arch;
+use ringllm_model::arch::Arch;
 
 /// One line typed at the chat prompt.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -54,7 +54,7 @@ pub fn resolve_chat_template(
     spec: &TokenizerSpec,
     tokenizer: &Tokenizer,
     model: &Path,
-    arch: ringllm_node::Arch,
+    arch: ringllm_model::Arch,
 ) -> Result<Option<(ChatTemplate, Option<String>)>> {
     if name.is_some() || spec.chat_template.is_some() {
         return Ok(resolve_template(name, spec, tokenizer, model)?.map(|t| (t, None)));

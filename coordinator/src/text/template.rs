@@ -624,7 +624,7 @@ mod tests {
     fn smollm2_template_from_the_gguf() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../models/smollm2-135m-instruct-q4_1.gguf");
-        let file = ringllm_node::gguf::GgufFile::open(&path)
+        let file = ringllm_model::gguf::GgufFile::open(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-models)", path.display()));
         let src = file
             .metadata()

@@ -20,7 +20,7 @@
 //! just characters, and no merge ever yields a control token. Decoding renders control and
 //! unknown tokens as nothing unless asked.
 
-use ringllm_node::gguf::{GgufError, Metadata};
+use ringllm_model::gguf::{GgufError, Metadata};
 use std::collections::HashMap;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSeq};

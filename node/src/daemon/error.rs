@@ -2,8 +2,8 @@
 //! frames that reach it. Assignment and stage errors travel to the coordinator as the text of
 //! an `Error` message, so each names the node, and the file, sequence or hop involved.
 
-use crate::gguf::GgufError;
-use crate::ModelError;
+use ringllm_model::gguf::GgufError;
+use ringllm_model::ModelError;
 use ringllm_protocol::control::ErrorCode;
 use ringllm_protocol::{Dtype, FrameKind, ProtocolError, TransportError, TransportKind};
 use std::net::SocketAddr;
@@ -99,7 +99,7 @@ pub enum AssignError {
     Limit {
         node: String,
         #[source]
-        source: crate::limits::LimitError,
+        source: ringllm_model::limits::LimitError,
     },
     /// The link to the next node of the ring could not be opened.
     #[error("node '{node}' cannot reach its next hop '{next}' at {address}: {source}")]
@@ -135,7 +135,7 @@ impl AssignError {
             }
             AssignError::NotTheModel { .. } => ErrorCode::ModelMismatch,
             AssignError::Limit { source, .. } => match source {
-                crate::limits::LimitError::Memory { .. } => ErrorCode::OutOfMemory,
+                ringllm_model::limits::LimitError::Memory { .. } => ErrorCode::OutOfMemory,
                 _ => ErrorCode::BadRequest,
             },
             AssignError::NextHop { .. } => ErrorCode::NextHopUnreachable,

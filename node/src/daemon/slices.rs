@@ -12,8 +12,8 @@
 //! leaves the `.part` file: the next offer hashes what is there and asks only for the pieces
 //! that do not match (at most the one that was arriving, usually).
 
-use crate::slice::{check_offer, hash_all};
-use crate::sys;
+use ringllm_model::slice::{check_offer, hash_all};
+use ringllm_model::sys;
 use ringllm_protocol::control::{Control, Piece, SliceKey, SliceNeed, SliceOffer, SliceProgress};
 use std::collections::VecDeque;
 use std::fs::File;

@@ -6,7 +6,7 @@
 //! link ends.
 
 use super::{error_frame, Outgoing, StageError};
-use crate::{KvCache, KvType, Runner};
+use ringllm_model::{KvCache, KvType, Runner};
 use ringllm_protocol::activations;
 use ringllm_protocol::control::ErrorCode;
 use ringllm_protocol::dial::BoxLink;
@@ -51,7 +51,7 @@ pub(super) struct Worker {
     /// The runner (its scratch and threads), set to the window of each batch's round.
     pub(super) runner: Runner,
     /// The stage's windows: one, or one per round of a multi-round ring.
-    pub(super) windows: Vec<Arc<crate::Model>>,
+    pub(super) windows: Vec<Arc<ringllm_model::Model>>,
     /// Per window, one cache per sequence slot, made on first use.
     pub(super) caches: Vec<Vec<Option<KvCache>>>,
     pub(super) kv_ctx: usize,

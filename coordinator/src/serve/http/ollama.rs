@@ -71,7 +71,7 @@ impl ModelCard {
             }
             Err(e) => tracing::warn!("cannot stat {}: {e}", path.display()),
         }
-        let file = match ringllm_node::gguf::GgufFile::open_lean(path) {
+        let file = match ringllm_model::gguf::GgufFile::open_lean(path) {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!("cannot read {} for /api/show: {e}", path.display());

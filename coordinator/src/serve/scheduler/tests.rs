@@ -3,9 +3,9 @@
 use super::*;
 use crate::serve::Sampling;
 use crate::text::tokenizer::TokenizerSpec;
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_model::{KvType, LoadOptions, Model, Runner};
 
 fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
     backend_over(arch, slots, queue, 0, |s| Box::new(s))

@@ -31,7 +31,7 @@ fn vocab() -> &'static Vocab {
     V.get_or_init(|| {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../models/smollm2-135m-instruct-q4_1.gguf");
-        let file = ringllm_node::gguf::GgufFile::open(&path)
+        let file = ringllm_model::gguf::GgufFile::open(&path)
             .unwrap_or_else(|e| panic!("{} (scripts/fetch-models): {e}", path.display()));
         let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
         let tok = Tokenizer::new(&spec).expect("tokenizer");

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use ringllm_kernels::GgmlType;
-use ringllm_node::gguf::{Array, GgufError, GgufFile, GgufWriter, Value};
+use ringllm_model::gguf::{Array, GgufError, GgufFile, GgufWriter, Value};
 
 /// A small valid file: several KV types (arrays, strings), three tensors. The last tensor's
 /// data is a multiple of the alignment, so the file has no trailing padding and every strict

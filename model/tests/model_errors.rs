@@ -2,9 +2,9 @@
 //! load, a layer range outside the model, a cache or batch that does not fit the runner.
 
 use ringllm_kernels::GgmlType;
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvType, LoadOptions, Model, ModelError, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_model::{KvType, LoadOptions, Model, ModelError, Runner};
 use std::sync::Arc;
 
 fn file() -> Arc<GgufFile> {

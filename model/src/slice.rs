@@ -15,6 +15,7 @@
 use crate::gguf::{GgufError, GgufFile, GgufWriter, Value};
 use ringllm_protocol::control::{ModelIdentity, Piece, SliceKey, SliceOffer};
 use std::ops::Range;
+use std::path::Path;
 
 /// Metadata key of a slice file: the model's vocabulary size (the embedding is not there to
 /// tell it).
@@ -436,5 +437,17 @@ mod tests {
         assert!(bad(&|o| o.size = u64::MAX).contains("TiB"));
         assert!(bad(&|o| o.key.layer_start = 3).contains("backwards"));
         assert!(bad(&|o| o.pieces[1].offset = u64::MAX).contains("runs past"));
+    }
+}
+
+/// Identity of a model file (what assignments name).
+pub fn model_identity(path: &Path, file: &GgufFile) -> ModelIdentity {
+    ModelIdentity {
+        file_name: path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        size: file.bytes().len() as u64,
+        header_hash: file.header_hash(),
     }
 }

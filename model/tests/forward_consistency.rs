@@ -4,9 +4,9 @@
 //! reference lives in tests/python.)
 
 use ringllm_kernels::GgmlType;
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_model::{KvType, LoadOptions, Model, Runner};
 use std::sync::Arc;
 
 fn model(arch: SynthArch, ty: GgmlType) -> Arc<Model> {
@@ -175,7 +175,7 @@ fn several_sequences_in_one_batch_match_each_alone() {
                 let mut x = vec![0f32; n * d];
                 r.embed(&flat, &mut x).expect("embed");
                 {
-                    let mut parts: Vec<(&mut ringllm_node::KvCache, usize)> = caches
+                    let mut parts: Vec<(&mut ringllm_model::KvCache, usize)> = caches
                         .iter_mut()
                         .zip(&feed)
                         .map(|(c, f)| (c, f.len()))

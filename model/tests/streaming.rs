@@ -3,12 +3,12 @@
 //! model's bits; the timing model and the tier split follow their definitions.
 
 use ringllm_kernels::GgmlType;
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::stream::{
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::stream::{
     layer_span, plan_tiers, simulate, SimLayer, SimNode, SimRing, Streamer,
 };
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvType, LoadOptions, Model, Runner};
+use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_model::{KvType, LoadOptions, Model, Runner};
 use std::sync::Arc;
 
 /// A synthetic model written to a real file (so the streamer reads it with O_DIRECT, or

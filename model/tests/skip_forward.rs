@@ -4,10 +4,10 @@
 //! hook before the layers run; `max_skip` bounds a run of skips.
 
 use ringllm_kernels::GgmlType;
-use ringllm_node::gguf::GgufFile;
-use ringllm_node::skip::{Predictor, SkipModelId, SkipPolicy};
-use ringllm_node::synth::{synth_model, SynthArch, SynthSpec};
-use ringllm_node::{KvCache, KvType, LoadOptions, Model, Runner};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::skip::{Predictor, SkipModelId, SkipPolicy};
+use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
+use ringllm_model::{KvCache, KvType, LoadOptions, Model, Runner};
 use std::sync::{Arc, Mutex};
 
 const N_LAYER: u32 = 4;
