@@ -28,8 +28,12 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let (argv, deprecated) = commands::bench::legacy_argv(std::env::args_os().collect());
+    let args = cli::Cli::parse_from(argv);
     init_logging(args.verbose);
+    if let Some(warning) = deprecated {
+        eprintln!("{warning}");
+    }
     let result = match args.command {
         cli::Command::Run(a) => commands::run::run(a),
         cli::Command::Info(a) => commands::info::info(a),
