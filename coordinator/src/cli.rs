@@ -276,7 +276,8 @@ pub struct ClusterSource {
     /// started with the same --transport.
     #[arg(long)]
     pub transport: Option<TransportKind>,
-    /// Hidden states on the wire (overrides the cluster file) [default: f32].
+    /// Hidden states on the wire (overrides the cluster file's `activations`; without
+    /// either: f32).
     #[arg(long, ignore_case = true)]
     pub activations: Option<cluster::file::Activations>,
     /// When the model does not fit the ring's memory, layers are streamed from disk: auto

@@ -110,6 +110,18 @@ fn merge(runs: &[Speeds]) -> Speeds {
     out
 }
 
+/// A figure of one test or node: in JSON, an array `[name, value]`.
+struct Figure {
+    name: String,
+    value: f64,
+}
+
+impl Serialize for Figure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.name, self.value).serialize(s)
+    }
+}
+
 #[derive(Serialize)]
 struct LinkRow {
     link: String,
@@ -121,14 +133,14 @@ struct LinkRow {
 struct ClusterReport {
     single: Speeds,
     ring: Speeds,
-    ratio: Vec<(String, f64)>,
+    ratio: Vec<Figure>,
     /// Heartbeat round trip coordinator↔node, ms.
-    rtt_ms: Vec<(String, f64)>,
+    rtt_ms: Vec<Figure>,
     /// Per decoded token: ring time minus the single process's time, over the hops.
     overhead_ms_per_token: f64,
     per_hop_ms: f64,
     /// Per decoded token: compute time on each node, ms.
-    node_compute_ms: Vec<(String, f64)>,
+    node_compute_ms: Vec<Figure>,
     links: Vec<LinkRow>,
     predicted_tokens_per_s: f64,
     /// Decode speed of the pass whose bytes were counted.
@@ -282,12 +294,10 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
             frame_bytes_per_token: d_bytes + ringllm_protocol::HEADER_LEN as f64,
         });
     }
-    let node_compute_ms: Vec<(String, f64)> = (0..n_nodes)
-        .map(|i| {
-            (
-                names[i].0.clone(),
-                (after[i].compute_us - before[i].compute_us) as f64 / 1e3 / g as f64,
-            )
+    let node_compute_ms: Vec<Figure> = (0..n_nodes)
+        .map(|i| Figure {
+            name: names[i].0.clone(),
+            value: (after[i].compute_us - before[i].compute_us) as f64 / 1e3 / g as f64,
         })
         .collect();
     e.close();
@@ -303,7 +313,10 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
         .rows
         .iter()
         .zip(&ring_plain.rows)
-        .map(|(a, b)| (a.test.clone(), b.mean / a.mean))
+        .map(|(a, b)| Figure {
+            name: a.test.clone(),
+            value: b.mean / a.mean,
+        })
         .collect();
     let report = ClusterReport {
         single,
@@ -312,7 +325,10 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
         rtt_ms: names
             .iter()
             .zip(&rtts)
-            .map(|(n, r)| (n.0.clone(), r * 1e3))
+            .map(|(n, r)| Figure {
+                name: n.0.clone(),
+                value: r * 1e3,
+            })
             .collect(),
         overhead_ms_per_token: overhead * 1e3,
         per_hop_ms: overhead * 1e3 / (n_nodes + 1) as f64,
@@ -339,7 +355,7 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
                 a.test.clone(),
                 format!("{:.2} ± {:.2}", a.mean, a.stddev),
                 format!("{:.2} ± {:.2}", b.mean, b.stddev),
-                format!("{:.3}x", r.1),
+                format!("{:.3}x", r.value),
             ]
         })
         .collect();
@@ -377,11 +393,15 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
         n_nodes + 1,
         report.per_hop_ms
     );
-    for (n, ms) in &report.node_compute_ms {
-        outln!("  {n}: compute {ms:.3} ms/token");
+    for f in &report.node_compute_ms {
+        outln!("  {}: compute {:.3} ms/token", f.name, f.value);
     }
-    for (n, ms) in &report.rtt_ms {
-        outln!("  link to {n}: heartbeat round trip {ms:.3} ms");
+    for f in &report.rtt_ms {
+        outln!(
+            "  link to {}: heartbeat round trip {:.3} ms",
+            f.name,
+            f.value
+        );
     }
     for l in &report.links {
         outln!(

@@ -29,8 +29,8 @@ const OLD_FLAGS: [(&str, bool, &str); 4] = [
 ];
 
 /// Rewrites a command line in the flat `bench` spelling into the subcommand it meant, and
-/// the one-line warning to print; any other command line comes back as it was. To go in the
-/// release after next.
+/// the one-line warning to print; any other command line comes back as it was. Goes in the
+/// next release, with the flat spellings.
 pub fn legacy_argv(mut argv: Vec<OsString>) -> (Vec<OsString>, Option<String>) {
     let global = |a: &OsString| {
         a.to_str().is_some_and(|s| {
@@ -94,7 +94,7 @@ pub fn legacy_argv(mut argv: Vec<OsString>) -> (Vec<OsString>, Option<String>) {
     }
     argv.insert(at + 1, OsString::from(sub));
     let warning = format!(
-        "warning: `ringllm bench {old}` is deprecated and goes in the release after next: \
+        "warning: `ringllm bench {old}` is deprecated and goes in the next release: \
          write `ringllm bench {new}`"
     );
     (argv, Some(warning))

@@ -51,12 +51,16 @@ pub fn perplexity(args: PerplexityArgs) -> Result<ExitCode> {
             s.skipped_weight_bytes as f64 / tokens as f64 / 1048576.0
         );
     }
-    outln!("Final estimate: PPL = {:.4} +/- {:.5}", res.0, res.1);
+    outln!(
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        res.ppl(),
+        res.ppl_error()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
-/// Returns (perplexity, its standard error) over `n_chunks` chunks, calling `progress` with
-/// the running figure after each chunk.
+/// Scores `n_chunks` chunks (`nll.ppl()` is the perplexity, `nll.ppl_error()` its standard
+/// error), calling `progress` with the running figure after each chunk.
 pub fn score(
     engine: &mut Engine,
     tokens: &[u32],
@@ -64,7 +68,7 @@ pub fn score(
     n_chunks: usize,
     add_bos: bool,
     mut progress: impl FnMut(usize, f64),
-) -> Result<(f64, f64)> {
+) -> Result<ChunkNll> {
     let mut nll = ChunkNll::default();
     for c in 0..n_chunks {
         let mut chunk = tokens[c * ctx..(c + 1) * ctx].to_vec();
@@ -77,5 +81,5 @@ pub fn score(
         score_chunk(&mut engine.runner, &mut engine.kv, &chunk, &mut nll)?;
         progress(c, nll.ppl());
     }
-    Ok(nll.ppl_and_error())
+    Ok(nll)
 }

@@ -382,17 +382,16 @@ impl ChunkNll {
         (self.sum / self.count as f64).exp()
     }
 
-    /// The perplexity and its standard error.
-    pub fn ppl_and_error(&self) -> (f64, f64) {
+    /// The standard error of the perplexity.
+    pub fn ppl_error(&self) -> f64 {
         let n = self.count as f64;
         let mean = self.sum / n;
         let var = self.sum_sq / n - mean * mean;
-        let err = if var > 0.0 && self.count > 1 {
+        if var > 0.0 && self.count > 1 {
             (var / (n - 1.0)).sqrt() * mean.exp()
         } else {
             0.0
-        };
-        (mean.exp(), err)
+        }
     }
 }
 

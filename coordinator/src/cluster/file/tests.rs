@@ -484,3 +484,25 @@ fn discover_allows_a_file_without_nodes_and_checks_its_wait() {
     let m = err("model = \"m.gguf\"\nkey = \"k\"\ndiscover = true\ndiscover_wait = \"3s\"\n");
     assert_names(&m, 4, "discover_wait");
 }
+
+#[test]
+fn activations_names_aliases_and_the_default() {
+    let parse_a = |a: &str| {
+        parse(&format!(
+            "{HEAD}activations = \"{a}\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+        ))
+        .map(|c| c.activations)
+    };
+    assert_eq!(parse_a("q8_0").ok(), Some(Activations::Q8));
+    assert_eq!(parse_a(" BF16 ").ok(), Some(Activations::Bf16));
+    assert_eq!(Activations::default(), DEFAULT_ACTIVATIONS);
+    assert_eq!(DEFAULT_ACTIVATIONS.dtype(), ringllm_protocol::Dtype::F32);
+    // The message names the real default.
+    let m = err(&format!(
+        "{HEAD}activations = \"f8\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+    ));
+    assert!(m.contains("\"f32\" (the default)"), "{m}");
+    assert!(!m.contains("\"f16\" (the default)"), "{m}");
+    // The flag reads the same table.
+    assert_eq!("Q8_0".parse::<Activations>(), Ok(Activations::Q8));
+}
