@@ -25,8 +25,8 @@
 //! The module is cut by phase: `listener` (the sockets, `serve`, shutdown), `connection`
 //! (accept, handshake, the coordinator slot, the writer), `control` (one handler per control
 //! message), `assign` and `stage` (an assignment: check, link, runner and KV, streamed tier),
-//! `data` (data links), `status` (status and stats), `state` (what the node holds), and
-//! `worker` (the compute thread), `slices` (the slice cache), `error`.
+//! `data` (data links), `status` (status and stats), `state` (what the node holds),
+//! `worker` (the compute thread), `slices` (the slice cache) and `error`.
 
 mod assign;
 mod connection;
@@ -88,7 +88,8 @@ pub struct NodeOptions {
     /// The transport this node takes its data links on.
     pub transport: TransportKind,
     /// `--memory`: the most this node may use; its budget is the smaller of this and what the
-    /// machine and its cgroup leave ([`limits::budget`]). `None`: no cap of its own.
+    /// machine and its cgroup leave ([`ringllm_model::limits::budget`]). `None`: no cap of
+    /// its own.
     pub memory: Option<u64>,
     /// Repack weights into panels at load where the kernels read them
     /// ([`ringllm_model::LoadOptions::repack`]); `--no-repack` turns it off for this node.
