@@ -31,8 +31,8 @@ use worker::{Attached, SessionStats, Worker};
 
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::model::{LoadOptions, Model};
-use ringllm_model::stream::{StreamMode, StreamSettings, Streamer};
 use ringllm_model::slice::model_identity;
+use ringllm_model::stream::{StreamMode, StreamSettings, Streamer};
 use ringllm_model::{limits, sys};
 use ringllm_model::{KvCache, KvType, Runner};
 use ringllm_protocol::control::{
@@ -1510,7 +1510,8 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
             let sizes: Vec<(usize, u64)> = all
                 .iter()
                 .map(|&l| {
-                    let b = ringllm_model::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len());
+                    let b =
+                        ringllm_model::stream::layer_span(&s.file, l).map_or(0, |x| x.range.len());
                     (l, b as u64)
                 })
                 .collect();
@@ -1609,7 +1610,8 @@ fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         if models.len() > 1 {
             return Err(why("not available on a multi-round ring".into()));
         }
-        let p = ringllm_model::skip::Predictor::from_bytes(&s.layout.skip_predictor).map_err(why)?;
+        let p =
+            ringllm_model::skip::Predictor::from_bytes(&s.layout.skip_predictor).map_err(why)?;
         let want = ringllm_model::skip::SkipModelId::new(&hp, s.model_hash);
         if p.model != want {
             return Err(why(format!(

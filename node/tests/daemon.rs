@@ -3,10 +3,10 @@
 //! broken daemon from hanging the test run; no assertion depends on timing.
 
 use ringllm_kernels::GgmlType;
-use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_model::{KvType, LoadOptions, Model, Runner};
+use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
 use ringllm_protocol::control::{Assignment, Capabilities, Input, NextHop, StageLayout};
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, BoxLink, DialSpec, LinkRole};
@@ -237,7 +237,8 @@ async fn session_round_trip(transport: TransportKind) {
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
-    let identity = ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let identity =
+        ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
     let model = Arc::new(
         Model::load(
             Arc::new(GgufFile::from_bytes(bytes).expect("read back")),
@@ -349,7 +350,8 @@ async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
-    let identity = ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let identity =
+        ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
     let n_layer = GgufFile::from_bytes(bytes)
         .map(|f| Model::load(Arc::new(f), &LoadOptions::default()).expect("load"))
         .expect("read back")
