@@ -12,8 +12,9 @@
 //! [`progress::Progress`], which the binary draws as a progress bar.
 
 /// The `tracing` target of the events meant for the person at the terminal (see the crate
-/// docs): the binary prints their message as is, one line on stderr, at any log level.
-pub const NOTICE_TARGET: &str = "ringllm::notice";
+/// docs): the binary prints their message as is, one line on stderr, at any log level. The
+/// ring's progress lines (slices sent and loaded) use the same target.
+pub const NOTICE_TARGET: &str = "ringllm::progress";
 
 /// A line for the person at the terminal: a `tracing` event with the target
 /// [`NOTICE_TARGET`], at info level, or at warn level with `notice!(warn: ...)`.

@@ -6,10 +6,10 @@
 
 use crate::cli::CalibrateArgs;
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use ringllm::engine::{Engine, ModelOptions};
+use ringllm::progress::Progress;
 use ringllm::skip::default_predictor_path;
-use ringllm_model::skip::train::{self, Progress, TrainOptions, CANDIDATES};
+use ringllm_model::skip::train::{self, Progress as TrainProgress, TrainOptions, CANDIDATES};
 use ringllm_model::skip::{self, SkipModelId};
 use std::process::ExitCode;
 
@@ -76,46 +76,43 @@ pub fn calibrate(args: CalibrateArgs) -> Result<ExitCode> {
         train.len(),
         args.rank
     );
-    let bar = ProgressBar::new((train.len() + CANDIDATES.len() + 1) as u64).with_style(
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    let bar = super::progress::Bar::default();
+    bar.start(
+        "calibrate",
+        Some((train.len() + CANDIDATES.len() + 1) as u64),
     );
-    bar.set_prefix("calibrate");
-    bar.set_message("hidden states");
-    let mut on_progress = |p: Progress<'_>| match p {
-        Progress::Recorded { .. } => bar.inc(1),
-        Progress::Baseline => bar.set_message("held-out perplexity without skipping"),
-        Progress::Trying { k } => {
-            bar.set_message(format!("threshold {}/{}", k + 1, CANDIDATES.len()))
+    bar.message("hidden states");
+    let mut on_progress = |p: TrainProgress<'_>| match p {
+        TrainProgress::Recorded { .. } => bar.advance(1),
+        TrainProgress::Baseline => bar.message("held-out perplexity without skipping"),
+        TrainProgress::Trying { k } => {
+            bar.message(&format!("threshold {}/{}", k + 1, CANDIDATES.len()))
         }
-        Progress::Tried {
+        TrainProgress::Tried {
             threshold: t,
             base_ppl,
             within_budget,
             ..
         } => {
-            say(
-                &bar,
-                format!(
-                    "  τ = {:.4} ({:>2.0}% labelled skippable after layer {decision}): held-out \
-                     PPL {:.4} ({:+.2}%), {:.1}% of layer evaluations skipped{}",
-                    t.tau,
-                    t.labelled * 100.0,
-                    t.ppl,
-                    100.0 * (t.ppl / base_ppl - 1.0),
-                    100.0 * t.stats.skip_fraction(),
-                    if within_budget {
-                        ""
-                    } else {
-                        "  -> over the budget"
-                    }
-                ),
-            );
+            bar.line(&format!(
+                "  τ = {:.4} ({:>2.0}% labelled skippable after layer {decision}): held-out \
+                 PPL {:.4} ({:+.2}%), {:.1}% of layer evaluations skipped{}",
+                t.tau,
+                t.labelled * 100.0,
+                t.ppl,
+                100.0 * (t.ppl / base_ppl - 1.0),
+                100.0 * t.stats.skip_fraction(),
+                if within_budget {
+                    ""
+                } else {
+                    "  -> over the budget"
+                }
+            ));
             if within_budget {
-                bar.inc(1);
+                bar.advance(1);
             }
         }
-        Progress::Pairs => bar.set_message("training every (decision, layer) pair"),
+        TrainProgress::Pairs => bar.message("training every (decision, layer) pair"),
     };
     let id = SkipModelId::of(&engine.runner.model);
     let cal = train::calibrate(
@@ -130,8 +127,7 @@ pub fn calibrate(args: CalibrateArgs) -> Result<ExitCode> {
         },
         &mut on_progress,
     )?;
-    bar.set_position(bar.length().unwrap_or(0));
-    bar.finish_and_clear();
+    bar.finish();
     cal.predictor.save(&output)?;
 
     // Summary.
@@ -169,13 +165,4 @@ pub fn calibrate(args: CalibrateArgs) -> Result<ExitCode> {
     );
     outln!("wrote {}", output.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// A line on stderr above the progress bar (or alone when the bar is hidden).
-fn say(bar: &ProgressBar, line: String) {
-    if bar.is_hidden() {
-        eprintln!("{line}");
-    } else {
-        bar.println(line);
-    }
 }
