@@ -54,7 +54,8 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(verbose: u8) {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::{filter_fn, EnvFilter, FilterExt};
+    use tracing_subscriber::prelude::*;
     let default = match verbose {
         0 => "warn",
         1 => "info",
@@ -62,17 +63,45 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let progress = |m: &tracing::Metadata<'_>| m.target() == ringllm::cluster::PROGRESS;
     // Colours only on a terminal: not in a pipe, a file or journald. Under journald, which
     // stamps every line itself, no timestamps of our own either.
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let _ = if stderr_is_journal() {
-        fmt.without_time().try_init()
+    let logs = if stderr_is_journal() {
+        logs.without_time().boxed()
     } else {
-        fmt.try_init()
+        logs.boxed()
     };
+    // The library's progress lines, as they are, whatever the verbosity.
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .event_format(MessageOnly);
+    let _ = tracing_subscriber::registry()
+        .with(logs.with_filter(filter.and(filter_fn(move |m| !progress(m)))))
+        .with(lines.with_filter(filter_fn(progress)))
+        .try_init();
+}
+
+/// An event's message (and any fields) alone on its line: no time, level, target or spans.
+struct MessageOnly;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for MessageOnly
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut w: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        ctx.field_format().format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
 }
 
 /// True when stderr is the journal stream systemd connected (`JOURNAL_STREAM` names its
