@@ -791,70 +791,87 @@ pub struct SimLayer {
     pub streamed_bytes: Option<u64>,
 }
 
-/// One node of the timing model: its reader and every visit of a token to it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SimNode {
+/// The timing model of one node's streamer: its reader reads the streamed layers in the
+/// order they run, cycling over tokens, as soon as one of its `depth + 1` buffers is free (a
+/// buffer frees when its layer's compute ends); a layer runs when the token has reached it
+/// and its bytes are in. Deterministic: the reads happen in the order the computes need
+/// them, so running the layers in token order resolves them. A ring of such nodes is
+/// modelled on the coordinator's side (`cluster::streaming`).
+#[derive(Clone, Debug)]
+pub struct ReadAhead {
     /// Sequential read rate, bytes per second.
-    pub read_bytes_per_s: f64,
-    /// Layers read ahead (the pool holds `depth + 1` layers).
-    pub depth: usize,
+    rate: f64,
+    depth: usize,
+    /// End times of the reads, by read index.
+    read_end: Vec<f64>,
+    /// When each read's buffer was freed (its layer's compute ended), by read index.
+    free: Vec<f64>,
 }
 
-/// A token's path: `(node, layers run there)` in ring order, one hop of `hop_s` between
-/// visits (and from the last back to the first), plus `fixed_s` per token elsewhere
-/// (embedding, head, sampling).
-#[derive(Clone, Debug, PartialEq)]
-pub struct SimRing {
-    pub nodes: Vec<SimNode>,
-    pub visits: Vec<(usize, Vec<SimLayer>)>,
-    pub hop_s: f64,
-    pub fixed_s: f64,
+impl ReadAhead {
+    /// A reader at `read_bytes_per_s` (1 byte/s when not a positive number), `depth` layers
+    /// ahead.
+    pub fn new(read_bytes_per_s: f64, depth: usize) -> ReadAhead {
+        let rate = if read_bytes_per_s.is_finite() && read_bytes_per_s > 0.0 {
+            read_bytes_per_s
+        } else {
+            1.0
+        };
+        ReadAhead {
+            rate,
+            depth,
+            read_end: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Runs `layer` for a token that reached it at `t`: when its compute ends.
+    pub fn run(&mut self, t: f64, layer: &SimLayer) -> f64 {
+        let Some(bytes) = layer.streamed_bytes else {
+            return t + layer.compute_s.max(0.0);
+        };
+        let m = self.read_end.len();
+        let prev = self.read_end.last().copied().unwrap_or(0.0);
+        let slot = m.checked_sub(self.depth + 1).map_or(0.0, |j| self.free[j]);
+        let end = prev.max(slot) + bytes as f64 / self.rate;
+        self.read_end.push(end);
+        let done = t.max(end) + layer.compute_s.max(0.0);
+        self.free.push(done);
+        done
+    }
 }
 
-/// Seconds per decoded token in steady state, one token in flight: each node's reader reads
-/// its streamed layers in the order they run, cycling over tokens, as soon as one of its
-/// `depth + 1` buffers is free (a buffer frees when its layer's compute ends); a layer runs
-/// when the token has reached it and its bytes are in. Deterministic: the reads of a node
-/// happen in the order its computes need them, so one pass in token order resolves them.
-pub fn simulate(ring: &SimRing) -> f64 {
+/// Seconds per decoded token in steady state, one token in flight: `token` takes the time a
+/// token starts to the time the next one can (the timing model's clock); the mean over the
+/// later tokens of a short run.
+pub fn steady_state(mut token: impl FnMut(f64) -> f64) -> f64 {
     const TOKENS: usize = 12;
-    let k = ring.nodes.len();
-    // Per node: read end times and buffer free times, by read index.
-    let mut read_end: Vec<Vec<f64>> = vec![Vec::new(); k];
-    let mut free: Vec<Vec<f64>> = vec![Vec::new(); k];
     let mut t = 0.0f64;
     let mut starts = Vec::with_capacity(TOKENS);
     for _ in 0..TOKENS {
         starts.push(t);
-        for (node, layers) in &ring.visits {
-            let node = *node;
-            let Some(cfg) = ring.nodes.get(node) else {
-                continue;
-            };
-            let rate = if cfg.read_bytes_per_s.is_finite() && cfg.read_bytes_per_s > 0.0 {
-                cfg.read_bytes_per_s
-            } else {
-                1.0
-            };
-            t += ring.hop_s;
-            for l in layers {
-                if let Some(bytes) = l.streamed_bytes {
-                    let m = read_end[node].len();
-                    let prev = read_end[node].last().copied().unwrap_or(0.0);
-                    let slot = m.checked_sub(cfg.depth + 1).map_or(0.0, |j| free[node][j]);
-                    let end = prev.max(slot) + bytes as f64 / rate;
-                    read_end[node].push(end);
-                    t = t.max(end) + l.compute_s.max(0.0);
-                    free[node].push(t);
-                } else {
-                    t += l.compute_s.max(0.0);
-                }
-            }
-        }
-        t += ring.hop_s + ring.fixed_s;
+        t = token(t);
     }
     let half = TOKENS / 2;
     (t - starts[half]) / (TOKENS - half) as f64
+}
+
+/// Seconds per decoded token of one node running `layers` alone ([`ReadAhead`] at
+/// `read_bytes_per_s`, `depth` layers ahead), with `idle_s` per token spent elsewhere
+/// (sampling, other nodes), in steady state.
+pub fn node_s_per_token(
+    layers: &[SimLayer],
+    read_bytes_per_s: f64,
+    depth: usize,
+    idle_s: f64,
+) -> f64 {
+    let mut reader = ReadAhead::new(read_bytes_per_s, depth);
+    steady_state(|mut t| {
+        for l in layers {
+            t = reader.run(t, l);
+        }
+        t + idle_s
+    })
 }
 
 /// Which layers of a slice stream, and how far ahead.
@@ -928,13 +945,7 @@ pub fn choose_depth(
         let Some(tp) = plan_tiers(layers, budget, depth) else {
             continue;
         };
-        let s = simulate(&single_node(
-            layers,
-            &tp,
-            compute_bytes_per_s,
-            read_bytes_per_s,
-            idle_s,
-        ));
+        let s = predict(layers, &tp, compute_bytes_per_s, read_bytes_per_s, idle_s);
         if best.as_ref().is_none_or(|b| s < b.1 * 0.999) {
             best = Some((tp, s));
         }
@@ -942,37 +953,27 @@ pub fn choose_depth(
     best
 }
 
-/// The timing model of one node running `layers` with tiers `tp`.
-pub fn single_node(
+/// The timing model's seconds per token for one node running `layers` with tiers `tp`.
+pub fn predict(
     layers: &[(usize, u64)],
     tp: &TierPlan,
     compute_bytes_per_s: f64,
     read_bytes_per_s: f64,
     idle_s: f64,
-) -> SimRing {
+) -> f64 {
     let speed = if compute_bytes_per_s > 0.0 {
         compute_bytes_per_s
     } else {
         1.0
     };
-    SimRing {
-        nodes: vec![SimNode {
-            read_bytes_per_s,
-            depth: tp.depth,
-        }],
-        visits: vec![(
-            0,
-            layers
-                .iter()
-                .map(|&(il, b)| SimLayer {
-                    compute_s: b as f64 / speed,
-                    streamed_bytes: tp.streamed.contains(&il).then_some(b),
-                })
-                .collect(),
-        )],
-        hop_s: 0.0,
-        fixed_s: idle_s,
-    }
+    let layers: Vec<SimLayer> = layers
+        .iter()
+        .map(|&(il, b)| SimLayer {
+            compute_s: b as f64 / speed,
+            streamed_bytes: tp.streamed.contains(&il).then_some(b),
+        })
+        .collect();
+    node_s_per_token(&layers, read_bytes_per_s, tp.depth, idle_s)
 }
 
 /// Whether a model streams layers.
@@ -1067,13 +1068,13 @@ pub fn decide(
             streamed_bytes: total,
         })
         .map(|tp| {
-            let s = simulate(&single_node(&sized, &tp, compute, read, idle_s));
+            let s = predict(&sized, &tp, compute, read, idle_s);
             (tp, s)
         })
     } else {
         match settings.prefetch {
             Some(d) => plan_tiers(&sized, budget, d.clamp(1, MAX_DEPTH)).map(|tp| {
-                let s = simulate(&single_node(&sized, &tp, compute, read, idle_s));
+                let s = predict(&sized, &tp, compute, read, idle_s);
                 (tp, s)
             }),
             None => choose_depth(&sized, budget, compute, read, idle_s),
