@@ -54,7 +54,7 @@ pub fn model_cost(
 }
 
 /// Decode speed of a model's real layers and output head on this machine, weight bytes per
-/// second ([`calibrate`]).
+/// second, measured by running a few of them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModelSpeed {
     pub layer_bytes_per_s: f64,
@@ -62,7 +62,7 @@ pub struct ModelSpeed {
 }
 
 /// The coordinator's speeds: the generic probe every node also reports, and the model's own
-/// layers and head ([`calibration`]).
+/// layers and head, measured once per model file and thread count.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Calibration {
     /// The matrix × vector probe (`sys::matvec_speed`), bytes per second.
