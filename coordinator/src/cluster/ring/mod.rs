@@ -2,7 +2,6 @@
 //! capabilities and measures links, plans the split, assigns slices, then moves hidden states
 //! around the ring for the engine. Failure of any node or link surfaces as an error naming it
 //! within `HEARTBEAT_TIMEOUT`.
-
 //!
 //! By phase: [`connect`](Ring::connect) (capabilities, round trips, the plan), `assign`
 //! (slices sent, layers loaded, data links), `step` (a pass through the ring), `events`
