@@ -517,9 +517,7 @@ impl RingMode {
                     None => eprint!("{}", ring.plan),
                 }
             }
-            match ring.assign(
-                &spec, &self.file, &identity, ctx, args.batch, kv_type, slots,
-            ) {
+            match ring.assign(&spec, &self.file, &identity, &sizing) {
                 Ok(()) => break ring,
                 Err(e) if e.is::<TransferCut>() && attempt < MAX_TRANSFER_ATTEMPTS => {
                     ring.shutdown("slice transfer cut");

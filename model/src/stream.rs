@@ -30,6 +30,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod timing;
+pub use timing::{
+    choose_depth, node_s_per_token, plan_tiers, predict, steady_state, ReadAhead, SimLayer,
+    TierPlan,
+};
+
 /// Alignment of `O_DIRECT` offsets, lengths and buffers (the largest logical block size in
 /// use; a multiple of every smaller one).
 const ALIGN: usize = 4096;
@@ -782,199 +788,6 @@ pub fn measure_read_rate(
     Ok(done as f64 / s)
 }
 
-/// One layer as the timing model sees it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SimLayer {
-    /// Compute time per decoded token, seconds.
-    pub compute_s: f64,
-    /// Bytes read from disk per token when streamed (`None`: resident).
-    pub streamed_bytes: Option<u64>,
-}
-
-/// One node of the timing model: its reader and every visit of a token to it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SimNode {
-    /// Sequential read rate, bytes per second.
-    pub read_bytes_per_s: f64,
-    /// Layers read ahead (the pool holds `depth + 1` layers).
-    pub depth: usize,
-}
-
-/// A token's path: `(node, layers run there)` in ring order, one hop of `hop_s` between
-/// visits (and from the last back to the first), plus `fixed_s` per token elsewhere
-/// (embedding, head, sampling).
-#[derive(Clone, Debug, PartialEq)]
-pub struct SimRing {
-    pub nodes: Vec<SimNode>,
-    pub visits: Vec<(usize, Vec<SimLayer>)>,
-    pub hop_s: f64,
-    pub fixed_s: f64,
-}
-
-/// Seconds per decoded token in steady state, one token in flight: each node's reader reads
-/// its streamed layers in the order they run, cycling over tokens, as soon as one of its
-/// `depth + 1` buffers is free (a buffer frees when its layer's compute ends); a layer runs
-/// when the token has reached it and its bytes are in. Deterministic: the reads of a node
-/// happen in the order its computes need them, so one pass in token order resolves them.
-pub fn simulate(ring: &SimRing) -> f64 {
-    const TOKENS: usize = 12;
-    let k = ring.nodes.len();
-    // Per node: read end times and buffer free times, by read index.
-    let mut read_end: Vec<Vec<f64>> = vec![Vec::new(); k];
-    let mut free: Vec<Vec<f64>> = vec![Vec::new(); k];
-    let mut t = 0.0f64;
-    let mut starts = Vec::with_capacity(TOKENS);
-    for _ in 0..TOKENS {
-        starts.push(t);
-        for (node, layers) in &ring.visits {
-            let node = *node;
-            let Some(cfg) = ring.nodes.get(node) else {
-                continue;
-            };
-            let rate = if cfg.read_bytes_per_s.is_finite() && cfg.read_bytes_per_s > 0.0 {
-                cfg.read_bytes_per_s
-            } else {
-                1.0
-            };
-            t += ring.hop_s;
-            for l in layers {
-                if let Some(bytes) = l.streamed_bytes {
-                    let m = read_end[node].len();
-                    let prev = read_end[node].last().copied().unwrap_or(0.0);
-                    let slot = m.checked_sub(cfg.depth + 1).map_or(0.0, |j| free[node][j]);
-                    let end = prev.max(slot) + bytes as f64 / rate;
-                    read_end[node].push(end);
-                    t = t.max(end) + l.compute_s.max(0.0);
-                    free[node].push(t);
-                } else {
-                    t += l.compute_s.max(0.0);
-                }
-            }
-        }
-        t += ring.hop_s + ring.fixed_s;
-    }
-    let half = TOKENS / 2;
-    (t - starts[half]) / (TOKENS - half) as f64
-}
-
-/// Which layers of a slice stream, and how far ahead.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TierPlan {
-    /// Streamed layers (the rest are resident), in execution order.
-    pub streamed: Vec<usize>,
-    pub depth: usize,
-    pub resident_bytes: u64,
-    /// The pool of `depth + 1` layer buffers.
-    pub pool_bytes: u64,
-    /// Bytes read from disk per token.
-    pub streamed_bytes: u64,
-}
-
-/// Splits `layers` (`(layer, bytes)` in execution order) into a resident tier and a streamed
-/// tier within `budget` bytes, the first layers resident: `depth` layers are read ahead, so
-/// the pool holds `depth + 1` of the largest. `None` when even the pool does not fit. With
-/// everything fitting, nothing streams.
-pub fn plan_tiers(layers: &[(usize, u64)], budget: u64, depth: usize) -> Option<TierPlan> {
-    let total: u64 = layers.iter().map(|l| l.1).sum();
-    if total <= budget {
-        return Some(TierPlan {
-            streamed: Vec::new(),
-            depth,
-            resident_bytes: total,
-            pool_bytes: 0,
-            streamed_bytes: 0,
-        });
-    }
-    let largest = layers.iter().map(|l| l.1).max().unwrap_or(0);
-    let pool = (largest + 2 * ALIGN as u64).saturating_mul(depth as u64 + 1);
-    let mut left = budget.checked_sub(pool)?;
-    let mut resident = 0u64;
-    let mut streamed = Vec::new();
-    let mut streamed_bytes = 0u64;
-    let mut full = false;
-    for &(il, b) in layers {
-        if !full && b <= left {
-            left -= b;
-            resident += b;
-        } else {
-            // Keep the resident layers a prefix: the read order stays the run order.
-            full = true;
-            streamed.push(il);
-            streamed_bytes += b;
-        }
-    }
-    Some(TierPlan {
-        streamed,
-        depth,
-        resident_bytes: resident,
-        pool_bytes: pool,
-        streamed_bytes,
-    })
-}
-
-/// The read-ahead depth (1..=4) whose tier plan the timing model finds fastest for a node
-/// running `layers` alone at `compute_bytes_per_s`, reading at `read_bytes_per_s`, with
-/// `idle_s` per token spent elsewhere (sampling, other nodes): a deeper pool overlaps more of
-/// the idle time but leaves fewer layers resident.
-pub fn choose_depth(
-    layers: &[(usize, u64)],
-    budget: u64,
-    compute_bytes_per_s: f64,
-    read_bytes_per_s: f64,
-    idle_s: f64,
-) -> Option<(TierPlan, f64)> {
-    let mut best: Option<(TierPlan, f64)> = None;
-    for depth in 1..=4 {
-        let Some(tp) = plan_tiers(layers, budget, depth) else {
-            continue;
-        };
-        let s = simulate(&single_node(
-            layers,
-            &tp,
-            compute_bytes_per_s,
-            read_bytes_per_s,
-            idle_s,
-        ));
-        if best.as_ref().is_none_or(|b| s < b.1 * 0.999) {
-            best = Some((tp, s));
-        }
-    }
-    best
-}
-
-/// The timing model of one node running `layers` with tiers `tp`.
-pub fn single_node(
-    layers: &[(usize, u64)],
-    tp: &TierPlan,
-    compute_bytes_per_s: f64,
-    read_bytes_per_s: f64,
-    idle_s: f64,
-) -> SimRing {
-    let speed = if compute_bytes_per_s > 0.0 {
-        compute_bytes_per_s
-    } else {
-        1.0
-    };
-    SimRing {
-        nodes: vec![SimNode {
-            read_bytes_per_s,
-            depth: tp.depth,
-        }],
-        visits: vec![(
-            0,
-            layers
-                .iter()
-                .map(|&(il, b)| SimLayer {
-                    compute_s: b as f64 / speed,
-                    streamed_bytes: tp.streamed.contains(&il).then_some(b),
-                })
-                .collect(),
-        )],
-        hop_s: 0.0,
-        fixed_s: idle_s,
-    }
-}
-
 /// Whether a model streams layers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamMode {
@@ -1067,13 +880,13 @@ pub fn decide(
             streamed_bytes: total,
         })
         .map(|tp| {
-            let s = simulate(&single_node(&sized, &tp, compute, read, idle_s));
+            let s = predict(&sized, &tp, compute, read, idle_s);
             (tp, s)
         })
     } else {
         match settings.prefetch {
             Some(d) => plan_tiers(&sized, budget, d.clamp(1, MAX_DEPTH)).map(|tp| {
-                let s = simulate(&single_node(&sized, &tp, compute, read, idle_s));
+                let s = predict(&sized, &tp, compute, read, idle_s);
                 (tp, s)
             }),
             None => choose_depth(&sized, budget, compute, read, idle_s),

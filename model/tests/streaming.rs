@@ -1,12 +1,11 @@
 //! Layers streamed from disk: the streamer hands out exactly the file's bytes whatever the
 //! read-ahead depth, order or skips, and a model whose layers stream gives the resident
-//! model's bits; the timing model and the tier split follow their definitions.
+//! model's bits; one node's timing model and the tier split follow their definitions (the
+//! ring's timing model is tested beside it, in the coordinator's `cluster::streaming`).
 
 use ringllm_kernels::GgmlType;
 use ringllm_model::gguf::GgufFile;
-use ringllm_model::stream::{
-    layer_span, plan_tiers, simulate, SimLayer, SimNode, SimRing, Streamer,
-};
+use ringllm_model::stream::{layer_span, node_s_per_token, plan_tiers, SimLayer, Streamer};
 use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_model::{KvType, LoadOptions, Model, Runner};
 use std::sync::Arc;
@@ -132,13 +131,6 @@ fn a_streamed_model_gives_the_resident_models_bits_at_every_depth() {
     }
 }
 
-fn node(depth: usize, rate: f64) -> SimNode {
-    SimNode {
-        read_bytes_per_s: rate,
-        depth,
-    }
-}
-
 fn layer(compute_s: f64, streamed: Option<u64>) -> SimLayer {
     SimLayer {
         compute_s,
@@ -147,69 +139,26 @@ fn layer(compute_s: f64, streamed: Option<u64>) -> SimLayer {
 }
 
 #[test]
-fn the_timing_model_follows_its_definition() {
-    // Resident only: compute plus hops plus the fixed time.
-    let ring = SimRing {
-        nodes: vec![node(1, 1.0), node(1, 1.0)],
-        visits: vec![
-            (0, vec![layer(0.5, None), layer(0.5, None)]),
-            (1, vec![layer(1.0, None)]),
-        ],
-        hop_s: 0.25,
-        fixed_s: 0.5,
-    };
-    // 2 compute + 3 hops (into each visit and back) + 0.5.
-    assert!((simulate(&ring) - 3.25).abs() < 1e-9, "{}", simulate(&ring));
-    // One node, everything streamed, I/O bound: 4 layers of 1 s to read, 0.1 s to compute.
-    // With the pool wide enough the reader never waits for a buffer, so a token takes the
-    // reading time of its layers: 4 s.
-    let io_bound = |depth| SimRing {
-        nodes: vec![node(depth, 1.0)],
-        visits: vec![(0, (0..4).map(|_| layer(0.1, Some(1))).collect())],
-        hop_s: 0.0,
-        fixed_s: 0.0,
-    };
-    assert!((simulate(&io_bound(4)) - 4.0).abs() < 1e-9);
-    // Depth 1 (two buffers): the same, the read of layer i+2 waits for layer i's compute,
-    // which ends long before layer i+1's read does.
-    assert!((simulate(&io_bound(1)) - 4.0).abs() < 1e-9);
-    // Compute bound: reads hide behind compute; 4 × 1 s compute, the first read (0.1 s) of
-    // each token overlapped with the previous token's end at depth ≥ 1.
-    let cpu_bound = SimRing {
-        nodes: vec![node(1, 10.0)],
-        visits: vec![(0, (0..4).map(|_| layer(1.0, Some(1))).collect())],
-        hop_s: 0.0,
-        fixed_s: 0.0,
-    };
-    assert!(
-        (simulate(&cpu_bound) - 4.0).abs() < 1e-9,
-        "{}",
-        simulate(&cpu_bound)
-    );
-    // Idle time elsewhere (another node's compute) is used for reading ahead, up to the pool.
-    let with_gap = |depth| SimRing {
-        nodes: vec![node(depth, 1.0)],
-        visits: vec![(0, (0..4).map(|_| layer(0.0, Some(1))).collect())],
-        hop_s: 0.0,
-        fixed_s: 2.0,
-    };
-    // Depth 3 (4 buffers): the whole next token is read during the 2 s gap... up to 2 layers
-    // in 2 s, so each token waits 2 s of reading plus the 2 s gap: period 4 s; depth 1 (2
-    // buffers) reads 2 during the gap as well: the same.
-    assert!(
-        (simulate(&with_gap(3)) - 4.0).abs() < 1e-9,
-        "{}",
-        simulate(&with_gap(3))
-    );
-    assert!((simulate(&with_gap(1)) - 4.0).abs() < 1e-9);
-    // A slower disk makes it slower; a resident layer instead of a streamed one makes it
-    // faster.
-    let mut slow = io_bound(2);
-    slow.nodes[0].read_bytes_per_s = 0.5;
-    assert!(simulate(&slow) > simulate(&io_bound(2)));
-    let mut part = io_bound(2);
-    part.visits[0].1[0].streamed_bytes = None;
-    assert!(simulate(&part) < simulate(&io_bound(2)));
+fn one_nodes_timing_model_follows_its_definition() {
+    // Resident only: the compute plus the time spent elsewhere.
+    let resident = [layer(0.5, None), layer(0.5, None), layer(1.0, None)];
+    let s = node_s_per_token(&resident, 1.0, 1, 0.25);
+    assert!((s - 2.25).abs() < 1e-9, "{s}");
+    // Everything streamed, I/O bound (4 layers of 1 s to read, 0.1 s to compute): a token
+    // takes the reading time of its layers, at depth 4 as at depth 1.
+    let io_bound: Vec<SimLayer> = (0..4).map(|_| layer(0.1, Some(1))).collect();
+    assert!((node_s_per_token(&io_bound, 1.0, 4, 0.0) - 4.0).abs() < 1e-9);
+    assert!((node_s_per_token(&io_bound, 1.0, 1, 0.0) - 4.0).abs() < 1e-9);
+    // Compute bound: the reads hide behind the compute.
+    let cpu_bound: Vec<SimLayer> = (0..4).map(|_| layer(1.0, Some(1))).collect();
+    let s = node_s_per_token(&cpu_bound, 10.0, 1, 0.0);
+    assert!((s - 4.0).abs() < 1e-9, "{s}");
+    // A slower disk makes it slower; a resident layer instead of a streamed one, faster.
+    let base = node_s_per_token(&io_bound, 1.0, 2, 0.0);
+    assert!(node_s_per_token(&io_bound, 0.5, 2, 0.0) > base);
+    let mut part = io_bound.clone();
+    part[0].streamed_bytes = None;
+    assert!(node_s_per_token(&part, 1.0, 2, 0.0) < base);
 }
 
 #[test]

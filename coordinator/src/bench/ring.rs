@@ -278,7 +278,7 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
     if let (Some(a), Some(b)) = (links_after.first(), links_before.first()) {
         links.push(LinkRow {
             link: format!("coordinator → {}", names[0].0),
-            bytes_per_token: (a.1 - b.1) as f64 / g as f64,
+            bytes_per_token: (*a - *b).bytes_sent as f64 / g as f64,
             frame_bytes_per_token: d_bytes + ringllm_protocol::HEADER_LEN as f64,
         });
     }

@@ -296,19 +296,42 @@ pub fn plan(
     coord: &CoordinatorInput,
     stages: &[StageInput],
 ) -> Result<Plan, PlanError> {
-    let n = model.n_layer;
-    let k = stages.len();
     check_input(model, stages)?;
-    check_pins(n, stages)?;
+    check_pins(model.n_layer, stages)?;
+    let head = head_place(model, coord)?;
+    let sz = Sizes::new(model, stages, head);
+    check_budgets(&sz)?;
+    let ranges = best_split(&sz).ok_or_else(|| no_split(&sz))?;
+    let stage_plans: Vec<StagePlan> = stages
+        .iter()
+        .zip(ranges)
+        .enumerate()
+        .map(|(i, (s, r))| StagePlan {
+            name: s.name.clone(),
+            address: s.address.clone(),
+            local: s.local,
+            weight_bytes: sz.weights(&r).saturating_add(sz.head_mem(i)),
+            kv_bytes: sz.kv(&r),
+            scratch_bytes: s.scratch_bytes,
+            memory_budget: s.memory_budget,
+            compute_s: sz.compute(i, &r),
+            holds_head: sz.head_on(i),
+            layers: r,
+        })
+        .collect();
+    Ok(predict(model, coord, stages, head, stage_plans))
+}
 
-    // The head: on the coordinator when embedding + head fit there.
+/// The head: on the coordinator when embedding + head fit there, else on the last node (the
+/// coordinator keeps the embedding, which must fit).
+fn head_place(model: &ModelCost, coord: &CoordinatorInput) -> Result<HeadPlace, PlanError> {
     let coord_need = model.coordinator_need();
-    let head = if coord_need <= coord.memory_budget {
-        HeadPlace::Coordinator
+    if coord_need <= coord.memory_budget {
+        Ok(HeadPlace::Coordinator)
     } else if model.embedding_bytes <= coord.memory_budget {
-        HeadPlace::LastNode
+        Ok(HeadPlace::LastNode)
     } else {
-        return Err(PlanError::DoesNotFit {
+        Err(PlanError::DoesNotFit {
             needed: model.embedding_bytes,
             available: coord.memory_budget,
             detail: format!(
@@ -317,25 +340,64 @@ pub fn plan(
                 format_bytes(model.embedding_bytes),
                 format_bytes(coord.memory_budget)
             ),
-        });
-    };
-    let last = k - 1;
-    let head_on = |i: usize| head == HeadPlace::LastNode && i == last;
-    let head_mem = |i: usize| if head_on(i) { model.head_bytes } else { 0 };
+        })
+    }
+}
 
-    let pw = prefix(&model.layer_weight_bytes);
-    let pkv = prefix(&model.layer_kv_bytes);
-    let slots = model.slots.max(1);
-    let weights = |r: &Range<usize>| pw[r.end] - pw[r.start];
-    let kv = |r: &Range<usize>| (pkv[r.end] - pkv[r.start]).saturating_mul(slots as u64);
-    // Weights + KV for every slot + scratch (+ the head on the last stage when it holds it).
-    let memory = |i: usize, r: &Range<usize>| {
-        weights(r)
-            .saturating_add(kv(r))
-            .saturating_add(stages[i].scratch_bytes)
-            .saturating_add(head_mem(i))
-    };
-    let parts = |i: usize, r: &Range<usize>| {
+/// What stage `i` would hold and how long it would compute, for any range of layers.
+struct Sizes<'a> {
+    model: &'a ModelCost,
+    stages: &'a [StageInput],
+    head: HeadPlace,
+    /// Prefix sums of the layers' weights and KV bytes.
+    pw: Vec<u64>,
+    pkv: Vec<u64>,
+    slots: usize,
+}
+
+impl<'a> Sizes<'a> {
+    fn new(model: &'a ModelCost, stages: &'a [StageInput], head: HeadPlace) -> Sizes<'a> {
+        Sizes {
+            model,
+            stages,
+            head,
+            pw: prefix(&model.layer_weight_bytes),
+            pkv: prefix(&model.layer_kv_bytes),
+            slots: model.slots.max(1),
+        }
+    }
+
+    fn head_on(&self, i: usize) -> bool {
+        self.head == HeadPlace::LastNode && i == self.stages.len() - 1
+    }
+
+    fn head_mem(&self, i: usize) -> u64 {
+        if self.head_on(i) {
+            self.model.head_bytes
+        } else {
+            0
+        }
+    }
+
+    fn weights(&self, r: &Range<usize>) -> u64 {
+        self.pw[r.end] - self.pw[r.start]
+    }
+
+    fn kv(&self, r: &Range<usize>) -> u64 {
+        (self.pkv[r.end] - self.pkv[r.start]).saturating_mul(self.slots as u64)
+    }
+
+    /// Weights + KV for every slot + scratch (+ the head on the last stage when it holds it).
+    fn memory(&self, i: usize, r: &Range<usize>) -> u64 {
+        self.weights(r)
+            .saturating_add(self.kv(r))
+            .saturating_add(self.stages[i].scratch_bytes)
+            .saturating_add(self.head_mem(i))
+    }
+
+    /// What [`Sizes::memory`] adds up, for messages.
+    fn parts(&self, i: usize, r: &Range<usize>) -> String {
+        let slots = self.slots;
         let slot_note = if slots > 1 {
             format!(" for {slots} slots")
         } else {
@@ -343,27 +405,32 @@ pub fn plan(
         };
         format!(
             "weights {} + KV{slot_note} {} + scratch {}",
-            format_bytes(weights(r).saturating_add(head_mem(i))),
-            format_bytes(kv(r)),
-            format_bytes(stages[i].scratch_bytes)
+            format_bytes(self.weights(r).saturating_add(self.head_mem(i))),
+            format_bytes(self.kv(r)),
+            format_bytes(self.stages[i].scratch_bytes)
         )
-    };
-    let compute = |i: usize, r: &Range<usize>| {
-        weights(r).saturating_add(head_mem(i)) as f64 / speed(stages[i].bytes_per_s)
-    };
+    }
 
-    // Up-front memory checks with a message about one stage.
-    for (i, s) in stages.iter().enumerate() {
-        let head_note = if head_on(i) {
+    fn compute(&self, i: usize, r: &Range<usize>) -> f64 {
+        self.weights(r).saturating_add(self.head_mem(i)) as f64 / speed(self.stages[i].bytes_per_s)
+    }
+}
+
+/// Up-front memory checks with a message about one stage: its pinned layers, or its smallest
+/// layer, must fit its budget.
+fn check_budgets(sz: &Sizes) -> Result<(), PlanError> {
+    let n = sz.model.n_layer;
+    for (i, s) in sz.stages.iter().enumerate() {
+        let head_note = if sz.head_on(i) {
             format!(
                 " (plus the output head, {}, as the coordinator has no room for it)",
-                format_bytes(model.head_bytes)
+                format_bytes(sz.model.head_bytes)
             )
         } else {
             String::new()
         };
         if let Some(pin) = &s.pinned {
-            let need = memory(i, pin);
+            let need = sz.memory(i, pin);
             if need > s.memory_budget {
                 return Err(PlanError::DoesNotFit {
                     needed: need,
@@ -374,14 +441,14 @@ pub fn plan(
                         s.name,
                         format_layers(pin),
                         format_bytes(need),
-                        parts(i, pin),
+                        sz.parts(i, pin),
                         format_bytes(s.memory_budget)
                     ),
                 });
             }
         } else {
             let (smallest, l) = (0..n)
-                .map(|l| (memory(i, &(l..l + 1)), l))
+                .map(|l| (sz.memory(i, &(l..l + 1)), l))
                 .min()
                 .unwrap_or((0, 0));
             if smallest > s.memory_budget {
@@ -394,14 +461,23 @@ pub fn plan(
                          slots, or remove it from the ring.",
                         s.name,
                         format_bytes(smallest),
-                        parts(i, &(l..l + 1)),
+                        sz.parts(i, &(l..l + 1)),
                         format_bytes(s.memory_budget)
                     ),
                 });
             }
         }
     }
+    Ok(())
+}
 
+/// The split of consecutive ranges, one per stage, that fits every budget and keeps the
+/// pins with the least Σ time²·speed; `None` when none fits.
+fn best_split(sz: &Sizes) -> Option<Vec<Range<usize>>> {
+    let n = sz.model.n_layer;
+    let stages = sz.stages;
+    let k = stages.len();
+    let last = k - 1;
     // best[i][e]: the least Σ time²·speed over stages 0..=i covering layers 0..e, stage i ending
     // at e; from[i][e]: where stage i starts in that split.
     let mut best = vec![vec![f64::INFINITY; n + 1]; k];
@@ -430,10 +506,10 @@ pub fn plan(
                     continue;
                 }
                 let r = b..e;
-                if memory(i, &r) > stages[i].memory_budget {
+                if sz.memory(i, &r) > stages[i].memory_budget {
                     continue;
                 }
-                let t = compute(i, &r);
+                let t = sz.compute(i, &r);
                 let total = before + t * t * s;
                 if total < best[i][e] {
                     best[i][e] = total;
@@ -443,7 +519,7 @@ pub fn plan(
         }
     }
     if !best[last][n].is_finite() {
-        return Err(no_split(model, stages, head, &memory, &parts));
+        return None;
     }
     let mut ranges = vec![0..0; k];
     let mut e = n;
@@ -452,25 +528,19 @@ pub fn plan(
         ranges[i] = b..e;
         e = b;
     }
+    Some(ranges)
+}
 
-    let stage_plans: Vec<StagePlan> = stages
-        .iter()
-        .zip(ranges)
-        .enumerate()
-        .map(|(i, (s, r))| StagePlan {
-            name: s.name.clone(),
-            address: s.address.clone(),
-            local: s.local,
-            weight_bytes: weights(&r).saturating_add(head_mem(i)),
-            kv_bytes: kv(&r),
-            scratch_bytes: s.scratch_bytes,
-            memory_budget: s.memory_budget,
-            compute_s: compute(i, &r),
-            holds_head: head_on(i),
-            layers: r,
-        })
-        .collect();
-
+/// The plan of `stage_plans` with its predicted time per token: compute, the head on the
+/// coordinator, link latency and transfer.
+fn predict(
+    model: &ModelCost,
+    coord: &CoordinatorInput,
+    stages: &[StageInput],
+    head: HeadPlace,
+    stage_plans: Vec<StagePlan>,
+) -> Plan {
+    let last = stages.len() - 1;
     let coordinator_s = match head {
         HeadPlace::Coordinator => model.head_bytes as f64 / speed(coord.bytes_per_s),
         HeadPlace::LastNode => 0.0,
@@ -511,16 +581,16 @@ pub fn plan(
     } else {
         f64::INFINITY
     };
-    Ok(Plan {
+    Plan {
         stages: stage_plans,
-        slots,
+        slots: model.slots.max(1),
         head,
         coordinator_s,
         link_s,
         transfer_s,
         predicted_s_per_token,
         predicted_tokens_per_s,
-    })
+    }
 }
 
 fn check_input(model: &ModelCost, stages: &[StageInput]) -> Result<(), PlanError> {
@@ -625,13 +695,10 @@ fn check_pins(n: usize, stages: &[StageInput]) -> Result<(), PlanError> {
 }
 
 /// The error when no split fits: totals, and what each stage could hold.
-fn no_split(
-    model: &ModelCost,
-    stages: &[StageInput],
-    head: HeadPlace,
-    memory: &dyn Fn(usize, &Range<usize>) -> u64,
-    parts: &dyn Fn(usize, &Range<usize>) -> String,
-) -> PlanError {
+fn no_split(sz: &Sizes) -> PlanError {
+    let (model, stages, head) = (sz.model, sz.stages, sz.head);
+    let memory = |i: usize, r: &Range<usize>| sz.memory(i, r);
+    let parts = |i: usize, r: &Range<usize>| sz.parts(i, r);
     let n = model.n_layer;
     // All layers on the last stage: with the head exactly when the last stage holds it.
     let needed = memory(stages.len() - 1, &(0..n));

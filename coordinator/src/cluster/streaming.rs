@@ -6,10 +6,11 @@
 //! The **naive** layout, every node streaming its whole slice each token, is predicted too, for
 //! comparison.
 //!
-//! Each alternative is priced with the node crate's timing model ([`stream::simulate`]): per
-//! node, a reader at the node's measured disk rate filling `depth + 1` layer buffers in run
-//! order; per layer, compute at the node's measured matvec speed; per hop, half the round trip
-//! plus the hidden state at the assumed link speed. The fastest is chosen; `plan` lists all.
+//! Each alternative is priced with the ring's timing model ([`simulate`]): per node, the
+//! streamer's own model of its reader ([`stream::ReadAhead`]: the node's measured disk rate
+//! filling `depth + 1` layer buffers in run order); per layer, compute at the node's measured
+//! matvec speed; per hop, half the round trip plus the hidden state at the assumed link speed.
+//! The fastest is chosen; `plan` lists all.
 //!
 //! Layers are shared between the nodes in proportion to their memory for layers (what is left
 //! of the budget after scratch, KV and the head), then cut into windows round by round. Within
@@ -19,13 +20,56 @@ use super::planner::{
     format_bytes, CoordinatorInput, HeadPlace, ModelCost, Plan, PlanError, StageInput, StagePlan,
     ASSUMED_LINK_BYTES_PER_S,
 };
-use ringllm_model::stream::{self, SimLayer, SimNode, SimRing};
+use ringllm_model::stream::{self, ReadAhead, SimLayer};
 use std::ops::Range;
 
 /// The most rounds considered.
 pub const MAX_ROUNDS: usize = 4;
 /// Read rate assumed for a node that did not measure one (bytes/s).
 pub const ASSUMED_DISK_BYTES_PER_S: f64 = 500e6;
+
+/// One node of the ring's timing model: its reader.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimNode {
+    /// Sequential read rate, bytes per second.
+    pub read_bytes_per_s: f64,
+    /// Layers read ahead (the pool holds `depth + 1` layers).
+    pub depth: usize,
+}
+
+/// A token's path: `(node, layers run there)` in ring order, one hop of `hop_s` between
+/// visits (and from the last back to the first), plus `fixed_s` per token elsewhere
+/// (embedding, head, sampling).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimRing {
+    pub nodes: Vec<SimNode>,
+    pub visits: Vec<(usize, Vec<SimLayer>)>,
+    pub hop_s: f64,
+    pub fixed_s: f64,
+}
+
+/// Seconds per decoded token in steady state, one token in flight: each node's reader is the
+/// streamer's timing model ([`ReadAhead`]), cycling over its streamed layers in the order the
+/// token's visits run them; a visit to a node not in `nodes` is left out.
+pub fn simulate(ring: &SimRing) -> f64 {
+    let mut readers: Vec<ReadAhead> = ring
+        .nodes
+        .iter()
+        .map(|n| ReadAhead::new(n.read_bytes_per_s, n.depth))
+        .collect();
+    stream::steady_state(|mut t| {
+        for (node, layers) in &ring.visits {
+            let Some(reader) = readers.get_mut(*node) else {
+                continue;
+            };
+            t += ring.hop_s;
+            for l in layers {
+                t = reader.run(t, l);
+            }
+        }
+        t + (ring.hop_s + ring.fixed_s)
+    })
+}
 
 /// Which layouts to consider.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -375,7 +419,7 @@ fn price(
         st.streamed_bytes = tp.streamed_bytes;
     }
     let ring = sim_ring(model, coord, stages, &out, head, k, depth);
-    let s = stream::simulate(&ring);
+    let s = simulate(&ring);
     Ok(Alternative {
         name: if naive {
             "naive (every layer streamed)".into()
@@ -503,3 +547,6 @@ impl std::fmt::Display for StreamingPlan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

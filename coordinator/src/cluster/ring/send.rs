@@ -12,12 +12,12 @@
 //! for the rest.
 
 use super::{Event, Outgoing, Ring};
-use crate::cluster::RingSpec;
+use crate::cluster::{RingSpec, PROGRESS};
 use anyhow::{anyhow, bail, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::slice::SliceSource;
-use ringllm_protocol::control::{Control, ModelIdentity, SliceNeed};
+use ringllm_protocol::control::{Control, ModelIdentity, SliceNeed, SliceProgress};
 use ringllm_protocol::frame::SLICE_PROBE;
 use ringllm_protocol::{Dtype, FrameHeader, FrameKind};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,6 +108,22 @@ fn spawn_feeder(
             }
         })
         .map_err(|e| anyhow!("cannot start a slice feeder thread: {e}"))
+}
+
+/// One slice transfer under way.
+struct Active {
+    /// Index into the jobs.
+    job: usize,
+    bar: ProgressBar,
+    stop: Arc<AtomicBool>,
+    feeder: Option<std::thread::JoinHandle<()>>,
+    /// Bytes received in earlier rounds (progress restarts at 0 each round).
+    base: u64,
+    last: Instant,
+    round: usize,
+    started: Instant,
+    pieces: usize,
+    resent: usize,
 }
 
 fn bytes_of(source: &SliceSource, pieces: &[u32]) -> u64 {
@@ -234,33 +250,45 @@ impl Ring {
         }
         let needs = self.offer_slices(&jobs, file, false, spec.discard_cached_slices)?;
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+        let mut active = self.start_transfers(&jobs, &needs, file, &multi)?;
+        let result = self.follow_transfers(&jobs, &mut active, file, &multi);
+        for a in &mut active {
+            a.stop.store(true, Ordering::Relaxed);
+            a.bar.finish_and_clear();
+            if let Some(f) = a.feeder.take() {
+                // A feeder blocked on a full queue ends when the connection goes (on error) or
+                // as soon as its queue drains (it has nothing left to send otherwise).
+                if result.is_ok() {
+                    let _ = f.join();
+                }
+            }
+        }
+        result
+    }
+
+    /// Starts a feeder and a progress bar for every job whose node lacks anything, saying
+    /// which nodes have their slice cached or resume a transfer.
+    fn start_transfers(
+        &self,
+        jobs: &[SliceJob],
+        needs: &[SliceNeed],
+        file: &Arc<GgufFile>,
+        multi: &MultiProgress,
+    ) -> Result<Vec<Active>> {
         let style = ProgressStyle::with_template(
             "  {prefix:<14} [{bar:28}] {binary_bytes:>10}/{binary_total_bytes:<10} \
              {binary_bytes_per_sec:>12} ETA {eta}",
         )
         .map(|s| s.progress_chars("=> "))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
-        struct Active {
-            job: usize,
-            bar: ProgressBar,
-            stop: Arc<AtomicBool>,
-            feeder: Option<std::thread::JoinHandle<()>>,
-            /// Bytes received in earlier rounds (progress restarts at 0 each round).
-            base: u64,
-            last: Instant,
-            round: usize,
-            started: Instant,
-            pieces: usize,
-            resent: usize,
-        }
         let mut active: Vec<Active> = Vec::new();
-        let mut sent = Vec::new();
-        for (k, (job, need)) in jobs.iter().zip(&needs).enumerate() {
+        for (k, (job, need)) in jobs.iter().zip(needs).enumerate() {
             let name = self.nodes[job.node].name.clone();
             let s = &job.source;
             let total = bytes_of(s, &need.pieces);
             if need.pieces.is_empty() {
-                eprintln!(
+                tracing::info!(
+                    target: PROGRESS,
                     "  {name}: slice of layers {}-{} cached ({:.1} MiB, every piece checked)",
                     s.key.layer_start,
                     s.key.layer_end.saturating_sub(1),
@@ -269,7 +297,8 @@ impl Ring {
                 continue;
             }
             if need.have_bytes > 0 {
-                eprintln!(
+                tracing::info!(
+                    target: PROGRESS,
                     "  {name}: resuming: {:.1} MiB of the slice cached and checked, {:.1} MiB \
                      ({} piece(s)) to send",
                     need.have_bytes as f64 / 1048576.0,
@@ -302,141 +331,157 @@ impl Ring {
                 resent: 0,
             });
         }
+        Ok(active)
+    }
+
+    /// Follows the nodes' progress reports until every transfer in `active` is done; fails
+    /// on a node lost or silent for `STALL` (with `TransferCut`), or on a node's error.
+    fn follow_transfers(
+        &mut self,
+        jobs: &[SliceJob],
+        active: &mut [Active],
+        file: &Arc<GgufFile>,
+        multi: &MultiProgress,
+    ) -> Result<Vec<Sent>> {
+        let mut sent = Vec::new();
         let mut done = vec![false; active.len()];
-        let result: Result<()> = (|| {
-            while done.iter().any(|d| !d) {
-                let now = Instant::now();
-                for (a, d) in active.iter().zip(&done) {
-                    if !d && now - a.last > STALL {
-                        return Err(TransferCut(format!(
-                            "{}: slice transfer stalled (no progress for {} s; link down?)",
-                            self.who(jobs[a.job].node),
-                            STALL.as_secs()
-                        ))
-                        .into());
-                    }
-                }
-                let Some(ev) = self.poll_event(Duration::from_millis(250))? else {
-                    continue;
-                };
-                let (node, msg) = match ev {
-                    Event::Control { node, msg } => (node, msg),
-                    Event::Frame { node, h } => {
-                        bail!("{}: unexpected {:?} frame", self.who(node), h.kind)
-                    }
-                    Event::Lost { node, why } => {
-                        return Err(TransferCut(format!(
-                            "{} {why} during its slice transfer",
-                            self.who(node)
-                        ))
-                        .into())
-                    }
-                };
-                let Some(ai) = active.iter().position(|a| jobs[a.job].node == node) else {
-                    if let Control::Error(e) = msg {
-                        bail!("{}: {}", self.who(node), e.message);
-                    }
-                    continue;
-                };
-                let a = &mut active[ai];
-                let job = &jobs[a.job];
-                match msg {
-                    Control::SliceProgress(p) if p.key == job.source.key => {
-                        a.last = Instant::now();
-                        a.bar.set_position(a.base + p.received);
-                        if !p.done {
-                            continue;
-                        }
-                        if p.bad.is_empty() {
-                            done[ai] = true;
-                            a.bar.finish_and_clear();
-                            let secs = a.started.elapsed().as_secs_f64();
-                            let bytes = a.base + p.received;
-                            multi.suspend(|| {
-                                eprintln!(
-                                    "  {}: sent layers {}-{} ({:.1} MiB in {secs:.1} s, {:.1} MB/s)",
-                                    self.nodes[node].name,
-                                    job.source.key.layer_start,
-                                    job.source.key.layer_end.saturating_sub(1),
-                                    bytes as f64 / 1048576.0,
-                                    bytes as f64 / secs.max(1e-9) / 1e6
-                                )
-                            });
-                            sent.push(Sent {
-                                node: self.nodes[node].name.clone(),
-                                bytes,
-                                pieces: a.pieces,
-                                secs,
-                                resent: a.resent,
-                            });
-                            continue;
-                        }
-                        if a.round >= MAX_ROUNDS {
-                            let names: Vec<&str> = p
-                                .bad
-                                .iter()
-                                .filter_map(|&i| job.source.pieces.get(i as usize))
-                                .map(|p| p.name.as_str())
-                                .collect();
-                            bail!(
-                                "{}: {} arrived corrupted {MAX_ROUNDS} times (a disk or memory \
-                                 fault on the node?)",
-                                self.who(node),
-                                names.join(", ")
-                            );
-                        }
-                        if let Some(&bad) = p
-                            .bad
-                            .iter()
-                            .find(|&&i| i as usize >= job.source.pieces.len())
-                        {
-                            bail!(
-                                "{} reported piece {bad}, which the slice lacks",
-                                self.who(node)
-                            );
-                        }
-                        a.round += 1;
-                        a.resent += p.bad.len();
-                        a.base += p.received;
-                        let more = bytes_of(&job.source, &p.bad);
-                        a.bar.inc_length(more);
-                        multi.suspend(|| {
-                            eprintln!(
-                                "  {}: {} piece(s) failed their hash on arrival; sending them again",
-                                self.nodes[node].name,
-                                p.bad.len()
-                            )
-                        });
-                        if let Some(f) = a.feeder.take() {
-                            let _ = f.join();
-                        }
-                        a.feeder = Some(spawn_feeder(
-                            Arc::clone(file),
-                            Arc::clone(&job.source),
-                            p.bad.clone(),
-                            self.nodes[node].data.clone(),
-                            Arc::clone(&a.stop),
-                        )?);
-                    }
-                    Control::Error(e) => bail!("{}: {}", self.who(node), e.message),
-                    _ => {}
+        while done.iter().any(|d| !d) {
+            let now = Instant::now();
+            for (a, d) in active.iter().zip(&done) {
+                if !d && now - a.last > STALL {
+                    return Err(TransferCut(format!(
+                        "{}: slice transfer stalled (no progress for {} s; link down?)",
+                        self.who(jobs[a.job].node),
+                        STALL.as_secs()
+                    ))
+                    .into());
                 }
             }
-            Ok(())
-        })();
-        for a in &mut active {
-            a.stop.store(true, Ordering::Relaxed);
-            a.bar.finish_and_clear();
-            if let Some(f) = a.feeder.take() {
-                // A feeder blocked on a full queue ends when the connection goes (on error) or
-                // as soon as its queue drains (it has nothing left to send otherwise).
-                if result.is_ok() {
-                    let _ = f.join();
+            let Some(ev) = self.poll_event(Duration::from_millis(250))? else {
+                continue;
+            };
+            let (node, msg) = match ev {
+                Event::Control { node, msg } => (node, msg),
+                Event::Frame { node, h } => {
+                    bail!("{}: unexpected {:?} frame", self.who(node), h.kind)
                 }
+                Event::Lost { node, why } => {
+                    return Err(TransferCut(format!(
+                        "{} {why} during its slice transfer",
+                        self.who(node)
+                    ))
+                    .into())
+                }
+            };
+            let Some(ai) = active.iter().position(|a| jobs[a.job].node == node) else {
+                if let Control::Error(e) = msg {
+                    bail!("{}: {}", self.who(node), e.message);
+                }
+                continue;
+            };
+            let a = &mut active[ai];
+            let job = &jobs[a.job];
+            match msg {
+                Control::SliceProgress(p) if p.key == job.source.key => {
+                    if let Some(s) = self.on_progress(a, job, &p, file, multi)? {
+                        done[ai] = true;
+                        sent.push(s);
+                    }
+                }
+                Control::Error(e) => bail!("{}: {}", self.who(node), e.message),
+                _ => {}
             }
         }
-        result?;
         Ok(sent)
+    }
+
+    /// Takes a progress report on transfer `a`: at its end, what was sent, or the corrupted
+    /// pieces sent again (`None` until the transfer is done).
+    fn on_progress(
+        &self,
+        a: &mut Active,
+        job: &SliceJob,
+        p: &SliceProgress,
+        file: &Arc<GgufFile>,
+        multi: &MultiProgress,
+    ) -> Result<Option<Sent>> {
+        let node = job.node;
+        a.last = Instant::now();
+        a.bar.set_position(a.base + p.received);
+        if !p.done {
+            return Ok(None);
+        }
+        if p.bad.is_empty() {
+            a.bar.finish_and_clear();
+            let secs = a.started.elapsed().as_secs_f64();
+            let bytes = a.base + p.received;
+            multi.suspend(|| {
+                tracing::info!(
+                    target: PROGRESS,
+                    "  {}: sent layers {}-{} ({:.1} MiB in {secs:.1} s, {:.1} MB/s)",
+                    self.nodes[node].name,
+                    job.source.key.layer_start,
+                    job.source.key.layer_end.saturating_sub(1),
+                    bytes as f64 / 1048576.0,
+                    bytes as f64 / secs.max(1e-9) / 1e6
+                )
+            });
+            return Ok(Some(Sent {
+                node: self.nodes[node].name.clone(),
+                bytes,
+                pieces: a.pieces,
+                secs,
+                resent: a.resent,
+            }));
+        }
+        if a.round >= MAX_ROUNDS {
+            let names: Vec<&str> = p
+                .bad
+                .iter()
+                .filter_map(|&i| job.source.pieces.get(i as usize))
+                .map(|p| p.name.as_str())
+                .collect();
+            bail!(
+                "{}: {} arrived corrupted {MAX_ROUNDS} times (a disk or memory \
+                 fault on the node?)",
+                self.who(node),
+                names.join(", ")
+            );
+        }
+        if let Some(&bad) = p
+            .bad
+            .iter()
+            .find(|&&i| i as usize >= job.source.pieces.len())
+        {
+            bail!(
+                "{} reported piece {bad}, which the slice lacks",
+                self.who(node)
+            );
+        }
+        a.round += 1;
+        a.resent += p.bad.len();
+        a.base += p.received;
+        let more = bytes_of(&job.source, &p.bad);
+        a.bar.inc_length(more);
+        multi.suspend(|| {
+            tracing::warn!(
+                target: PROGRESS,
+                "  {}: {} piece(s) failed their hash on arrival; sending them again",
+                self.nodes[node].name,
+                p.bad.len()
+            )
+        });
+        if let Some(f) = a.feeder.take() {
+            let _ = f.join();
+        }
+        a.feeder = Some(spawn_feeder(
+            Arc::clone(file),
+            Arc::clone(&job.source),
+            p.bad.clone(),
+            self.nodes[node].data.clone(),
+            Arc::clone(&a.stop),
+        )?);
+        Ok(None)
     }
 
     /// What `send_slices` would send (nothing is written on the nodes), with each link's

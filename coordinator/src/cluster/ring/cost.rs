@@ -1,0 +1,172 @@
+//! What the planner is told about the model and this machine: the model's sizes from its
+//! tensor table ([`model_cost`]), and how fast this machine runs the model's real layers and
+//! head against the generic matrix × vector probe every node reports ([`calibration`]).
+
+use crate::cluster::planner::ModelCost;
+use anyhow::{anyhow, Result};
+use ringllm_model::gguf::GgufFile;
+use ringllm_model::{sys, KvCache, KvType, LoadOptions, Model};
+use ringllm_protocol::Dtype;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Sizes the planner needs, from the model's tensor table.
+pub fn model_cost(
+    file: &Arc<GgufFile>,
+    ctx: usize,
+    max_batch: usize,
+    kv: KvType,
+    act: Dtype,
+) -> Result<(ModelCost, ringllm_model::Hparams)> {
+    let m = Model::load(Arc::clone(file), &LoadOptions::default())?;
+    let hp = m.hp.clone();
+    let layer_weight_bytes: Vec<u64> = m.layers.iter().map(|l| l.weight_bytes() as u64).collect();
+    let layer_kv_bytes = (0..hp.n_layer)
+        .map(|il| KvCache::bytes_for(&hp, il..il + 1, ctx, max_batch, kv) as u64)
+        .collect();
+    let embd = m.tok_embd.as_ref().map_or(0, |w| w.bytes() as u64);
+    let head = m.output.as_ref().map_or(0, |w| w.bytes() as u64);
+    let tied = match (&m.tok_embd, &m.output) {
+        (Some(a), Some(b)) => a.name == b.name,
+        _ => false,
+    };
+    let hidden_bytes = act.bytes_for(hp.d_model).ok_or_else(|| {
+        anyhow!(
+            "activation type {} does not fit d = {}",
+            act.name(),
+            hp.d_model
+        )
+    })? as u64;
+    Ok((
+        ModelCost {
+            n_layer: hp.n_layer,
+            layer_weight_bytes,
+            layer_kv_bytes,
+            head_bytes: head + 4 * hp.d_model as u64,
+            embedding_bytes: embd,
+            tied_head: tied,
+            hidden_bytes,
+            logits_bytes_f16: 2 * hp.vocab as u64,
+            slots: 1,
+        },
+        hp,
+    ))
+}
+
+/// Decode speed of a model's real layers and output head on this machine, weight bytes per
+/// second, measured by running a few of them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelSpeed {
+    pub layer_bytes_per_s: f64,
+    pub head_bytes_per_s: f64,
+}
+
+/// The coordinator's speeds: the generic probe every node also reports, and the model's own
+/// layers and head, measured once per model file and thread count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Calibration {
+    /// The matrix × vector probe (`sys::matvec_speed`), bytes per second.
+    pub probe_bytes_per_s: f64,
+    /// This model's layers and head.
+    pub model: ModelSpeed,
+}
+
+impl Calibration {
+    /// What a node's probe speed is multiplied by to estimate its speed on this model's
+    /// layers: the ratio measured here (bounded).
+    pub fn factor(&self) -> f64 {
+        (self.model.layer_bytes_per_s / self.probe_bytes_per_s.max(1.0)).clamp(0.01, 10.0)
+    }
+}
+
+/// The coordinator's probe speed and its speed on `file`'s layers and head
+/// ([`calibrate`]), measured once per model file and thread count in this process: a ring
+/// re-planned after a lost node reuses them (this CPU has not changed, and measuring took a
+/// few hundred milliseconds of the pause a resumed request sees).
+pub(super) fn calibration(file: &Arc<GgufFile>, threads: usize) -> Result<Calibration> {
+    struct Measured {
+        file: Weak<GgufFile>,
+        threads: usize,
+        speeds: Calibration,
+    }
+    static DONE: Mutex<Vec<Measured>> = Mutex::new(Vec::new());
+    let same = |m: &Measured| m.threads == threads && Weak::ptr_eq(&m.file, &Arc::downgrade(file));
+    if let Ok(mut done) = DONE.lock() {
+        done.retain(|m| m.file.strong_count() > 0);
+        if let Some(m) = done.iter().find(|m| same(m)) {
+            return Ok(m.speeds);
+        }
+    }
+    let probe = sys::matvec_speed(threads, Duration::from_millis(150));
+    let model = calibrate(file, threads)?;
+    let speeds = Calibration {
+        probe_bytes_per_s: probe,
+        model,
+    };
+    if let Ok(mut done) = DONE.lock() {
+        done.push(Measured {
+            file: Arc::downgrade(file),
+            threads,
+            speeds,
+        });
+    }
+    Ok(speeds)
+}
+
+/// Decode speed of this model's real layers and output head on this machine, in weight bytes
+/// per second: a few layers and the head run on one token at a time for a short while.
+fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<ModelSpeed> {
+    let hp = Model::load(
+        Arc::clone(file),
+        &LoadOptions {
+            layers: Some(0..0),
+            embedding: false,
+            head: false,
+            repack: false,
+            stream: None,
+        },
+    )?
+    .hp;
+    let k = hp.n_layer.min(4);
+    let model = Arc::new(Model::load(
+        Arc::clone(file),
+        &LoadOptions {
+            layers: Some(0..k),
+            embedding: true,
+            head: true,
+            repack: false,
+            stream: None,
+        },
+    )?);
+    let layer_bytes: usize = model.layers.iter().map(|l| l.weight_bytes()).sum();
+    let head_bytes = model.output.as_ref().map_or(0, |w| w.bytes());
+    let d = hp.d_model;
+    let mut runner = ringllm_model::Runner::new(Arc::clone(&model), threads, 1, 64);
+    let mut kv = runner.new_cache(64, KvType::F32);
+    let mut x = vec![0f32; d];
+    let mut logits = vec![0f32; hp.vocab];
+    let (mut t_layers, mut t_head, mut n) = (0f64, 0f64, 0usize);
+    let start = Instant::now();
+    while n < 3 || (start.elapsed() < Duration::from_millis(300) && n < 60) {
+        if kv.len + 1 >= 64 {
+            kv.truncate(0);
+        }
+        runner.embed(&[(n % 100 + 10) as u32], &mut x)?;
+        let t = Instant::now();
+        runner.layers(&mut x, 1, &mut kv, None)?;
+        let t1 = Instant::now();
+        runner.final_norm(&mut x, 1)?;
+        runner.logits(&x, 1, &mut logits)?;
+        if n > 0 {
+            // the first pass pages the weights in
+            t_layers += (t1 - t).as_secs_f64();
+            t_head += t1.elapsed().as_secs_f64();
+        }
+        n += 1;
+    }
+    let runs = (n - 1).max(1) as f64;
+    Ok(ModelSpeed {
+        layer_bytes_per_s: layer_bytes as f64 * runs / t_layers.max(1e-9),
+        head_bytes_per_s: head_bytes as f64 * runs / t_head.max(1e-9),
+    })
+}
