@@ -4,7 +4,7 @@
 import pytest
 
 import dequant_check
-from conftest import GEMMA, SMOL, model_path
+from support.paths import GEMMA, SMOL, model_path
 
 
 @pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])

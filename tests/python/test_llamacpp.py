@@ -10,7 +10,8 @@ import pytest
 import reference
 import numpy as np
 
-from conftest import FIXTURES, GEMMA, SMOL, forward_dump, load_fixture, model_path, run
+from support.cli import forward_dump, run
+from support.paths import FIXTURES, GEMMA, SMOL, load_fixture, model_path
 
 MODELS = [GEMMA.name, SMOL.name]
 

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from conftest import GEMMA, MODELS, ROOT, SMOL, _bin, model_path
-from ringutil import KEY, Nodes, free_port, generation, ringllm, wait_port
+from support.cli import generation, ringllm
+from support.nodes import Nodes, free_port, wait_port
+from support.paths import GEMMA, KEY, MODELS, ROOT, SMOL, model_path, ringllm_bin
 
 PROMPTS = {
     "smollm": "The three primary colors are",
@@ -112,7 +113,7 @@ def test_killed_node_fails_the_request_quickly_and_names_it(tmp_path):
     model = model_path(GEMMA.name)
     with Nodes(2) as nodes:
         p = subprocess.Popen(
-            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+            [str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
              "-p", "Tell me a long story.", "--temp", "0", "-n", "-1", "--threads", "1", "-c", "4096",
              "--resume-retries", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -232,7 +233,7 @@ def test_chat_survives_a_node_death_by_replanning(tmp_path):
     model = model_path(SMOL.name)
     with Nodes(2) as nodes:
         p = subprocess.Popen(
-            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+            [str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
              "--chat", "--temp", "0", "-n", "8", "--threads", "1", "-c", "512"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -280,7 +281,7 @@ def test_a_busy_node_names_its_coordinator_and_drops_a_silent_one(tmp_path):
     model = model_path(SMOL.name)
     with Nodes(1) as nodes:
         a = subprocess.Popen(
-            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+            [str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
              "--chat", "--temp", "0", "-n", "4", "--threads", "1", "-c", "256"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
@@ -354,7 +355,7 @@ def test_nodes_given_by_address_go_by_their_own_names():
     try:
         for name in ("alpha", "beta"):
             port = free_port()
-            p = subprocess.Popen([str(_bin()), "node", "--listen", f"127.0.0.1:{port}", "--key", KEY,
+            p = subprocess.Popen([str(ringllm_bin()), "node", "--listen", f"127.0.0.1:{port}", "--key", KEY,
                                   "--models", MODELS, "--name", name, "--threads", "1"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             procs.append(p)

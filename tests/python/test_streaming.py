@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from conftest import GEMMA, SMOL, model_path
-from ringutil import KEY, Nodes, ringllm
-from test_budgets import MIB, MemoryCap
+from support.cgroup import MIB, MemoryCap
+from support.cli import ringllm
+from support.nodes import Nodes
+from support.paths import GEMMA, KEY, SMOL, model_path
 
 GEN = ["-n", "12", "--temp", "0", "--json", "-c", "256"]
 PROMPT = "The three primary colours are"
