@@ -12,12 +12,15 @@ import threading
 import time
 
 import openai
+import pytest
 
 from support.cgroup import MIB, MemoryCap
 from support.cli import ringllm
 from support.nodes import Nodes
 from support.paths import KEY, SMOL, model_path
 from support.server import SMOL_ID, Server
+
+pytestmark = pytest.mark.root
 
 # SmolLM2 135M at context 512 with 8 slots: 2.1 MiB of weights and 6 MiB of KV a layer (30
 # layers), 7.4 MiB of scratch. A node capped at 90 MiB (48 MiB headroom) holds 4 layers; an even
@@ -102,6 +105,7 @@ def long_prompt(i):
     return f"Stream {i}. Count on: " + ", ".join(str(n) for n in range(start, start + 96))
 
 
+@pytest.mark.slow
 def test_eight_full_context_streams_under_caps_lose_nothing_and_match_run(tmp_path):
     with CappedNodes(tmp_path) as c:
         s = Server(["up", "-m", model_path(SMOL.name), "--key", KEY, *c.nodes.node_flags(), "--threads", "1",

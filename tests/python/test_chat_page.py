@@ -26,6 +26,8 @@ import pytest
 from support.paths import SMOL, model_path
 from support.server import SMOL_ID, Server
 
+pytestmark = pytest.mark.browser
+
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "page-test-key"
 # Upper bounds for things that take well under a second here; only a broken page reaches them.

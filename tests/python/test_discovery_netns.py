@@ -20,6 +20,8 @@ import pytest
 from support.netns import Netns, netns_available, wait_port
 from support.paths import KEY, MODELS, SMOL, model_path, ringllm_bin
 
+pytestmark = [pytest.mark.netns, pytest.mark.root]
+
 PORT = 7701
 A_NODES = ("a1", "a2", "a3")
 PROMPT = "The three primary colors are"

@@ -30,7 +30,7 @@ PROMPTS = {
 }
 
 
-@pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])
+@pytest.mark.parametrize("name", [pytest.param(GEMMA.name, marks=pytest.mark.slow), SMOL.name])
 def test_real_model_matches_reference(name, tmp_path):
     path = model_path(name)
     m = ref_model(path)
@@ -91,6 +91,7 @@ def level_available(level):
     return ISA_LEVELS[level] <= f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", list(ISA_LEVELS))
 def test_every_kernel_level_matches_reference(level, tmp_path):
     """Every kernel level this CPU has, forced with RINGLLM_ISA, passes the same comparisons

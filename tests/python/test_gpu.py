@@ -34,6 +34,8 @@ from support.compare import rel_l2
 from support.nodes import free_port, wait_port
 from support.paths import GEMMA, KEY, MODELS, SMOL, model_path, ringllm_bin
 
+pytestmark = pytest.mark.gpu
+
 GPU_REL = 1e-4
 LOGIT_CAP = 0.08
 STEPS = 10
@@ -87,6 +89,7 @@ def compare_steps(cpu, cpu_logits, other, other_logits, what):
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models())
 def test_gpu_forward_matches_float_reference(name, tmp_path):
     path = model_path(name)
@@ -178,6 +181,7 @@ def test_ring_of_a_gpu_node_and_a_cpu_node_matches_single_process(tmp_path):
                   "ring: GPU node 0-14, CPU node 15-29")
 
 
+@pytest.mark.slow
 def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
     """RINGLLM_GPU_FAIL_AFTER=N loses the node's device at its N-th forward call (once per
     process, as a driver reset would). Without resume the request fails naming the lost

@@ -91,6 +91,7 @@ def test_perplexity_matches_llama_cpp(name):
     assert abs(err - fx["err"]) / fx["err"] < 0.05, f"error estimate {err} vs llama.cpp {fx['err']}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_perplexity_matches_numpy_reference(name, tmp_path):
     path = model_path(name)

@@ -23,6 +23,8 @@ import pytest
 from support.nodes import free_port, wait_port
 from support.paths import KEY, MODELS, ROOT, SMOL, model_path, ringllm_bin
 
+pytestmark = pytest.mark.qemu
+
 ARM_BIN = pathlib.Path(os.environ.get(
     "RINGLLM_AARCH64_BIN", ROOT / "target" / "aarch64-unknown-linux-gnu" / "ci" / "ringllm"))
 QEMU = ROOT / "scripts" / "qemu-aarch64"

@@ -208,6 +208,7 @@ def test_missing_model_on_a_node_is_named_or_sent(tmp_path):
         assert "node1: sent layers 0-29" in ok.stderr, ok.stderr
 
 
+@pytest.mark.root
 def test_a_node_whose_cache_disk_is_too_small_says_so(tmp_path):
     """The node's cache on a 24 MiB tmpfs: SmolLM2's 66 MiB slice does not fit. The coordinator
     reports the node's message naming the directory and both sizes; the node serves on."""

@@ -11,6 +11,8 @@ import pytest
 from support.netns import Netns, netns_available, wait_port
 from support.paths import GEMMA, KEY, MODELS, ROOT, model_path, ringllm_bin
 
+pytestmark = [pytest.mark.netns, pytest.mark.root]
+
 GEN = ["--temp", "0", "-n", "10", "--threads", "1", "-c", "256"]
 PROMPT = "The quick brown fox"
 

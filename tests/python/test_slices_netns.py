@@ -24,6 +24,8 @@ from support.cgroup import MIB, MemoryCap
 from support.netns import Netns, netns_available, wait_port
 from support.paths import KEY, ringllm_bin
 
+pytestmark = [pytest.mark.netns, pytest.mark.root]
+
 HOSTS = ("host1", "host2", "host3")
 PORT = 7701
 # 8 layers of 35 MiB (Q4_K / Q6_K), a tied head of 52 MiB on the coordinator. At context 256

@@ -29,6 +29,7 @@ def run_capped(cap, model, *extra):
         return r
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("name", [SMOL.name, GEMMA.name])
 def test_a_capped_process_streams_what_does_not_fit_and_answers_as_uncapped(name):
     model = model_path(name)
@@ -61,6 +62,7 @@ def test_a_budget_too_small_even_to_stream_is_named():
     assert "not even two layer buffers" in r.stderr and "budget" in r.stderr, r.stderr
 
 
+@pytest.mark.root
 def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
     model = model_path(SMOL.name)
     want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))

@@ -28,6 +28,8 @@ from support import wire
 from support.netns import Netns, netns_available, wait_port
 from support.paths import GEMMA, KEY, MODELS, model_path, ringllm_bin
 
+pytestmark = [pytest.mark.netns, pytest.mark.root]
+
 # About 200 tokens, so each prefill hop is ~0.5 MB of hidden states (hundreds of packets): at 1 %
 # loss every run loses some packets, and lost pieces of a big frame get retransmitted.
 PROMPT = ("The old lighthouse keeper climbed the spiral stairs every evening to light the lamp. "
