@@ -144,6 +144,7 @@ def test_nodes_json_lists_every_node_with_its_cluster_hash(lan):
     assert all(f["same_cluster"] is None for f in nodes_json(net))
 
 
+@pytest.mark.slow
 def test_up_discover_finds_its_three_nodes_and_equals_the_single_process(lan):
     net, procs, key_b, tmp = lan
     single = subprocess.run([str(ringllm_bin()), "run", "-m", SMOL, "-p", PROMPT, *GEN, "--json"],

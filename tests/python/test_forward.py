@@ -30,7 +30,8 @@ PROMPTS = {
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(GEMMA.name, marks=pytest.mark.slow), SMOL.name])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])
 def test_real_model_matches_reference(name, tmp_path):
     path = model_path(name)
     m = ref_model(path)

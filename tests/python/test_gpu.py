@@ -109,6 +109,7 @@ def test_gpu_forward_matches_float_reference(name, tmp_path):
     assert (lo.argmax(1) == ref.argmax(1)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models())
 def test_gpu_generation_matches_cpu(name, tmp_path):
     path = model_path(name)

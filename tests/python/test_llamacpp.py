@@ -49,7 +49,7 @@ def test_token_ids_equal_llama_tokenize(name, tmp_path):
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [pytest.param(GEMMA.name, marks=pytest.mark.slow), SMOL.name])
 def test_greedy_continuations_follow_llama_cpp(name, tmp_path):
     fx = load_fixture("greedy-llamacpp.json")[name]
     path = model_path(name)
@@ -83,6 +83,7 @@ def _our_ppl(path, ctx, chunks=None):
     return float(m.group(1)), float(m.group(2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_perplexity_matches_llama_cpp(name):
     fx = load_fixture("perplexity-llamacpp.json")[name][0]

@@ -45,6 +45,7 @@ def smol():
     return _load(SMOL)
 
 
+@pytest.mark.slow
 def test_metadata_conventions(gemma, smol):
     assert gemma.arch == "gemma3" and gemma.rope_neox
     assert [i for i in range(gemma.n_layer) if not gemma.is_swa[i]] == [5, 11, 17]
@@ -84,6 +85,7 @@ def test_causal_masking(smol):
     assert np.abs(la[3:] - lb[3:]).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_sliding_window(gemma):
     """Local layers see keys with q - k < window; global layers see everything."""
     saved = gemma.window
@@ -100,6 +102,7 @@ def test_sliding_window(gemma):
     assert np.abs(ha["layer.5"][-1] - hb["layer.5"][-1]).max() > 1e-3  # layer 5 is global
 
 
+@pytest.mark.slow
 def test_gemma_knows_paris(gemma):
     logits, hidden = reference.forward(gemma, GEMMA_FRANCE)
     assert hidden["embd"].shape == (len(GEMMA_FRANCE), gemma.n_embd)
@@ -115,6 +118,7 @@ def test_smol_knows_paris(smol):
     assert reference.greedy(smol, SMOL_FRANCE, 2) == [SMOL_PARIS, 30]  # " Paris."
 
 
+@pytest.mark.slow
 def test_perplexity_convention(smol):
     rng = np.random.default_rng(1)
     toks = [int(t) for t in rng.integers(100, 5000, size=21)]

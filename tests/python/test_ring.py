@@ -26,7 +26,7 @@ def single(model, prompt, tmp_path):
     return generation(["run", "-m", model, "-p", prompt, *GEN], tmp_path / "single.f32")
 
 
-@pytest.mark.parametrize("name,path", [("smollm", SMOL), ("gemma", GEMMA)])
+@pytest.mark.parametrize("name,path", [("smollm", SMOL), pytest.param("gemma", GEMMA, marks=pytest.mark.slow)])
 def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, tmp_path):
     model = model_path(path.name)
     prompt = PROMPTS[name]

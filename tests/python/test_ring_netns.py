@@ -45,6 +45,7 @@ def stop(procs):
         p.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_netns_ring_equals_single_process(net, tmp_path):
     model = model_path(GEMMA.name)
     cfg_text = (ROOT / "cluster-configs" / "netns-3.toml").read_text()

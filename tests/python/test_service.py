@@ -97,6 +97,7 @@ def test_sigterm_while_idle_is_a_clean_close(tmp_path, sig, said):
             s.log.close()
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_generation_finishes_the_step(tmp_path):
     prompt = "1, 2, 3, 4, 5,"
     with Nodes(2, log_dir=tmp_path) as nodes:

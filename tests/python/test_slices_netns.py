@@ -130,6 +130,7 @@ def single(model, tmp):
     return json.loads(r.stdout), (tmp / "single.f32").read_bytes()
 
 
+@pytest.mark.slow
 def test_slices_are_sent_cached_reused_and_a_flipped_byte_is_refused(net, model, tmp_path):
     want, want_logits = single(model, tmp_path)
     with Cluster(net, tmp_path) as c:
@@ -169,6 +170,7 @@ def test_slices_are_sent_cached_reused_and_a_flipped_byte_is_refused(net, model,
         c.no_oom()
 
 
+@pytest.mark.slow
 def test_a_cut_transfer_resumes_re_sending_at_most_one_tensor(net, model, tmp_path):
     want, want_logits = single(model, tmp_path)
     # host2's side of the switch at 100 Mbit/s: its 103 MiB slice takes ~9 s, long enough to

@@ -30,7 +30,7 @@ def run_capped(cap, model, *extra):
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("name", [SMOL.name, GEMMA.name])
+@pytest.mark.parametrize("name", [SMOL.name, pytest.param(GEMMA.name, marks=pytest.mark.slow)])
 def test_a_capped_process_streams_what_does_not_fit_and_answers_as_uncapped(name):
     model = model_path(name)
     want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
@@ -91,6 +91,7 @@ def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
             assert c.oom_kills() == 0
 
 
+@pytest.mark.slow
 def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
     smol, gemma = model_path(SMOL.name), model_path(GEMMA.name)
     pred = tmp_path / "smol.skip"

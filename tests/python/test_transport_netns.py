@@ -154,6 +154,7 @@ def check(label, transport, oracle, got, logits, logs, took, stderr):
 LOSS_CASES = [("udp", 0.01), ("udp", 0.05), ("quic", 0.01), ("quic", 0.05), ("tcp", 0.05)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport,loss", LOSS_CASES,
                          ids=[f"{t}-loss{round(p * 100)}pct" for t, p in LOSS_CASES])
 def test_ring_under_packet_loss_equals_single_process(lossy_net, oracle, transport, loss, tmp_path):
@@ -183,6 +184,7 @@ def test_delay_wire_adds_twice_the_delay_to_the_round_trip(lossy_net, delayed_ne
 DELAY_CASES = [("udp", 0.0), ("quic", 0.0), ("udp", 0.01), ("quic", 0.01)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport,loss", DELAY_CASES,
                          ids=[f"{t}-delay1ms" + (f"-loss{round(p * 100)}pct" if p else "") for t, p in DELAY_CASES])
 def test_ring_with_delay_equals_single_process(delayed_net, oracle, transport, loss, tmp_path):
