@@ -684,6 +684,11 @@ pub enum DebugCommand {
         /// Output directory.
         #[arg(long)]
         dump: PathBuf,
+        /// Also dump every step of every layer (`layer.{i}.{step}.{buffer}.npy`, the steps
+        /// of the layer's recipe in order; `steps.json` lists them), to find the first step
+        /// where two backends or the reference part.
+        #[arg(long)]
+        steps: bool,
     },
     /// Tokenize text and print the ids as JSON (with --texts: a JSON list of strings in, a
     /// JSON list of id lists out).

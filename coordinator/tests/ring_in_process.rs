@@ -9,10 +9,10 @@
 use ringllm::cluster::ring::{RingSpec, StageSpec, StreamPolicy};
 use ringllm::cluster::streaming::Choice;
 use ringllm::engine::{Engine, ModelOptions};
-use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
+use ringllm_node::daemon::NodeOptions;
+use ringllm_node::test_util::{self, spawn_nodes, Nodes};
 use ringllm_protocol::control::KvType;
-use ringllm_protocol::{ClusterKey, Dtype, TransportKind};
-use std::net::SocketAddr;
+use ringllm_protocol::{ClusterKey, Dtype};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,13 +21,6 @@ const KEY: &str = "ring-in-process-test-key-0123456789abcdef";
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models")
-}
-
-/// Nodes serving on a runtime of their own thread until `stop` is sent.
-struct Nodes {
-    addrs: Vec<SocketAddr>,
-    stop: tokio::sync::watch::Sender<bool>,
-    thread: std::thread::JoinHandle<Vec<Result<(), DaemonError>>>,
 }
 
 fn start_nodes(names: &[&str]) -> Nodes {
@@ -45,67 +38,28 @@ fn scratch(what: &str) -> PathBuf {
     d
 }
 
+/// Nodes named `names` on a thread of their own, their models in `models_dir`, each its
+/// slice cache under `cache_dir`.
 fn start_nodes_in(names: &[&str], models_dir: PathBuf, cache_dir: PathBuf) -> Nodes {
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime for the nodes");
-        rt.block_on(async move {
-            let mut served = Vec::new();
-            let mut addrs = Vec::new();
-            for name in names {
-                let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind 127.0.0.1:0");
-                let opts = NodeOptions {
-                    key: ClusterKey::from_bytes(KEY.as_bytes()).expect("key"),
-                    threads: 1,
-                    models_dir: models_dir.clone(),
-                    cache_dir: cache_dir.join(&name),
-                    name,
-                    transport: TransportKind::Tcp,
-                    memory: None,
-                    // Every other node keeps the file's layout: a ring may mix both.
-                    repack: addrs.len() % 2 == 0,
-                    stream: Default::default(),
-                    backend: ringllm_model::BackendChoice::Cpu,
-                };
-                let listener = Listener::new(tcp, &opts).expect("listener");
-                addrs.push(listener.local_addr().expect("local address"));
-                let mut stopped = stopped.clone();
-                served.push(tokio::spawn(daemon::serve(listener, opts, async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })));
-            }
-            tx.send(addrs).expect("hand the addresses over");
-            let mut out = Vec::new();
-            for s in served {
-                out.push(s.await.expect("a node's serve panicked"));
-            }
-            out
-        })
-    });
-    let addrs = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the nodes did not start");
-    Nodes {
-        addrs,
-        stop,
-        thread,
-    }
+    let key = ClusterKey::from_bytes(KEY.as_bytes()).expect("key");
+    spawn_nodes(
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| NodeOptions {
+                cache_dir: cache_dir.join(name),
+                // Every other node keeps the file's layout: a ring may mix both.
+                repack: i % 2 == 0,
+                ..test_util::options(name, key.clone(), &models_dir)
+            })
+            .collect(),
+    )
 }
 
-impl Nodes {
-    fn stop(self) {
-        self.stop.send_replace(true);
-        for r in self.thread.join().expect("the nodes' thread panicked") {
-            r.expect("a node's serve ended with an error");
-        }
+/// Stops the nodes; every one ended without an error.
+fn stop(nodes: Nodes) {
+    for r in nodes.stop() {
+        r.expect("a node's serve ended with an error");
     }
 }
 
@@ -162,7 +116,7 @@ fn a_ring_of_in_process_nodes_equals_the_single_process() {
         let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "logits of step {step} differ from the single process");
     }
-    nodes.stop();
+    stop(nodes);
 }
 
 /// Several rounds per token (windows interleaved over the nodes) and the naive layout (every
@@ -208,7 +162,7 @@ fn multi_round_and_streaming_rings_equal_the_single_process() {
             assert_eq!(read, 0, "{choice:?}: nothing streams when the layers fit");
         }
     }
-    nodes.stop();
+    stop(nodes);
 }
 
 fn spec_of(nodes: &Nodes, send_slices: bool) -> RingSpec {
@@ -364,6 +318,6 @@ fn nodes_without_the_model_get_their_slices_once_and_refetch_a_corrupted_tensor(
     let got = greedy(&mut ring, prompt, 6);
     ring.close();
     assert_eq!(got.0, want.0);
-    nodes.stop();
+    stop(nodes);
     let _ = std::fs::remove_dir_all(&cache);
 }

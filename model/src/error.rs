@@ -75,6 +75,13 @@ pub enum ModelError {
     #[error("context full: position {pos} + {n} tokens exceeds the context of {ctx}")]
     ContextFull { pos: usize, n: usize, ctx: usize },
     /// The backend (a GPU) failed: lost device, allocation, unsupported setting.
+    /// A layer step the chosen backend does not implement (found when the backend opens).
+    #[error("the {backend} backend cannot run step '{step}' of layer {layer}")]
+    UnsupportedStep {
+        step: &'static str,
+        layer: usize,
+        backend: &'static str,
+    },
     #[error("backend: {0}")]
     Backend(String),
 }

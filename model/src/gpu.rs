@@ -2,9 +2,11 @@
 //! layout, the KV caches on the device, and every layer of a batch recorded into one command
 //! buffer (one submission and one wait per call of `layers`).
 
-use crate::arch::FfnAct;
+use crate::arch::recipe::Buf;
+use crate::arch::{FfnAct, RopeTable, Step};
 use crate::backend::{Batch, DeviceKv, LayerBackend};
 use crate::error::ModelError;
+use crate::forward::Observed;
 use crate::kv::{KvCache, KvType};
 use crate::model::{Model, Weight};
 use ringllm_gpu::ops::{AttnShape, Glu, KvLayout, Ops};
@@ -101,6 +103,15 @@ impl GpuLayers {
             return Err(ModelError::Backend(
                 "layers streamed from disk run on the CPU backend only".into(),
             ));
+        }
+        for (i, l) in model.layers.iter().enumerate() {
+            if let Some(step) = l.recipe.steps.iter().find(|s| !supports(**s)) {
+                return Err(ModelError::UnsupportedStep {
+                    step: step.name(),
+                    layer: model.layer_range.start + i,
+                    backend: "GPU",
+                });
+            }
         }
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -327,10 +338,6 @@ impl LayerBackend for GpuLayers {
             head_dim: hd as u32,
             scale: hp.query_scale,
         };
-        let act = match hp.ffn_act {
-            FfnAct::Silu => Glu::Silu,
-            FfnAct::GeluTanh => Glu::GeluTanh,
-        };
         let mut enc = gpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -338,170 +345,141 @@ impl LayerBackend for GpuLayers {
             });
         let (ops, mm) = (&self.ops, &self.mm);
         let nn = n as u32;
-        for (i, l) in self.layers.iter().enumerate() {
+        let each_step = observer.as_ref().is_some_and(|o| o.wants_steps());
+        for (i, (l, ml)) in self.layers.iter().zip(&model.layers).enumerate() {
             let il = model.layer_range.start + i;
-            let e = &mut enc;
-            ops.rms_norm(
-                &gpu,
-                e,
-                &s.x,
-                0,
-                &l.attn_norm,
-                &s.xn,
-                0,
-                rows,
-                d as u32,
-                eps,
-            )
-            .map_err(be)?;
-            mm.encode(&gpu, e, &l.wq, &s.xn, 0, &s.q, 0, nn)
-                .map_err(be)?;
-            mm.encode(&gpu, e, &l.wk, &s.xn, 0, &s.k, 0, nn)
-                .map_err(be)?;
-            mm.encode(&gpu, e, &l.wv, &s.xn, 0, &s.v, 0, nn)
-                .map_err(be)?;
-            for (buf, bias, width) in [(&s.q, &l.bq, qd), (&s.k, &l.bk, kvd), (&s.v, &l.bv, kvd)] {
-                if let Some(b) = bias {
-                    ops.add_bias(&gpu, e, buf, 0, b, rows, width as u32)
-                        .map_err(be)?;
+            for &step in &ml.recipe.steps {
+                let e = &mut enc;
+                match step {
+                    Step::AttnNorm => ops
+                        .rms_norm(
+                            &gpu,
+                            e,
+                            &s.x,
+                            0,
+                            &l.attn_norm,
+                            &s.xn,
+                            0,
+                            rows,
+                            d as u32,
+                            eps,
+                        )
+                        .map_err(be)?,
+                    Step::QkvProj => {
+                        for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
+                            mm.encode(&gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
+                        }
+                    }
+                    Step::QkvBias => {
+                        for (buf, bias, width) in
+                            [(&s.q, &l.bq, qd), (&s.k, &l.bk, kvd), (&s.v, &l.bv, kvd)]
+                        {
+                            if let Some(b) = bias {
+                                ops.add_bias(&gpu, e, buf, 0, b, rows, width as u32)
+                                    .map_err(be)?;
+                            }
+                        }
+                    }
+                    Step::QkNorm => {
+                        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                            for (buf, w, heads) in [(&s.q, qn, hp.n_head), (&s.k, kn, hp.n_head_kv)]
+                            {
+                                ops.rms_norm_heads(
+                                    &gpu,
+                                    e,
+                                    buf,
+                                    0,
+                                    w,
+                                    rows,
+                                    heads as u32,
+                                    hd as u32,
+                                    eps,
+                                )
+                                .map_err(be)?;
+                            }
+                        }
+                    }
+                    Step::Rope(table) => {
+                        let table = match table {
+                            RopeTable::Local => &s.cs_local,
+                            RopeTable::Global => &s.cs_global,
+                        };
+                        for (buf, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
+                            ops.rope(
+                                &gpu,
+                                e,
+                                buf,
+                                0,
+                                table,
+                                rows,
+                                heads as u32,
+                                hd as u32,
+                                half,
+                                hp.rope_style,
+                            )
+                            .map_err(be)?;
+                        }
+                    }
+                    Step::Attention { scale } => {
+                        let shape = AttnShape { scale, ..shape };
+                        attention_step(&gpu, ops, e, s, &caches, i, kvd, &shape)?;
+                    }
+                    Step::AttnOut => mm
+                        .encode(&gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn)
+                        .map_err(be)?,
+                    Step::AttnResidual { post_norm } => {
+                        let w = l.post_attn_norm.as_ref().filter(|_| post_norm);
+                        ops.residual(&gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
+                            .map_err(be)?;
+                    }
+                    Step::FfnNorm => ops
+                        .rms_norm(&gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
+                        .map_err(be)?,
+                    Step::GateUp => {
+                        for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
+                            mm.encode(&gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
+                        }
+                    }
+                    Step::Glu(act) => {
+                        let act = match act {
+                            FfnAct::Silu => Glu::Silu,
+                            FfnAct::GeluTanh => Glu::GeluTanh,
+                        };
+                        ops.glu(&gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
+                            .map_err(be)?;
+                    }
+                    Step::FfnDown => mm
+                        .encode(&gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn)
+                        .map_err(be)?,
+                    Step::FfnResidual { post_norm } => {
+                        let w = l.post_ffw_norm.as_ref().filter(|_| post_norm);
+                        ops.residual(&gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
+                            .map_err(be)?;
+                    }
+                }
+                if each_step {
+                    let Some(obs) = observer.as_deref_mut() else {
+                        continue;
+                    };
+                    flush(&gpu, &mut enc);
+                    for &b in step.outputs() {
+                        let width = b.width(hp);
+                        let mut rows_out = vec![0f32; n * width];
+                        gpu.read_f32(s.buf(b), 0, &mut rows_out).map_err(be)?;
+                        obs.step(&Observed {
+                            layer: il,
+                            step: step.name(),
+                            buf: b.name(),
+                            rows: &rows_out,
+                            width,
+                        });
+                    }
                 }
             }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                ops.rms_norm_heads(&gpu, e, &s.q, 0, qn, rows, hp.n_head as u32, hd as u32, eps)
-                    .map_err(be)?;
-                ops.rms_norm_heads(
-                    &gpu,
-                    e,
-                    &s.k,
-                    0,
-                    kn,
-                    rows,
-                    hp.n_head_kv as u32,
-                    hd as u32,
-                    eps,
-                )
-                .map_err(be)?;
-            }
-            let table = if hp.sliding[il] {
-                &s.cs_local
-            } else {
-                &s.cs_global
-            };
-            if half > 0 {
-                ops.rope(
-                    &gpu,
-                    e,
-                    &s.q,
-                    0,
-                    table,
-                    rows,
-                    hp.n_head as u32,
-                    hd as u32,
-                    half,
-                    hp.rope_style,
-                )
-                .map_err(be)?;
-                ops.rope(
-                    &gpu,
-                    e,
-                    &s.k,
-                    0,
-                    table,
-                    rows,
-                    hp.n_head_kv as u32,
-                    hd as u32,
-                    half,
-                    hp.rope_style,
-                )
-                .map_err(be)?;
-            }
-            for (dev, kv, row, k) in caches.iter() {
-                if *k == 0 {
-                    continue;
-                }
-                let lkv = &kv.layers[i];
-                let layout = KvLayout {
-                    cap: lkv.cap as u32,
-                    window: lkv.window.map(|w| w as u32),
-                    f16: kv.ty == KvType::F16,
-                };
-                let (kc, vc) = &dev.layers[i];
-                ops.kv_store(
-                    &gpu,
-                    e,
-                    &s.k,
-                    &s.v,
-                    *row as u64,
-                    kc,
-                    vc,
-                    &s.pos,
-                    *row as u64,
-                    *k as u32,
-                    kvd as u32,
-                    &layout,
-                )
-                .map_err(be)?;
-                ops.attention(
-                    &gpu,
-                    e,
-                    &s.q,
-                    &s.att,
-                    *row as u32,
-                    kc,
-                    vc,
-                    &s.pos,
-                    *row as u64,
-                    *k as u32,
-                    &shape,
-                    &layout,
-                )
-                .map_err(be)?;
-            }
-            mm.encode(&gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn)
-                .map_err(be)?;
-            ops.residual(
-                &gpu,
-                e,
-                &s.x,
-                &s.o,
-                l.post_attn_norm.as_ref(),
-                rows,
-                d as u32,
-                eps,
-            )
-            .map_err(be)?;
-            ops.rms_norm(&gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
-                .map_err(be)?;
-            mm.encode(&gpu, e, &l.gate, &s.xn, 0, &s.gate, 0, nn)
-                .map_err(be)?;
-            mm.encode(&gpu, e, &l.up, &s.xn, 0, &s.up, 0, nn)
-                .map_err(be)?;
-            ops.glu(&gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
-                .map_err(be)?;
-            mm.encode(&gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn)
-                .map_err(be)?;
-            ops.residual(
-                &gpu,
-                e,
-                &s.x,
-                &s.o,
-                l.post_ffw_norm.as_ref(),
-                rows,
-                d as u32,
-                eps,
-            )
-            .map_err(be)?;
-            if let Some(obs) = observer.as_mut() {
-                let done = std::mem::replace(
-                    &mut enc,
-                    gpu.device()
-                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                            label: Some("slice"),
-                        }),
-                );
-                gpu.queue().submit([done.finish()]);
+            if let Some(obs) = observer.as_deref_mut() {
+                flush(&gpu, &mut enc);
                 gpu.read_f32(&s.x, 0, &mut x[..n * d]).map_err(be)?;
-                obs(il, &x[..n * d]);
+                obs.layer(il, &x[..n * d]);
             }
         }
         gpu.queue().submit([enc.finish()]);
@@ -552,5 +530,116 @@ impl LayerBackend for GpuLayers {
         gpu.queue().submit([enc.finish()]);
         gpu.read_f32(lout, 0, &mut out[..n * vocab]).map_err(be)?;
         Ok(())
+    }
+}
+
+/// A sequence's slice of the batch for the GPU: its device cache, its host cache (for the
+/// layout), its first row and its row count.
+type SeqCache<'a> = (&'a GpuKv, &'a KvCache, usize, usize);
+
+/// The `Attention` step of layer `i` (index within the slice) for every sequence of the
+/// batch: store its keys and values in its device cache, then attend.
+#[allow(clippy::too_many_arguments)]
+fn attention_step(
+    gpu: &Gpu,
+    ops: &Ops,
+    e: &mut wgpu::CommandEncoder,
+    s: &Scratch,
+    caches: &[SeqCache<'_>],
+    i: usize,
+    kvd: usize,
+    shape: &AttnShape,
+) -> Result<(), ModelError> {
+    for (dev, kv, row, k) in caches.iter() {
+        if *k == 0 {
+            continue;
+        }
+        let lkv = &kv.layers[i];
+        let layout = KvLayout {
+            cap: lkv.cap as u32,
+            window: lkv.window.map(|w| w as u32),
+            f16: kv.ty == KvType::F16,
+        };
+        let (kc, vc) = &dev.layers[i];
+        ops.kv_store(
+            gpu,
+            e,
+            &s.k,
+            &s.v,
+            *row as u64,
+            kc,
+            vc,
+            &s.pos,
+            *row as u64,
+            *k as u32,
+            kvd as u32,
+            &layout,
+        )
+        .map_err(be)?;
+        ops.attention(
+            gpu,
+            e,
+            &s.q,
+            &s.att,
+            *row as u32,
+            kc,
+            vc,
+            &s.pos,
+            *row as u64,
+            *k as u32,
+            shape,
+            &layout,
+        )
+        .map_err(be)?;
+    }
+    Ok(())
+}
+
+/// Submits what `enc` recorded so far and starts a new encoder (before a read-back).
+fn flush(gpu: &Gpu, enc: &mut wgpu::CommandEncoder) {
+    let done = std::mem::replace(
+        enc,
+        gpu.device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("slice"),
+            }),
+    );
+    gpu.queue().submit([done.finish()]);
+}
+
+impl Scratch {
+    /// The device buffer behind a recipe buffer.
+    fn buf(&self, b: Buf) -> &wgpu::Buffer {
+        match b {
+            Buf::X => &self.x,
+            Buf::Xn => &self.xn,
+            Buf::Q => &self.q,
+            Buf::K => &self.k,
+            Buf::V => &self.v,
+            Buf::Att => &self.att,
+            Buf::O => &self.o,
+            Buf::Gate => &self.gate,
+            Buf::Up => &self.up,
+        }
+    }
+}
+
+/// Whether this backend runs `step`: checked for every step of every layer when a slice is
+/// uploaded, so a recipe step added without a GPU kernel fails there by name.
+fn supports(step: Step) -> bool {
+    match step {
+        Step::AttnNorm
+        | Step::QkvProj
+        | Step::QkvBias
+        | Step::QkNorm
+        | Step::Rope(_)
+        | Step::Attention { .. }
+        | Step::AttnOut
+        | Step::AttnResidual { .. }
+        | Step::FfnNorm
+        | Step::GateUp
+        | Step::Glu(FfnAct::Silu | FfnAct::GeluTanh)
+        | Step::FfnDown
+        | Step::FfnResidual { .. } => true,
     }
 }

@@ -1,7 +1,7 @@
 //! A model (or a contiguous slice of its layers) over a memory-mapped GGUF file: the
 //! loader states what it expects of every tensor (shape, type, required or not) and checks it.
 
-use crate::arch::{Arch, Hparams, TensorKind};
+use crate::arch::{Arch, Hparams, LayerRecipe, TensorKind};
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::stream::{LayerGuard, Streamer};
@@ -45,6 +45,9 @@ impl std::fmt::Debug for Packed {
 /// The weights of one repeating block.
 #[derive(Debug)]
 pub struct Layer {
+    /// The steps both forward passes walk for this layer; the optional tensors below are
+    /// loaded exactly when a step of it reads them.
+    pub recipe: LayerRecipe,
     pub attn_norm: Vec<f32>,
     pub wq: Weight,
     pub wk: Weight,
@@ -493,8 +496,9 @@ impl<'a> Loader<'a> {
             hp.head_dim as u64,
         );
         let l = Some(il);
-        let opt_vec = |on: bool, kind, n| -> Result<Option<Vec<f32>>, ModelError> {
-            if on {
+        let recipe = hp.recipe(il);
+        let opt_vec = |kind, n| -> Result<Option<Vec<f32>>, ModelError> {
+            if recipe.needs(kind) {
                 self.vector(kind, l, n).map(Some)
             } else {
                 Ok(None)
@@ -506,17 +510,18 @@ impl<'a> Loader<'a> {
             wk: self.matrix(TensorKind::AttnK, l, d, kv)?,
             wv: self.matrix(TensorKind::AttnV, l, d, kv)?,
             wo: self.matrix(TensorKind::AttnOutput, l, q, d)?,
-            bq: opt_vec(hp.qkv_bias, TensorKind::AttnQBias, q)?,
-            bk: opt_vec(hp.qkv_bias, TensorKind::AttnKBias, kv)?,
-            bv: opt_vec(hp.qkv_bias, TensorKind::AttnVBias, kv)?,
-            q_norm: opt_vec(hp.qk_norm, TensorKind::AttnQNorm, hd)?,
-            k_norm: opt_vec(hp.qk_norm, TensorKind::AttnKNorm, hd)?,
-            post_attn_norm: opt_vec(hp.sandwich_norms, TensorKind::PostAttnNorm, d)?,
+            bq: opt_vec(TensorKind::AttnQBias, q)?,
+            bk: opt_vec(TensorKind::AttnKBias, kv)?,
+            bv: opt_vec(TensorKind::AttnVBias, kv)?,
+            q_norm: opt_vec(TensorKind::AttnQNorm, hd)?,
+            k_norm: opt_vec(TensorKind::AttnKNorm, hd)?,
+            post_attn_norm: opt_vec(TensorKind::PostAttnNorm, d)?,
             ffn_norm: self.vector(TensorKind::FfnNorm, l, d)?,
             gate: self.matrix(TensorKind::FfnGate, l, d, ff)?,
             up: self.matrix(TensorKind::FfnUp, l, d, ff)?,
             down: self.matrix(TensorKind::FfnDown, l, ff, d)?,
-            post_ffw_norm: opt_vec(hp.sandwich_norms, TensorKind::PostFfwNorm, d)?,
+            post_ffw_norm: opt_vec(TensorKind::PostFfwNorm, d)?,
+            recipe,
         })
     }
 }

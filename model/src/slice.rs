@@ -281,6 +281,18 @@ pub fn check_offer(o: &SliceOffer) -> Result<(), String> {
     Ok(())
 }
 
+/// Identity of a model file (what assignments name).
+pub fn model_identity(path: &Path, file: &GgufFile) -> ModelIdentity {
+    ModelIdentity {
+        file_name: path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        size: file.bytes().len() as u64,
+        header_hash: file.header_hash(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,17 +449,5 @@ mod tests {
         assert!(bad(&|o| o.size = u64::MAX).contains("TiB"));
         assert!(bad(&|o| o.key.layer_start = 3).contains("backwards"));
         assert!(bad(&|o| o.pieces[1].offset = u64::MAX).contains("runs past"));
-    }
-}
-
-/// Identity of a model file (what assignments name).
-pub fn model_identity(path: &Path, file: &GgufFile) -> ModelIdentity {
-    ModelIdentity {
-        file_name: path
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        size: file.bytes().len() as u64,
-        header_hash: file.header_hash(),
     }
 }

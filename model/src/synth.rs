@@ -22,6 +22,7 @@ pub use stream::{
     shape_model_bytes, shape_tensors, tokenizer_gguf, write_shape_model, ShapeSpec, SynthError,
 };
 
+use crate::arch::MetaKey;
 use crate::gguf::{Array, GgufError, GgufWriter, Value};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -290,7 +291,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     spec.validate()?;
     let s = spec;
     let a = s.arch.name();
-    let k = |key: &str| format!("{a}.{key}");
+    let k = |key: MetaKey| key.of(a);
     let mut w = GgufWriter::new();
 
     w.add("general.architecture", Value::Str(a.to_string()));
@@ -299,27 +300,27 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         Value::Str(format!("synthetic {a} {} seed {}", s.weight_type, s.seed)),
     );
     w.add("general.quantization_version", Value::U32(2));
-    w.add(&k("context_length"), Value::U32(s.ctx));
-    w.add(&k("embedding_length"), Value::U32(s.d_model));
-    w.add(&k("block_count"), Value::U32(s.n_layer));
-    w.add(&k("feed_forward_length"), Value::U32(s.d_ff));
-    w.add(&k("attention.head_count"), Value::U32(s.n_head));
-    w.add(&k("attention.head_count_kv"), Value::U32(s.n_head_kv));
-    w.add(&k("attention.key_length"), Value::U32(s.head_dim));
-    w.add(&k("attention.value_length"), Value::U32(s.head_dim));
+    w.add(&k(MetaKey::ContextLength), Value::U32(s.ctx));
+    w.add(&k(MetaKey::EmbeddingLength), Value::U32(s.d_model));
+    w.add(&k(MetaKey::BlockCount), Value::U32(s.n_layer));
+    w.add(&k(MetaKey::FeedForwardLength), Value::U32(s.d_ff));
+    w.add(&k(MetaKey::HeadCount), Value::U32(s.n_head));
+    w.add(&k(MetaKey::HeadCountKv), Value::U32(s.n_head_kv));
+    w.add(&k(MetaKey::KeyLength), Value::U32(s.head_dim));
+    w.add(&k(MetaKey::ValueLength), Value::U32(s.head_dim));
     let (rope_base, eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
         SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
     };
-    w.add(&k("rope.freq_base"), Value::F32(rope_base));
-    w.add(&k("attention.layer_norm_rms_epsilon"), Value::F32(eps));
+    w.add(&k(MetaKey::RopeFreqBase), Value::F32(rope_base));
+    w.add(&k(MetaKey::RmsEpsilon), Value::F32(eps));
     match s.arch {
         SynthArch::Llama => {
-            w.add(&k("rope.dimension_count"), Value::U32(s.head_dim));
-            w.add(&k("vocab_size"), Value::U32(s.vocab));
+            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(s.head_dim));
+            w.add(&k(MetaKey::VocabSize), Value::U32(s.vocab));
         }
         SynthArch::Gemma3 => {
-            w.add(&k("attention.sliding_window"), Value::U32(s.sliding_window));
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(s.sliding_window));
         }
         SynthArch::Qwen2 => {}
     }

@@ -204,3 +204,64 @@ fn several_sequences_in_one_batch_match_each_alone() {
         }
     }
 }
+
+/// Watching every step walks each layer's recipe in order, shows each output buffer at its
+/// width, and changes nothing: the per-row steps the CPU fuses into one pass when nobody
+/// watches give the same bits one at a time, and the last step's residual stream is the
+/// layer's output.
+#[test]
+fn step_observer_sees_the_recipe_and_changes_nothing() {
+    use ringllm_model::forward::{Observed, StepObserver};
+    // (Qwen2's biases have synthetic weights at real-size shapes only.)
+    for arch in [SynthArch::Llama, SynthArch::Gemma3] {
+        let m = model(arch, GgmlType::Q8_0);
+        let d = m.hp.d_model;
+        let toks = tokens(5, m.hp.vocab);
+        let n = toks.len();
+        let run = |watch: bool| {
+            let mut r = Runner::new(Arc::clone(&m), 2, 8, 16);
+            let mut cache = r.new_cache(16, KvType::F32);
+            let mut x = vec![0f32; n * d];
+            r.embed(&toks, &mut x).expect("embed");
+            let mut seen: Vec<(usize, &'static str, &'static str, usize, Vec<f32>)> = Vec::new();
+            if watch {
+                let mut obs = StepObserver(|o: &Observed<'_>| {
+                    assert_eq!(o.rows.len(), n * o.width, "{} {}", o.step, o.buf);
+                    seen.push((o.layer, o.step, o.buf, o.width, o.rows.to_vec()));
+                });
+                r.layers(&mut x, n, &mut cache, Some(&mut obs))
+                    .expect("layers");
+            } else {
+                r.layers(&mut x, n, &mut cache, None).expect("layers");
+            }
+            (x, seen)
+        };
+        let (plain, none) = run(false);
+        let (watched, seen) = run(true);
+        assert!(none.is_empty());
+        assert_eq!(
+            plain, watched,
+            "{arch:?}: watching the steps changed the output"
+        );
+        for (i, layer) in m.layers.iter().enumerate() {
+            let mut want: Vec<(&str, &str)> = Vec::new();
+            for s in &layer.recipe.steps {
+                for b in s.outputs() {
+                    want.push((s.name(), b.name()));
+                }
+            }
+            let got: Vec<(&str, &str)> = seen
+                .iter()
+                .filter(|e| e.0 == i)
+                .map(|e| (e.1, e.2))
+                .collect();
+            assert_eq!(got, want, "{arch:?} layer {i}");
+        }
+        let last = seen.last().expect("steps seen");
+        assert_eq!((last.1, last.2), ("ffn_residual", "x"));
+        assert_eq!(last.4, watched, "{arch:?}: the last step's x is the output");
+        if arch == SynthArch::Gemma3 {
+            assert!(seen.iter().any(|e| e.1 == "qk_norm"));
+        }
+    }
+}

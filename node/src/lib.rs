@@ -3,3 +3,6 @@
 //! `ringllm-model` crate.
 
 pub mod daemon;
+
+#[cfg(feature = "test-util")]
+pub mod test_util;

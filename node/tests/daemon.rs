@@ -3,10 +3,11 @@
 //! broken daemon from hanging the test run; no assertion depends on timing.
 
 use ringllm_kernels::GgmlType;
-use ringllm_node::daemon::{self, DaemonError, Listener, NodeOptions};
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_model::{KvType, LoadOptions, Model, Runner};
+use ringllm_node::daemon::{self, NodeOptions};
+use ringllm_node::test_util::{options, TestNode, GUARD};
 use ringllm_protocol::control::{Assignment, Capabilities, Input, NextHop, StageLayout};
 use ringllm_protocol::control_conn::{self, control_of};
 use ringllm_protocol::dial::{self, BoxLink, DialSpec, LinkRole};
@@ -17,12 +18,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-/// Hang guard for every wait: far beyond what any step takes.
-const GUARD: Duration = Duration::from_secs(60);
 const KEY: &str = "daemon-test-cluster-key-0123456789abcdef";
 
 fn key(text: &str) -> ClusterKey {
@@ -35,57 +31,6 @@ fn models_dir(test: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the models directory");
     dir
-}
-
-/// A node serving in this process.
-struct TestNode {
-    addr: SocketAddr,
-    stop: oneshot::Sender<()>,
-    served: JoinHandle<Result<(), DaemonError>>,
-}
-
-impl TestNode {
-    async fn start(name: &str, key: ClusterKey, models: &Path) -> TestNode {
-        TestNode::start_over(TransportKind::Tcp, name, key, models).await
-    }
-
-    /// A node taking its data links over `transport`.
-    async fn start_over(
-        transport: TransportKind,
-        name: &str,
-        key: ClusterKey,
-        models: &Path,
-    ) -> TestNode {
-        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let opts = NodeOptions {
-            key,
-            name: name.to_string(),
-            threads: 1,
-            models_dir: models.to_path_buf(),
-            cache_dir: models.join("slice-cache"),
-            transport,
-            memory: None,
-            repack: true,
-            stream: Default::default(),
-            backend: ringllm_model::BackendChoice::Cpu,
-        };
-        let listener = Listener::new(tcp, &opts).expect("listener");
-        let addr = listener.local_addr().expect("local address");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(daemon::serve(listener, opts, async {
-            let _ = stopped.await;
-        }));
-        TestNode { addr, stop, served }
-    }
-
-    /// Resolves the shutdown future and waits for `serve` to return.
-    async fn stop(self) -> Result<(), DaemonError> {
-        let _ = self.stop.send(());
-        tokio::time::timeout(GUARD, self.served)
-            .await
-            .expect("serve did not return after shutdown")
-            .expect("serve panicked")
-    }
 }
 
 async fn connect(addr: SocketAddr, key: &ClusterKey) -> Result<Link, TransportError> {
@@ -117,7 +62,7 @@ async fn capabilities(link: &mut Link) -> Capabilities {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_starts_serves_and_stops_cleanly() {
-    let node = TestNode::start("solo", key(KEY), &models_dir("solo")).await;
+    let node = TestNode::start(options("solo", key(KEY), &models_dir("solo"))).await;
     let addr = node.addr;
     let mut link = connect(addr, &key(KEY)).await.expect("connect");
     let caps = capabilities(&mut link).await;
@@ -133,8 +78,8 @@ async fn a_node_starts_serves_and_stops_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_serve_side_by_side_in_one_process() {
     let dir = models_dir("pair");
-    let a = TestNode::start("left", key(KEY), &dir).await;
-    let b = TestNode::start("right", key(KEY), &dir).await;
+    let a = TestNode::start(options("left", key(KEY), &dir)).await;
+    let b = TestNode::start(options("right", key(KEY), &dir)).await;
     assert_ne!(a.addr, b.addr);
     let mut la = connect(a.addr, &key(KEY)).await.expect("connect to left");
     let mut lb = connect(b.addr, &key(KEY)).await.expect("connect to right");
@@ -160,7 +105,7 @@ async fn two_nodes_serve_side_by_side_in_one_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_cluster_key_is_refused_and_the_node_keeps_serving() {
-    let node = TestNode::start("guarded", key(KEY), &models_dir("guarded")).await;
+    let node = TestNode::start(options("guarded", key(KEY), &models_dir("guarded"))).await;
     for _ in 0..2 {
         match connect(node.addr, &key("some-other-cluster-key")).await {
             Ok(_) => panic!("a client with another cluster key was let in"),
@@ -178,7 +123,7 @@ async fn a_wrong_cluster_key_is_refused_and_the_node_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_a_coordinator_connected_tells_it_and_returns() {
-    let node = TestNode::start("busy", key(KEY), &models_dir("busy")).await;
+    let node = TestNode::start(options("busy", key(KEY), &models_dir("busy"))).await;
     let mut link = connect(node.addr, &key(KEY)).await.expect("connect");
     capabilities(&mut link).await;
     // The connection stays open while the node stops.
@@ -196,7 +141,7 @@ async fn shutdown_with_a_coordinator_connected_tells_it_and_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_while_a_data_link_waits_for_its_attach_returns() {
-    let node = TestNode::start("waiting", key(KEY), &models_dir("waiting")).await;
+    let node = TestNode::start(options("waiting", key(KEY), &models_dir("waiting"))).await;
     // Authenticated as a data link, then silent: the node waits for its `Attach`.
     let link = control_conn::connect(
         &node.addr.to_string(),
@@ -237,7 +182,8 @@ async fn session_round_trip(transport: TransportKind) {
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
-    let identity = ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let identity =
+        ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
     let model = Arc::new(
         Model::load(
             Arc::new(GgufFile::from_bytes(bytes).expect("read back")),
@@ -248,7 +194,11 @@ async fn session_round_trip(transport: TransportKind) {
     let (d, vocab, n_layer) = (model.hp.d_model, model.hp.vocab, model.hp.n_layer);
     let (ctx, max_batch) = (32, 4);
 
-    let node = TestNode::start_over(transport, "stage", key(KEY), &dir).await;
+    let node = TestNode::start(NodeOptions {
+        transport,
+        ..options("stage", key(KEY), &dir)
+    })
+    .await;
     let mut control = connect(node.addr, &key(KEY)).await.expect("connect");
     let caps = capabilities(&mut control).await;
     assert_eq!(caps.models, vec![identity.clone()]);
@@ -349,13 +299,14 @@ async fn oversized_assignments_are_refused_and_the_node_keeps_serving() {
     let bytes = synth_model(&SynthSpec::new(SynthArch::Llama, GgmlType::F32, 7)).expect("synth");
     let path = dir.join("synth-llama.gguf");
     std::fs::write(&path, &bytes).expect("write the model");
-    let identity = ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
+    let identity =
+        ringllm_model::slice::model_identity(&path, &GgufFile::open_lean(&path).expect("open"));
     let n_layer = GgufFile::from_bytes(bytes)
         .map(|f| Model::load(Arc::new(f), &LoadOptions::default()).expect("load"))
         .expect("read back")
         .hp
         .n_layer as u32;
-    let node = TestNode::start("stage", key(KEY), &dir).await;
+    let node = TestNode::start(options("stage", key(KEY), &dir)).await;
     let mut control = connect(node.addr, &key(KEY)).await.expect("connect");
     capabilities(&mut control).await;
     let base = Assignment {
@@ -485,7 +436,7 @@ async fn ask_status(link: &mut Link) -> ringllm_protocol::control::NodeStatus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_queries_are_answered_beside_the_coordinator_without_claiming_the_node() {
-    let node = TestNode::start("watched", key(KEY), &models_dir("watched")).await;
+    let node = TestNode::start(options("watched", key(KEY), &models_dir("watched"))).await;
     // Before any coordinator: idle, and the same capabilities a coordinator would get.
     let mut m = monitor(node.addr, &key(KEY))
         .await

@@ -384,18 +384,20 @@ def _linear(x, m, name):
 # Forward pass
 
 
-def forward(model, token_ids, logit_rows=None, act_quant=False):
+def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None):
     """With act_quant=True, matmul inputs are rounded as 8-bit activations (see quantize_act).
+    `steps`: a dict to fill with the output of every layer step the engine also names
+    (`debug forward --steps`): "layer.{i}.{step}.{buffer}" -> float32 [n, width].
     """
     global ACT_QUANT
     saved, ACT_QUANT = ACT_QUANT, act_quant
     try:
-        return _forward(model, token_ids, logit_rows)
+        return _forward(model, token_ids, logit_rows, steps)
     finally:
         ACT_QUANT = saved
 
 
-def _forward(model, token_ids, logit_rows=None):
+def _forward(model, token_ids, logit_rows=None, steps=None):
     """Full causal forward over `token_ids` at positions 0..n-1, in float64.
 
     Returns (logits float32 [n_rows, vocab], hidden) where hidden (float32 arrays [n_tok, d])
@@ -419,6 +421,11 @@ def _forward(model, token_ids, logit_rows=None):
 
     freq_factors = m.wopt("rope_freqs.weight")
     masks = {}
+
+    def seen(il, step, buf, a):
+        if steps is not None:
+            steps[f"layer.{il}.{step}.{buf}"] = np.asarray(a, dtype=np.float64).reshape(n, -1).astype(np.float32)
+
     for il in range(m.n_layer):
         p = f"blk.{il}."
         window = m.window if m.is_swa[il] else 0
@@ -427,29 +434,48 @@ def _forward(model, token_ids, logit_rows=None):
         base, scale = m.layer_rope(il)
 
         h = rmsnorm(x, m.w(p + "attn_norm.weight"), m.eps)
+        seen(il, "attn_norm", "xn", h)
         q = _linear(h, m, p + "attn_q").reshape(n, m.n_head, m.head_dim)
         k = _linear(h, m, p + "attn_k").reshape(n, m.n_head_kv, m.head_dim)
         v = _linear(h, m, p + "attn_v").reshape(n, m.n_head_kv, m.head_dim_v)
+        # _linear adds the biases: without them these are the projections' outputs.
+        proj = "qkv_bias" if m.has(p + "attn_q.bias") else "qkv"
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            seen(il, proj, name, t)
         if m.has(p + "attn_q_norm.weight"):
             q = rmsnorm(q, m.w(p + "attn_q_norm.weight"), m.eps)
         if m.has(p + "attn_k_norm.weight"):
             k = rmsnorm(k, m.w(p + "attn_k_norm.weight"), m.eps)
+        if m.has(p + "attn_q_norm.weight"):
+            seen(il, "qk_norm", "q", q)
+            seen(il, "qk_norm", "k", k)
         q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
         k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
+        seen(il, "rope", "q", q)
+        seen(il, "rope", "k", k)
         a = attention(q, k, v, m.q_scale, masks[window])
+        seen(il, "attention", "att", a)
         a = _linear(a, m, p + "attn_output")
+        seen(il, "attn_out", "o", a)
         if m.has(p + "post_attention_norm.weight"):
             a = rmsnorm(a, m.w(p + "post_attention_norm.weight"), m.eps)
         x = x + a
+        seen(il, "attn_residual", "x", x)
 
         h = rmsnorm(x, m.w(p + "ffn_norm.weight"), m.eps)
+        seen(il, "ffn_norm", "xn", h)
         gate = _linear(h, m, p + "ffn_gate")
         up = _linear(h, m, p + "ffn_up")
+        seen(il, "gate_up", "gate", gate)
+        seen(il, "gate_up", "up", up)
         act = gelu_tanh(gate) if gemma else silu(gate)
+        seen(il, "glu", "gate", act * up)
         f = _linear(act * up, m, p + "ffn_down")
+        seen(il, "ffn_down", "o", f)
         if m.has(p + "post_ffw_norm.weight"):
             f = rmsnorm(f, m.w(p + "post_ffw_norm.weight"), m.eps)
         x = x + f
+        seen(il, "ffn_residual", "x", x)
         hidden[f"layer.{il}"] = x.astype(np.float32)
 
     x = rmsnorm(x, m.w("output_norm.weight"), m.eps)

@@ -137,3 +137,42 @@ def test_repacked_weights_give_the_same_bits(name, tmp_path):
         assert packed.keys() == mapped.keys()
         for k in packed:
             assert np.array_equal(packed[k], mapped[k]), f"{name} batch {batch}: {k} differs with --no-repack"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
+    """`debug forward --steps` on a synthetic F32 model (no 8-bit activations on this path):
+    every step of every layer the reference also names within STEP_REL of the float64
+    reference, in the order the recipe ran them; a failure names the first step to part. The
+    dumped steps are the recipe's (the same names and order in every layer of a kind) and the
+    layer outputs are the last step's residual stream."""
+    STEP_REL = 1e-4
+    f = tmp_path / f"{arch}.gguf"
+    run(["debug", "synth", "--arch", arch, "--type", "F32", "--seed", "3", "-o", f])
+    m = reference.load(str(f))
+    toks = [1] + list(range(5, 25))  # longer than gemma's window
+    ref_steps = {}
+    reference.forward(m, toks, logit_rows=[], steps=ref_steps)
+    out = tmp_path / "dump"
+    forward_dump(f, toks, out, "--threads", "2", "--batch", "7", "--steps")
+    import json
+
+    order = json.loads((out / "steps.json").read_text())
+    per_layer = {}
+    for key in order:
+        il = int(key.split(".")[1])
+        per_layer.setdefault(il, []).append(".".join(key.split(".")[2:]))
+        if key in ref_steps:
+            e = rel_l2(np.load(out / f"{key}.npy"), ref_steps[key])
+            assert e < STEP_REL, f"synthetic {arch}: first step to part from the reference: {key} ({e:.2e})"
+    assert sorted(per_layer) == list(range(m.n_layer))
+    assert all(v == per_layer[0] for v in per_layer.values()), per_layer
+    want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]
+    if arch == "gemma3":
+        want += ["qk_norm.q", "qk_norm.k"]
+    want += ["rope.q", "rope.k", "attention.att", "attn_out.o", "attn_residual.x", "ffn_norm.xn",
+             "gate_up.gate", "gate_up.up", "glu.gate", "ffn_down.o", "ffn_residual.x"]
+    assert per_layer[0] == want
+    assert all(f"layer.{il}.{s}" in ref_steps for il in per_layer for s in want), "the reference names fewer steps"
+    for il in range(m.n_layer):
+        assert np.array_equal(np.load(out / f"layer.{il}.npy"), np.load(out / f"layer.{il}.ffn_residual.x.npy"))

@@ -1,7 +1,8 @@
 """Predictive layer skip from the command line: `calibrate` writes a predictor that `run`,
 `perplexity` and `bench` load with --skip; a predictor for another model, or a damaged one,
-is refused with a message naming the file. Calibration text (README.md) and scored text
-(tests/fixtures/texts/perplexity.txt) differ."""
+is refused with a message naming the file. Calibration text (tests/fixtures/texts/
+calibration.txt, the README of 2026-11-27: a fixed text, so the predictor does not change with
+the docs) and scored text (tests/fixtures/texts/perplexity.txt) differ."""
 
 import re
 import shutil
@@ -12,7 +13,7 @@ import pytest
 from support.cli import run
 from support.paths import GEMMA, ROOT, SMOL, model_path, ringllm_bin
 
-CALIB_TEXT = ROOT / "README.md"
+CALIB_TEXT = ROOT / "tests" / "fixtures" / "texts" / "calibration.txt"
 SCORE_TEXT = ROOT / "tests" / "fixtures" / "texts" / "perplexity.txt"
 
 

@@ -110,4 +110,4 @@ def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
 
 def pathlib_readme():
     import pathlib
-    return pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    return pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts" / "calibration.txt"

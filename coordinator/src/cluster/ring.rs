@@ -8,8 +8,8 @@ use crate::cluster::planner::{
 };
 use crate::cluster::streaming::{self, StreamingPlan};
 use anyhow::{anyhow, bail, Context, Result};
-use ringllm_model::slice::model_identity;
 use ringllm_model::gguf::GgufFile;
+use ringllm_model::slice::model_identity;
 use ringllm_model::{sys, KvCache, KvType, LoadOptions, Model};
 use ringllm_protocol::activations;
 use ringllm_protocol::control::{

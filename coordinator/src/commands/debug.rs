@@ -4,6 +4,7 @@ use crate::cli::{DebugArgs, DebugCommand, SynthArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm::engine::{default_threads, open_gguf};
 use ringllm_kernels::{kernels, GgmlType};
+use ringllm_model::forward::{Observed, StepObserver};
 use ringllm_model::synth::{
     shape_names, synth_model, write_shape_model, ShapeSpec, SynthArch, SynthSpec, WeightMix,
 };
@@ -36,6 +37,7 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             model,
             tokens,
             dump,
+            steps,
         } => {
             if tokens.is_empty() {
                 bail!("--tokens is empty");
@@ -63,13 +65,48 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
             runner.embed(&tokens, &mut x)?;
             write_npy(&dump.join("embd.npy"), &x, &[n, d])?;
             let mut per_layer: Vec<Vec<f32>> = vec![Vec::with_capacity(n * d); n_layer];
+            // Per (layer, step, buffer), in the order the steps ran: the rows of every chunk.
+            let mut per_step: Vec<(usize, &'static str, &'static str, usize, Vec<f32>)> =
+                Vec::new();
             for chunk in x.chunks_mut(model.batch * d) {
                 let rows = chunk.len() / d;
-                let mut obs = |il: usize, h: &[f32]| per_layer[il].extend_from_slice(h);
-                runner.layers(chunk, rows, &mut kv, Some(&mut obs))?;
+                if steps {
+                    let mut k = 0;
+                    let first = per_step.is_empty();
+                    let mut obs = StepObserver(|o: &Observed<'_>| {
+                        if first {
+                            per_step.push((o.layer, o.step, o.buf, o.width, Vec::new()));
+                        }
+                        if let Some(e) = per_step.get_mut(k) {
+                            e.4.extend_from_slice(o.rows);
+                        }
+                        k += 1;
+                    });
+                    runner.layers(chunk, rows, &mut kv, Some(&mut obs))?;
+                } else {
+                    let mut obs = |il: usize, h: &[f32]| per_layer[il].extend_from_slice(h);
+                    runner.layers(chunk, rows, &mut kv, Some(&mut obs))?;
+                }
+            }
+            // With --steps, the layer outputs are the `ffn_residual` step's residual stream.
+            for (il, _, _, _, v) in per_step
+                .iter()
+                .filter(|e| e.1 == "ffn_residual" && e.2 == "x")
+            {
+                per_layer[*il].clone_from(v);
             }
             for (il, h) in per_layer.iter().enumerate() {
                 write_npy(&dump.join(format!("layer.{il}.npy")), h, &[n, d])?;
+            }
+            if steps {
+                let mut names = Vec::with_capacity(per_step.len());
+                for (il, step, buf, width, v) in &per_step {
+                    let name = format!("layer.{il}.{step}.{buf}");
+                    write_npy(&dump.join(format!("{name}.npy")), v, &[n, *width])?;
+                    names.push(name);
+                }
+                std::fs::write(dump.join("steps.json"), serde_json::to_string(&names)?)
+                    .with_context(|| format!("writing {}", dump.join("steps.json").display()))?;
             }
             runner.final_norm(&mut x, n)?;
             write_npy(&dump.join("final_norm.npy"), &x, &[n, d])?;

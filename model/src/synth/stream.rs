@@ -10,6 +10,7 @@
 use super::shape::{Shape, VocabKind, WeightMix};
 use super::vocab::add_tokenizer;
 use super::SynthArch;
+use crate::arch::MetaKey;
 use crate::arch::TensorKind;
 use crate::gguf::{GgufError, GgufWriter, TensorStream, Value};
 use rand::rngs::StdRng;
@@ -166,7 +167,7 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
 fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError> {
     let s = &spec.shape;
     let a = s.arch.name();
-    let k = |key: &str| format!("{a}.{key}");
+    let k = |key: MetaKey| key.of(a);
     let mut w = GgufWriter::new();
     w.add("general.architecture", Value::Str(a.to_string()));
     w.add(
@@ -184,26 +185,23 @@ fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError
     if let Some(ft) = spec.mix.file_type() {
         w.add("general.file_type", Value::U32(ft));
     }
-    w.add(&k("context_length"), Value::U32(s.ctx));
-    w.add(&k("embedding_length"), Value::U32(s.d_model));
-    w.add(&k("block_count"), Value::U32(s.n_layer));
-    w.add(&k("feed_forward_length"), Value::U32(s.d_ff));
-    w.add(&k("attention.head_count"), Value::U32(s.n_head));
-    w.add(&k("attention.head_count_kv"), Value::U32(s.n_head_kv));
-    w.add(&k("attention.key_length"), Value::U32(s.head_dim));
-    w.add(&k("attention.value_length"), Value::U32(s.head_dim));
-    w.add(&k("rope.freq_base"), Value::F32(s.rope_base));
-    w.add(
-        &k("attention.layer_norm_rms_epsilon"),
-        Value::F32(s.rms_eps),
-    );
+    w.add(&k(MetaKey::ContextLength), Value::U32(s.ctx));
+    w.add(&k(MetaKey::EmbeddingLength), Value::U32(s.d_model));
+    w.add(&k(MetaKey::BlockCount), Value::U32(s.n_layer));
+    w.add(&k(MetaKey::FeedForwardLength), Value::U32(s.d_ff));
+    w.add(&k(MetaKey::HeadCount), Value::U32(s.n_head));
+    w.add(&k(MetaKey::HeadCountKv), Value::U32(s.n_head_kv));
+    w.add(&k(MetaKey::KeyLength), Value::U32(s.head_dim));
+    w.add(&k(MetaKey::ValueLength), Value::U32(s.head_dim));
+    w.add(&k(MetaKey::RopeFreqBase), Value::F32(s.rope_base));
+    w.add(&k(MetaKey::RmsEpsilon), Value::F32(s.rms_eps));
     match s.arch {
         SynthArch::Llama => {
-            w.add(&k("rope.dimension_count"), Value::U32(s.head_dim));
-            w.add(&k("vocab_size"), Value::U32(s.vocab));
+            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(s.head_dim));
+            w.add(&k(MetaKey::VocabSize), Value::U32(s.vocab));
         }
         SynthArch::Gemma3 => {
-            w.add(&k("attention.sliding_window"), Value::U32(s.sliding_window));
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(s.sliding_window));
         }
         SynthArch::Qwen2 => {}
     }

@@ -1,18 +1,30 @@
 //! Architectures as data: the tensor kinds a layer is built from, their GGUF names and
-//! classes, and the hyper-parameters and per-architecture hooks read from metadata.
-//! The forward pass reads these flags; it never compares architecture names.
+//! classes, the hyper-parameters read from metadata, and the layer recipe computed from
+//! them ([`recipe`]). One file per architecture (`llama.rs`, `qwen2.rs`, `gemma3.rs`) holds
+//! its metadata rules and named sizes; the forward passes walk the recipe and never compare
+//! architecture names.
+
+mod gemma3;
+mod llama;
+mod qwen2;
+pub mod recipe;
 
 use crate::error::ModelError;
 use crate::gguf::Metadata;
 use ringllm_kernels::ops::RopeStyle;
 
-/// Architectures we run.
+pub use recipe::{LayerRecipe, RopeTable, Step};
+
+/// Architectures we run. Each has a file of its own in this folder (`llama.rs`, `qwen2.rs`,
+/// `gemma3.rs`) holding its metadata rules, its named sizes and the layer flags its recipe
+/// ([`recipe`]) is computed from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// Llama 2/3, SmolLM, Mistral (GGUF arch `llama`).
     Llama,
     /// Qwen2: Llama layout with Q/K/V biases and NeoX RoPE.
     Qwen2,
+    /// Gemma 3: sandwich norms, QK-norm, GeGLU, sliding-window layers, scaled embeddings.
     Gemma3,
 }
 
@@ -36,6 +48,68 @@ impl Arch {
     }
 
     pub const SUPPORTED: &'static [&'static str] = &["llama", "mistral", "qwen2", "gemma3"];
+
+    /// This architecture's rules over the generic hyper-parameters read from `md`.
+    fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
+        match self {
+            Arch::Llama => llama::apply(hp, md),
+            Arch::Qwen2 => qwen2::apply(hp, md),
+            Arch::Gemma3 => gemma3::apply(hp, md),
+        }
+    }
+}
+
+/// The architecture-prefixed metadata keys we read or write (`{arch}.{suffix}`), each named
+/// once: the reader (`Hparams::from_metadata`) and the writers (`synth`) share these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaKey {
+    ContextLength,
+    EmbeddingLength,
+    BlockCount,
+    FeedForwardLength,
+    VocabSize,
+    HeadCount,
+    HeadCountKv,
+    KeyLength,
+    ValueLength,
+    RmsEpsilon,
+    SlidingWindow,
+    SlidingWindowPattern,
+    RopeDimensionCount,
+    RopeFreqBase,
+    RopeScalingType,
+    RopeScalingFactor,
+    FinalLogitSoftcapping,
+}
+
+impl MetaKey {
+    /// The key without its architecture prefix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            MetaKey::ContextLength => "context_length",
+            MetaKey::EmbeddingLength => "embedding_length",
+            MetaKey::BlockCount => "block_count",
+            MetaKey::FeedForwardLength => "feed_forward_length",
+            MetaKey::VocabSize => "vocab_size",
+            MetaKey::HeadCount => "attention.head_count",
+            MetaKey::HeadCountKv => "attention.head_count_kv",
+            MetaKey::KeyLength => "attention.key_length",
+            MetaKey::ValueLength => "attention.value_length",
+            MetaKey::RmsEpsilon => "attention.layer_norm_rms_epsilon",
+            MetaKey::SlidingWindow => "attention.sliding_window",
+            MetaKey::SlidingWindowPattern => "attention.sliding_window_pattern",
+            MetaKey::RopeDimensionCount => "rope.dimension_count",
+            MetaKey::RopeFreqBase => "rope.freq_base",
+            MetaKey::RopeScalingType => "rope.scaling.type",
+            MetaKey::RopeScalingFactor => "rope.scaling.factor",
+            MetaKey::FinalLogitSoftcapping => "final_logit_softcapping",
+        }
+    }
+
+    /// The full key for architecture `arch` (its GGUF name, e.g. `gemma3`).
+    pub fn of(self, arch: &str) -> String {
+        format!("{arch}.{}", self.suffix())
+    }
 }
 
 /// Where a tensor sits in the model: the planner reasons about these, not names.
@@ -176,44 +250,46 @@ pub struct Hparams {
 
 impl Hparams {
     /// Reads the hyper-parameters of `arch` from `md`; `vocab` comes from the embedding.
+    /// The generic keys are read here; the architecture's own rules (its file in this
+    /// folder) then set its flags and read its own keys.
     pub fn from_metadata(arch: Arch, md: &Metadata, vocab: usize) -> Result<Hparams, ModelError> {
         let a = arch.name();
-        let k = |s: &str| format!("{a}.{s}");
+        let k = |key: MetaKey| key.of(a);
         md.require(&[
-            &k("embedding_length"),
-            &k("block_count"),
-            &k("feed_forward_length"),
-            &k("attention.head_count"),
-            &k("attention.layer_norm_rms_epsilon"),
+            &k(MetaKey::EmbeddingLength),
+            &k(MetaKey::BlockCount),
+            &k(MetaKey::FeedForwardLength),
+            &k(MetaKey::HeadCount),
+            &k(MetaKey::RmsEpsilon),
         ])?;
-        let d_model = md.u32(&k("embedding_length"))? as usize;
-        let n_layer = md.u32(&k("block_count"))? as usize;
-        let d_ff = md.u32(&k("feed_forward_length"))? as usize;
-        let n_head = md.u32(&k("attention.head_count"))? as usize;
+        let d_model = md.u32(&k(MetaKey::EmbeddingLength))? as usize;
+        let n_layer = md.u32(&k(MetaKey::BlockCount))? as usize;
+        let d_ff = md.u32(&k(MetaKey::FeedForwardLength))? as usize;
+        let n_head = md.u32(&k(MetaKey::HeadCount))? as usize;
         let n_head_kv = md
-            .opt_u32(&k("attention.head_count_kv"))?
+            .opt_u32(&k(MetaKey::HeadCountKv))?
             .map_or(n_head, |v| v as usize);
-        let head_dim = match md.opt_u32(&k("attention.key_length"))? {
+        let head_dim = match md.opt_u32(&k(MetaKey::KeyLength))? {
             Some(v) => v as usize,
             None if n_head > 0 => d_model / n_head,
             None => 0,
         };
         let rope_dim = md
-            .opt_u32(&k("rope.dimension_count"))?
+            .opt_u32(&k(MetaKey::RopeDimensionCount))?
             .map_or(head_dim, |v| v as usize);
-        let rope_base = md.opt_f32(&k("rope.freq_base"))?.unwrap_or(10000.0);
+        let rope_base = md.opt_f32(&k(MetaKey::RopeFreqBase))?.unwrap_or(10000.0);
         let rope_scale = match (
-            md.opt_str(&k("rope.scaling.type"))?,
-            md.opt_f32(&k("rope.scaling.factor"))?,
+            md.opt_str(&k(MetaKey::RopeScalingType))?,
+            md.opt_f32(&k(MetaKey::RopeScalingFactor))?,
         ) {
             (Some("linear"), Some(f)) if f > 0.0 => f,
             _ => 1.0,
         };
         let ctx_train = md
-            .opt_u32(&k("context_length"))?
+            .opt_u32(&k(MetaKey::ContextLength))?
             .map_or(4096, |v| v as usize);
-        let rms_eps = md.f32(&k("attention.layer_norm_rms_epsilon"))?;
-        let final_logit_softcap = md.opt_f32(&k("final_logit_softcapping"))?;
+        let rms_eps = md.f32(&k(MetaKey::RmsEpsilon))?;
+        let final_logit_softcap = md.opt_f32(&k(MetaKey::FinalLogitSoftcapping))?;
 
         let mut hp = Hparams {
             arch,
@@ -241,36 +317,7 @@ impl Hparams {
             qkv_bias: false,
             final_logit_softcap,
         };
-        match arch {
-            Arch::Llama => {}
-            Arch::Qwen2 => {
-                hp.rope_style = RopeStyle::Neox;
-                hp.qkv_bias = true;
-            }
-            Arch::Gemma3 => {
-                hp.rope_style = RopeStyle::Neox;
-                hp.embd_scale = Some((d_model as f32).sqrt());
-                hp.ffn_act = FfnAct::GeluTanh;
-                hp.qk_norm = true;
-                hp.sandwich_norms = true;
-                // Local layers use base 10000; every sixth layer is global (5:1 pattern).
-                hp.rope_base_local = 10000.0;
-                hp.sliding_window = md
-                    .opt_u32(&k("attention.sliding_window"))?
-                    .map_or(0, |v| v as usize);
-                let pattern = md
-                    .opt_u32(&k("attention.sliding_window_pattern"))?
-                    .map_or(6, |v| v as usize)
-                    .max(1);
-                if hp.sliding_window > 0 {
-                    hp.sliding = (0..n_layer).map(|il| (il + 1) % pattern != 0).collect();
-                }
-                // Gemma 3 27B scales queries by 1/sqrt(d_model / n_head); the others by head_dim.
-                if n_layer == 62 && n_head > 0 {
-                    hp.query_scale = 1.0 / ((d_model / n_head) as f32).sqrt();
-                }
-            }
-        }
+        arch.apply(&mut hp, md)?;
         hp.validate()?;
         Ok(hp)
     }
@@ -323,36 +370,15 @@ impl Hparams {
         }
     }
 
-    /// The tensors a layer of this architecture needs, and whether each is required.
-    pub fn layer_tensors(&self) -> Vec<(TensorKind, bool)> {
-        let mut v = vec![
-            (TensorKind::AttnNorm, true),
-            (TensorKind::AttnQ, true),
-            (TensorKind::AttnK, true),
-            (TensorKind::AttnV, true),
-            (TensorKind::AttnOutput, true),
-            (TensorKind::FfnNorm, true),
-            (TensorKind::FfnGate, true),
-            (TensorKind::FfnUp, true),
-            (TensorKind::FfnDown, true),
-        ];
-        if self.qkv_bias {
-            v.extend([
-                (TensorKind::AttnQBias, true),
-                (TensorKind::AttnKBias, true),
-                (TensorKind::AttnVBias, true),
-            ]);
-        }
-        if self.qk_norm {
-            v.extend([(TensorKind::AttnQNorm, true), (TensorKind::AttnKNorm, true)]);
-        }
-        if self.sandwich_norms {
-            v.extend([
-                (TensorKind::PostAttnNorm, true),
-                (TensorKind::PostFfwNorm, true),
-            ]);
-        }
-        v
+    /// The recipe of layer `il`: the steps both forward passes walk, in order.
+    pub fn recipe(&self, il: usize) -> LayerRecipe {
+        recipe::build(self, il)
+    }
+
+    /// The tensors layer `il` of this architecture needs (every one required): the tensors
+    /// of its recipe's steps.
+    pub fn layer_tensors(&self, il: usize) -> Vec<TensorKind> {
+        self.recipe(il).tensors()
     }
 }
 

@@ -1,0 +1,330 @@
+//! The layer, described once: an ordered list of named steps computed from the
+//! hyper-parameters when a model loads. The CPU forward pass (`forward::layer`) and the GPU
+//! backend (`gpu.rs`) both walk this list; the loader reads the tensors the steps name, and
+//! nothing else. A step a backend does not implement is refused when the backend opens
+//! (`ModelError::UnsupportedStep`), never skipped.
+//!
+//! Steps work on named buffers of the batch ([`Buf`]): the residual stream `x` and scratch
+//! rows (`xn`, `q`, `k`, `v`, `att`, `o`, `gate`, `up`). An observer sees each step's outputs
+//! as `(layer, step name, buffer, rows)`, so a divergence between two backends, or between a
+//! backend and the NumPy reference, is named down to the step.
+
+use super::{FfnAct, Hparams, TensorKind};
+
+/// Which RoPE table a layer reads: sliding-window layers and global layers may have
+/// different bases and scales (`Hparams::rope_for_layer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeTable {
+    Local,
+    Global,
+}
+
+/// One step of a layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    /// `xn = rms_norm(x) · attn_norm`.
+    AttnNorm,
+    /// `q, k, v = xn · Wq, Wk, Wv`.
+    QkvProj,
+    /// `q, k, v += bq, bk, bv` (Qwen2).
+    QkvBias,
+    /// RMSNorm of every head of `q` and `k` (Gemma 3).
+    QkNorm,
+    /// Rotary position embedding of `q` and `k` from the layer's table.
+    Rope(RopeTable),
+    /// Stores the rows' `k` and `v` in the cache, then causal attention of `q` over the
+    /// cache (the window of a sliding-window layer is the cache's own) into `att`, queries
+    /// scaled by `scale`.
+    Attention { scale: f32 },
+    /// `o = att · Wo`.
+    AttnOut,
+    /// `x += o`, `o` first normed by `post_attention_norm` when `post_norm` (Gemma's
+    /// sandwich).
+    AttnResidual { post_norm: bool },
+    /// `xn = rms_norm(x) · ffn_norm`.
+    FfnNorm,
+    /// `gate, up = xn · Wgate, Wup`.
+    GateUp,
+    /// `gate = act(gate) · up`.
+    Glu(FfnAct),
+    /// `o = gate · Wdown`.
+    FfnDown,
+    /// `x += o`, `o` first normed by `post_ffw_norm` when `post_norm`.
+    FfnResidual { post_norm: bool },
+}
+
+/// The buffers of a batch a step reads or writes, `[n × width]` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// The residual stream.
+    X,
+    Xn,
+    Q,
+    K,
+    V,
+    Att,
+    O,
+    Gate,
+    Up,
+}
+
+impl Buf {
+    pub fn name(self) -> &'static str {
+        match self {
+            Buf::X => "x",
+            Buf::Xn => "xn",
+            Buf::Q => "q",
+            Buf::K => "k",
+            Buf::V => "v",
+            Buf::Att => "att",
+            Buf::O => "o",
+            Buf::Gate => "gate",
+            Buf::Up => "up",
+        }
+    }
+
+    /// Values per row.
+    pub fn width(self, hp: &Hparams) -> usize {
+        match self {
+            Buf::X | Buf::Xn | Buf::O => hp.d_model,
+            Buf::Q | Buf::Att => hp.q_dim(),
+            Buf::K | Buf::V => hp.kv_dim(),
+            Buf::Gate | Buf::Up => hp.d_ff,
+        }
+    }
+}
+
+impl Step {
+    /// The step's name in dumps, logs and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::AttnNorm => "attn_norm",
+            Step::QkvProj => "qkv",
+            Step::QkvBias => "qkv_bias",
+            Step::QkNorm => "qk_norm",
+            Step::Rope(_) => "rope",
+            Step::Attention { .. } => "attention",
+            Step::AttnOut => "attn_out",
+            Step::AttnResidual { .. } => "attn_residual",
+            Step::FfnNorm => "ffn_norm",
+            Step::GateUp => "gate_up",
+            Step::Glu(_) => "glu",
+            Step::FfnDown => "ffn_down",
+            Step::FfnResidual { .. } => "ffn_residual",
+        }
+    }
+
+    /// The tensors of the layer this step reads.
+    pub fn tensors(self) -> &'static [TensorKind] {
+        use TensorKind as T;
+        match self {
+            Step::AttnNorm => &[T::AttnNorm],
+            Step::QkvProj => &[T::AttnQ, T::AttnK, T::AttnV],
+            Step::QkvBias => &[T::AttnQBias, T::AttnKBias, T::AttnVBias],
+            Step::QkNorm => &[T::AttnQNorm, T::AttnKNorm],
+            Step::Rope(_) | Step::Attention { .. } | Step::Glu(_) => &[],
+            Step::AttnOut => &[T::AttnOutput],
+            Step::AttnResidual { post_norm } => {
+                if post_norm {
+                    &[T::PostAttnNorm]
+                } else {
+                    &[]
+                }
+            }
+            Step::FfnNorm => &[T::FfnNorm],
+            Step::GateUp => &[T::FfnGate, T::FfnUp],
+            Step::FfnDown => &[T::FfnDown],
+            Step::FfnResidual { post_norm } => {
+                if post_norm {
+                    &[T::PostFfwNorm]
+                } else {
+                    &[]
+                }
+            }
+        }
+    }
+
+    /// The buffers the step writes (what an observer is shown after it).
+    pub fn outputs(self) -> &'static [Buf] {
+        match self {
+            Step::AttnNorm | Step::FfnNorm => &[Buf::Xn],
+            Step::QkvProj | Step::QkvBias => &[Buf::Q, Buf::K, Buf::V],
+            Step::QkNorm | Step::Rope(_) => &[Buf::Q, Buf::K],
+            Step::Attention { .. } => &[Buf::Att],
+            Step::AttnOut | Step::FfnDown => &[Buf::O],
+            Step::AttnResidual { .. } | Step::FfnResidual { .. } => &[Buf::X],
+            Step::GateUp => &[Buf::Gate, Buf::Up],
+            Step::Glu(_) => &[Buf::Gate],
+        }
+    }
+
+    /// A step that works on each row of `q`, `k` and `v` alone: a run of these is one pass
+    /// over the rows on the CPU.
+    pub fn per_row_qkv(self) -> bool {
+        matches!(self, Step::QkvBias | Step::QkNorm | Step::Rope(_))
+    }
+}
+
+/// The steps of one layer, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerRecipe {
+    pub steps: Vec<Step>,
+}
+
+impl LayerRecipe {
+    /// Every tensor the layer's steps read, in step order.
+    pub fn tensors(&self) -> Vec<TensorKind> {
+        self.steps
+            .iter()
+            .flat_map(|s| s.tensors())
+            .copied()
+            .collect()
+    }
+
+    /// True when some step reads tensor `kind`.
+    pub fn needs(&self, kind: TensorKind) -> bool {
+        self.steps.iter().any(|s| s.tensors().contains(&kind))
+    }
+
+    /// The steps' names, for logs and errors: `attn_norm → qkv → …`.
+    pub fn describe(&self) -> String {
+        let names: Vec<&str> = self.steps.iter().map(|s| s.name()).collect();
+        names.join(" → ")
+    }
+}
+
+/// The recipe of layer `il` of a model with hyper-parameters `hp` (the flags the
+/// architecture's file set).
+pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
+    let mut steps = vec![Step::AttnNorm, Step::QkvProj];
+    if hp.qkv_bias {
+        steps.push(Step::QkvBias);
+    }
+    if hp.qk_norm {
+        steps.push(Step::QkNorm);
+    }
+    if hp.rope_dim > 0 {
+        let sliding = hp.sliding.get(il).copied().unwrap_or(false);
+        steps.push(Step::Rope(if sliding {
+            RopeTable::Local
+        } else {
+            RopeTable::Global
+        }));
+    }
+    steps.extend([
+        Step::Attention {
+            scale: hp.query_scale,
+        },
+        Step::AttnOut,
+        Step::AttnResidual {
+            post_norm: hp.sandwich_norms,
+        },
+        Step::FfnNorm,
+        Step::GateUp,
+        Step::Glu(hp.ffn_act),
+        Step::FfnDown,
+        Step::FfnResidual {
+            post_norm: hp.sandwich_norms,
+        },
+    ]);
+    LayerRecipe { steps }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::Arch;
+    use ringllm_kernels::ops::RopeStyle;
+
+    fn hp(arch: Arch) -> Hparams {
+        Hparams {
+            arch,
+            n_layer: 6,
+            d_model: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            d_ff: 128,
+            vocab: 100,
+            ctx_train: 128,
+            rms_eps: 1e-6,
+            rope_style: RopeStyle::Interleaved,
+            rope_dim: 16,
+            rope_base: 10000.0,
+            rope_base_local: 10000.0,
+            rope_scale: 1.0,
+            sliding_window: 0,
+            sliding: vec![false; 6],
+            embd_scale: None,
+            query_scale: 0.25,
+            ffn_act: FfnAct::Silu,
+            qk_norm: false,
+            sandwich_norms: false,
+            qkv_bias: false,
+            final_logit_softcap: None,
+        }
+    }
+
+    #[test]
+    fn llama_layer_is_the_plain_pre_norm_block() {
+        let r = build(&hp(Arch::Llama), 0);
+        assert_eq!(
+            r.describe(),
+            "attn_norm → qkv → rope → attention → attn_out → attn_residual → ffn_norm → \
+             gate_up → glu → ffn_down → ffn_residual"
+        );
+        assert_eq!(
+            r.tensors(),
+            vec![
+                TensorKind::AttnNorm,
+                TensorKind::AttnQ,
+                TensorKind::AttnK,
+                TensorKind::AttnV,
+                TensorKind::AttnOutput,
+                TensorKind::FfnNorm,
+                TensorKind::FfnGate,
+                TensorKind::FfnUp,
+                TensorKind::FfnDown,
+            ]
+        );
+        assert!(!r.needs(TensorKind::PostAttnNorm));
+    }
+
+    #[test]
+    fn flags_add_their_steps_and_tensors() {
+        let mut h = hp(Arch::Gemma3);
+        h.qk_norm = true;
+        h.sandwich_norms = true;
+        h.qkv_bias = true;
+        h.ffn_act = FfnAct::GeluTanh;
+        h.sliding = vec![true, true, true, true, true, false];
+        let local = build(&h, 0);
+        let global = build(&h, 5);
+        assert!(local.steps.contains(&Step::Rope(RopeTable::Local)));
+        assert!(global.steps.contains(&Step::Rope(RopeTable::Global)));
+        assert!(local.steps.contains(&Step::Glu(FfnAct::GeluTanh)));
+        for k in [
+            TensorKind::AttnQBias,
+            TensorKind::AttnQNorm,
+            TensorKind::AttnKNorm,
+            TensorKind::PostAttnNorm,
+            TensorKind::PostFfwNorm,
+        ] {
+            assert!(local.needs(k), "{k:?}");
+        }
+        // Biases come before QK-norm, which comes before RoPE.
+        let at = |s: Step| local.steps.iter().position(|x| *x == s);
+        assert!(at(Step::QkvBias) < at(Step::QkNorm));
+        assert!(at(Step::QkNorm) < at(Step::Rope(RopeTable::Local)));
+    }
+
+    #[test]
+    fn no_rope_step_without_rotary_dimensions() {
+        let mut h = hp(Arch::Llama);
+        h.rope_dim = 0;
+        assert!(!build(&h, 0)
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Rope(_))));
+    }
+}
