@@ -11,7 +11,7 @@ import pytest
 
 import reference
 from support.cli import forward_dump, run
-from support.compare import compare, ref_model
+from support.compare import compare, ref_model, rel_l2
 from support.paths import GEMMA, SMOL, model_path
 
 # Token ids used as inputs (any ids are valid forward-pass inputs). The first list of each

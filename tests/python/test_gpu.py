@@ -221,6 +221,7 @@ def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
         shutil.rmtree(cache, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models())
 def test_gpu_steps_match_float_reference_step_by_step(name, tmp_path):
     """Every step of every layer on the GPU (`debug forward --steps`, the steps of the layer's
