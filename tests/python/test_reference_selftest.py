@@ -72,6 +72,7 @@ def test_rope_pairs_and_relative_positions():
         assert np.allclose(dots, dots[0])
 
 
+@pytest.mark.slow
 def test_causal_masking(smol):
     a = SMOL_FRANCE + [7042, 30, 198]
     b = SMOL_FRANCE[:3] + [100, 200, 300, 400, 500]  # differs from position 3 on

@@ -274,6 +274,7 @@ def test_a_fifo_in_the_models_folder_does_not_stop_the_node(tmp_path):
     assert "trap.gguf" in log and "is not a regular file (a FIFO)" in log, log
 
 
+@pytest.mark.slow
 def test_a_busy_node_names_its_coordinator_and_drops_a_silent_one(tmp_path):
     """One coordinator at a time: a second one is refused with who holds the node (by name
     and address), not a bare timeout; a coordinator that freezes (SIGSTOP) is dropped once

@@ -63,6 +63,7 @@ def test_a_budget_too_small_even_to_stream_is_named():
 
 
 @pytest.mark.root
+@pytest.mark.slow
 def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
     model = model_path(SMOL.name)
     want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
