@@ -30,8 +30,9 @@ pub enum Command {
     Run(RunArgs),
     /// Describe a GGUF model: architecture, hyper-parameters, tensor types, memory needed.
     Info(InfoArgs),
-    /// Measure prefill and decode speed and the memory-bandwidth roofline.
-    Bench(BenchArgs),
+    /// Measure: a model's speed and roofline, a ring, the transports, a server, compressed
+    /// activations.
+    Bench(crate::bench::BenchArgs),
     /// Score a text file the way llama.cpp's perplexity tool does.
     Perplexity(PerplexityArgs),
     /// Train a layer-skip predictor for a model on a text (for --skip auto).
@@ -275,9 +276,10 @@ pub struct ClusterSource {
     /// started with the same --transport.
     #[arg(long)]
     pub transport: Option<TransportKind>,
-    /// Hidden states on the wire: f32, f16, bf16 or q8 (overrides the cluster file).
-    #[arg(long)]
-    pub activations: Option<String>,
+    /// Hidden states on the wire (overrides the cluster file's `activations`; without
+    /// either: f32).
+    #[arg(long, ignore_case = true)]
+    pub activations: Option<cluster::file::Activations>,
     /// When the model does not fit the ring's memory, layers are streamed from disk: auto
     /// (the layout the planner predicts fastest: stream in place or 2-4 rounds per token),
     /// 1-4 (that many rounds, even if the model fits), naive (every node streams its whole
@@ -500,7 +502,7 @@ impl NodeArgs {
     }
 }
 
-fn parse_memory(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_memory(s: &str) -> Result<u64, String> {
     match ringllm::cluster::file::parse_size(s)? {
         0 => {
             Err("a node needs some memory: give a size such as 2GiB, or leave --memory out".into())
@@ -528,90 +530,6 @@ pub struct InfoArgs {
     /// Also print the model's chat template.
     #[arg(long)]
     pub chat_template: bool,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// GGUF model file.
-    #[arg(short, long, required_unless_present_any = ["cluster", "serve", "transports"])]
-    pub model: Option<PathBuf>,
-    /// Prompt lengths to measure prefill at.
-    #[arg(short = 'p', long, value_delimiter = ',', default_values_t = vec![64usize, 512])]
-    pub prompt: Vec<usize>,
-    /// Tokens to generate for the decode measure.
-    #[arg(short = 'n', long, value_delimiter = ',', default_values_t = vec![64usize])]
-    pub gen: Vec<usize>,
-    /// Thread counts (default: 1 and all physical cores).
-    #[arg(short = 't', long, value_delimiter = ',')]
-    pub threads: Vec<usize>,
-    /// Repetitions of each measure.
-    #[arg(short = 'r', long, default_value_t = 5)]
-    pub repeat: usize,
-    /// Print results as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Measure the weights in the file's layout (as `run --no-repack`; with --cluster, the
-    /// single process and the coordinator's part).
-    #[arg(long)]
-    pub no_repack: bool,
-    /// The most memory this process may use, e.g. "2GiB": layers beyond it are streamed.
-    #[arg(long, value_parser = parse_memory)]
-    pub memory: Option<u64>,
-    #[command(flatten)]
-    pub stream: StreamArgs,
-    /// What runs the layers and the head for -m MODEL: cpu, gpu (reports the adapter; its
-    /// roofline is the GPU's measured matrix × vector bandwidth) or auto.
-    #[arg(long, default_value = "cpu")]
-    pub backend: ringllm_model::BackendChoice,
-    /// Benchmark a ring (cluster file) next to the single process, in the same run.
-    #[arg(long)]
-    pub cluster: Option<PathBuf>,
-    /// With --cluster: a cold start. The nodes discard their cached slices first, so each is
-    /// sent in full; the report gives the time from start to the first token (ring and single
-    /// process) and what was sent, how fast.
-    #[arg(long, requires = "cluster")]
-    pub cold: bool,
-    /// Load-test a running server (http://HOST:PORT): streaming completions at each
-    /// `--concurrency`, `-n` tokens each, `-r` requests per client.
-    #[arg(long)]
-    pub serve: Option<String>,
-    /// Concurrent clients for --serve.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 4, 8])]
-    pub concurrency: Vec<usize>,
-    /// API key for --serve.
-    #[arg(long, env = "RINGLLM_API_KEY")]
-    pub api_key: Option<String>,
-    /// Measure f32, f16, bf16 and q8 hidden states on the wire against f32: logit error and
-    /// argmax agreement over a prompt set (-m MODEL; -n sets the greedy continuation length).
-    #[arg(long)]
-    pub activations: bool,
-    /// Stage boundaries (layer numbers) for --activations (default: the middle layer).
-    #[arg(long, value_delimiter = ',')]
-    pub split: Vec<usize>,
-    /// Prompts for --activations, one per line (\n for newlines; default: a built-in set).
-    #[arg(long)]
-    pub prompts: Option<PathBuf>,
-    /// Latency and throughput of every transport next to raw sockets (see --peer).
-    #[arg(long)]
-    pub transports: bool,
-    /// With --transports: only these (comma-separated; the raw baselines always run).
-    #[arg(long = "transport", value_delimiter = ',')]
-    pub transport_list: Vec<TransportKind>,
-    /// With --transports: frame sizes in bytes (default 2560,16384,1048576).
-    #[arg(long, value_delimiter = ',')]
-    pub sizes: Vec<usize>,
-    /// With --transports: round trips per size (a tenth of them for 1 MiB frames).
-    #[arg(long, default_value_t = 2000)]
-    pub iterations: usize,
-    /// With --transports: measure against an echo server there (HOST:PORT) instead of one
-    /// started in this process on loopback.
-    #[arg(long)]
-    pub peer: Option<String>,
-    /// Run only the echo server for --transports on HOST:PORT (… PORT+5), until killed.
-    #[arg(long)]
-    pub echo_server: Option<String>,
-    #[command(flatten)]
-    pub skip: SkipArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -811,7 +729,7 @@ impl From<&ClusterSource> for cluster::Source {
             key: a.key.clone(),
             nodes: a.nodes.clone(),
             transport: a.transport,
-            activations: a.activations.clone(),
+            activations: a.activations,
             stream: a.rounds,
             discover: a.discovery.discover,
             discover_wait: a.discovery.discover_wait,

@@ -43,8 +43,8 @@ pub struct ModelOptions {
 pub fn context_size(asked: Option<usize>, ctx_train: usize) -> usize {
     match asked {
         Some(c) if ctx_train > 0 && c > ctx_train => {
-            eprintln!(
-                "warning: --ctx {c} is more than the {ctx_train} tokens this model was trained \
+            notice!(
+                warn: "warning: --ctx {c} is more than the {ctx_train} tokens this model was trained \
                  on; output past {ctx_train} tokens is likely to degrade"
             );
             c
@@ -166,7 +166,7 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
     let streamer = stream::decide(file, &layers, budget, &args.stream, threads, 0.0)
         .map_err(|e| anyhow!("{}: {e} ({why})", args.model.display()))?;
     if let Some((_, d)) = &streamer {
-        eprintln!(
+        notice!(
             "streaming {} of {} layers from disk ({} MiB per token, {} read ahead; {} MiB resident); read {:.0} MB/s, predicted {:.2} tok/s",
             d.tiers.streamed.len(),
             hp.n_layer,
@@ -481,8 +481,8 @@ impl RingMode {
             {
                 bail!("node(s) {} do not answer", lost.join(", "));
             }
-            eprintln!(
-                "warning: node(s) {} do not answer; planning over the others",
+            notice!(
+                warn: "warning: node(s) {} do not answer; planning over the others",
                 lost.join(", ")
             );
             let mut keep = reachable.iter();
@@ -523,8 +523,8 @@ impl RingMode {
                 Ok(()) => break ring,
                 Err(e) if e.is::<TransferCut>() && attempt < MAX_TRANSFER_ATTEMPTS => {
                     ring.shutdown("slice transfer cut");
-                    eprintln!(
-                        "warning: {e}; waiting up to {:.0} s for the node, then resuming",
+                    notice!(
+                        warn: "warning: {e}; waiting up to {:.0} s for the node, then resuming",
                         spec.wait.as_secs_f64()
                     );
                     // The node drops the dead connection after its own silence limit.
@@ -648,7 +648,7 @@ fn resume(
         }
         out.resumed += 1;
         tracing::warn!("the ring failed mid-generation: {failure:#}");
-        eprintln!(
+        notice!(
             "\n[the ring failed: {failure:#}; rebuilding the ring over the nodes still there \
              and replaying {} tokens (resume {} of {})]",
             context.len(),
@@ -662,7 +662,7 @@ fn resume(
             Ok(()) => {
                 let ms = since.elapsed().as_secs_f64() * 1e3;
                 out.resume_ms += ms;
-                eprintln!("[resumed after {ms:.0} ms]");
+                notice!("[resumed after {ms:.0} ms]");
                 return Ok(());
             }
             Err(e) => failure = e,

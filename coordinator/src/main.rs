@@ -28,8 +28,12 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let (argv, deprecated) = commands::bench::legacy_argv(std::env::args_os().collect());
+    let args = cli::Cli::parse_from(argv);
     init_logging(args.verbose);
+    if let Some(warning) = deprecated {
+        eprintln!("{warning}");
+    }
     let result = match args.command {
         cli::Command::Run(a) => commands::run::run(a),
         cli::Command::Info(a) => commands::info::info(a),
@@ -53,7 +57,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs on stderr as `-v` and `RUST_LOG` ask; the library's notices (target
+/// [`ringllm::NOTICE_TARGET`]) as plain lines on stderr whatever the log level.
 fn init_logging(verbose: u8) {
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::prelude::*;
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "warn",
@@ -64,15 +72,50 @@ fn init_logging(verbose: u8) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only on a terminal: not in a pipe, a file or journald. Under journald, which
     // stamps every line itself, no timestamps of our own either.
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let _ = if stderr_is_journal() {
-        fmt.without_time().try_init()
+    let fmt = if stderr_is_journal() {
+        fmt.without_time().boxed()
     } else {
-        fmt.try_init()
+        fmt.boxed()
     };
+    let logs = fmt
+        .with_filter(filter)
+        .with_filter(filter_fn(|m| m.target() != ringllm::NOTICE_TARGET));
+    let notices = Notices.with_filter(filter_fn(|m| m.target() == ringllm::NOTICE_TARGET));
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(notices)
+        .try_init();
+}
+
+/// Prints the message of each notice the library sends, as is, on a line of stderr.
+struct Notices;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "message" {
+                    self.0 = value.to_string();
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        eprintln!("{}", m.0);
+    }
 }
 
 /// True when stderr is the journal stream systemd connected (`JOURNAL_STREAM` names its

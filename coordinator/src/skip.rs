@@ -1,6 +1,7 @@
 //! Predictive layer skip for the commands that run a model (`run`, `bench`, `perplexity`,
 //! and later `up`): what `--skip` asks for, where the predictor file is, and loading it for a
-//! model (`ringllm_model::skip` holds the predictor, `Runner::set_skip` the skipping).
+//! model (`ringllm_model::skip` holds the predictor and its training, `Runner::set_skip` the
+//! skipping).
 
 use anyhow::{Context, Result};
 use ringllm_model::skip::{Predictor, SkipModelId, SkipPolicy};
@@ -64,11 +65,6 @@ pub fn default_predictor_path(model: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The identity a predictor for `model` must carry.
-pub fn model_id(model: &Model) -> SkipModelId {
-    SkipModelId::new(&model.hp, model.file().header_hash())
-}
-
 /// The policy `opts` asks for with the model at `model_path` (`None`: off). Fails with a
 /// message naming the predictor file when it is missing, damaged or for another model.
 pub fn load_policy(
@@ -92,7 +88,7 @@ pub fn load_policy(
             p
         }
     };
-    let predictor = Predictor::load(&path, &model_id(model))?;
+    let predictor = Predictor::load(&path, &SkipModelId::of(model))?;
     tracing::info!(
         file = %path.display(),
         rank = predictor.rank,

@@ -14,8 +14,10 @@
 //! One projection serves every decision layer, so a node of a ring, which sees only the state
 //! entering its own window, decides with the same features as a whole model.
 //!
-//! `ringllm calibrate` measures the labels and trains it (`train_pair`, `pca`); the file
-//! format is below (`Predictor::to_bytes`).
+//! [`train`] measures the labels and trains it (`ringllm calibrate`, with `train_pair` and
+//! `pca`); the file format is below (`Predictor::to_bytes`).
+
+pub mod train;
 
 use crate::arch::Hparams;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,11 @@ pub struct SkipModelId {
 }
 
 impl SkipModelId {
+    /// The identity a predictor for `model` carries.
+    pub fn of(model: &crate::Model) -> SkipModelId {
+        SkipModelId::new(&model.hp, model.file().header_hash())
+    }
+
     pub fn new(hp: &Hparams, header_hash: u64) -> SkipModelId {
         SkipModelId {
             arch: hp.arch.name().to_string(),

@@ -1,4 +1,4 @@
-//! `ringllm bench -m MODEL --activations`: what compressing hidden states on the wire does to
+//! `ringllm bench activations -m MODEL`: what compressing hidden states on the wire does to
 //! the model's output. The ring is emulated in one process with the very code a ring runs:
 //! the model is cut into stages at `--split`, and at every wire crossing (coordinator → first
 //! node, node → node, last node → coordinator) the hidden states are encoded and decoded with
@@ -6,14 +6,15 @@
 //! against the f32 run: largest logit error, mean error, argmax agreement, and the greedy
 //! continuation's agreement.
 
-use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use ringllm::engine::{open_gguf, Engine, ModelOptions};
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::{KvCache, KvType, LoadOptions, Model, Runner};
 use ringllm_protocol::{activations, Dtype, HEADER_LEN};
 use serde::Serialize;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -117,11 +118,29 @@ fn argmax(v: &[f32]) -> usize {
     best
 }
 
-pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
-    let path = args
-        .model
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("--activations needs -m MODEL"))?;
+/// `ringllm bench activations`.
+#[derive(Args, Debug, Clone)]
+pub struct ActivationsBenchArgs {
+    /// GGUF model file.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Length of the greedy continuation compared.
+    #[arg(short = 'n', long = "gen", default_value_t = 64)]
+    pub gen: usize,
+    /// Stage boundaries (layer numbers; default: the middle layer).
+    #[arg(long, value_delimiter = ',')]
+    pub split: Vec<usize>,
+    /// Prompts, one per line (\\n for newlines; default: a built-in set).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Print results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ringllm bench activations -m MODEL`: see the module.
+pub fn bench_activations(args: &ActivationsBenchArgs) -> Result<ExitCode> {
+    let path = args.model.clone();
     let prompts: Vec<String> = match &args.prompts {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("reading {}", f.display()))?
@@ -162,7 +181,7 @@ pub fn bench_activations(args: &BenchArgs) -> Result<ExitCode> {
         cuts.push(start..s);
         start = s;
     }
-    let gen = args.gen.first().copied().unwrap_or(32);
+    let gen = args.gen;
     let add_bos = engine.tokenizer.add_bos_default();
     let encoded: Vec<Vec<u32>> = prompts
         .iter()

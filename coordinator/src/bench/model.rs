@@ -1,15 +1,81 @@
-//! `ringllm bench`: prefill (ppN) and decode (tgN) tokens/s at several thread counts, like
-//! llama-bench, next to the memory-bandwidth roofline measured in the same run.
+//! `ringllm bench model`: prefill (ppN) and decode (tgN) tokens/s at several thread counts,
+//! like llama-bench, next to the memory-bandwidth roofline measured in the same run.
 
-use crate::cli::BenchArgs;
-use anyhow::Result;
-use ringllm::engine::{default_threads, open_gguf, Engine, ModelOptions};
+use crate::cli::{parse_memory, SkipArgs, StreamArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use ringllm::engine::{default_threads, open_gguf};
 use ringllm_kernels::pool::ThreadPool;
 use ringllm_model::{KvType, Runner};
 use serde::Serialize;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// What to measure and how often: `bench model` and `bench ring`.
+#[derive(Args, Debug, Clone)]
+pub struct SpeedArgs {
+    /// Prompt lengths to measure prefill at.
+    #[arg(short = 'p', long, value_delimiter = ',', default_values_t = vec![64usize, 512])]
+    pub prompt: Vec<usize>,
+    /// Tokens to generate for the decode measure.
+    #[arg(short = 'n', long, value_delimiter = ',', default_values_t = vec![64usize])]
+    pub gen: Vec<usize>,
+    /// Thread counts (default: 1 and all physical cores; `bench ring`: the first, per
+    /// process, default the cluster file's, else 1).
+    #[arg(short = 't', long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// Repetitions of each measure.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Print results as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Measure the weights in the file's layout (as `run --no-repack`; `bench ring`: the
+    /// single process and the coordinator's part).
+    #[arg(long)]
+    pub no_repack: bool,
+    /// The most memory this process may use, e.g. "2GiB": layers beyond it are streamed.
+    #[arg(long, value_parser = parse_memory)]
+    pub memory: Option<u64>,
+    #[command(flatten)]
+    pub stream: StreamArgs,
+}
+
+impl SpeedArgs {
+    /// Fails on settings that measure nothing.
+    pub fn check(&self) -> Result<()> {
+        if self.repeat == 0 {
+            bail!("--repeat must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The longest prompt and the longest generation measured (at least 1 each).
+    pub fn longest(&self) -> (usize, usize) {
+        (
+            self.prompt.iter().copied().max().unwrap_or(1).max(1),
+            self.gen.iter().copied().max().unwrap_or(1),
+        )
+    }
+}
+
+/// `ringllm bench model`.
+#[derive(Args, Debug, Clone)]
+pub struct ModelBenchArgs {
+    /// GGUF model file.
+    #[arg(short, long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub speed: SpeedArgs,
+    /// What runs the layers and the head: cpu, gpu (reports the adapter; its roofline is the
+    /// GPU's measured matrix × vector bandwidth) or auto.
+    #[arg(long, default_value = "cpu")]
+    pub backend: ringllm_model::BackendChoice,
+    #[command(flatten)]
+    pub skip: SkipArgs,
+}
 
 #[derive(Serialize)]
 struct Row {
@@ -45,12 +111,11 @@ struct StreamRow {
     pct_of_bound: f64,
 }
 
-/// `ringllm bench -m MODEL`: ppN and tgN at each thread count.
-pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
-    let model_path = args
-        .model
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("give -m MODEL or --cluster FILE"))?;
+/// `ringllm bench model -m MODEL`: ppN and tgN at each thread count.
+pub fn bench_model(a: &ModelBenchArgs) -> Result<ExitCode> {
+    let args = &a.speed;
+    args.check()?;
+    let model_path = a.model.clone();
     let file = open_gguf(&model_path)?;
     let threads = if args.threads.is_empty() {
         let all = default_threads();
@@ -62,8 +127,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     } else {
         args.threads.clone()
     };
-    let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
-    let max_g = args.gen.iter().copied().max().unwrap_or(1);
+    let (max_p, max_g) = args.longest();
     let model = Arc::new(ringllm::engine::load_whole(
         &file,
         &ringllm::engine::ModelOptions {
@@ -75,14 +139,12 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
             repack: !args.no_repack,
             memory: args.memory,
             stream: args.stream.settings(),
-            backend: args.backend,
+            backend: a.backend,
         },
         threads.iter().copied().max().unwrap_or(1),
     )?);
     let bytes_per_token = model.weight_bytes_per_token();
     let vocab = model.hp.vocab;
-    let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
-    let max_g = args.gen.iter().copied().max().unwrap_or(1);
     let ctx = (max_p + max_g + 1).max(64);
     eprintln!(
         "model {} | {} | {:.1} MiB read per token ({:.1} MiB repacked into panels) | isa {} | {}",
@@ -95,7 +157,7 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
     );
     // Off the CPU: the adapter's name, and its measured matrix × vector bandwidth as the
     // roofline (host threads only embed and sample: one thread).
-    let gpu = ringllm_model::backend::probe(args.backend)?;
+    let gpu = ringllm_model::backend::probe(a.backend)?;
     let threads = if gpu.is_some() { vec![1] } else { threads };
     let isa = match &gpu {
         Some((name, speed)) => {
@@ -126,10 +188,10 @@ pub fn bench_model(args: &BenchArgs) -> Result<ExitCode> {
             bw / 1e9
         );
         let mut runner = Runner::new(Arc::clone(&model), t, max_p.min(512), ctx);
-        ringllm::engine::set_backend(&mut runner, args.backend)?;
+        ringllm::engine::set_backend(&mut runner, a.backend)?;
         ringllm::skip::apply(
             &mut runner,
-            &ringllm::skip::SkipOptions::from(&args.skip),
+            &ringllm::skip::SkipOptions::from(&a.skip),
             &model_path,
         )?;
         let mut logits = vec![0f32; vocab];
@@ -283,7 +345,7 @@ fn stream_row(
 
 /// A Markdown table whose columns are as wide as their widest cell: the first column
 /// left-aligned, the others (numbers) right-aligned; every line ends with a newline.
-fn markdown_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+pub(super) fn markdown_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut width: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in &rows {
         for (w, c) in width.iter_mut().zip(r) {
@@ -317,7 +379,7 @@ fn markdown_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
-fn stats(v: &[f64]) -> (f64, f64) {
+pub(super) fn stats(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     let var = if v.len() > 1 {
@@ -338,341 +400,4 @@ fn measure_bandwidth(threads: usize, bytes: usize) -> f64 {
         .collect();
     let pool = ThreadPool::new(threads);
     ringllm_kernels::bandwidth::read_bandwidth(&pool, &buf, 8)
-}
-
-#[derive(Serialize, Default, Clone)]
-struct Speeds {
-    /// (test, mean tokens/s, stddev)
-    rows: Vec<(String, f64, f64)>,
-}
-
-/// Prefill and decode speed of an engine (single process or ring), `repeat` times each.
-fn measure(engine: &mut Engine, args: &BenchArgs) -> Result<Speeds> {
-    let vocab = engine.vocab();
-    let tok = |i: usize| (100 + (i * 7919) % (vocab.saturating_sub(100)).max(1)) as u32;
-    engine.reset();
-    engine.feed(&[tok(0)])?; // warm-up: every weight touched once
-    let mut out = Speeds::default();
-    for &p in &args.prompt {
-        let prompt: Vec<u32> = (0..p).map(tok).collect();
-        let mut samples = Vec::new();
-        for _ in 0..args.repeat {
-            engine.reset();
-            let t0 = Instant::now();
-            engine.feed(&prompt)?;
-            samples.push(p as f64 / t0.elapsed().as_secs_f64());
-        }
-        let (m, sd) = stats(&samples);
-        out.rows.push((format!("pp{p}"), m, sd));
-    }
-    for &g in &args.gen {
-        let mut samples = Vec::new();
-        for _ in 0..args.repeat {
-            engine.reset();
-            engine.feed(&[tok(1)])?;
-            let t0 = Instant::now();
-            for i in 0..g {
-                engine.feed(&[tok(i + 2)])?;
-            }
-            samples.push(g as f64 / t0.elapsed().as_secs_f64());
-        }
-        let (m, sd) = stats(&samples);
-        out.rows.push((format!("tg{g}"), m, sd));
-    }
-    Ok(out)
-}
-
-/// Mean and spread over repetitions measured one at a time.
-fn merge(runs: &[Speeds]) -> Speeds {
-    let mut out = Speeds::default();
-    if let Some(first) = runs.first() {
-        for (k, row) in first.rows.iter().enumerate() {
-            let v: Vec<f64> = runs.iter().map(|r| r.rows[k].1).collect();
-            let (m, sd) = stats(&v);
-            out.rows.push((row.0.clone(), m, sd));
-        }
-    }
-    out
-}
-
-#[derive(Serialize)]
-struct LinkRow {
-    link: String,
-    bytes_per_token: f64,
-    frame_bytes_per_token: f64,
-}
-
-#[derive(Serialize)]
-struct ClusterReport {
-    single: Speeds,
-    ring: Speeds,
-    ratio: Vec<(String, f64)>,
-    /// Heartbeat round trip coordinator↔node, ms.
-    rtt_ms: Vec<(String, f64)>,
-    /// Per decoded token: ring time minus the single process's time, over the hops.
-    overhead_ms_per_token: f64,
-    per_hop_ms: f64,
-    /// Per decoded token: compute time on each node, ms.
-    node_compute_ms: Vec<(String, f64)>,
-    links: Vec<LinkRow>,
-    predicted_tokens_per_s: f64,
-    /// Decode speed of the pass whose bytes were counted.
-    counted_pass_tokens_per_s: f64,
-    /// From start (loading, connecting, planning, sending slices) to the first token's logits.
-    start: StartReport,
-    /// The coordinator's kernel set and machine.
-    isa: &'static str,
-    machine: String,
-}
-
-#[derive(Serialize)]
-struct SentRow {
-    node: String,
-    bytes: u64,
-    seconds: f64,
-    bytes_per_s: f64,
-}
-
-#[derive(Serialize)]
-struct StartReport {
-    /// The nodes were asked to discard their cached slices first (`--cold`).
-    cold: bool,
-    single_first_token_s: f64,
-    ring_first_token_s: f64,
-    /// Slices sent before the ring started (nodes fed at once).
-    sent: Vec<SentRow>,
-    sent_bytes: u64,
-}
-
-pub fn bench_cluster(args: &BenchArgs, path: &std::path::Path) -> Result<ExitCode> {
-    let s = ringllm::cluster::setup_file(path)?;
-    let max_p = args.prompt.iter().copied().max().unwrap_or(1).max(1);
-    let max_g = args.gen.iter().copied().max().unwrap_or(1);
-    let threads = args
-        .threads
-        .first()
-        .copied()
-        .or(s.threads)
-        .unwrap_or(1)
-        .max(1);
-    let margs = ModelOptions {
-        model: args.model.clone().unwrap_or(s.model.clone()),
-        threads: Some(threads),
-        ctx: Some(max_p + max_g + 8),
-        batch: 512,
-        kv: s.kv.unwrap_or_default(),
-        repack: !args.no_repack,
-        memory: args.memory,
-        stream: args.stream.settings(),
-        backend: ringllm_model::BackendChoice::Cpu,
-    };
-    eprintln!(
-        "single process and a ring of {} stage(s), {threads} thread(s) per process, measured in turns \
-         | isa {} | {}",
-        s.spec.stages.len(),
-        ringllm_kernels::isa().name(),
-        ringllm_model::sys::machine_summary()
-    );
-    // Time to the first token: the single process loads and runs one token; the ring
-    // connects, plans, sends the slices the nodes lack (all of them with --cold), loads them
-    // and runs one token.
-    let t = Instant::now();
-    let mut one = Engine::load(&margs)?;
-    one.feed(&[100])?;
-    let single_first = t.elapsed().as_secs_f64();
-    let mut spec = s.spec.clone();
-    spec.discard_cached_slices = args.cold;
-    let t = Instant::now();
-    let mut e = Engine::load_ring(&margs, spec)?;
-    e.feed(&[100])?;
-    let ring_first = t.elapsed().as_secs_f64();
-    let sent: Vec<SentRow> = e
-        .ring_mut()
-        .map(|r| r.sent.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|s| SentRow {
-            node: s.node,
-            bytes: s.bytes,
-            seconds: s.secs,
-            bytes_per_s: s.bytes as f64 / s.secs.max(1e-9),
-        })
-        .collect();
-    let start = StartReport {
-        cold: args.cold,
-        single_first_token_s: single_first,
-        ring_first_token_s: ring_first,
-        sent_bytes: sent.iter().map(|s| s.bytes).sum(),
-        sent,
-    };
-    let (mut single, mut ring_plain) = (Vec::new(), Vec::new());
-    let once = BenchArgs {
-        repeat: 1,
-        ..args.clone()
-    };
-    for _ in 0..args.repeat {
-        single.push(measure(&mut one, &once)?);
-        ring_plain.push(measure(&mut e, &once)?);
-    }
-    drop(one);
-    let (single, ring_plain) = (merge(&single), merge(&ring_plain));
-    // A separate decode pass with counters read before and after.
-    let g = max_g.max(1);
-    let ring = e
-        .ring_mut()
-        .ok_or_else(|| anyhow::anyhow!("the ring is down"))?;
-    let names = ring.node_names();
-    let rtts = ring.rtts();
-    let predicted = ring.plan.predicted_tokens_per_s;
-    e.reset();
-    let vocab = e.vocab();
-    e.feed(&[100])?;
-    let ring = e
-        .ring_mut()
-        .ok_or_else(|| anyhow::anyhow!("the ring is down"))?;
-    let before = ring.stats()?;
-    let links_before = ring.link_counters();
-    let t0 = Instant::now();
-    for i in 0..g {
-        e.feed(&[(200 + i % (vocab - 200)) as u32])?;
-    }
-    let ring_s = t0.elapsed().as_secs_f64() / g as f64;
-    let ring = e
-        .ring_mut()
-        .ok_or_else(|| anyhow::anyhow!("the ring is down"))?;
-    let after = ring.stats()?;
-    let links_after = ring.link_counters();
-    let n_nodes = names.len();
-    let mut links = Vec::new();
-    let d_bytes = 4.0 * e.runner.model.hp.d_model as f64;
-    // Coordinator → first node: what the coordinator sent on its link to node 0.
-    if let (Some(a), Some(b)) = (links_after.first(), links_before.first()) {
-        links.push(LinkRow {
-            link: format!("coordinator → {}", names[0].0),
-            bytes_per_token: (a.1 - b.1) as f64 / g as f64,
-            frame_bytes_per_token: d_bytes + ringllm_protocol::HEADER_LEN as f64,
-        });
-    }
-    for i in 0..n_nodes {
-        let next = if i + 1 < n_nodes {
-            names[i + 1].0.clone()
-        } else {
-            "coordinator".into()
-        };
-        links.push(LinkRow {
-            link: format!("{} → {next}", names[i].0),
-            bytes_per_token: (after[i].bytes_out - before[i].bytes_out) as f64 / g as f64,
-            frame_bytes_per_token: d_bytes + ringllm_protocol::HEADER_LEN as f64,
-        });
-    }
-    let node_compute_ms: Vec<(String, f64)> = (0..n_nodes)
-        .map(|i| {
-            (
-                names[i].0.clone(),
-                (after[i].compute_us - before[i].compute_us) as f64 / 1e3 / g as f64,
-            )
-        })
-        .collect();
-    e.close();
-    let tg = |s: &Speeds| {
-        s.rows
-            .iter()
-            .find(|r| r.0.starts_with("tg"))
-            .map_or(0.0, |r| r.1)
-    };
-    // Overhead from the interleaved means (the counted pass below only feeds the byte counts).
-    let overhead = 1.0 / tg(&ring_plain).max(1e-9) - 1.0 / tg(&single).max(1e-9);
-    let ratio = single
-        .rows
-        .iter()
-        .zip(&ring_plain.rows)
-        .map(|(a, b)| (a.0.clone(), b.1 / a.1))
-        .collect();
-    let report = ClusterReport {
-        single,
-        ring: ring_plain,
-        ratio,
-        rtt_ms: names
-            .iter()
-            .zip(&rtts)
-            .map(|(n, r)| (n.0.clone(), r * 1e3))
-            .collect(),
-        overhead_ms_per_token: overhead * 1e3,
-        per_hop_ms: overhead * 1e3 / (n_nodes + 1) as f64,
-        node_compute_ms,
-        links,
-        predicted_tokens_per_s: predicted,
-        counted_pass_tokens_per_s: 1.0 / ring_s.max(1e-9),
-        start,
-        isa: ringllm_kernels::isa().name(),
-        machine: ringllm_model::sys::machine_summary(),
-    };
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let cells = report
-        .single
-        .rows
-        .iter()
-        .zip(&report.ring.rows)
-        .zip(&report.ratio)
-        .map(|((a, b), r)| {
-            vec![
-                a.0.clone(),
-                format!("{:.2} ± {:.2}", a.1, a.2),
-                format!("{:.2} ± {:.2}", b.1, b.2),
-                format!("{:.3}x", r.1),
-            ]
-        })
-        .collect();
-    out!(
-        "{}",
-        markdown_table(&["test", "single t/s", "ring t/s", "ring/single"], cells)
-    );
-    outln!(
-        "predicted by the planner: {:.1} tokens/s",
-        report.predicted_tokens_per_s
-    );
-    let st = &report.start;
-    outln!(
-        "start to first token{}: ring {:.2} s, single process {:.2} s",
-        if st.cold {
-            " (cold: node caches discarded)"
-        } else {
-            ""
-        },
-        st.ring_first_token_s,
-        st.single_first_token_s
-    );
-    for s in &st.sent {
-        outln!(
-            "  sent {}: {:.1} MiB in {:.2} s ({:.1} MB/s)",
-            s.node,
-            s.bytes as f64 / 1048576.0,
-            s.seconds,
-            s.bytes_per_s / 1e6
-        );
-    }
-    outln!(
-        "decode overhead of the ring: {:.3} ms/token over {} hops = {:.3} ms per hop",
-        report.overhead_ms_per_token,
-        n_nodes + 1,
-        report.per_hop_ms
-    );
-    for (n, ms) in &report.node_compute_ms {
-        outln!("  {n}: compute {ms:.3} ms/token");
-    }
-    for (n, ms) in &report.rtt_ms {
-        outln!("  link to {n}: heartbeat round trip {ms:.3} ms");
-    }
-    for l in &report.links {
-        outln!(
-            "  {:<28} {:>8.1} bytes/token (one frame: {:.0})",
-            l.link,
-            l.bytes_per_token,
-            l.frame_bytes_per_token
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -1,10 +1,10 @@
-//! `ringllm bench --serve URL --concurrency 1,2,4,8`: a load generator for a running server.
+//! `ringllm bench serve URL --concurrency 1,2,4,8`: a load generator for a running server.
 //! Each client sends streaming completions one after another; per concurrency level it
 //! reports the aggregate decode tokens/s, the mean per-request tokens/s, and time to first
 //! token (p50/p99). Plain HTTP/1.1 over a socket: no client library between us and the server.
 
-use crate::cli::BenchArgs;
 use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -30,7 +30,7 @@ struct One {
 fn host_port(url: &str) -> Result<String> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| anyhow!("--serve takes http://HOST:PORT, not '{url}'"))?;
+        .ok_or_else(|| anyhow!("bench serve takes http://HOST:PORT, not '{url}'"))?;
     Ok(rest
         .trim_end_matches('/')
         .trim_end_matches("/v1")
@@ -109,7 +109,34 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
+/// `ringllm bench serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeBenchArgs {
+    /// The server: http://HOST:PORT.
+    pub url: String,
+    /// Concurrent clients: one measure per value.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 4, 8])]
+    pub concurrency: Vec<usize>,
+    /// Tokens each request generates.
+    #[arg(short = 'n', long = "gen", default_value_t = 64)]
+    pub gen: usize,
+    /// Requests each client sends, one after another.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repeat: usize,
+    /// The server's API key.
+    #[arg(long, env = "RINGLLM_API_KEY")]
+    pub api_key: Option<String>,
+    /// Print results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ringllm bench serve URL`: see the module.
+pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let url = args.url.as_str();
     let addr = host_port(url)?;
     // The model id from /v1/models.
     let model = {
@@ -132,7 +159,7 @@ pub fn bench_serve(args: &BenchArgs, url: &str) -> Result<ExitCode> {
             .ok_or_else(|| anyhow!("GET /v1/models lists no model"))?
             .to_string()
     };
-    let gen = args.gen.first().copied().unwrap_or(64).max(1);
+    let gen = args.gen.max(1);
     let per_client = args.repeat.max(1);
     let mut levels = Vec::new();
     for &c in &args.concurrency {

@@ -1,4 +1,4 @@
-//! `ringllm bench --transports`: one-way latency (p50/p99, half a ping-pong round trip) and
+//! `ringllm bench transports`: one-way latency (p50/p99, half a ping-pong round trip) and
 //! throughput of every data-link transport, frame sizes 2.5 KB (Gemma 3 270M's hidden state),
 //! 16 KB (an 8B model's) and 1 MiB, next to raw blocking sockets speaking the same frames
 //! (header + payload; no seal, no handshake, no retransmission) over the same path.
@@ -13,8 +13,8 @@
 //! received. It answers the burst's last frame with both figures. On one machine (loopback)
 //! the machine figure includes the sender too.
 
-use crate::cli::BenchArgs;
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use ringllm_protocol::dial::{self, BoxLink, DataListener};
 use ringllm_protocol::frame::DEFAULT_MAX_PAYLOAD;
 use ringllm_protocol::{ClusterKey, Dtype, FrameHeader, FrameKind, TransportKind, HEADER_LEN};
@@ -494,7 +494,32 @@ struct Measured {
     rx_process: Option<f64>,
 }
 
-pub fn bench_transports(args: &BenchArgs) -> Result<ExitCode> {
+/// `ringllm bench transports`.
+#[derive(Args, Debug, Clone)]
+pub struct TransportsBenchArgs {
+    /// Only these transports (comma-separated; the raw baselines always run).
+    #[arg(long = "transport", value_delimiter = ',')]
+    pub transport_list: Vec<TransportKind>,
+    /// Frame sizes in bytes (default 2560,16384,1048576).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
+    /// Round trips per size (a tenth of them for 1 MiB frames).
+    #[arg(long, default_value_t = 2000)]
+    pub iterations: usize,
+    /// Measure against an echo server there (HOST:PORT) instead of one started in this
+    /// process on loopback.
+    #[arg(long)]
+    pub peer: Option<String>,
+    /// Run only the echo server, on HOST:PORT (… PORT+6), until killed.
+    #[arg(long)]
+    pub echo_server: Option<String>,
+    /// Print results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ringllm bench transports`: see the module.
+pub fn bench_transports(args: &TransportsBenchArgs) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

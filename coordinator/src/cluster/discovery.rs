@@ -326,7 +326,7 @@ pub fn discover_nodes(
             }
         );
     }
-    eprintln!(
+    notice!(
         "discovered {} node{} of cluster {} in {:.2} s: {}",
         mine.len(),
         if mine.len() == 1 { "" } else { "s" },
@@ -338,7 +338,7 @@ pub fn discover_nodes(
             .join(", ")
     );
     if !others.is_empty() {
-        eprintln!(
+        notice!(
             "ignored {} of another cluster: {}",
             others.len(),
             others.join(", ")

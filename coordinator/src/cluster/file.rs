@@ -5,7 +5,8 @@
 //! key = "cluster.key"          # required: the cluster key file, relative to this file's folder
 //! ctx = 2048                   # optional: context size in tokens (default: the model's, capped)
 //! activations = "f32"          # optional: hidden states on the wire: f32 (default), f16,
-//!                              #   bf16 or q8 (blocks of 32 int8 with an f16 scale)
+//!                              #   bf16 or q8 (blocks of 32 int8 with an f16 scale; also
+//!                              #   q8_0)
 //! transport = "tcp"            # optional: data links' transport: tcp (default), udp, quic
 //!                              #   or uring; each node must run with the same --transport
 //! kv = "f32"                   # optional: KV cache type, "f32" (default) or "f16"
@@ -51,17 +52,92 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use ringllm_model::limits;
 use ringllm_protocol::control::KvType;
-use ringllm_protocol::TransportKind;
+use ringllm_protocol::{Dtype, TransportKind};
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::diagnostics::{a_type, node_header_lines, Source};
 
-/// Hidden states on the wire when the file does not say: f32, exact. A decode step moves
-/// d × 4 bytes per hop (2.6 KB for Gemma 3 270M, 21 µs on 1 GbE), and compressing them
-/// changed up to 60% of greedy tokens of the test models (`ringllm bench --activations`,
-/// README "Activations on the wire"); f16/bf16/q8 are for slow links and long prefills.
-pub const DEFAULT_ACTIVATIONS: &str = "f32";
+/// Hidden states on the wire when neither the file nor `--activations` says: f32, exact. A
+/// decode step moves d × 4 bytes per hop (2.6 KB for Gemma 3 270M, 21 µs on 1 GbE), and
+/// compressing them changed up to 60% of greedy tokens of the test models (`ringllm bench
+/// activations`, README "Activations on the wire"); f16/bf16/q8 are for slow links and long
+/// prefills.
+pub const DEFAULT_ACTIVATIONS: Activations = Activations::F32;
+
+/// The type of the hidden states on the wire: a cluster file's `activations` and the
+/// `--activations` flag. Its variants (with their aliases) are the one table both read:
+/// names are case-insensitive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Activations {
+    F32,
+    F16,
+    Bf16,
+    /// Blocks of 32 int8 values with an f16 scale.
+    #[value(alias = "q8_0")]
+    Q8,
+}
+
+impl Default for Activations {
+    fn default() -> Activations {
+        DEFAULT_ACTIVATIONS
+    }
+}
+
+impl Activations {
+    /// The type's name, as written in files and flags.
+    pub fn name(self) -> &'static str {
+        self.dtype().name()
+    }
+
+    /// The wire type.
+    pub fn dtype(self) -> Dtype {
+        match self {
+            Activations::F32 => Dtype::F32,
+            Activations::F16 => Dtype::F16,
+            Activations::Bf16 => Dtype::Bf16,
+            Activations::Q8 => Dtype::Q8,
+        }
+    }
+
+    /// `"f32" (the default), "f16", "bf16" or "q8"`, for messages.
+    fn choices() -> String {
+        let names: Vec<String> = <Activations as clap::ValueEnum>::value_variants()
+            .iter()
+            .map(|a| {
+                if *a == DEFAULT_ACTIVATIONS {
+                    format!("\"{}\" (the default)", a.name())
+                } else {
+                    format!("\"{}\"", a.name())
+                }
+            })
+            .collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    }
+}
+
+impl std::str::FromStr for Activations {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Activations, String> {
+        <Activations as clap::ValueEnum>::from_str(s.trim(), true).map_err(|_| {
+            format!(
+                "\"{s}\" is not an activation type — write activations = {}",
+                Activations::choices()
+            )
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Activations {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Activations, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 /// A parsed and checked cluster file.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,8 +150,8 @@ pub struct ClusterConfig {
     pub key_file: PathBuf,
     /// Context size in tokens; `None`: the engine's default.
     pub ctx: Option<usize>,
-    /// Activation type on the wire: `"f32"`, `"f16"`, `"bf16"` or `"q8"`.
-    pub activations: String,
+    /// Activation type on the wire.
+    pub activations: Activations,
     /// Every data link's transport unless a node says otherwise; `None`: each node's own.
     pub transport: Option<TransportKind>,
     /// KV cache type.
@@ -130,7 +206,7 @@ struct RawCluster {
     model: Option<Spanned<String>>,
     key: Option<Spanned<String>>,
     ctx: Option<Spanned<i64>>,
-    activations: Option<Spanned<String>>,
+    activations: Option<Activations>,
     transport: Option<Spanned<String>>,
     kv: Option<Spanned<String>>,
     coordinator: Option<RawCoordinator>,
@@ -189,26 +265,7 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ClusterConfig> {
             limits::MAX_CTX,
         )?),
     };
-    let activations = match raw.activations {
-        None => DEFAULT_ACTIVATIONS.to_string(),
-        Some(v) => {
-            let a = v.get_ref().trim().to_ascii_lowercase();
-            match a.as_str() {
-                "f32" | "f16" | "bf16" | "q8" => a,
-                "q8_0" => "q8".to_string(),
-                _ => {
-                    return Err(src.err(
-                        &v,
-                        format!(
-                            "field `activations` \"{}\" is not an activation type — write \
-                             activations = \"f16\" (the default), \"f32\", \"bf16\" or \"q8\"",
-                            v.get_ref()
-                        ),
-                    ))
-                }
-            }
-        }
-    };
+    let activations = raw.activations.unwrap_or_default();
     let transport = match &raw.transport {
         None => None,
         Some(t) => Some(transport_field(&src, t, "")?),

@@ -16,7 +16,7 @@ pub use ring::{Ring, RingSpec, StageSpec, StreamPolicy};
 
 use anyhow::{anyhow, bail, Result};
 use ringllm_protocol::control::KvType;
-use ringllm_protocol::{ClusterKey, Dtype, TransportKind};
+use ringllm_protocol::{ClusterKey, TransportKind};
 use std::path::{Path, PathBuf};
 
 /// Where a ring is described: a cluster file, or a model, a key and node addresses. Fields
@@ -33,8 +33,8 @@ pub struct Source {
     pub nodes: Vec<String>,
     /// Transport of every data link.
     pub transport: Option<TransportKind>,
-    /// Hidden states on the wire: f32, f16, bf16 or q8.
-    pub activations: Option<String>,
+    /// Hidden states on the wire (`--activations`; overrides the file's).
+    pub activations: Option<file::Activations>,
     /// Streaming layers when the model does not fit (`--rounds`).
     pub stream: StreamPolicy,
     /// Find the nodes by mDNS (`--discover`; a cluster file's `discover = true` also does).
@@ -65,13 +65,6 @@ pub fn setup_file(path: &Path) -> Result<Setup> {
     })
 }
 
-fn activations_flag(a: &str) -> Result<Dtype> {
-    match Dtype::from_name(&a.trim().to_ascii_lowercase()) {
-        Some(d) => Ok(d),
-        None => bail!("--activations {a}: write f32, f16, bf16 or q8"),
-    }
-}
-
 /// The setup a cluster file or flags describe.
 pub fn setup(src: &Source) -> Result<Setup> {
     let (cluster, model, key, nodes) = (&src.cluster, &src.model, &src.key, &src.nodes);
@@ -83,16 +76,7 @@ pub fn setup(src: &Source) -> Result<Setup> {
             let cfg: ClusterConfig = file::load(path)?;
             let key_path = key.clone().unwrap_or_else(|| cfg.key_file.clone());
             let key = ClusterKey::load(&key_path)?;
-            let activations = match &src.activations {
-                Some(a) => activations_flag(a)?,
-                None => Dtype::from_name(&cfg.activations).ok_or_else(|| {
-                    anyhow!(
-                        "{}: activations '{}' unknown",
-                        path.display(),
-                        cfg.activations
-                    )
-                })?,
-            };
+            let activations = src.activations.unwrap_or(cfg.activations).dtype();
             let mut stages: Vec<StageSpec> = cfg
                 .stages
                 .iter()
@@ -169,11 +153,7 @@ pub fn setup(src: &Source) -> Result<Setup> {
                     key,
                     stages,
                     coordinator_memory: None,
-                    activations: match &src.activations {
-                        Some(a) => activations_flag(a)?,
-                        None => Dtype::from_name(file::DEFAULT_ACTIVATIONS)
-                            .ok_or_else(|| anyhow!("bad default activation type"))?,
-                    },
+                    activations: src.activations.unwrap_or_default().dtype(),
                     send_slices: true,
                     discard_cached_slices: false,
                     stream: src.stream,

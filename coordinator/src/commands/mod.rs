@@ -11,6 +11,7 @@ pub mod node;
 pub mod nodes;
 pub mod perplexity;
 pub mod plan;
+pub mod progress;
 pub mod run;
 pub mod status;
 pub mod up;

@@ -17,7 +17,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         if skip.setting != ringllm::skip::SkipSetting::Off {
             bail!("--skip is not available with --serve yet");
         }
-        return ringllm::serve::serve_local(&model, &cfg);
+        ringllm::serve::serve_local(&model, &cfg)?;
+        return Ok(ExitCode::SUCCESS);
     }
     session(
         &|| {

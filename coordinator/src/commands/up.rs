@@ -44,7 +44,8 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
     }
     if let Some(mut cfg) = args.gen.serve_config() {
         cfg.resume_retries = args.resume_retries;
-        return ringllm::serve::serve_ring(&model, s.spec.clone(), &cfg);
+        ringllm::serve::serve_ring(&model, s.spec.clone(), &cfg)?;
+        return Ok(ExitCode::SUCCESS);
     }
     let spec = s.spec.clone();
     let retries = args.resume_retries;

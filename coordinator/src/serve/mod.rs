@@ -234,8 +234,8 @@ fn bind(cfg: &ServeConfig) -> anyhow::Result<std::net::TcpListener> {
     let listener = http::bind(&cfg.addr)?;
     let public = listener.local_addr().is_ok_and(|a| !a.ip().is_loopback());
     if public && cfg.api_key.as_deref().is_none_or(str::is_empty) {
-        eprintln!(
-            "warning: serving on {} without --api-key: anyone who can reach this port can use \
+        notice!(
+            warn: "warning: serving on {} without --api-key: anyone who can reach this port can use \
              the model; set --api-key KEY (or RINGLLM_API_KEY), or listen on 127.0.0.1",
             cfg.addr
         );
@@ -244,10 +244,7 @@ fn bind(cfg: &ServeConfig) -> anyhow::Result<std::net::TcpListener> {
 }
 
 /// `ringllm run -m MODEL --serve ADDR`: the whole model in this process behind the API.
-pub fn serve_local(
-    margs: &ModelOptions,
-    cfg: &ServeConfig,
-) -> anyhow::Result<std::process::ExitCode> {
+pub fn serve_local(margs: &ModelOptions, cfg: &ServeConfig) -> anyhow::Result<()> {
     use anyhow::Context;
     let listener = bind(cfg)?;
     let file = crate::engine::open_gguf(&margs.model)?;
@@ -320,7 +317,7 @@ fn start_and_serve(
     cfg: &ServeConfig,
     listener: std::net::TcpListener,
     what: &str,
-) -> anyhow::Result<std::process::ExitCode> {
+) -> anyhow::Result<()> {
     let s = cfg;
     let backend = scheduler::SchedBackend::start(
         stepper,
@@ -346,9 +343,9 @@ fn start_and_serve(
     let at = listener
         .local_addr()
         .map_or_else(|_| s.addr.clone(), |a| a.to_string());
-    eprintln!("serving {what} on http://{at}/v1 (Ollama's API on /api, a chat page on /)");
+    notice!("serving {what} on http://{at}/v1 (Ollama's API on /api, a chat page on /)");
     http::serve(listener, backend, opts)?;
-    Ok(std::process::ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The id `/v1/models` lists: the file name without `.gguf`.
@@ -359,11 +356,7 @@ pub fn model_id(path: &std::path::Path) -> String {
 }
 
 /// `ringllm up … --serve ADDR`: the ring behind the API.
-pub fn serve_ring(
-    margs: &ModelOptions,
-    spec: RingSpec,
-    cfg: &ServeConfig,
-) -> anyhow::Result<std::process::ExitCode> {
+pub fn serve_ring(margs: &ModelOptions, spec: RingSpec, cfg: &ServeConfig) -> anyhow::Result<()> {
     use anyhow::Context;
     let s = cfg;
     if s.parallel == 0 || s.prefill_chunk == 0 {

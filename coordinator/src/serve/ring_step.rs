@@ -71,7 +71,7 @@ impl RingStepper {
     }
 
     fn rebuild(&mut self) -> Result<()> {
-        eprintln!("[rebuilding the ring over the nodes still there]");
+        notice!("[rebuilding the ring over the nodes still there]");
         self.last_attempt = Some(Instant::now());
         self.lens = vec![0; self.slots];
         let (runner, _) = match self.mode.build(true, self.slots) {
@@ -90,9 +90,9 @@ impl RingStepper {
         self.missing = missing_nodes(&self.mode, self.ring.as_ref());
         self.down = None;
         let nodes = self.ring.as_ref().map_or(0, |r| r.node_names().len());
-        eprintln!("[the ring is up again: {nodes} node(s)]");
+        notice!("[the ring is up again: {nodes} node(s)]");
         if !self.missing.is_empty() {
-            eprintln!("[without {}]", self.missing.join(", "));
+            notice!("[without {}]", self.missing.join(", "));
         }
         Ok(())
     }
@@ -126,12 +126,12 @@ impl RingStepper {
             return false;
         }
         tracing::info!(nodes = ?back, "nodes are back; rebuilding the ring");
-        eprintln!("[{} back: taking it into the ring]", back.join(", "));
+        notice!("[{} back: taking it into the ring]", back.join(", "));
         if let Some(old) = self.ring.take() {
             old.shutdown("re-planning with a node that came back");
         }
         if let Err(e) = self.rebuild() {
-            eprintln!(
+            notice!(
                 "[the ring is down: {e:#}; trying again in {} s]",
                 REBUILD_EVERY.as_secs()
             );
@@ -349,7 +349,7 @@ impl Stepper for RingStepper {
                 return self.take_back_returned_nodes();
             };
             tracing::warn!("the ring lost a node while idle: {e:#}");
-            eprintln!("[a node was lost: {e:#}]");
+            notice!("[a node was lost: {e:#}]");
             self.lost(&e);
             self.missing = missing_nodes(&self.mode, None);
         } else if self
@@ -359,7 +359,7 @@ impl Stepper for RingStepper {
             return false;
         }
         if let Err(e) = self.rebuild() {
-            eprintln!(
+            notice!(
                 "[the ring is down: {e:#}; trying again in {} s]",
                 REBUILD_EVERY.as_secs()
             );

@@ -605,7 +605,7 @@ impl Scheduler {
         }
         if resumed > 0 {
             tracing::warn!(resumed, failed, "resuming requests after an engine failure");
-            eprintln!(
+            notice!(
                 "[resuming {resumed} request(s) on the rebuilt ring (prompt and generated tokens \
                  replayed){}]",
                 if failed > 0 {
@@ -890,7 +890,7 @@ impl Scheduler {
                     "request resumed: {} generated token(s) replayed",
                     a.generated
                 );
-                eprintln!(
+                notice!(
                     "[resumed a request after {ms:.0} ms: {len} tokens replayed ({} generated)]",
                     a.generated
                 );

@@ -59,7 +59,7 @@ fn good_file() {
     assert_eq!(c.model, Path::new("dir/../models/m.gguf"));
     assert_eq!(c.key_file, Path::new("dir/cluster.key"));
     assert_eq!(c.ctx, Some(2048));
-    assert_eq!(c.activations, "f32");
+    assert_eq!(c.activations.name(), "f32");
     assert_eq!(c.kv, KvType::F16);
     assert_eq!(c.threads, Some(2));
     assert_eq!(c.memory, Some(4 << 30));
@@ -92,7 +92,7 @@ fn minimal_file_defaults() {
             .unwrap();
     assert_eq!(c.model, Path::new("/abs/m.gguf"));
     assert_eq!(c.ctx, None);
-    assert_eq!(c.activations, "f32");
+    assert_eq!(c.activations.name(), "f32");
     assert_eq!(c.kv, KvType::F32);
     assert_eq!((c.threads, c.memory), (None, None));
     assert_eq!(c.stages[0].line, 3);
@@ -286,7 +286,7 @@ fn activations_and_kv() {
             Path::new("c.toml"),
         )
         .unwrap();
-        assert_eq!(c.activations, a);
+        assert_eq!(c.activations.name(), a);
     }
     let m = err(&format!(
         "activations = \"f8\"\n{HEAD}[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
@@ -434,7 +434,7 @@ fn shipped_cluster_configs_parse() {
         let path = Path::new("cluster-configs").join(name);
         let c = parse_str(text, &path).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         assert!(!c.stages.is_empty(), "{name}");
-        assert_eq!(c.activations, "f32", "{name}");
+        assert_eq!(c.activations.name(), "f32", "{name}");
         if name != "homelab.example.toml" {
             assert_eq!(
                 c.key_file,
@@ -483,4 +483,26 @@ fn discover_allows_a_file_without_nodes_and_checks_its_wait() {
     assert_names(&m, 4, "discover_wait");
     let m = err("model = \"m.gguf\"\nkey = \"k\"\ndiscover = true\ndiscover_wait = \"3s\"\n");
     assert_names(&m, 4, "discover_wait");
+}
+
+#[test]
+fn activations_names_aliases_and_the_default() {
+    let parse_a = |a: &str| {
+        parse(&format!(
+            "{HEAD}activations = \"{a}\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+        ))
+        .map(|c| c.activations)
+    };
+    assert_eq!(parse_a("q8_0").ok(), Some(Activations::Q8));
+    assert_eq!(parse_a(" BF16 ").ok(), Some(Activations::Bf16));
+    assert_eq!(Activations::default(), DEFAULT_ACTIVATIONS);
+    assert_eq!(DEFAULT_ACTIVATIONS.dtype(), ringllm_protocol::Dtype::F32);
+    // The message names the real default.
+    let m = err(&format!(
+        "{HEAD}activations = \"f8\"\n[[node]]\nname = \"a\"\naddress = \"h:1\"\n"
+    ));
+    assert!(m.contains("\"f32\" (the default)"), "{m}");
+    assert!(!m.contains("\"f16\" (the default)"), "{m}");
+    // The flag reads the same table.
+    assert_eq!("Q8_0".parse::<Activations>(), Ok(Activations::Q8));
 }
