@@ -19,7 +19,7 @@ from support.paths import KEY, SMOL, model_path, ringllm_bin
 
 PROMPT = "The three primary colors are"
 N = 8
-# The documented fields of a node's entry (README "Finding the nodes (mDNS) and watching the cluster"); both sources give them all.
+# The documented fields of a node's entry (docs/cluster.md "Status"); both sources give them all.
 NODE_FIELDS = {
     "address", "name", "health", "error", "version", "transport", "threads", "isa", "layers", "head", "model",
     "memory_total", "memory_budget", "memory_used", "weight_bytes", "kv_bytes", "matvec_bytes_per_s",

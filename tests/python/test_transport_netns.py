@@ -216,7 +216,7 @@ def test_a_slow_data_link_connect_is_not_a_silent_node(lossy_net, oracle, transp
         wire.drop_syns(net, "host2", net.addr("coord"), port, count=2)
 
     # This once failed with "node1 stopped answering": the coordinator counted its own seconds
-    # of connecting data links as the nodes' silence (fixed in coordinator/src/ring.rs).
+    # of connecting data links as the nodes' silence (fixed in coordinator/src/cluster/ring/).
     got, logits, syns, logs, took, err = ring(net, transport, tmp_path, before_up=slow_links)
     assert (syns["host1"][0], syns["host2"][0]) == (1, 2), syns
     check("slow data-link connects", transport, oracle, got, logits, logs, took, err)
