@@ -31,6 +31,7 @@ fn main() -> ExitCode {
     let (argv, deprecated) = commands::bench::legacy_argv(std::env::args_os().collect());
     let args = cli::Cli::parse_from(argv);
     init_logging(args.verbose);
+    ringllm::progress::set_sink(Box::new(commands::progress::Terminal));
     if let Some(warning) = deprecated {
         eprintln!("{warning}");
     }
@@ -90,7 +91,8 @@ fn init_logging(verbose: u8) {
         .try_init();
 }
 
-/// Prints the message of each notice the library sends, as is, on a line of stderr.
+/// Prints the message of each notice the library sends, as is, on a line of stderr (above any
+/// progress bars).
 struct Notices;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
@@ -114,7 +116,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
         }
         let mut m = Message(String::new());
         event.record(&mut m);
-        eprintln!("{}", m.0);
+        commands::progress::print_line(&m.0);
     }
 }
 

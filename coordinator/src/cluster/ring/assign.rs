@@ -6,6 +6,7 @@ use super::{
 };
 use crate::cluster::planner;
 use crate::cluster::PROGRESS;
+use crate::progress;
 use anyhow::{anyhow, bail, Result};
 use ringllm_model::gguf::GgufFile;
 use ringllm_protocol::control::{
@@ -15,7 +16,7 @@ use ringllm_protocol::dial::{self, BoxLink, LinkRole};
 use ringllm_protocol::frame::COORDINATOR_MAX_PAYLOAD;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Ring {
     /// Sends the nodes that lack the model their slices (unless `spec.send_slices` is off),
@@ -145,10 +146,11 @@ impl Ring {
     /// Waits until every node in `assigned` has loaded its slice, reporting each.
     fn wait_ready(&mut self, assigned: &[usize]) -> Result<()> {
         // Cleared when dropped too: an error must not leave the spinner on screen.
-        let bar =
-            indicatif::ProgressBar::new_spinner().with_finish(indicatif::ProgressFinish::AndClear);
-        bar.set_message(format!("loading slices on {} node(s)", assigned.len()));
-        bar.enable_steady_tick(Duration::from_millis(120));
+        let bar = progress::task(progress::Kind::Spinner);
+        bar.start(
+            &format!("loading slices on {} node(s)", assigned.len()),
+            None,
+        );
         let mut ready: Vec<Option<Ready>> = vec![None; self.nodes.len()];
         let deadline = Instant::now() + READY_TIMEOUT;
         while assigned.iter().any(|&i| ready[i].is_none()) {
@@ -161,8 +163,7 @@ impl Ring {
             let (i, msg) = self.next_control(left, "the nodes to load their slices", &pending)?;
             match msg {
                 Control::Ready(r) if r.session == self.session => {
-                    bar.suspend(|| {
-                        tracing::info!(
+                    tracing::info!(
                             target: PROGRESS,
                             "  {:<12} {:<22} layers {:>2}-{:<2} weights {:>7.1} MiB  kv {:>6.1} MiB  rss {:>7.1} MiB  load {} ms",
                             self.nodes[i].name,
@@ -173,18 +174,17 @@ impl Ring {
                             r.kv_bytes as f64 / 1048576.0,
                             r.rss_bytes as f64 / 1048576.0,
                             r.load_ms
-                        )
-                    });
+                    );
                     ready[i] = Some(r);
                 }
                 Control::Error(e) => {
-                    bar.finish_and_clear();
+                    bar.finish();
                     bail!("{}: {}", self.who(i), e.message)
                 }
                 _ => {}
             }
         }
-        bar.finish_and_clear();
+        bar.finish();
         self.ready = ready.into_iter().flatten().collect();
         Ok(())
     }

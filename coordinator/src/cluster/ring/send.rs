@@ -13,8 +13,8 @@
 
 use super::{Event, Outgoing, Ring};
 use crate::cluster::{RingSpec, PROGRESS};
+use crate::progress::{self, Progress};
 use anyhow::{anyhow, bail, Result};
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::slice::SliceSource;
 use ringllm_protocol::control::{Control, ModelIdentity, SliceNeed, SliceProgress};
@@ -114,7 +114,7 @@ fn spawn_feeder(
 struct Active {
     /// Index into the jobs.
     job: usize,
-    bar: ProgressBar,
+    bar: Box<dyn Progress>,
     stop: Arc<AtomicBool>,
     feeder: Option<std::thread::JoinHandle<()>>,
     /// Bytes received in earlier rounds (progress restarts at 0 each round).
@@ -249,12 +249,11 @@ impl Ring {
             return Ok(Vec::new());
         }
         let needs = self.offer_slices(&jobs, file, false, spec.discard_cached_slices)?;
-        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
-        let mut active = self.start_transfers(&jobs, &needs, file, &multi)?;
-        let result = self.follow_transfers(&jobs, &mut active, file, &multi);
+        let mut active = self.start_transfers(&jobs, &needs, file)?;
+        let result = self.follow_transfers(&jobs, &mut active, file);
         for a in &mut active {
             a.stop.store(true, Ordering::Relaxed);
-            a.bar.finish_and_clear();
+            a.bar.finish();
             if let Some(f) = a.feeder.take() {
                 // A feeder blocked on a full queue ends when the connection goes (on error) or
                 // as soon as its queue drains (it has nothing left to send otherwise).
@@ -273,14 +272,7 @@ impl Ring {
         jobs: &[SliceJob],
         needs: &[SliceNeed],
         file: &Arc<GgufFile>,
-        multi: &MultiProgress,
     ) -> Result<Vec<Active>> {
-        let style = ProgressStyle::with_template(
-            "  {prefix:<14} [{bar:28}] {binary_bytes:>10}/{binary_total_bytes:<10} \
-             {binary_bytes_per_sec:>12} ETA {eta}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
         let mut active: Vec<Active> = Vec::new();
         for (k, (job, need)) in jobs.iter().zip(needs).enumerate() {
             let name = self.nodes[job.node].name.clone();
@@ -306,9 +298,8 @@ impl Ring {
                     need.pieces.len()
                 );
             }
-            let bar = multi.add(ProgressBar::new(total));
-            bar.set_style(style.clone());
-            bar.set_prefix(name);
+            let bar = progress::task(progress::Kind::Bytes);
+            bar.start(&name, Some(total));
             let stop = Arc::new(AtomicBool::new(false));
             let data = self.nodes[job.node].data.clone();
             let feeder = spawn_feeder(
@@ -341,7 +332,6 @@ impl Ring {
         jobs: &[SliceJob],
         active: &mut [Active],
         file: &Arc<GgufFile>,
-        multi: &MultiProgress,
     ) -> Result<Vec<Sent>> {
         let mut sent = Vec::new();
         let mut done = vec![false; active.len()];
@@ -383,7 +373,7 @@ impl Ring {
             let job = &jobs[a.job];
             match msg {
                 Control::SliceProgress(p) if p.key == job.source.key => {
-                    if let Some(s) = self.on_progress(a, job, &p, file, multi)? {
+                    if let Some(s) = self.on_progress(a, job, &p, file)? {
                         done[ai] = true;
                         sent.push(s);
                     }
@@ -403,7 +393,6 @@ impl Ring {
         job: &SliceJob,
         p: &SliceProgress,
         file: &Arc<GgufFile>,
-        multi: &MultiProgress,
     ) -> Result<Option<Sent>> {
         let node = job.node;
         a.last = Instant::now();
@@ -412,20 +401,18 @@ impl Ring {
             return Ok(None);
         }
         if p.bad.is_empty() {
-            a.bar.finish_and_clear();
+            a.bar.finish();
             let secs = a.started.elapsed().as_secs_f64();
             let bytes = a.base + p.received;
-            multi.suspend(|| {
-                tracing::info!(
-                    target: PROGRESS,
-                    "  {}: sent layers {}-{} ({:.1} MiB in {secs:.1} s, {:.1} MB/s)",
-                    self.nodes[node].name,
-                    job.source.key.layer_start,
-                    job.source.key.layer_end.saturating_sub(1),
-                    bytes as f64 / 1048576.0,
-                    bytes as f64 / secs.max(1e-9) / 1e6
-                )
-            });
+            tracing::info!(
+                target: PROGRESS,
+                "  {}: sent layers {}-{} ({:.1} MiB in {secs:.1} s, {:.1} MB/s)",
+                self.nodes[node].name,
+                job.source.key.layer_start,
+                job.source.key.layer_end.saturating_sub(1),
+                bytes as f64 / 1048576.0,
+                bytes as f64 / secs.max(1e-9) / 1e6
+            );
             return Ok(Some(Sent {
                 node: self.nodes[node].name.clone(),
                 bytes,
@@ -463,14 +450,12 @@ impl Ring {
         a.base += p.received;
         let more = bytes_of(&job.source, &p.bad);
         a.bar.inc_length(more);
-        multi.suspend(|| {
-            tracing::warn!(
-                target: PROGRESS,
-                "  {}: {} piece(s) failed their hash on arrival; sending them again",
-                self.nodes[node].name,
-                p.bad.len()
-            )
-        });
+        tracing::warn!(
+            target: PROGRESS,
+            "  {}: {} piece(s) failed their hash on arrival; sending them again",
+            self.nodes[node].name,
+            p.bad.len()
+        );
         if let Some(f) = a.feeder.take() {
             let _ = f.join();
         }
