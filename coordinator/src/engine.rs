@@ -612,7 +612,7 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
-    /// What ran the layers held in this process: "cpu" or "gpu: <adapter> (…)".
+    /// What ran the layers held in this process: `"cpu"` or `"gpu: <adapter> (…)"`.
     pub backend: String,
     #[serde(skip)]
     pub context_full: bool,

@@ -58,7 +58,7 @@ pub struct Batch<'a> {
 
 /// A backend that runs a whole slice of layers.
 pub trait LayerBackend: Send {
-    /// Short name for logs and capabilities: "gpu: <adapter>".
+    /// Short name for logs and capabilities: `"gpu: <adapter>"`.
     fn describe(&self) -> String;
     /// Runs every layer of `model`'s slice on the `n = Σ parts[i].1` rows of `x` (`[n × d]`,
     /// in place); `parts` as in `Runner::layers_multi`. Does not advance the caches' `len`

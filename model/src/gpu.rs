@@ -3,7 +3,7 @@
 //! buffer (one submission and one wait per call of `layers`).
 
 use crate::arch::recipe::Buf;
-use crate::arch::{FfnAct, RopeTable, Step};
+use crate::arch::{FfnAct, Hparams, RopeTable, Step};
 use crate::backend::{Batch, DeviceKv, LayerBackend};
 use crate::error::ModelError;
 use crate::forward::Observed;
@@ -282,7 +282,7 @@ impl LayerBackend for GpuLayers {
         self.check()?;
         let hp = &model.hp;
         let n = batch.pos.len();
-        let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
+        let (d, hd) = (hp.d_model, hp.head_dim);
         if n > self.scratch.rows {
             return Err(ModelError::BatchTooLarge {
                 n,
@@ -329,134 +329,31 @@ impl LayerBackend for GpuLayers {
         }
         gpu.write_f32(&s.x, 0, &x[..n * d]);
 
-        let rows = n as u32;
-        let eps = hp.rms_eps;
-        let half = (hp.rope_dim / 2) as u32;
-        let shape = AttnShape {
-            n_head: hp.n_head as u32,
-            n_head_kv: hp.n_head_kv as u32,
-            head_dim: hd as u32,
-            scale: hp.query_scale,
+        let rec = Rec {
+            gpu: &gpu,
+            ops: &self.ops,
+            mm: &self.mm,
+            s,
+            hp,
+            n,
+            caches: &caches,
+            shape: AttnShape {
+                n_head: hp.n_head as u32,
+                n_head_kv: hp.n_head_kv as u32,
+                head_dim: hd as u32,
+                scale: hp.query_scale,
+            },
         };
         let mut enc = gpu
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("slice"),
             });
-        let (ops, mm) = (&self.ops, &self.mm);
-        let nn = n as u32;
         let each_step = observer.as_ref().is_some_and(|o| o.wants_steps());
         for (i, (l, ml)) in self.layers.iter().zip(&model.layers).enumerate() {
             let il = model.layer_range.start + i;
             for &step in &ml.recipe.steps {
-                let e = &mut enc;
-                match step {
-                    Step::AttnNorm => ops
-                        .rms_norm(
-                            &gpu,
-                            e,
-                            &s.x,
-                            0,
-                            &l.attn_norm,
-                            &s.xn,
-                            0,
-                            rows,
-                            d as u32,
-                            eps,
-                        )
-                        .map_err(be)?,
-                    Step::QkvProj => {
-                        for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
-                            mm.encode(&gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
-                        }
-                    }
-                    Step::QkvBias => {
-                        for (buf, bias, width) in
-                            [(&s.q, &l.bq, qd), (&s.k, &l.bk, kvd), (&s.v, &l.bv, kvd)]
-                        {
-                            if let Some(b) = bias {
-                                ops.add_bias(&gpu, e, buf, 0, b, rows, width as u32)
-                                    .map_err(be)?;
-                            }
-                        }
-                    }
-                    Step::QkNorm => {
-                        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                            for (buf, w, heads) in [(&s.q, qn, hp.n_head), (&s.k, kn, hp.n_head_kv)]
-                            {
-                                ops.rms_norm_heads(
-                                    &gpu,
-                                    e,
-                                    buf,
-                                    0,
-                                    w,
-                                    rows,
-                                    heads as u32,
-                                    hd as u32,
-                                    eps,
-                                )
-                                .map_err(be)?;
-                            }
-                        }
-                    }
-                    Step::Rope(table) => {
-                        let table = match table {
-                            RopeTable::Local => &s.cs_local,
-                            RopeTable::Global => &s.cs_global,
-                        };
-                        for (buf, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
-                            ops.rope(
-                                &gpu,
-                                e,
-                                buf,
-                                0,
-                                table,
-                                rows,
-                                heads as u32,
-                                hd as u32,
-                                half,
-                                hp.rope_style,
-                            )
-                            .map_err(be)?;
-                        }
-                    }
-                    Step::Attention { scale } => {
-                        let shape = AttnShape { scale, ..shape };
-                        attention_step(&gpu, ops, e, s, &caches, i, kvd, &shape)?;
-                    }
-                    Step::AttnOut => mm
-                        .encode(&gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn)
-                        .map_err(be)?,
-                    Step::AttnResidual { post_norm } => {
-                        let w = l.post_attn_norm.as_ref().filter(|_| post_norm);
-                        ops.residual(&gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
-                            .map_err(be)?;
-                    }
-                    Step::FfnNorm => ops
-                        .rms_norm(&gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
-                        .map_err(be)?,
-                    Step::GateUp => {
-                        for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
-                            mm.encode(&gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
-                        }
-                    }
-                    Step::Glu(act) => {
-                        let act = match act {
-                            FfnAct::Silu => Glu::Silu,
-                            FfnAct::GeluTanh => Glu::GeluTanh,
-                        };
-                        ops.glu(&gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
-                            .map_err(be)?;
-                    }
-                    Step::FfnDown => mm
-                        .encode(&gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn)
-                        .map_err(be)?,
-                    Step::FfnResidual { post_norm } => {
-                        let w = l.post_ffw_norm.as_ref().filter(|_| post_norm);
-                        ops.residual(&gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
-                            .map_err(be)?;
-                    }
-                }
+                encode_step(&rec, &mut enc, l, i, step)?;
                 if each_step {
                     let Some(obs) = observer.as_deref_mut() else {
                         continue;
@@ -531,6 +428,118 @@ impl LayerBackend for GpuLayers {
         gpu.read_f32(lout, 0, &mut out[..n * vocab]).map_err(be)?;
         Ok(())
     }
+}
+
+/// What recording one batch's steps needs: the device, its kernels, the scratch buffers, the
+/// shape of the batch and every sequence's cache.
+struct Rec<'a> {
+    gpu: &'a Gpu,
+    ops: &'a Ops,
+    mm: &'a Matmul,
+    s: &'a Scratch,
+    hp: &'a Hparams,
+    n: usize,
+    caches: &'a [SeqCache<'a>],
+    shape: AttnShape,
+}
+
+/// Records `step` of layer `l` (index `i` within the slice) into `e`: the GPU's walk of the
+/// layer recipe, one arm per step (`arch::recipe`; the CPU's is `forward/layer.rs`).
+fn encode_step(
+    rec: &Rec<'_>,
+    e: &mut wgpu::CommandEncoder,
+    l: &GpuLayer,
+    i: usize,
+    step: Step,
+) -> Result<(), ModelError> {
+    let (gpu, ops, mm, s, hp, n) = (rec.gpu, rec.ops, rec.mm, rec.s, rec.hp, rec.n);
+    let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
+    let (rows, nn, eps) = (n as u32, n as u32, hp.rms_eps);
+    let half = (hp.rope_dim / 2) as u32;
+    match step {
+        Step::AttnNorm => ops
+            .rms_norm(gpu, e, &s.x, 0, &l.attn_norm, &s.xn, 0, rows, d as u32, eps)
+            .map_err(be)?,
+        Step::QkvProj => {
+            for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
+                mm.encode(gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
+            }
+        }
+        Step::QkvBias => {
+            for (buf, bias, width) in [(&s.q, &l.bq, qd), (&s.k, &l.bk, kvd), (&s.v, &l.bv, kvd)] {
+                if let Some(b) = bias {
+                    ops.add_bias(gpu, e, buf, 0, b, rows, width as u32)
+                        .map_err(be)?;
+                }
+            }
+        }
+        Step::QkNorm => {
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                for (buf, w, heads) in [(&s.q, qn, hp.n_head), (&s.k, kn, hp.n_head_kv)] {
+                    ops.rms_norm_heads(gpu, e, buf, 0, w, rows, heads as u32, hd as u32, eps)
+                        .map_err(be)?;
+                }
+            }
+        }
+        Step::Rope(table) => {
+            let table = match table {
+                RopeTable::Local => &s.cs_local,
+                RopeTable::Global => &s.cs_global,
+            };
+            for (buf, heads) in [(&s.q, hp.n_head), (&s.k, hp.n_head_kv)] {
+                ops.rope(
+                    gpu,
+                    e,
+                    buf,
+                    0,
+                    table,
+                    rows,
+                    heads as u32,
+                    hd as u32,
+                    half,
+                    hp.rope_style,
+                )
+                .map_err(be)?;
+            }
+        }
+        Step::Attention { scale } => {
+            let shape = AttnShape { scale, ..rec.shape };
+            attention_step(gpu, ops, e, s, rec.caches, i, kvd, &shape)?;
+        }
+        Step::AttnOut => mm
+            .encode(gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn)
+            .map_err(be)?,
+        Step::AttnResidual { post_norm } => {
+            let w = l.post_attn_norm.as_ref().filter(|_| post_norm);
+            ops.residual(gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
+                .map_err(be)?;
+        }
+        Step::FfnNorm => ops
+            .rms_norm(gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
+            .map_err(be)?,
+        Step::GateUp => {
+            for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
+                mm.encode(gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
+            }
+        }
+        Step::Glu(act) => {
+            let act = match act {
+                FfnAct::Silu => Glu::Silu,
+                FfnAct::GeluTanh => Glu::GeluTanh,
+            };
+            ops.glu(gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
+                .map_err(be)?;
+        }
+        Step::FfnDown => mm
+            .encode(gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn)
+            .map_err(be)?,
+        Step::FfnResidual { post_norm } => {
+            let w = l.post_ffw_norm.as_ref().filter(|_| post_norm);
+            ops.residual(gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
+                .map_err(be)?;
+        }
+    }
+    Ok(())
 }
 
 /// A sequence's slice of the batch for the GPU: its device cache, its host cache (for the

@@ -39,7 +39,7 @@ pub struct Capabilities {
     /// Measured sequential read rate of the node's model or slice files with the page cache
     /// bypassed, bytes per second (0: not measured), for plans that stream layers.
     pub disk_read_bytes_per_s: f64,
-    /// What runs the layers this node is assigned: "cpu", or "gpu: <adapter> (…)". With a
+    /// What runs the layers this node is assigned: `"cpu"`, or `"gpu: <adapter> (…)"`. With a
     /// GPU, `matvec_bytes_per_s` is the GPU's measured speed.
     pub backend: String,
 }

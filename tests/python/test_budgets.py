@@ -8,19 +8,20 @@ each test makes its groups below the test process's own and removes them. Needs 
 
 import contextlib
 import json
-import os
-import pathlib
 import threading
 import time
 
 import openai
 import pytest
 
-from conftest import SMOL, model_path
-from ringutil import KEY, Nodes, ringllm
-from test_serve import SMOL_ID, Server
+from support.cgroup import MIB, MemoryCap
+from support.cli import ringllm
+from support.nodes import Nodes
+from support.paths import KEY, SMOL, model_path
+from support.server import SMOL_ID, Server
 
-MIB = 1 << 20
+pytestmark = pytest.mark.root
+
 # SmolLM2 135M at context 512 with 8 slots: 2.1 MiB of weights and 6 MiB of KV a layer (30
 # layers), 7.4 MiB of scratch. A node capped at 90 MiB (48 MiB headroom) holds 4 layers; an even
 # split, as a planner blind to the cap or the slots makes, gives it 15: 90 MiB of KV + scratch +
@@ -31,86 +32,6 @@ CTX = 512
 SLOTS = 8
 SMALL_CAP = 90 * MIB
 LARGE_CAP = 400 * MIB
-
-
-def _v1_mount():
-    for line in open("/proc/self/mountinfo"):
-        pre, _, post = line.partition(" - ")
-        fstype, _, opts = (post.split() + ["", "", ""])[:3]
-        if fstype == "cgroup" and "memory" in opts.split(","):
-            return pathlib.Path(pre.split()[4])
-    return None
-
-
-def _v2_mount():
-    for line in open("/proc/self/mountinfo"):
-        pre, _, post = line.partition(" - ")
-        if post.split()[:1] == ["cgroup2"]:
-            mount = pathlib.Path(pre.split()[4])
-            if "memory" in (mount / "cgroup.controllers").read_text().split():
-                return mount
-    return None
-
-
-def _own_group(v1):
-    for line in open("/proc/self/cgroup"):
-        hid, controllers, path = line.rstrip("\n").split(":", 2)
-        if (v1 and "memory" in controllers.split(",")) or (not v1 and hid == "0"):
-            return path.lstrip("/")
-    return ""
-
-
-class MemoryCap:
-    """A cgroup memory group capped at `limit` bytes, below this process's own group; processes
-    enter it through `preexec()`. Removed on exit (after its processes are gone)."""
-
-    def __init__(self, name, limit):
-        v1 = _v1_mount()
-        self.v1 = v1 is not None
-        mount = v1 if self.v1 else _v2_mount()
-        if mount is None or os.geteuid() != 0:
-            pytest.skip("needs root and a cgroup memory controller (v1 or v2)")
-        self.dir = mount / _own_group(self.v1) / f"ringllm-test-{name}-{os.getpid()}"
-        self.limit = limit
-
-    def __enter__(self):
-        self.dir.mkdir()
-        self._write("memory.limit_in_bytes" if self.v1 else "memory.max", self.limit)
-        return self
-
-    def _write(self, f, value):
-        (self.dir / f).write_text(f"{value}\n")
-
-    def read(self, f):
-        return (self.dir / f).read_text()
-
-    def preexec(self):
-        procs = str(self.dir / "cgroup.procs")
-
-        def enter():
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
-        return enter
-
-    def oom_kills(self):
-        text = self.read("memory.oom_control" if self.v1 else "memory.events")
-        fields = dict(line.split() for line in text.splitlines() if line.strip())
-        return int(fields.get("oom_kill", 0))
-
-    def peak(self):
-        f = "memory.max_usage_in_bytes" if self.v1 else "memory.peak"
-        return int(self.read(f)) if (self.dir / f).exists() else 0
-
-    def __exit__(self, *exc):
-        deadline = time.monotonic() + 10
-        while self.dir.exists():
-            try:
-                self.dir.rmdir()
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
 
 
 class CappedNodes:
@@ -184,6 +105,7 @@ def long_prompt(i):
     return f"Stream {i}. Count on: " + ", ".join(str(n) for n in range(start, start + 96))
 
 
+@pytest.mark.slow
 def test_eight_full_context_streams_under_caps_lose_nothing_and_match_run(tmp_path):
     with CappedNodes(tmp_path) as c:
         s = Server(["up", "-m", model_path(SMOL.name), "--key", KEY, *c.nodes.node_flags(), "--threads", "1",

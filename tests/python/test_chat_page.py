@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMOL, model_path
-from test_serve import SMOL_ID, Server
+from support.paths import SMOL, model_path
+from support.server import SMOL_ID, Server
+
+pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "page-test-key"
@@ -207,7 +209,7 @@ def say(tab, text):
     tab.wait(f"{LAST_REPLY} && {LAST_REPLY}.dataset.state !== 'streaming' "
              f"&& document.querySelector('#send').disabled === false", "a finished reply")
     assert tab.eval(f"{LAST_REPLY}.dataset.state") == "done", tab.text("#error")
-    return tab.eval(f"{LAST_REPLY}.querySelector('.text').textContent"), tab.text(f"#log .msg.assistant:last-child .note")
+    return tab.eval(f"{LAST_REPLY}.querySelector('.text').textContent"), tab.text("#log .msg.assistant:last-child .note")
 
 
 def test_chat_streams_the_greedy_answer_and_keeps_the_conversation(browser, srv):

@@ -3,7 +3,8 @@
 family template for a model whose file has none. Every reply is checked against a raw
 completion (`run -p`) of the ChatML text the conversation should be at that turn."""
 
-from conftest import GEMMA, SMOL, model_path, run
+from support.cli import run
+from support.paths import GEMMA, SMOL, model_path
 
 SMOL_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 N = "16"

@@ -10,7 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import GEMMA, ROOT, SMOL, model_path, run
+from support.cli import run
+from support.paths import GEMMA, ROOT, SMOL, model_path
 
 
 def run_json(model, prompt, *extra):
@@ -288,7 +289,8 @@ def test_node_and_up_with_kmod_and_no_module_stop_at_start_and_say_what_to_do(tm
     """No silent fallback: without /dev/ringllm, `--transport kmod` stops a node at start-up
     with how to load the module (kmod/test-qemu checks the same inside a QEMU guest, and the
     ring over the module there)."""
-    from ringutil import KEY, ringllm
+    from support.cli import ringllm
+    from support.paths import KEY
     if os.path.exists("/dev/ringllm"):
         pytest.skip("the ringllm module is loaded on this machine")
     r = ringllm(["node", "--listen", "127.0.0.1:0", "--key", KEY, "--models", tmp_path,

@@ -4,10 +4,10 @@
 import pytest
 
 import dequant_check
-from conftest import GEMMA, SMOL, model_path
+from support.paths import GEMMA, SMOL, model_path
 
 
-@pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])
+@pytest.mark.parametrize("name", [pytest.param(GEMMA.name, marks=pytest.mark.slow), SMOL.name])
 def test_dequantize_equals_gguf_py(name, ringllm):
     mismatches = dequant_check.check(str(model_path(name)), str(ringllm))
     assert mismatches == [], "\n".join(mismatches)

@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from conftest import MODELS, SMOL, _bin, model_path
-from netns import Netns, netns_available, wait_port
-from ringutil import KEY
+from support.netns import Netns, netns_available, wait_port
+from support.paths import KEY, MODELS, SMOL, model_path, ringllm_bin
+
+pytestmark = [pytest.mark.netns, pytest.mark.root]
 
 PORT = 7701
 A_NODES = ("a1", "a2", "a3")
@@ -53,7 +54,7 @@ def lan():
     model_path(SMOL.name)
     tmp = tempfile.mkdtemp(prefix="ringllm-disco-")
     key_b = f"{tmp}/b.key"
-    subprocess.run([str(_bin()), "keygen", key_b], check=True, capture_output=True)
+    subprocess.run([str(ringllm_bin()), "keygen", key_b], check=True, capture_output=True)
     hosts = ["master", *A_NODES, "b1"]
     with Netns(hosts, subnet="10.78.0") as net:
         enable_multicast(net, hosts)
@@ -64,7 +65,7 @@ def lan():
             listen = f"{net.addr(h)}:{PORT}" if h == "a1" else f"0.0.0.0:{PORT}"
             # a2 restricts mDNS to its eth0 (the others use every interface).
             only = ["--mdns-interface", "eth0"] if h == "a2" else []
-            procs[h] = net.popen(h, [_bin(), "-v", "node", "--listen", listen, "--key", key, "--models", MODELS,
+            procs[h] = net.popen(h, [ringllm_bin(), "-v", "node", "--listen", listen, "--key", key, "--models", MODELS,
                                      "--name", h, "--threads", "1", "--cache", f"{tmp}/cache-{h}", "--advertise",
                                      *only],
                                  stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/{h}.log", "w"), text=True)
@@ -99,7 +100,7 @@ def browsing(net, argv, timeout=300):
 
 
 def nodes_json(net, *extra):
-    r = browsing(net, [_bin(), "nodes", "--json", *extra], timeout=60)
+    r = browsing(net, [ringllm_bin(), "nodes", "--json", *extra], timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -143,13 +144,14 @@ def test_nodes_json_lists_every_node_with_its_cluster_hash(lan):
     assert all(f["same_cluster"] is None for f in nodes_json(net))
 
 
+@pytest.mark.slow
 def test_up_discover_finds_its_three_nodes_and_equals_the_single_process(lan):
     net, procs, key_b, tmp = lan
-    single = subprocess.run([str(_bin()), "run", "-m", SMOL, "-p", PROMPT, *GEN, "--json"],
+    single = subprocess.run([str(ringllm_bin()), "run", "-m", SMOL, "-p", PROMPT, *GEN, "--json"],
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
     t0 = time.monotonic()
-    r = browsing(net, [_bin(), "up", "-m", SMOL, "--key", KEY, "--discover", "-p", PROMPT, *GEN, "--json"])
+    r = browsing(net, [ringllm_bin(), "up", "-m", SMOL, "--key", KEY, "--discover", "-p", PROMPT, *GEN, "--json"])
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     m = re.search(r"discovered (\d+) nodes of cluster ([0-9a-f]{16}) in ([0-9.]+) s: (.*)", r.stderr)
@@ -178,13 +180,13 @@ def test_cluster_file_with_discover_plans_and_reports_over_the_heard_nodes(lan, 
     net, procs, key_b, tmp = lan
     cfg = tmp_path / "disco.toml"
     cfg.write_text(f'model = "{SMOL}"\nkey = "{KEY}"\ndiscover = true\ndiscover_wait = 3\n')
-    r = browsing(net, [_bin(), "plan", cfg], timeout=120)
+    r = browsing(net, [ringllm_bin(), "plan", cfg], timeout=120)
     assert r.returncode == 0, r.stderr
     assert "discovered 3 nodes" in r.stderr and "'b1'" in r.stderr, r.stderr
     rows = re.findall(r"^(a\d|b1)\s+([\d.]+):\d+\s+\d+-\d+", r.stdout + r.stderr, re.M)
     assert sorted(n for n, _ in rows) == list(A_NODES), r.stdout + r.stderr
     # `status` over the same file asks the three nodes of its cluster directly.
-    r = browsing(net, [_bin(), "status", cfg, "--json"], timeout=60)
+    r = browsing(net, [ringllm_bin(), "status", cfg, "--json"], timeout=60)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert sorted(n["name"] for n in rep["nodes"]) == list(A_NODES)

@@ -10,7 +10,7 @@ Oracles and budgets:
   another driver's summation order and is far below what one wrong element costs.
 - The CPU backend, step by step (`run --step-logits-out`): the CPU's 8-bit activations move
   its logits by up to LOGIT_CAP of the largest logit from the float reference (test_forward's
-  budget), so the CPU-GPU difference may be that large; the greedy ids must be equal on every
+  budget, support/compare.py), so the CPU-GPU difference may be that large; the greedy ids must be equal on every
   step whose top-2 margin exceeds the measured difference.
 - The ring with one GPU node and one CPU node: against the single CPU process, the same way.
 
@@ -29,8 +29,12 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import GEMMA, MODELS, SMOL, _bin, forward_dump, model_path
-from ringutil import KEY, free_port, wait_port
+from support.cli import forward_dump
+from support.compare import rel_l2
+from support.nodes import free_port, wait_port
+from support.paths import GEMMA, KEY, MODELS, SMOL, model_path, ringllm_bin
+
+pytestmark = pytest.mark.gpu
 
 GPU_REL = 1e-4
 LOGIT_CAP = 0.08
@@ -49,12 +53,8 @@ def models():
     return [SMOL.name] + ([GEMMA.name] if full else [])
 
 
-def rel_l2(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 def gen(args, logits, timeout=600, env=ENV):
-    r = subprocess.run([str(_bin()), *map(str, args), "-p", PROMPT, "--temp", "0", "-n", str(STEPS),
+    r = subprocess.run([str(ringllm_bin()), *map(str, args), "-p", PROMPT, "--temp", "0", "-n", str(STEPS),
                         "-c", "128", "--json", "--step-logits-out", str(logits)],
                        capture_output=True, text=True, timeout=timeout, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -89,13 +89,38 @@ def compare_steps(cpu, cpu_logits, other, other_logits, what):
     return report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models())
 def test_gpu_forward_matches_float_reference(name, tmp_path):
+    """Every layer and the logits against the float64 reference; then every step of every
+    layer (`debug forward --steps`: the steps of the layer's recipe in the order they ran)
+    against the same step of the reference, the first over GPU_REL named. Each layer must
+    compare all of its steps but the bias-free projections (the reference's projections
+    carry their biases, so with biases it names them qkv_bias)."""
     path = model_path(name)
     toks = PROMPTS[name]
     m = reference.load(str(path))
-    ref, hid = reference.forward(m, toks)
-    ours = forward_dump(path, toks, tmp_path / "gpu", "--threads", "1", "--backend", "gpu", env=ENV)
+    ref_steps = {}
+    ref, hid = reference.forward(m, toks, steps=ref_steps)
+    out = tmp_path / "gpu"
+    ours = forward_dump(path, toks, out, "--threads", "1", "--backend", "gpu", "--steps", env=ENV)
+    order = json.loads((out / "steps.json").read_text())
+    assert order, "no steps dumped"
+    compared = {}
+    for key in order:
+        got = ours[key]
+        assert got.shape[0] == len(toks), key
+        if key not in ref_steps:
+            continue
+        e = rel_l2(got, ref_steps[key])
+        assert e < GPU_REL, f"{name}: first step to part from the float reference: {key} ({e:.2e})"
+        compared.setdefault(int(key.split(".")[1]), []).append(key)
+    assert sorted(compared) == list(range(m.n_layer)), "a layer with no step compared"
+    # Per layer: the norms, RoPE, attention, both residuals, the FFN: at least 11 outputs.
+    assert min(len(v) for v in compared.values()) >= 11, compared
+    for il in range(m.n_layer):
+        # The layer outputs are the last step's residual stream.
+        assert np.array_equal(ours[f"layer.{il}"], ours[f"layer.{il}.ffn_residual.x"])
     worst = 0.0
     for il in range(m.n_layer):
         e = rel_l2(ours[f"layer.{il}"], hid[f"layer.{il}"])
@@ -108,6 +133,7 @@ def test_gpu_forward_matches_float_reference(name, tmp_path):
     assert (lo.argmax(1) == ref.argmax(1)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", models())
 def test_gpu_generation_matches_cpu(name, tmp_path):
     path = model_path(name)
@@ -122,7 +148,7 @@ def test_gpu_generation_matches_cpu(name, tmp_path):
 
 def start_node(args, port, log_path, env=ENV):
     log = open(log_path, "w+")
-    p = subprocess.Popen([str(_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(KEY),
+    p = subprocess.Popen([str(ringllm_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(KEY),
                           "--models", str(MODELS), "--threads", "1", *args],
                          stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     try:
@@ -165,7 +191,7 @@ def test_ring_of_a_gpu_node_and_a_cpu_node_matches_single_process(tmp_path):
                                 tmp_path / "gpu.log"))
         procs.append(start_node(["--name", "cpu", "--cache", cache / "b"], ports[1], tmp_path / "cpu.log"))
         cluster = cluster_file(tmp_path, ports, ["0-14", "15-29"])
-        plan = subprocess.run([str(_bin()), "plan", cluster, "--json"], capture_output=True, text=True,
+        plan = subprocess.run([str(ringllm_bin()), "plan", cluster, "--json"], capture_output=True, text=True,
                               timeout=120, env=ENV)
         assert plan.returncode == 0, plan.stderr
         backends = {n["name"]: n["backend"] for n in json.loads(plan.stdout)["nodes"]}
@@ -180,6 +206,7 @@ def test_ring_of_a_gpu_node_and_a_cpu_node_matches_single_process(tmp_path):
                   "ring: GPU node 0-14, CPU node 15-29")
 
 
+@pytest.mark.slow
 def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
     """RINGLLM_GPU_FAIL_AFTER=N loses the node's device at its N-th forward call (once per
     process, as a driver reset would). Without resume the request fails naming the lost
@@ -195,7 +222,7 @@ def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
                                 tmp_path / "gpu.log", env=env))
         procs.append(start_node(["--name", "cpu", "--cache", cache / "b"], ports[1], tmp_path / "cpu.log"))
         cluster = cluster_file(tmp_path, ports, ["0-14", "15-29"])
-        r = subprocess.run([str(_bin()), "up", cluster, "-p", PROMPT, "--temp", "0", "-n", str(STEPS),
+        r = subprocess.run([str(ringllm_bin()), "up", cluster, "-p", PROMPT, "--temp", "0", "-n", str(STEPS),
                             "--resume-retries", "0"], capture_output=True, text=True, timeout=300, env=ENV)
         assert r.returncode != 0, r.stdout
         assert "device was lost" in r.stderr and "gpu" in r.stderr, r.stderr[-3000:]
@@ -216,37 +243,3 @@ def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
     finally:
         stop(procs)
         shutil.rmtree(cache, ignore_errors=True)
-
-
-@pytest.mark.parametrize("name", models())
-def test_gpu_steps_match_float_reference_step_by_step(name, tmp_path):
-    """Every step of every layer on the GPU (`debug forward --steps`, the steps of the layer's
-    recipe in the order they ran) against the same step of the float64 reference: the first
-    step over GPU_REL is named. The reference names the same steps; each layer must compare
-    all of them but the bias-free projections (the reference's projections carry their
-    biases, so with biases it names them qkv_bias)."""
-    path = model_path(name)
-    toks = PROMPTS[name]
-    m = reference.load(str(path))
-    ref_steps = {}
-    reference.forward(m, toks, logit_rows=[], steps=ref_steps)
-    out = tmp_path / "gpu"
-    forward_dump(path, toks, out, "--threads", "1", "--backend", "gpu", "--steps", env=ENV)
-    order = json.loads((out / "steps.json").read_text())
-    assert order, "no steps dumped"
-    compared = {}
-    for key in order:
-        got = np.load(out / f"{key}.npy")
-        assert got.shape[0] == len(toks), key
-        il = int(key.split(".")[1])
-        if key not in ref_steps:
-            continue
-        e = rel_l2(got, ref_steps[key])
-        assert e < GPU_REL, f"{name}: first step to part from the float reference: {key} ({e:.2e})"
-        compared.setdefault(il, []).append(key)
-    assert sorted(compared) == list(range(m.n_layer)), "a layer with no step compared"
-    # Per layer: the norms, RoPE, attention, both residuals, the FFN: at least 11 outputs.
-    assert min(len(v) for v in compared.values()) >= 11, compared
-    # The layer outputs are the last step's residual stream.
-    for il in range(m.n_layer):
-        assert np.array_equal(np.load(out / f"layer.{il}.npy"), np.load(out / f"layer.{il}.ffn_residual.x.npy"))

@@ -10,7 +10,8 @@ import pytest
 import reference
 import numpy as np
 
-from conftest import FIXTURES, GEMMA, SMOL, forward_dump, load_fixture, model_path, run
+from support.cli import forward_dump, run
+from support.paths import FIXTURES, GEMMA, SMOL, load_fixture, model_path
 
 MODELS = [GEMMA.name, SMOL.name]
 
@@ -48,7 +49,7 @@ def test_token_ids_equal_llama_tokenize(name, tmp_path):
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [pytest.param(GEMMA.name, marks=pytest.mark.slow), SMOL.name])
 def test_greedy_continuations_follow_llama_cpp(name, tmp_path):
     fx = load_fixture("greedy-llamacpp.json")[name]
     path = model_path(name)
@@ -82,6 +83,7 @@ def _our_ppl(path, ctx, chunks=None):
     return float(m.group(1)), float(m.group(2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_perplexity_matches_llama_cpp(name):
     fx = load_fixture("perplexity-llamacpp.json")[name][0]
@@ -90,6 +92,7 @@ def test_perplexity_matches_llama_cpp(name):
     assert abs(err - fx["err"]) / fx["err"] < 0.05, f"error estimate {err} vs llama.cpp {fx['err']}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_perplexity_matches_numpy_reference(name, tmp_path):
     path = model_path(name)

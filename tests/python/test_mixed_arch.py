@@ -20,8 +20,10 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import ROOT, MODELS, SMOL, _bin, model_path
-from ringutil import KEY, free_port, wait_port
+from support.nodes import free_port, wait_port
+from support.paths import KEY, MODELS, ROOT, SMOL, model_path, ringllm_bin
+
+pytestmark = pytest.mark.qemu
 
 ARM_BIN = pathlib.Path(os.environ.get(
     "RINGLLM_AARCH64_BIN", ROOT / "target" / "aarch64-unknown-linux-gnu" / "ci" / "ringllm"))
@@ -69,7 +71,7 @@ def test_mixed_x86_aarch64_ring_matches_single_process(tmp_path):
     if why:
         pytest.skip(why)
     model = model_path(SMOL.name)
-    x86 = _bin()
+    x86 = ringllm_bin()
 
     single = subprocess.run(
         [str(x86), "run", "-m", model, *GEN, "--threads", "1", "--step-logits-out", tmp_path / "single.f32"],

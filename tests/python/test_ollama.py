@@ -4,15 +4,14 @@ The oracle is the OpenAI endpoint of the same server, asked the same thing greed
 Ollama's default repeat_penalty, with the same penalty): the texts must be equal. Also: errors
 in Ollama's shape, the API key, and lenient model names on both APIs (one warning per name)."""
 
-import http.client
 import json
 import os
 
 import ollama
 import pytest
 
-from conftest import SMOL, model_path
-from test_serve import SMOL_ID, Server
+from support.paths import SMOL, model_path
+from support.server import SMOL_ID, Server
 
 KEY = "ollama-test-key"
 QUESTION = "What is the capital of France?"

@@ -45,6 +45,7 @@ def smol():
     return _load(SMOL)
 
 
+@pytest.mark.slow
 def test_metadata_conventions(gemma, smol):
     assert gemma.arch == "gemma3" and gemma.rope_neox
     assert [i for i in range(gemma.n_layer) if not gemma.is_swa[i]] == [5, 11, 17]
@@ -71,6 +72,7 @@ def test_rope_pairs_and_relative_positions():
         assert np.allclose(dots, dots[0])
 
 
+@pytest.mark.slow
 def test_causal_masking(smol):
     a = SMOL_FRANCE + [7042, 30, 198]
     b = SMOL_FRANCE[:3] + [100, 200, 300, 400, 500]  # differs from position 3 on
@@ -84,6 +86,7 @@ def test_causal_masking(smol):
     assert np.abs(la[3:] - lb[3:]).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_sliding_window(gemma):
     """Local layers see keys with q - k < window; global layers see everything."""
     saved = gemma.window
@@ -100,6 +103,7 @@ def test_sliding_window(gemma):
     assert np.abs(ha["layer.5"][-1] - hb["layer.5"][-1]).max() > 1e-3  # layer 5 is global
 
 
+@pytest.mark.slow
 def test_gemma_knows_paris(gemma):
     logits, hidden = reference.forward(gemma, GEMMA_FRANCE)
     assert hidden["embd"].shape == (len(GEMMA_FRANCE), gemma.n_embd)
@@ -115,6 +119,7 @@ def test_smol_knows_paris(smol):
     assert reference.greedy(smol, SMOL_FRANCE, 2) == [SMOL_PARIS, 30]  # " Paris."
 
 
+@pytest.mark.slow
 def test_perplexity_convention(smol):
     rng = np.random.default_rng(1)
     toks = [int(t) for t in rng.integers(100, 5000, size=21)]

@@ -11,9 +11,9 @@ import time
 
 import openai
 
-from conftest import SMOL, _bin, model_path
-from ringutil import KEY, Nodes
-from test_serve import SMOL_ID, Server
+from support.nodes import Nodes
+from support.paths import KEY, SMOL, model_path, ringllm_bin
+from support.server import SMOL_ID, Server
 
 CHAT = [{"role": "user", "content": "Write a short poem about the sea."}]
 COUNT = "1, 2, 3, 4, 5,"
@@ -158,10 +158,10 @@ def test_with_every_node_gone_the_answers_in_flight_end_with_a_clean_error(tmp_p
 def test_up_prompt_resumes_after_a_node_is_killed(tmp_path):
     smol = model_path(SMOL.name)
     flags = ["-p", COUNT, "--temp", "0", "-n", str(N), "--threads", "1", "-c", "512"]
-    want = subprocess.run([str(_bin()), "run", "-m", smol, *flags], capture_output=True, timeout=120)
+    want = subprocess.run([str(ringllm_bin()), "run", "-m", smol, *flags], capture_output=True, timeout=120)
     assert want.returncode == 0, want.stderr
     with Nodes(3, log_dir=tmp_path) as nodes:
-        p = subprocess.Popen([str(_bin()), "up", "-m", smol, "--key", KEY, *nodes.node_flags(), *flags],
+        p = subprocess.Popen([str(ringllm_bin()), "up", "-m", smol, "--key", KEY, *nodes.node_flags(), *flags],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             out = b""

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from conftest import GEMMA, MODELS, ROOT, SMOL, _bin, model_path
-from ringutil import KEY, Nodes, free_port, generation, ringllm, wait_port
+from support.cli import generation, ringllm
+from support.nodes import Nodes, free_port, wait_port
+from support.paths import GEMMA, KEY, MODELS, ROOT, SMOL, model_path, ringllm_bin
 
 PROMPTS = {
     "smollm": "The three primary colors are",
@@ -25,7 +26,7 @@ def single(model, prompt, tmp_path):
     return generation(["run", "-m", model, "-p", prompt, *GEN], tmp_path / "single.f32")
 
 
-@pytest.mark.parametrize("name,path", [("smollm", SMOL), ("gemma", GEMMA)])
+@pytest.mark.parametrize("name,path", [("smollm", SMOL), pytest.param("gemma", GEMMA, marks=pytest.mark.slow)])
 def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, tmp_path):
     model = model_path(path.name)
     prompt = PROMPTS[name]
@@ -112,7 +113,7 @@ def test_killed_node_fails_the_request_quickly_and_names_it(tmp_path):
     model = model_path(GEMMA.name)
     with Nodes(2) as nodes:
         p = subprocess.Popen(
-            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+            [str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
              "-p", "Tell me a long story.", "--temp", "0", "-n", "-1", "--threads", "1", "-c", "4096",
              "--resume-retries", "0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -207,6 +208,7 @@ def test_missing_model_on_a_node_is_named_or_sent(tmp_path):
         assert "node1: sent layers 0-29" in ok.stderr, ok.stderr
 
 
+@pytest.mark.root
 def test_a_node_whose_cache_disk_is_too_small_says_so(tmp_path):
     """The node's cache on a 24 MiB tmpfs: SmolLM2's 66 MiB slice does not fit. The coordinator
     reports the node's message naming the directory and both sizes; the node serves on."""
@@ -232,7 +234,7 @@ def test_chat_survives_a_node_death_by_replanning(tmp_path):
     model = model_path(SMOL.name)
     with Nodes(2) as nodes:
         p = subprocess.Popen(
-            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+            [str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
              "--chat", "--temp", "0", "-n", "8", "--threads", "1", "-c", "512"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -272,6 +274,7 @@ def test_a_fifo_in_the_models_folder_does_not_stop_the_node(tmp_path):
     assert "trap.gguf" in log and "is not a regular file (a FIFO)" in log, log
 
 
+@pytest.mark.slow
 def test_a_busy_node_names_its_coordinator_and_drops_a_silent_one(tmp_path):
     """One coordinator at a time: a second one is refused with who holds the node (by name
     and address), not a bare timeout; a coordinator that freezes (SIGSTOP) is dropped once
@@ -280,7 +283,7 @@ def test_a_busy_node_names_its_coordinator_and_drops_a_silent_one(tmp_path):
     model = model_path(SMOL.name)
     with Nodes(1) as nodes:
         a = subprocess.Popen(
-            [str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
+            [str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(),
              "--chat", "--temp", "0", "-n", "4", "--threads", "1", "-c", "256"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
@@ -354,7 +357,7 @@ def test_nodes_given_by_address_go_by_their_own_names():
     try:
         for name in ("alpha", "beta"):
             port = free_port()
-            p = subprocess.Popen([str(_bin()), "node", "--listen", f"127.0.0.1:{port}", "--key", KEY,
+            p = subprocess.Popen([str(ringllm_bin()), "node", "--listen", f"127.0.0.1:{port}", "--key", KEY,
                                   "--models", MODELS, "--name", name, "--threads", "1"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             procs.append(p)

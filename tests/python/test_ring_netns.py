@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from conftest import GEMMA, MODELS, ROOT, _bin, model_path
-from netns import Netns, netns_available, wait_port
-from ringutil import KEY
+from support.netns import Netns, netns_available, wait_port
+from support.paths import GEMMA, KEY, MODELS, ROOT, model_path, ringllm_bin
+
+pytestmark = [pytest.mark.netns, pytest.mark.root]
 
 GEN = ["--temp", "0", "-n", "10", "--threads", "1", "-c", "256"]
 PROMPT = "The quick brown fox"
@@ -28,7 +29,7 @@ def net():
 def start_nodes(net):
     procs = []
     for host in ("host1", "host2"):
-        p = net.popen(host, [str(_bin()), "-v", "node", "--listen", f"{net.addr(host)}:7701", "--key", str(KEY),
+        p = net.popen(host, [str(ringllm_bin()), "-v", "node", "--listen", f"{net.addr(host)}:7701", "--key", str(KEY),
                              "--models", str(MODELS), "--name", host, "--threads", "1"],
                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(p)
@@ -44,16 +45,17 @@ def stop(procs):
         p.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_netns_ring_equals_single_process(net, tmp_path):
     model = model_path(GEMMA.name)
     cfg_text = (ROOT / "cluster-configs" / "netns-3.toml").read_text()
     assert net.addr("host1") in cfg_text and net.addr("host2") in cfg_text
-    single = subprocess.run([str(_bin()), "run", "-m", model, "-p", PROMPT, *GEN, "--json",
+    single = subprocess.run([str(ringllm_bin()), "run", "-m", model, "-p", PROMPT, *GEN, "--json",
                              "--logits-out", tmp_path / "single.f32"], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr
     procs = start_nodes(net)
     try:
-        r = net.run("coord", [str(_bin()), "up", str(ROOT / "cluster-configs" / "netns-3.toml"), "-p", PROMPT, *GEN,
+        r = net.run("coord", [str(ringllm_bin()), "up", str(ROOT / "cluster-configs" / "netns-3.toml"), "-p", PROMPT, *GEN,
                               "--json", "--logits-out", str(tmp_path / "ring.f32")], timeout=300)
         assert r.returncode == 0, r.stderr
         got, want = json.loads(r.stdout), json.loads(single.stdout)
@@ -68,7 +70,7 @@ def test_netns_pulled_cable_fails_within_seconds_naming_the_node(net, tmp_path):
     model_path(GEMMA.name)
     procs = start_nodes(net)
     try:
-        p = net.popen("coord", [str(_bin()), "up", str(ROOT / "cluster-configs" / "netns-3.toml"),
+        p = net.popen("coord", [str(ringllm_bin()), "up", str(ROOT / "cluster-configs" / "netns-3.toml"),
                                 "-p", "Write a long story about a dragon.", "--temp", "0", "-n", "-1",
                                 "--threads", "1", "-c", "4096", "--resume-retries", "0"],
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

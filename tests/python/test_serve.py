@@ -18,70 +18,10 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import GEMMA, SMOL, _bin, model_path
-from ringutil import KEY, Nodes, free_port, ringllm
-
-SMOL_ID = "smollm2-135m-instruct-q4_1"
-
-
-class Server:
-    def __init__(self, args, env=None, preexec_fn=None):
-        self.port = free_port()
-        self.proc = subprocess.Popen([str(_bin()), *map(str, args), "--serve", f"127.0.0.1:{self.port}"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                                     preexec_fn=preexec_fn)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stderr.read()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError("server did not come up")
-
-    def request(self, method, path, body=None, headers=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        h = {"Content-Type": "application/json", **(headers or {})}
-        c.request(method, path, body=data, headers=h)
-        r = c.getresponse()
-        out = r.status, dict(r.getheaders()), r.read()
-        c.close()
-        return out
-
-    def get(self, path, headers=None):
-        return self.request("GET", path, headers=headers)
-
-    def client(self, key="none"):
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0)
-
-    def metrics(self):
-        _, _, body = self.get("/metrics")
-        out = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def rss_kib(self):
-        for line in open(f"/proc/{self.proc.pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
+from support.cli import ringllm
+from support.nodes import Nodes, free_port
+from support.paths import GEMMA, KEY, SMOL, model_path, ringllm_bin
+from support.server import SMOL_ID, Server
 
 @pytest.fixture(scope="module")
 def smol():
@@ -91,7 +31,7 @@ def smol():
 
 
 def cli_chat(question, n):
-    r = subprocess.run([str(_bin()), "run", "-m", model_path(SMOL.name), "--chat", "--temp", "0", "-n", str(n),
+    r = subprocess.run([str(ringllm_bin()), "run", "-m", model_path(SMOL.name), "--chat", "--temp", "0", "-n", str(n),
                         "--threads", "1", "-c", "1024"], input=question + "\n", capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -462,7 +402,7 @@ def test_serve_binds_before_loading_and_says_where_after_binding():
         assert f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
         assert "nonexistent" not in r.stderr, r.stderr
     # Port 0: the line names the port actually bound, which answers.
-    p = subprocess.Popen([str(_bin()), "run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256",
+    p = subprocess.Popen([str(ringllm_bin()), "run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256",
                           "--parallel", "1", "--serve", "0.0.0.0:0"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

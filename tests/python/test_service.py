@@ -11,9 +11,10 @@ import time
 import openai
 import pytest
 
-from conftest import SMOL, _bin, model_path, run
-from ringutil import KEY, Nodes, free_port
-from test_serve import Server
+from support.cli import run
+from support.nodes import Nodes, free_port
+from support.paths import KEY, SMOL, model_path, ringllm_bin
+from support.server import Server
 
 # What a coordinator says when a node went away without a word (a crash, a cut link).
 UNCLEAN = ["closed the data link", "stopped answering", "closed the connection (process stopped?)",
@@ -30,7 +31,7 @@ class RingServer(Server):
         self.port = free_port()
         self.log = open(log_path, "w+")
         self.proc = subprocess.Popen(
-            [str(_bin()), "up", "-m",
+            [str(ringllm_bin()), "up", "-m",
              model_path(SMOL.name), "--key", KEY, *nodes.node_flags(), "--threads", "1", "-c", "512",
              "--parallel", "1", "--serve", f"127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=self.log, text=True)
@@ -96,6 +97,7 @@ def test_sigterm_while_idle_is_a_clean_close(tmp_path, sig, said):
             s.log.close()
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_generation_finishes_the_step(tmp_path):
     prompt = "1, 2, 3, 4, 5,"
     with Nodes(2, log_dir=tmp_path) as nodes:
@@ -145,7 +147,7 @@ def test_logs_under_journald_have_no_timestamps_of_their_own(tmp_path, journal):
         if journal:
             st = os.fstat(f.fileno())
             env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
-        subprocess.run([str(_bin()), "-v", "run", "-m", model_path(SMOL.name), "-p", "Hi",
+        subprocess.run([str(ringllm_bin()), "-v", "run", "-m", model_path(SMOL.name), "-p", "Hi",
                         "-n", "1", "--threads", "1"], stdout=subprocess.DEVNULL, stderr=f, env=env, check=True,
                        timeout=120)
     lines = [l for l in log.read_text().splitlines() if "INFO" in l]

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from conftest import GEMMA, ROOT, SMOL, _bin, model_path, run
+from support.cli import run
+from support.paths import GEMMA, ROOT, SMOL, model_path, ringllm_bin
 
 CALIB_TEXT = ROOT / "tests" / "fixtures" / "texts" / "calibration.txt"
 SCORE_TEXT = ROOT / "tests" / "fixtures" / "texts" / "perplexity.txt"
@@ -30,7 +31,7 @@ def smol_predictor(tmp_path_factory):
 
 
 def _fails(args, *needles):
-    r = subprocess.run([str(_bin()), *map(str, args)], capture_output=True, text=True)
+    r = subprocess.run([str(ringllm_bin()), *map(str, args)], capture_output=True, text=True)
     assert r.returncode != 0, f"expected failure: {args}"
     for n in needles:
         assert n in r.stderr, f"stderr lacks {n!r}: {r.stderr!r}"

@@ -13,7 +13,6 @@ The namespaces, groups and caches are made and removed by the test. Needs root."
 
 import contextlib
 import json
-import pathlib
 import re
 import subprocess
 import threading
@@ -21,10 +20,11 @@ import time
 
 import pytest
 
-from conftest import _bin
-from netns import Netns, netns_available, wait_port
-from ringutil import KEY
-from test_budgets import MIB, MemoryCap
+from support.cgroup import MIB, MemoryCap
+from support.netns import Netns, netns_available, wait_port
+from support.paths import KEY, ringllm_bin
+
+pytestmark = [pytest.mark.netns, pytest.mark.root]
 
 HOSTS = ("host1", "host2", "host3")
 PORT = 7701
@@ -39,7 +39,7 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "llama3-1b-8l.gguf"
-    r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-1b", "--layers", "8",
+    r = subprocess.run([str(ringllm_bin()), "debug", "synth", "--shape", "llama3-1b", "--layers", "8",
                         "--vocab", "32000", "-o", str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return path
@@ -72,7 +72,7 @@ class Cluster:
         log = open(self.tmp / f"{host}.log", "a")
         self.logs[host] = log
         self.procs[host] = self.net.popen_net_only(
-            host, [str(_bin()), "-v", "node", "--listen", f"{self.net.addr(host)}:{PORT}", "--key", str(KEY),
+            host, [str(ringllm_bin()), "-v", "node", "--listen", f"{self.net.addr(host)}:{PORT}", "--key", str(KEY),
                    "--models", str(self.tmp / "empty"), "--cache", str(self.cache(host)), "--name", host,
                    "--threads", "1"],
             stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=self.caps[i].preexec())
@@ -107,7 +107,7 @@ class Cluster:
         return [a for h in HOSTS for a in ("--node", f"{self.net.addr(h)}:{PORT}")]
 
     def up(self, model, tmp_name, *extra, timeout=300):
-        r = self.net.run("coord", [str(_bin()), "up", "-m", str(model), "--key", str(KEY), *self.node_flags(),
+        r = self.net.run("coord", [str(ringllm_bin()), "up", "-m", str(model), "--key", str(KEY), *self.node_flags(),
                                    "-p", PROMPT, *GEN, "--json", "--logits-out", str(self.tmp / tmp_name), *extra],
                          timeout=timeout)
         assert r.returncode == 0, r.stderr
@@ -124,12 +124,13 @@ def slices_in(cache):
 
 
 def single(model, tmp):
-    r = subprocess.run([str(_bin()), "run", "-m", str(model), "-p", PROMPT, *GEN, "--json", "--logits-out",
+    r = subprocess.run([str(ringllm_bin()), "run", "-m", str(model), "-p", PROMPT, *GEN, "--json", "--logits-out",
                         str(tmp / "single.f32")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout), (tmp / "single.f32").read_bytes()
 
 
+@pytest.mark.slow
 def test_slices_are_sent_cached_reused_and_a_flipped_byte_is_refused(net, model, tmp_path):
     want, want_logits = single(model, tmp_path)
     with Cluster(net, tmp_path) as c:
@@ -169,6 +170,7 @@ def test_slices_are_sent_cached_reused_and_a_flipped_byte_is_refused(net, model,
         c.no_oom()
 
 
+@pytest.mark.slow
 def test_a_cut_transfer_resumes_re_sending_at_most_one_tensor(net, model, tmp_path):
     want, want_logits = single(model, tmp_path)
     # host2's side of the switch at 100 Mbit/s: its 103 MiB slice takes ~9 s, long enough to
@@ -183,7 +185,7 @@ def test_a_cut_transfer_resumes_re_sending_at_most_one_tensor(net, model, tmp_pa
             result = {}
 
             def run_up():
-                result["r"] = net.run("coord", [str(_bin()), "up", "-m", str(model), "--key", str(KEY),
+                result["r"] = net.run("coord", [str(ringllm_bin()), "up", "-m", str(model), "--key", str(KEY),
                                                 *c.node_flags(), "-p", PROMPT, *GEN, "--json", "--logits-out",
                                                 str(tmp_path / "ring.f32"), "--wait", "60"], timeout=300)
 

@@ -13,12 +13,13 @@ import time
 
 import pytest
 
-from conftest import SMOL, _bin, model_path
-from ringutil import KEY, Nodes, free_port, ringllm
+from support.cli import ringllm
+from support.nodes import Nodes, free_port
+from support.paths import KEY, SMOL, model_path, ringllm_bin
 
 PROMPT = "The three primary colors are"
 N = 8
-# The documented fields of a node's entry (README "Finding the nodes (mDNS) and watching the cluster"); both sources give them all.
+# The documented fields of a node's entry (docs/cluster.md "Status"); both sources give them all.
 NODE_FIELDS = {
     "address", "name", "health", "error", "version", "transport", "threads", "isa", "layers", "head", "model",
     "memory_total", "memory_budget", "memory_used", "weight_bytes", "kv_bytes", "matvec_bytes_per_s",
@@ -52,7 +53,7 @@ def ring():
     model = model_path(SMOL.name)
     with Nodes(2) as nodes:
         port = free_port()
-        p = subprocess.Popen([str(_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(), "--threads", "1",
+        p = subprocess.Popen([str(ringllm_bin()), "up", "-m", model, "--key", KEY, *nodes.node_flags(), "--threads", "1",
                               "-c", "512", "--parallel", "2", "--serve", f"127.0.0.1:{port}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
@@ -149,7 +150,7 @@ def test_a_status_query_with_another_key_is_refused_and_changes_nothing(ring, tm
 
 def test_watch_repeats_without_clearing_a_pipe(ring):
     nodes, port = ring
-    p = subprocess.Popen([str(_bin()), "status", "--key", KEY, "--nodes", ",".join(nodes.addrs()), "--watch",
+    p = subprocess.Popen([str(ringllm_bin()), "status", "--key", KEY, "--nodes", ",".join(nodes.addrs()), "--watch",
                           "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(2.0)

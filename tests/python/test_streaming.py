@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from conftest import GEMMA, SMOL, model_path
-from ringutil import KEY, Nodes, ringllm
-from test_budgets import MIB, MemoryCap
+from support.cgroup import MIB, MemoryCap
+from support.cli import ringllm
+from support.nodes import Nodes
+from support.paths import GEMMA, KEY, SMOL, model_path
 
 GEN = ["-n", "12", "--temp", "0", "--json", "-c", "256"]
 PROMPT = "The three primary colours are"
@@ -28,7 +29,8 @@ def run_capped(cap, model, *extra):
         return r
 
 
-@pytest.mark.parametrize("name", [SMOL.name, GEMMA.name])
+@pytest.mark.root
+@pytest.mark.parametrize("name", [SMOL.name, pytest.param(GEMMA.name, marks=pytest.mark.slow)])
 def test_a_capped_process_streams_what_does_not_fit_and_answers_as_uncapped(name):
     model = model_path(name)
     want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
@@ -60,6 +62,8 @@ def test_a_budget_too_small_even_to_stream_is_named():
     assert "not even two layer buffers" in r.stderr and "budget" in r.stderr, r.stderr
 
 
+@pytest.mark.root
+@pytest.mark.slow
 def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
     model = model_path(SMOL.name)
     want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
@@ -88,6 +92,7 @@ def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
             assert c.oom_kills() == 0
 
 
+@pytest.mark.slow
 def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
     smol, gemma = model_path(SMOL.name), model_path(GEMMA.name)
     pred = tmp_path / "smol.skip"

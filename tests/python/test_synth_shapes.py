@@ -1,7 +1,7 @@
 """Real-size synthetic shapes (`debug synth --shape`): the files run (`run -p`, `up -p`), their
 logits are finite, and on cuts of the big shapes (their real layer dimensions, 2 layers, a small
 vocabulary so CI stays small) our forward pass agrees with the NumPy reference within the
-budgets of test_forward.py. A ring over a shape is bit-identical to the single process."""
+budgets of support/compare.py (test_forward.py's). A ring over a shape is bit-identical to the single process."""
 
 import json
 import pathlib
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import _bin, forward_dump, run
-from ringutil import KEY, Nodes, generation
-from test_forward import compare
+from support.cli import forward_dump, generation, run
+from support.compare import compare
+from support.nodes import Nodes
+from support.paths import KEY, ringllm_bin
 
 
 def synth(tmp_path, shape, *extra, ty="q4_k_m"):
@@ -65,19 +66,19 @@ def test_single_types_and_the_small_models_still_work(tmp_path):
     assert len(run_json(f, "Hello")["token_ids"]) >= 1
     # --arch still writes the small in-memory models; --layers needs --shape.
     run(["debug", "synth", "--arch", "llama", "--type", "q4_0", "-o", tmp_path / "small.gguf"])
-    r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-70b", "-o", tmp_path / "x.gguf"],
+    r = subprocess.run([str(ringllm_bin()), "debug", "synth", "--shape", "llama3-70b", "-o", tmp_path / "x.gguf"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "llama3-8b" in r.stderr, r.stderr
-    r = subprocess.run([str(_bin()), "debug", "synth", "--arch", "llama", "--type", "q8_0", "--layers", "2",
+    r = subprocess.run([str(ringllm_bin()), "debug", "synth", "--arch", "llama", "--type", "q8_0", "--layers", "2",
                         "-o", tmp_path / "y.gguf"], capture_output=True, text=True)
     assert r.returncode != 0 and "--layers" in r.stderr, r.stderr
     # A refused request leaves no file behind.
     bad = tmp_path / "bad.gguf"
-    r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "llama3-8b", "--vocab", "100", "-o", bad],
+    r = subprocess.run([str(ringllm_bin()), "debug", "synth", "--shape", "llama3-8b", "--vocab", "100", "-o", bad],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "vocabulary 100" in r.stderr and not bad.exists(), r.stderr
     # A full disk is an error, not a short file.
-    r = subprocess.run([str(_bin()), "debug", "synth", "--shape", "tiny", "-o", "/dev/full"],
+    r = subprocess.run([str(ringllm_bin()), "debug", "synth", "--shape", "tiny", "-o", "/dev/full"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "No space left" in r.stderr, r.stderr
     assert pathlib.Path("/dev/full").exists()

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from conftest import GEMMA, SMOL, load_fixture, model_path, run
+from support.cli import run
+from support.paths import GEMMA, SMOL, load_fixture, model_path
 
 
 @pytest.mark.parametrize("name", [GEMMA.name, SMOL.name])

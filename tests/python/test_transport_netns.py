@@ -24,10 +24,11 @@ import time
 
 import pytest
 
-from conftest import GEMMA, MODELS, _bin, model_path
-from netns import Netns, netns_available, wait_port
-from ringutil import KEY
-import wire
+from support import wire
+from support.netns import Netns, netns_available, wait_port
+from support.paths import GEMMA, KEY, MODELS, model_path, ringllm_bin
+
+pytestmark = [pytest.mark.netns, pytest.mark.root]
 
 # About 200 tokens, so each prefill hop is ~0.5 MB of hidden states (hundreds of packets): at 1 %
 # loss every run loses some packets, and lost pieces of a big frame get retransmitted.
@@ -74,7 +75,7 @@ def delayed_net():
 def oracle(tmp_path_factory):
     model = model_path(GEMMA.name)
     out = tmp_path_factory.mktemp("oracle") / "single.f32"
-    r = subprocess.run([str(_bin()), "run", "-m", model, "-p", PROMPT, *GEN, "--json", "--logits-out", out],
+    r = subprocess.run([str(ringllm_bin()), "run", "-m", model, "-p", PROMPT, *GEN, "--json", "--logits-out", out],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout), out.read_bytes()
@@ -91,7 +92,7 @@ def ring(net, transport, tmp_path, loss=0.0, before_up=None, prompt=PROMPT):
         for host in ("host1", "host2"):
             logs[host] = tmp_path / f"{host}.log"
             with open(logs[host], "w") as log:
-                procs.append(net.popen(host, [str(_bin()), "-v", "node", "--listen", f"{net.addr(host)}:{port}",
+                procs.append(net.popen(host, [str(ringllm_bin()), "-v", "node", "--listen", f"{net.addr(host)}:{port}",
                                               "--key", str(KEY), "--models", str(MODELS), "--name", host,
                                               "--threads", "1", "--transport", transport],
                                        stdout=subprocess.DEVNULL, stderr=log))
@@ -102,7 +103,7 @@ def ring(net, transport, tmp_path, loss=0.0, before_up=None, prompt=PROMPT):
                 wire.drop_incoming(net, host, loss)
         if before_up:
             before_up(port)
-        argv = [str(_bin()), "up", "-m", str(model_path(GEMMA.name)), "--key", str(KEY),
+        argv = [str(ringllm_bin()), "up", "-m", str(model_path(GEMMA.name)), "--key", str(KEY),
                 "--node", f"{net.addr('host1')}:{port}", "--node", f"{net.addr('host2')}:{port}",
                 "--transport", transport, "-p", prompt, *GEN, "--json", "--logits-out", str(tmp_path / "ring.f32")]
         t0 = time.monotonic()
@@ -153,6 +154,7 @@ def check(label, transport, oracle, got, logits, logs, took, stderr):
 LOSS_CASES = [("udp", 0.01), ("udp", 0.05), ("quic", 0.01), ("quic", 0.05), ("tcp", 0.05)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport,loss", LOSS_CASES,
                          ids=[f"{t}-loss{round(p * 100)}pct" for t, p in LOSS_CASES])
 def test_ring_under_packet_loss_equals_single_process(lossy_net, oracle, transport, loss, tmp_path):
@@ -182,6 +184,7 @@ def test_delay_wire_adds_twice_the_delay_to_the_round_trip(lossy_net, delayed_ne
 DELAY_CASES = [("udp", 0.0), ("quic", 0.0), ("udp", 0.01), ("quic", 0.01)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport,loss", DELAY_CASES,
                          ids=[f"{t}-delay1ms" + (f"-loss{round(p * 100)}pct" if p else "") for t, p in DELAY_CASES])
 def test_ring_with_delay_equals_single_process(delayed_net, oracle, transport, loss, tmp_path):
@@ -213,7 +216,7 @@ def test_a_slow_data_link_connect_is_not_a_silent_node(lossy_net, oracle, transp
         wire.drop_syns(net, "host2", net.addr("coord"), port, count=2)
 
     # This once failed with "node1 stopped answering": the coordinator counted its own seconds
-    # of connecting data links as the nodes' silence (fixed in coordinator/src/ring.rs).
+    # of connecting data links as the nodes' silence (fixed in coordinator/src/cluster/ring/).
     got, logits, syns, logs, took, err = ring(net, transport, tmp_path, before_up=slow_links)
     assert (syns["host1"][0], syns["host2"][0]) == (1, 2), syns
     check("slow data-link connects", transport, oracle, got, logits, logs, took, err)

@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from conftest import GEMMA, SMOL, model_path
-from ringutil import KEY, Nodes, generation, ringllm
+from support.cli import generation, ringllm
+from support.nodes import Nodes
+from support.paths import GEMMA, KEY, SMOL, model_path
 
 GEN = ["--temp", "0", "-n", "12", "--threads", "1", "-c", "256"]
 PROMPT = "The three primary colors are"

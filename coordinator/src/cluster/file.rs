@@ -61,7 +61,7 @@ use super::diagnostics::{a_type, node_header_lines, Source};
 /// Hidden states on the wire when neither the file nor `--activations` says: f32, exact. A
 /// decode step moves d × 4 bytes per hop (2.6 KB for Gemma 3 270M, 21 µs on 1 GbE), and
 /// compressing them changed up to 60% of greedy tokens of the test models (`ringllm bench
-/// activations`, README "Activations on the wire"); f16/bf16/q8 are for slow links and long
+/// activations`, docs/speed.md "Activations on the wire"); f16/bf16/q8 are for slow links and long
 /// prefills.
 pub const DEFAULT_ACTIVATIONS: Activations = Activations::F32;
 

@@ -1,8 +1,8 @@
 //! What every node of a cluster is doing (`ringllm status`, `GET /v1/cluster`): each node is
 //! asked over a `Role::Monitor` connection (authenticated by the cluster key like any other,
 //! but it never claims the node, so it works while a coordinator holds the ring) and answers
-//! with its `NodeStatus`. The JSON here is a stable interface, documented in README.md
-//! ("Finding the nodes (mDNS) and watching the cluster"): add fields, never rename or remove them.
+//! with its `NodeStatus`. The JSON here is a stable interface, documented in docs/cluster.md
+//! ("Status"): add fields, never rename or remove them.
 
 use ringllm_protocol::control::{Control, NodeStatus};
 use ringllm_protocol::control_conn::{self, control_of};

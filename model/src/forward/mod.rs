@@ -216,7 +216,7 @@ impl Runner {
         Ok(())
     }
 
-    /// "cpu", or the backend's description ("gpu: <adapter>").
+    /// `"cpu"`, or the backend's description (`"gpu: <adapter>"`).
     pub fn backend_name(&self) -> String {
         match &self.backend {
             None => "cpu".into(),

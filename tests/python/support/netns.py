@@ -12,7 +12,7 @@ into the host namespaces, so no interface ever appears in the root namespace and
 names cannot collide with other runs. Namespace names carry our PID, so `stale_cleanup` can
 remove what a killed run left behind. Everything here needs root (see `netns_available`).
 
-This module holds helpers only; tests import it (`from netns import Netns, ...`).
+This module holds helpers only; tests import it (`from support.netns import Netns, ...`).
 """
 
 import atexit
@@ -150,7 +150,7 @@ class Netns:
     namespace it created (deleting a namespace removes its veths).
 
     Impaired wire: with `delay_ms` > 0 or `loss` > 0 the bridge is replaced by a user-space L2
-    switch in the switch namespace (tests/python/wire.py, one AF_PACKET socket per port) that
+    switch in the switch namespace (support/wire.py, one AF_PACKET socket per port) that
     forwards each frame `delay_ms` after it arrived (so a round trip between two hosts grows by
     2 * delay_ms) and drops IP frames with probability `loss`; `wire_stats()` returns its
     counters. Offloads (checksum, TSO/GSO/GRO) are then off on every veth, as with
@@ -222,7 +222,7 @@ class Netns:
             cmds = ["link set lo up", f"addr add {self._addr[h]}/24 dev eth0", "link set eth0 up"]
             _ip(["-n", self.ns[h], "-batch", "-"], input="".join(c + "\n" for c in cmds))
         if not self.offload:
-            import wire
+            from . import wire
             for i, h in enumerate(self.hosts):
                 wire.set_offloads(self.ns[h], "eth0", False)
                 wire.set_offloads(self.switch, f"p{i}", False)

@@ -2,8 +2,8 @@
 and measuring the round trip time between namespaces. This kernel has no netem (and no fq for
 EDT pacing), so delay comes from a user-space L2 switch instead of the kernel bridge.
 
-The switch (`python3 wire.py switch ...`, started by `Netns(hosts, delay_ms=D, loss=P)` in its
-switch namespace) opens one AF_PACKET socket per switch-side veth end (p0, p1, ...), learns
+The switch (`python3 support/wire.py switch ...`, started by `Netns(hosts, delay_ms=D, loss=P)`
+in its switch namespace) opens one AF_PACKET socket per switch-side veth end (p0, p1, ...), learns
 source MAC addresses, and sends every frame it receives out of the port that leads to its
 destination (all other ports for broadcast, multicast and unknown destinations) D ms after it
 arrived; with probability P it drops an IP frame instead (ARP is never dropped, so neighbour
@@ -14,12 +14,12 @@ on both ends of every veth (`set_offloads`), so each frame the switch sees is a 
 Loss at a host is an iptables rule in the host's namespace (`drop_incoming`): the `statistic`
 match drops incoming packets on eth0 at random; `drop_counts` reads the rule's counters.
 
-This module holds helpers only; tests import it. Run as a script it is the switch process.
+This module holds helpers only; tests import it (`from support import wire`). Run as a script
+it is the switch process.
 """
 
 import collections
 import json
-import os
 import random
 import re
 import select
@@ -139,7 +139,7 @@ def _split_rule(spec):
 def tcp_rtt(net, src, dst_ip, port=9, samples=21):
     """Median time (seconds) of a TCP connect from `src`'s namespace to a closed port on dst_ip:
     the SYN goes out and the RST comes back, one round trip. Warms up the neighbour cache first."""
-    from netns import in_namespace
+    from .netns import in_namespace
 
     def once():
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

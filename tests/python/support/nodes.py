@@ -1,8 +1,6 @@
-"""Helpers for ring tests: start real `ringllm node` processes, find free ports, compare a ring
-run with the single-process run."""
+"""Real `ringllm node` processes on loopback for ring tests (`Nodes`), free ports, waiting for
+a port to listen."""
 
-import json
-import os
 import pathlib
 import signal
 import socket
@@ -11,9 +9,7 @@ import subprocess
 import tempfile
 import time
 
-from conftest import FIXTURES, MODELS, ROOT, _bin
-
-KEY = FIXTURES / "test-cluster.key"
+from .paths import KEY, MODELS, ringllm_bin
 
 
 def free_port():
@@ -62,7 +58,7 @@ class Nodes:
         name = f"node{i + 1}"
         log = open(self.log_dir / f"{name}.log", "w+") if self.log_dir else subprocess.DEVNULL
         p = subprocess.Popen(
-            [str(_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
+            [str(ringllm_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
              "--models", str(self.models), "--name", name, "--threads", str(self.threads),
              "--transport", self.transport, "--cache", str(self.cache / name), *map(str, self.extra_args(i))],
             stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=self.preexec(i))
@@ -119,16 +115,3 @@ class Nodes:
             except subprocess.TimeoutExpired:
                 pass
         shutil.rmtree(self.cache, ignore_errors=True)
-
-
-def ringllm(args, timeout=300, check=True, **kw):
-    r = subprocess.run([str(_bin()), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
-    if check and r.returncode != 0:
-        raise AssertionError(f"ringllm {' '.join(map(str, args))} exited {r.returncode}:\n{r.stderr}")
-    return r
-
-
-def generation(args, logits_path):
-    """Runs `run`/`up` with --json and --logits-out; returns (json, logits bytes)."""
-    r = ringllm([*args, "--json", "--logits-out", logits_path])
-    return json.loads(r.stdout), pathlib.Path(logits_path).read_bytes(), r.stderr

@@ -1,0 +1,66 @@
+"""Our engine's forward pass against the NumPy reference (tests/python/reference.py), for
+test_forward.py and test_synth_shapes.py.
+
+Two comparisons, each with its budget stated here (`compare`):
+- Against the reference with the same on-the-fly 8-bit activation rounding llama.cpp uses
+  (reference.forward(act_quant=True)). Engine and reference then differ by float summation
+  order and by the rare activation that sits on a rounding boundary and rounds the other way
+  (the f32 engine and the f64 reference see inputs ~1e-7 apart); on real models, whose layer
+  outputs are small differences of large terms, one such flip moves an output by up to ~1%.
+  Budget: every layer's residual stream within QUANT_HIDDEN_REL (relative L2), logits within
+  QUANT_LOGIT_REL (max abs difference over the largest logit magnitude), and the argmax the
+  same at every position except where the reference's own top-2 margin is within the
+  measured logit deviation at that position (a genuine near-tie) — reported when it happens.
+- Against the plain float64 reference: the total cost of 8-bit activations. Each layer
+  within HIDDEN_REL, logits within LOGIT_REL.
+"""
+
+import numpy as np
+
+import reference
+
+QUANT_HIDDEN_REL = 0.05
+QUANT_LOGIT_REL = 0.08
+HIDDEN_REL = 0.05
+LOGIT_REL = 0.08
+
+_cache = {}
+
+
+def ref_model(path):
+    key = str(path)
+    if key not in _cache:
+        _cache.clear()  # one big model in memory at a time
+        _cache[key] = reference.load(str(path))
+    return _cache[key]
+
+
+def rel_l2(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def compare(ours, model, toks, what):
+    """Both comparisons of the module docstring for one input."""
+    ref_q, hid_q = reference.forward(model, toks, act_quant=True)
+    ref_f, hid_f = reference.forward(model, toks)
+    lo = ours["logits"]
+    assert lo.shape == ref_q.shape, f"{what}: logits shape {lo.shape} vs {ref_q.shape}"
+    for il in range(model.n_layer):
+        a = ours[f"layer.{il}"]
+        e = rel_l2(a, hid_q[f"layer.{il}"])
+        assert e < QUANT_HIDDEN_REL, f"{what}: layer {il} differs from the 8-bit-activation reference by {e:.2e}"
+        e = rel_l2(a, hid_f[f"layer.{il}"])
+        assert e < HIDDEN_REL, f"{what}: layer {il} differs from the float reference by {e:.4f}"
+    e = np.abs(lo - ref_q).max() / np.abs(ref_q).max()
+    assert e < QUANT_LOGIT_REL, f"{what}: logits differ from the 8-bit-activation reference by {e:.2e}"
+    e = np.abs(lo - ref_f).max() / np.abs(ref_f).max()
+    assert e < LOGIT_REL, f"{what}: logits differ from the float reference by {e:.4f}"
+    ours_arg, ref_arg = lo.argmax(1), ref_q.argmax(1)
+    for pos in np.nonzero(ours_arg != ref_arg)[0]:
+        margin = ref_q[pos, ref_arg[pos]] - ref_q[pos, ours_arg[pos]]
+        deviation = np.abs(lo[pos] - ref_q[pos]).max()
+        assert margin <= deviation, (
+            f"{what}: argmax differs at position {pos} ({ours_arg[pos]} vs {ref_arg[pos]}) although the "
+            f"reference's margin {margin:.4f} exceeds our deviation {deviation:.4f}"
+        )
+        print(f"{what}: near-tie at position {pos}: margin {margin:.4f} <= deviation {deviation:.4f}")
