@@ -92,11 +92,35 @@ def compare_steps(cpu, cpu_logits, other, other_logits, what):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", models())
 def test_gpu_forward_matches_float_reference(name, tmp_path):
+    """Every layer and the logits against the float64 reference; then every step of every
+    layer (`debug forward --steps`: the steps of the layer's recipe in the order they ran)
+    against the same step of the reference, the first over GPU_REL named. Each layer must
+    compare all of its steps but the bias-free projections (the reference's projections
+    carry their biases, so with biases it names them qkv_bias)."""
     path = model_path(name)
     toks = PROMPTS[name]
     m = reference.load(str(path))
-    ref, hid = reference.forward(m, toks)
-    ours = forward_dump(path, toks, tmp_path / "gpu", "--threads", "1", "--backend", "gpu", env=ENV)
+    ref_steps = {}
+    ref, hid = reference.forward(m, toks, steps=ref_steps)
+    out = tmp_path / "gpu"
+    ours = forward_dump(path, toks, out, "--threads", "1", "--backend", "gpu", "--steps", env=ENV)
+    order = json.loads((out / "steps.json").read_text())
+    assert order, "no steps dumped"
+    compared = {}
+    for key in order:
+        got = ours[key]
+        assert got.shape[0] == len(toks), key
+        if key not in ref_steps:
+            continue
+        e = rel_l2(got, ref_steps[key])
+        assert e < GPU_REL, f"{name}: first step to part from the float reference: {key} ({e:.2e})"
+        compared.setdefault(int(key.split(".")[1]), []).append(key)
+    assert sorted(compared) == list(range(m.n_layer)), "a layer with no step compared"
+    # Per layer: the norms, RoPE, attention, both residuals, the FFN: at least 11 outputs.
+    assert min(len(v) for v in compared.values()) >= 11, compared
+    for il in range(m.n_layer):
+        # The layer outputs are the last step's residual stream.
+        assert np.array_equal(ours[f"layer.{il}"], ours[f"layer.{il}.ffn_residual.x"])
     worst = 0.0
     for il in range(m.n_layer):
         e = rel_l2(ours[f"layer.{il}"], hid[f"layer.{il}"])
@@ -219,38 +243,3 @@ def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
     finally:
         stop(procs)
         shutil.rmtree(cache, ignore_errors=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", models())
-def test_gpu_steps_match_float_reference_step_by_step(name, tmp_path):
-    """Every step of every layer on the GPU (`debug forward --steps`, the steps of the layer's
-    recipe in the order they ran) against the same step of the float64 reference: the first
-    step over GPU_REL is named. The reference names the same steps; each layer must compare
-    all of them but the bias-free projections (the reference's projections carry their
-    biases, so with biases it names them qkv_bias)."""
-    path = model_path(name)
-    toks = PROMPTS[name]
-    m = reference.load(str(path))
-    ref_steps = {}
-    reference.forward(m, toks, logit_rows=[], steps=ref_steps)
-    out = tmp_path / "gpu"
-    forward_dump(path, toks, out, "--threads", "1", "--backend", "gpu", "--steps", env=ENV)
-    order = json.loads((out / "steps.json").read_text())
-    assert order, "no steps dumped"
-    compared = {}
-    for key in order:
-        got = np.load(out / f"{key}.npy")
-        assert got.shape[0] == len(toks), key
-        il = int(key.split(".")[1])
-        if key not in ref_steps:
-            continue
-        e = rel_l2(got, ref_steps[key])
-        assert e < GPU_REL, f"{name}: first step to part from the float reference: {key} ({e:.2e})"
-        compared.setdefault(il, []).append(key)
-    assert sorted(compared) == list(range(m.n_layer)), "a layer with no step compared"
-    # Per layer: the norms, RoPE, attention, both residuals, the FFN: at least 11 outputs.
-    assert min(len(v) for v in compared.values()) >= 11, compared
-    # The layer outputs are the last step's residual stream.
-    for il in range(m.n_layer):
-        assert np.array_equal(np.load(out / f"layer.{il}.npy"), np.load(out / f"layer.{il}.ffn_residual.x.npy"))
