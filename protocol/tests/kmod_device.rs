@@ -154,7 +154,19 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
         tx_bytes: 4096,
     })
     .unwrap();
-    // A socket holds the port: what the module leaves alone lands there.
+    let (holder, port) = hold_port(&dev);
+    let raw = Raw::new(40_001);
+    foreign_datagrams_are_passed(&raw, port, &holder);
+    malformed_datagrams_are_counted(&dev, &raw, port);
+    well_formed_datagrams_are_placed_and_drained(&dev, &raw, port);
+    drop(dev);
+    eventually("the contexts are freed", || proc_counter("contexts") == 0);
+    assert_eq!(proc_counter("bytes"), 0);
+}
+
+/// Binds a socket to a port and gives the port to `dev` (tag `TAG`): what the module leaves
+/// alone lands on that socket. Another context cannot take the same port and tag.
+fn hold_port(dev: &Device) -> (UdpSocket, u16) {
     let holder = UdpSocket::bind("127.0.0.1:0").unwrap();
     holder.set_nonblocking(true).unwrap();
     let port = holder.local_addr().unwrap().port();
@@ -172,7 +184,12 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
     ));
     drop(other);
 
-    let raw = Raw::new(40_001);
+    (holder, port)
+}
+
+/// Datagrams without our magic, or with a tag no link has: passed to the stack (the holder
+/// gets the foreign ones) or counted as malformed.
+fn foreign_datagrams_are_passed(raw: &Raw, port: u16, holder: &UdpSocket) {
     let g_malformed = proc_counter("dropped_malformed");
     let g_passed = proc_counter("passed");
 
@@ -197,9 +214,11 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
         }
         held == 3
     });
+}
 
-    // Malformed, each one way.
-    let bent: Vec<(&str, Vec<u8>, Option<u16>)> = vec![
+/// Datagrams malformed each one way, named.
+fn bent_datagrams() -> Vec<(&'static str, Vec<u8>, Option<u16>)> {
+    vec![
         (
             "short",
             datagram(TAG, Hdr::good(1, 0, 1), 0, 3)[..8 + 40].to_vec(),
@@ -294,7 +313,12 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
             datagram(TAG, Hdr::good(1, 0, 1), 100, 12),
             Some(1000),
         ),
-    ];
+    ]
+}
+
+/// Each malformed datagram is counted and dropped; none is placed.
+fn malformed_datagrams_are_counted(dev: &Device, raw: &Raw, port: u16) {
+    let bent = bent_datagrams();
     for (what, d, len) in &bent {
         let before = dev.stats().unwrap().dropped_malformed;
         raw.fire(port, d, *len);
@@ -305,7 +329,11 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
     let s = dev.stats().unwrap();
     assert_eq!(s.dropped_malformed, bent.len() as u64);
     assert_eq!(s.claimed, 0, "nothing malformed was placed");
+}
 
+/// Well-formed datagrams are placed one slot each, banks by frame; draining hands them over;
+/// an arrival wakes a waiter; releasing a bank frees it.
+fn well_formed_datagrams_are_placed_and_drained(dev: &Device, raw: &Raw, port: u16) {
     // Well formed (the module cannot check seals): placed, one slot each.
     let d0 = datagram(TAG, Hdr::good(7, 0, 3), 1400, 20);
     let d1 = datagram(TAG, Hdr::good(7, 1, 3), 1400, 21);
@@ -369,9 +397,6 @@ fn the_module_places_what_is_well_formed_and_counts_the_rest() {
     let s = dev.stats().unwrap();
     assert_eq!((s.claimed, s.dropped_no_bank, s.dropped_busy), (4, 1, 1));
     assert_eq!(s.released, 1);
-    drop(dev);
-    eventually("the contexts are freed", || proc_counter("contexts") == 0);
-    assert_eq!(proc_counter("bytes"), 0);
 }
 
 #[test]

@@ -117,16 +117,7 @@ pub fn bench_model(a: &ModelBenchArgs) -> Result<ExitCode> {
     args.check()?;
     let model_path = a.model.clone();
     let file = open_gguf(&model_path)?;
-    let threads = if args.threads.is_empty() {
-        let all = default_threads();
-        if all > 1 {
-            vec![1, all]
-        } else {
-            vec![1]
-        }
-    } else {
-        args.threads.clone()
-    };
+    let threads = thread_counts(args);
     let (max_p, max_g) = args.longest();
     let model = Arc::new(ringllm::engine::load_whole(
         &file,
@@ -144,7 +135,6 @@ pub fn bench_model(a: &ModelBenchArgs) -> Result<ExitCode> {
         threads.iter().copied().max().unwrap_or(1),
     )?);
     let bytes_per_token = model.weight_bytes_per_token();
-    let vocab = model.hp.vocab;
     let ctx = (max_p + max_g + 1).max(64);
     eprintln!(
         "model {} | {} | {:.1} MiB read per token ({:.1} MiB repacked into panels) | isa {} | {}",
@@ -169,142 +159,224 @@ pub fn bench_model(a: &ModelBenchArgs) -> Result<ExitCode> {
         }
         None => ringllm_kernels::isa().name().to_string(),
     };
+    let bench = Bench {
+        a,
+        model: &model,
+        gpu_bandwidth: gpu.map(|(_, speed)| speed),
+        isa,
+        bytes_per_token,
+        max_p,
+        ctx,
+    };
     let mut rows = Vec::new();
     for &t in &threads {
-        let t = t.max(1);
-        // A model that streams does not fit the memory: probe with 64 MiB (beyond any cache).
-        let probe = if model.streamer.is_some() {
-            64 << 20
-        } else {
-            bytes_per_token
-        };
-        let bw = match &gpu {
-            Some((_, speed)) => *speed,
-            None => measure_bandwidth(t, probe),
-        };
-        let roof = bw / bytes_per_token as f64;
-        eprintln!(
-            "threads {t}: read bandwidth {:.2} GB/s -> decode roofline {roof:.1} tok/s",
-            bw / 1e9
-        );
-        let mut runner = Runner::new(Arc::clone(&model), t, max_p.min(512), ctx);
-        ringllm::engine::set_backend(&mut runner, a.backend)?;
-        ringllm::skip::apply(
-            &mut runner,
-            &ringllm::skip::SkipOptions::from(&a.skip),
-            &model_path,
-        )?;
-        let mut logits = vec![0f32; vocab];
-        let mut x = Vec::new();
-        // Token ids spread over the vocabulary, skipping the first few (special) ids.
-        let tok = |i: usize| (100 + (i * 7919) % (vocab.saturating_sub(100)).max(1)) as u32;
-        // Warm-up: touch every weight once.
-        {
-            let mut kv = runner.new_cache(ctx, KvType::F32);
-            runner.step(&[tok(0)], &mut kv, &mut x, &mut logits)?;
-        }
-        for &p in &args.prompt {
-            let prompt: Vec<u32> = (0..p).map(tok).collect();
-            let mut samples = Vec::new();
-            for _ in 0..args.repeat {
-                let mut kv = runner.new_cache(ctx, KvType::F32);
-                let t0 = Instant::now();
-                for chunk in prompt.chunks(runner.max_batch()) {
-                    runner.step(chunk, &mut kv, &mut x, &mut logits)?;
-                }
-                samples.push(p as f64 / t0.elapsed().as_secs_f64());
-            }
-            let (mean, sd) = stats(&samples);
-            rows.push(Row {
-                test: format!("pp{p}"),
-                threads: t,
-                tokens_per_s: mean,
-                stddev: sd,
-                roofline_pct: None,
-                roofline_tokens_per_s: None,
-                isa: isa.clone(),
-                machine: ringllm_model::sys::machine_summary(),
-                streaming: None,
-            });
-        }
-        for &g in &args.gen {
-            let mut samples = Vec::new();
-            let s0 = model.streamer.as_ref().map(|s| s.stats());
-            runner.reset_skip_stats();
-            for _ in 0..args.repeat {
-                let mut kv = runner.new_cache(ctx, KvType::F32);
-                let t0 = Instant::now();
-                for i in 0..g {
-                    runner.step(&[tok(i)], &mut kv, &mut x, &mut logits)?;
-                }
-                samples.push(g as f64 / t0.elapsed().as_secs_f64());
-            }
-            let (mean, sd) = stats(&samples);
-            let streaming = match (&model.streamer, s0) {
-                (Some(st), Some(s0)) => Some(stream_row(&model, st, &s0, g * args.repeat, mean)?),
-                _ => None,
-            };
-            if runner.skip_policy().is_some() {
-                let s = runner.skip_stats();
-                eprintln!(
-                    "threads {t}: {} (decode tg{g}: {:.2} MiB of weights per token not read)",
-                    crate::commands::run::skip_line(&s),
-                    s.bytes_not_read as f64 / 1048576.0 / (g * args.repeat) as f64
-                );
-            }
-            rows.push(Row {
-                test: format!("tg{g}"),
-                threads: t,
-                tokens_per_s: mean,
-                stddev: sd,
-                roofline_pct: Some(100.0 * mean / roof),
-                roofline_tokens_per_s: Some(roof),
-                isa: isa.clone(),
-                machine: ringllm_model::sys::machine_summary(),
-                streaming,
-            });
-        }
+        rows.extend(bench.at_threads(t.max(1))?);
     }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        let cells = rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.test.clone(),
-                    r.threads.to_string(),
-                    format!("{:.2} ± {:.2}", r.tokens_per_s, r.stddev),
-                    r.roofline_pct
-                        .map_or(String::from("-"), |p| format!("{p:.0}%")),
-                ]
-            })
-            .collect();
-        out!(
-            "{}",
-            markdown_table(&["test", "threads", "t/s", "roofline"], cells)
-        );
-        for r in &rows {
-            if let Some(s) = &r.streaming {
-                outln!(
-                    "{} threads {}: streamed {:.1} MiB/token ({:.1} MiB resident), stalled {:.1} ms/token; \
-                     compute {:.1} ms, I/O {:.1} ms at {:.0} MB/s (page cache bypassed) -> bound {:.2} tok/s, \
-                     decode at {:.0}% of it",
-                    r.test,
-                    r.threads,
-                    s.streamed_mib_per_token,
-                    s.resident_mib,
-                    s.stall_ms_per_token,
-                    s.compute_ms_per_token,
-                    s.io_ms_per_token,
-                    s.read_mb_per_s,
-                    s.bound_tokens_per_s,
-                    s.pct_of_bound
-                );
-            }
-        }
+        print_table(&rows);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `-t`, else 1 and all physical cores (just 1 on one core).
+fn thread_counts(args: &SpeedArgs) -> Vec<usize> {
+    if args.threads.is_empty() {
+        let all = default_threads();
+        if all > 1 {
+            vec![1, all]
+        } else {
+            vec![1]
+        }
+    } else {
+        args.threads.clone()
+    }
+}
+
+/// The loaded model and what the measures at every thread count share.
+struct Bench<'a> {
+    a: &'a ModelBenchArgs,
+    model: &'a Arc<ringllm_model::Model>,
+    /// Off the CPU: the adapter's measured matrix × vector bandwidth, bytes/s.
+    gpu_bandwidth: Option<f64>,
+    isa: String,
+    bytes_per_token: usize,
+    max_p: usize,
+    ctx: usize,
+}
+
+/// The buffers one runner's steps write into.
+struct Scratch {
+    logits: Vec<f32>,
+    x: Vec<f32>,
+}
+
+impl Bench<'_> {
+    /// Token `i` of a measure: ids spread over the vocabulary, skipping the first few
+    /// (special) ids.
+    fn tok(&self, i: usize) -> u32 {
+        let vocab = self.model.hp.vocab;
+        (100 + (i * 7919) % (vocab.saturating_sub(100)).max(1)) as u32
+    }
+
+    /// The roofline, then every prefill and decode measure, at `t` threads.
+    fn at_threads(&self, t: usize) -> Result<Vec<Row>> {
+        let model = self.model;
+        // A model that streams does not fit the memory: probe with 64 MiB (beyond any cache).
+        let probe = if model.streamer.is_some() {
+            64 << 20
+        } else {
+            self.bytes_per_token
+        };
+        let bw = match self.gpu_bandwidth {
+            Some(speed) => speed,
+            None => measure_bandwidth(t, probe),
+        };
+        let roof = bw / self.bytes_per_token as f64;
+        eprintln!(
+            "threads {t}: read bandwidth {:.2} GB/s -> decode roofline {roof:.1} tok/s",
+            bw / 1e9
+        );
+        let mut runner = Runner::new(Arc::clone(model), t, self.max_p.min(512), self.ctx);
+        ringllm::engine::set_backend(&mut runner, self.a.backend)?;
+        ringllm::skip::apply(
+            &mut runner,
+            &ringllm::skip::SkipOptions::from(&self.a.skip),
+            &self.a.model,
+        )?;
+        let mut s = Scratch {
+            logits: vec![0f32; model.hp.vocab],
+            x: Vec::new(),
+        };
+        // Warm-up: touch every weight once.
+        {
+            let mut kv = runner.new_cache(self.ctx, KvType::F32);
+            runner.step(&[self.tok(0)], &mut kv, &mut s.x, &mut s.logits)?;
+        }
+        let mut rows = Vec::new();
+        for &p in &self.a.speed.prompt {
+            rows.push(self.prefill(&mut runner, &mut s, t, p)?);
+        }
+        for &g in &self.a.speed.gen {
+            rows.push(self.decode(&mut runner, &mut s, t, g, roof)?);
+        }
+        Ok(rows)
+    }
+
+    /// ppP: prefill of `p` tokens, in batches as large as the runner takes.
+    fn prefill(&self, runner: &mut Runner, s: &mut Scratch, t: usize, p: usize) -> Result<Row> {
+        let prompt: Vec<u32> = (0..p).map(|i| self.tok(i)).collect();
+        let mut samples = Vec::new();
+        for _ in 0..self.a.speed.repeat {
+            let mut kv = runner.new_cache(self.ctx, KvType::F32);
+            let t0 = Instant::now();
+            for chunk in prompt.chunks(runner.max_batch()) {
+                runner.step(chunk, &mut kv, &mut s.x, &mut s.logits)?;
+            }
+            samples.push(p as f64 / t0.elapsed().as_secs_f64());
+        }
+        let (mean, sd) = stats(&samples);
+        Ok(Row {
+            test: format!("pp{p}"),
+            threads: t,
+            tokens_per_s: mean,
+            stddev: sd,
+            roofline_pct: None,
+            roofline_tokens_per_s: None,
+            isa: self.isa.clone(),
+            machine: ringllm_model::sys::machine_summary(),
+            streaming: None,
+        })
+    }
+
+    /// tgG: `g` tokens decoded one at a time, against the roofline `roof` (tokens/s); what
+    /// streaming and layer skipping did on the way.
+    fn decode(
+        &self,
+        runner: &mut Runner,
+        s: &mut Scratch,
+        t: usize,
+        g: usize,
+        roof: f64,
+    ) -> Result<Row> {
+        let model = self.model;
+        let repeat = self.a.speed.repeat;
+        let mut samples = Vec::new();
+        let s0 = model.streamer.as_ref().map(|s| s.stats());
+        runner.reset_skip_stats();
+        for _ in 0..repeat {
+            let mut kv = runner.new_cache(self.ctx, KvType::F32);
+            let t0 = Instant::now();
+            for i in 0..g {
+                runner.step(&[self.tok(i)], &mut kv, &mut s.x, &mut s.logits)?;
+            }
+            samples.push(g as f64 / t0.elapsed().as_secs_f64());
+        }
+        let (mean, sd) = stats(&samples);
+        let streaming = match (&model.streamer, s0) {
+            (Some(st), Some(s0)) => Some(stream_row(model, st, &s0, g * repeat, mean)?),
+            _ => None,
+        };
+        if runner.skip_policy().is_some() {
+            let s = runner.skip_stats();
+            eprintln!(
+                "threads {t}: {} (decode tg{g}: {:.2} MiB of weights per token not read)",
+                crate::commands::run::skip_line(&s),
+                s.bytes_not_read as f64 / 1048576.0 / (g * repeat) as f64
+            );
+        }
+        Ok(Row {
+            test: format!("tg{g}"),
+            threads: t,
+            tokens_per_s: mean,
+            stddev: sd,
+            roofline_pct: Some(100.0 * mean / roof),
+            roofline_tokens_per_s: Some(roof),
+            isa: self.isa.clone(),
+            machine: ringllm_model::sys::machine_summary(),
+            streaming,
+        })
+    }
+}
+
+/// The rows as a Markdown table, then a line per decode measure that streamed layers.
+fn print_table(rows: &[Row]) {
+    let cells = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.test.clone(),
+                r.threads.to_string(),
+                format!("{:.2} ± {:.2}", r.tokens_per_s, r.stddev),
+                r.roofline_pct
+                    .map_or(String::from("-"), |p| format!("{p:.0}%")),
+            ]
+        })
+        .collect();
+    out!(
+        "{}",
+        markdown_table(&["test", "threads", "t/s", "roofline"], cells)
+    );
+    for r in rows {
+        if let Some(s) = &r.streaming {
+            outln!(
+                "{} threads {}: streamed {:.1} MiB/token ({:.1} MiB resident), stalled {:.1} ms/token; \
+                 compute {:.1} ms, I/O {:.1} ms at {:.0} MB/s (page cache bypassed) -> bound {:.2} tok/s, \
+                 decode at {:.0}% of it",
+                r.test,
+                r.threads,
+                s.streamed_mib_per_token,
+                s.resident_mib,
+                s.stall_ms_per_token,
+                s.compute_ms_per_token,
+                s.io_ms_per_token,
+                s.read_mb_per_s,
+                s.bound_tokens_per_s,
+                s.pct_of_bound
+            );
+        }
+    }
 }
 
 /// What the streamed tier cost over `tokens` decoded tokens since `s0`, against its bound.

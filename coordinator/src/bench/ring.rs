@@ -6,6 +6,7 @@
 use super::model::{markdown_table, stats, SpeedArgs};
 use anyhow::Result;
 use clap::Args;
+use ringllm::cluster::RingSpec;
 use ringllm::engine::{Engine, ModelOptions};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -202,17 +203,85 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
         ringllm_kernels::isa().name(),
         ringllm_model::sys::machine_summary()
     );
-    // Time to the first token: the single process loads and runs one token; the ring
-    // connects, plans, sends the slices the nodes lack (all of them with --cold), loads them
-    // and runs one token.
-    let t = Instant::now();
-    let mut one = Engine::load(&margs)?;
-    one.feed(&[100])?;
-    let single_first = t.elapsed().as_secs_f64();
     let mut spec = s.spec.clone();
     spec.discard_cached_slices = a.cold;
+    let (mut one, mut e, start) = first_tokens(&margs, spec, a.cold)?;
+    let (mut single, mut ring_plain) = (Vec::new(), Vec::new());
+    let once = SpeedArgs {
+        repeat: 1,
+        ..args.clone()
+    };
+    for _ in 0..args.repeat {
+        single.push(measure(&mut one, &once)?);
+        ring_plain.push(measure(&mut e, &once)?);
+    }
+    drop(one);
+    let (single, ring_plain) = (merge(&single), merge(&ring_plain));
+    let counted = counted_pass(&mut e, max_g.max(1))?;
+    e.close();
+    let n_nodes = counted.names.len();
+    let tg = |s: &Speeds| {
+        s.rows
+            .iter()
+            .find(|r| r.test.starts_with("tg"))
+            .map_or(0.0, |r| r.mean)
+    };
+    // Overhead from the interleaved means (the counted pass below only feeds the byte counts).
+    let overhead = 1.0 / tg(&ring_plain).max(1e-9) - 1.0 / tg(&single).max(1e-9);
+    let ratio = single
+        .rows
+        .iter()
+        .zip(&ring_plain.rows)
+        .map(|(a, b)| Figure {
+            name: a.test.clone(),
+            value: b.mean / a.mean,
+        })
+        .collect();
+    let report = ClusterReport {
+        single,
+        ring: ring_plain,
+        ratio,
+        rtt_ms: counted
+            .names
+            .iter()
+            .zip(&counted.rtts)
+            .map(|(n, r)| Figure {
+                name: n.0.clone(),
+                value: r * 1e3,
+            })
+            .collect(),
+        overhead_ms_per_token: overhead * 1e3,
+        per_hop_ms: overhead * 1e3 / (n_nodes + 1) as f64,
+        node_compute_ms: counted.node_compute_ms,
+        links: counted.links,
+        predicted_tokens_per_s: counted.predicted,
+        counted_pass_tokens_per_s: 1.0 / counted.seconds_per_token.max(1e-9),
+        start,
+        isa: ringllm_kernels::isa().name(),
+        machine: ringllm_model::sys::machine_summary(),
+    };
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report, n_nodes);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Time to the first token: the single process loads and runs one token; the ring connects,
+/// plans, sends the slices the nodes lack (all of them with `cold`), loads them and runs one
+/// token. Both engines, and the times and what was sent.
+fn first_tokens(
+    margs: &ModelOptions,
+    spec: RingSpec,
+    cold: bool,
+) -> Result<(Engine, Engine, StartReport)> {
     let t = Instant::now();
-    let mut e = Engine::load_ring(&margs, spec)?;
+    let mut one = Engine::load(margs)?;
+    one.feed(&[100])?;
+    let single_first = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut e = Engine::load_ring(margs, spec)?;
     e.feed(&[100])?;
     let ring_first = t.elapsed().as_secs_f64();
     let sent: Vec<SentRow> = e
@@ -228,25 +297,30 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
         })
         .collect();
     let start = StartReport {
-        cold: a.cold,
+        cold,
         single_first_token_s: single_first,
         ring_first_token_s: ring_first,
         sent_bytes: sent.iter().map(|s| s.bytes).sum(),
         sent,
     };
-    let (mut single, mut ring_plain) = (Vec::new(), Vec::new());
-    let once = SpeedArgs {
-        repeat: 1,
-        ..args.clone()
-    };
-    for _ in 0..args.repeat {
-        single.push(measure(&mut one, &once)?);
-        ring_plain.push(measure(&mut e, &once)?);
-    }
-    drop(one);
-    let (single, ring_plain) = (merge(&single), merge(&ring_plain));
-    // A separate decode pass with counters read before and after.
-    let g = max_g.max(1);
+    Ok((one, e, start))
+}
+
+/// What a decode pass with the ring's counters read before and after found.
+struct CountedPass {
+    /// The nodes, in ring order.
+    names: Vec<(String, String)>,
+    /// Heartbeat round trip to each node, seconds.
+    rtts: Vec<f64>,
+    predicted: f64,
+    seconds_per_token: f64,
+    links: Vec<LinkRow>,
+    node_compute_ms: Vec<Figure>,
+}
+
+/// A separate decode pass of `g` tokens on the ring `e` with counters read before and after:
+/// bytes per token on every link and compute per node.
+fn counted_pass(e: &mut Engine, g: usize) -> Result<CountedPass> {
     let ring = e
         .ring_mut()
         .ok_or_else(|| anyhow::anyhow!("the ring is down"))?;
@@ -300,50 +374,18 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
             value: (after[i].compute_us - before[i].compute_us) as f64 / 1e3 / g as f64,
         })
         .collect();
-    e.close();
-    let tg = |s: &Speeds| {
-        s.rows
-            .iter()
-            .find(|r| r.test.starts_with("tg"))
-            .map_or(0.0, |r| r.mean)
-    };
-    // Overhead from the interleaved means (the counted pass below only feeds the byte counts).
-    let overhead = 1.0 / tg(&ring_plain).max(1e-9) - 1.0 / tg(&single).max(1e-9);
-    let ratio = single
-        .rows
-        .iter()
-        .zip(&ring_plain.rows)
-        .map(|(a, b)| Figure {
-            name: a.test.clone(),
-            value: b.mean / a.mean,
-        })
-        .collect();
-    let report = ClusterReport {
-        single,
-        ring: ring_plain,
-        ratio,
-        rtt_ms: names
-            .iter()
-            .zip(&rtts)
-            .map(|(n, r)| Figure {
-                name: n.0.clone(),
-                value: r * 1e3,
-            })
-            .collect(),
-        overhead_ms_per_token: overhead * 1e3,
-        per_hop_ms: overhead * 1e3 / (n_nodes + 1) as f64,
-        node_compute_ms,
+    Ok(CountedPass {
+        names,
+        rtts,
+        predicted,
+        seconds_per_token: ring_s,
         links,
-        predicted_tokens_per_s: predicted,
-        counted_pass_tokens_per_s: 1.0 / ring_s.max(1e-9),
-        start,
-        isa: ringllm_kernels::isa().name(),
-        machine: ringllm_model::sys::machine_summary(),
-    };
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(ExitCode::SUCCESS);
-    }
+        node_compute_ms,
+    })
+}
+
+/// The report as text: the speed table, then start, overhead, compute, links.
+fn print_report(report: &ClusterReport, n_nodes: usize) {
     let cells = report
         .single
         .rows
@@ -411,5 +453,4 @@ pub fn bench_ring(a: &RingBenchArgs) -> Result<ExitCode> {
             l.frame_bytes_per_token
         );
     }
-    Ok(ExitCode::SUCCESS)
 }

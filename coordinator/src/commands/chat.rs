@@ -179,23 +179,7 @@ pub fn chat(
     load: &dyn Fn() -> Result<Engine>,
 ) -> Result<ExitCode> {
     let mut engine = load()?;
-    let (template, note) = resolve_chat_template(
-        gen.template.as_deref(),
-        &engine.spec,
-        &engine.tokenizer,
-        model,
-        engine.runner.model.hp.arch,
-    )?
-    .ok_or_else(|| {
-        anyhow!(
-            "{} has no chat template; pick one with --template ({})",
-            model.display(),
-            ringllm::text::template::builtin_names().join(", ")
-        )
-    })?;
-    if let Some(note) = note {
-        eprintln!("[{note}]");
-    }
+    let template = chat_template(model, gen, &engine)?;
     let mut sampler = Sampler::new(&SamplerParams::from(sampling));
     let cancel = Arc::new(AtomicBool::new(false));
     let presses = Arc::new(AtomicUsize::new(0));
@@ -220,71 +204,13 @@ pub fn chat(
             }
             Read::End => break,
         };
-        let text = match parse_input(&line) {
-            Input::Message(t) => t,
-            Input::Nothing => continue,
-            Input::Help => {
-                eprintln!("{HELP}");
-                continue;
-            }
-            Input::Clear => {
-                messages = fresh(&system);
-                engine.reset();
-                eprintln!("[conversation cleared]");
-                continue;
-            }
-            Input::System(None) => {
-                match &system {
-                    Some(s) => eprintln!("[system prompt: {s}]"),
-                    None => eprintln!("[no system prompt of our own (the template's default)]"),
-                }
-                continue;
-            }
-            Input::System(Some(s)) => {
-                system = Some(s);
-                messages = fresh(&system);
-                engine.reset();
-                eprintln!("[system prompt set; conversation cleared]");
-                continue;
-            }
-            Input::Bye => break,
-            Input::Unknown(w) => {
-                eprintln!(
-                    "[unknown command {w}: /help lists the commands; //text sends a message \
-                     starting with '/']"
-                );
-                continue;
-            }
+        let text = match command(parse_input(&line), &mut system, &mut messages, &mut engine) {
+            Next::Send(t) => t,
+            Next::Read => continue,
+            Next::Leave => break,
         };
-        let before = messages.clone();
-        messages.push(Message {
-            role: "user".into(),
-            content: text,
-        });
-        // Room for the prompt: the context less the reply's share; the oldest turns go first.
-        let budget = engine
-            .ctx
-            .saturating_sub(reply_reserve(engine.ctx, gen.n_predict));
-        let fitted = fit_context(&mut messages, budget, &mut |ms| {
-            encode(&engine, &template, ms).map(|ids| ids.len())
-        });
-        match fitted {
-            Ok(Ok(fit)) if fit.turns_dropped > 0 => eprintln!(
-                "[context full: dropped the oldest {} turn(s) ({} messages) to fit {} of {} \
-                 tokens with room for the reply]",
-                fit.turns_dropped, fit.messages_dropped, fit.tokens, engine.ctx
-            ),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                eprintln!("error: {e}");
-                messages = before;
-                continue;
-            }
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                messages = before;
-                continue;
-            }
+        if !add_user_message(&engine, &template, gen, &mut messages, text) {
+            continue;
         }
         let ids = encode(&engine, &template, &messages)?;
         tracing::info!("chat prompt: {} tokens", ids.len());
@@ -295,14 +221,9 @@ pub fn chat(
                 cancel.store(true, Ordering::SeqCst);
             }
         };
-        if engine.ring_down() {
-            eprintln!("[rebuilding the ring]");
-            if let Err(e) = engine.recover() {
-                eprintln!("error: {e:#}");
-                eprintln!("[the ring is still down; send the message again to retry]");
-                messages.pop();
-                continue;
-            }
+        if !ring_ready(&mut engine) {
+            messages.pop();
+            continue;
         }
         let g = match generate(
             &mut engine,
@@ -348,4 +269,128 @@ pub fn chat(
     }
     engine.close();
     Ok(ExitCode::SUCCESS)
+}
+
+/// The chat template: `--template`, else the model's own; a note on the choice goes to
+/// stderr.
+fn chat_template(model: &Path, gen: &GenArgs, engine: &Engine) -> Result<ChatTemplate> {
+    let (template, note) = resolve_chat_template(
+        gen.template.as_deref(),
+        &engine.spec,
+        &engine.tokenizer,
+        model,
+        engine.runner.model.hp.arch,
+    )?
+    .ok_or_else(|| {
+        anyhow!(
+            "{} has no chat template; pick one with --template ({})",
+            model.display(),
+            ringllm::text::template::builtin_names().join(", ")
+        )
+    })?;
+    if let Some(note) = note {
+        eprintln!("[{note}]");
+    }
+    Ok(template)
+}
+
+/// What the chat loop does after a line.
+enum Next {
+    /// Send this message.
+    Send(String),
+    /// Read the next line (a command was handled, or the line was empty).
+    Read,
+    /// End the chat.
+    Leave,
+}
+
+/// Carries out a command (`/help`, `/clear`, `/system`, …); a message is passed on to send.
+fn command(
+    input: Input,
+    system: &mut Option<String>,
+    messages: &mut Vec<Message>,
+    engine: &mut Engine,
+) -> Next {
+    match input {
+        Input::Message(t) => return Next::Send(t),
+        Input::Nothing => {}
+        Input::Help => eprintln!("{HELP}"),
+        Input::Clear => {
+            *messages = fresh(system);
+            engine.reset();
+            eprintln!("[conversation cleared]");
+        }
+        Input::System(None) => match system {
+            Some(s) => eprintln!("[system prompt: {s}]"),
+            None => eprintln!("[no system prompt of our own (the template's default)]"),
+        },
+        Input::System(Some(s)) => {
+            *system = Some(s);
+            *messages = fresh(system);
+            engine.reset();
+            eprintln!("[system prompt set; conversation cleared]");
+        }
+        Input::Bye => return Next::Leave,
+        Input::Unknown(w) => eprintln!(
+            "[unknown command {w}: /help lists the commands; //text sends a message starting \
+             with '/']"
+        ),
+    }
+    Next::Read
+}
+
+/// Appends the user's message, dropping the oldest turns so that the prompt leaves room for
+/// the reply. False (the conversation as it was, the error reported) when it cannot fit.
+fn add_user_message(
+    engine: &Engine,
+    template: &ChatTemplate,
+    gen: &GenArgs,
+    messages: &mut Vec<Message>,
+    text: String,
+) -> bool {
+    let before = messages.clone();
+    messages.push(Message {
+        role: "user".into(),
+        content: text,
+    });
+    // Room for the prompt: the context less the reply's share; the oldest turns go first.
+    let budget = engine
+        .ctx
+        .saturating_sub(reply_reserve(engine.ctx, gen.n_predict));
+    let fitted = fit_context(messages, budget, &mut |ms| {
+        encode(engine, template, ms).map(|ids| ids.len())
+    });
+    match fitted {
+        Ok(Ok(fit)) if fit.turns_dropped > 0 => eprintln!(
+            "[context full: dropped the oldest {} turn(s) ({} messages) to fit {} of {} \
+             tokens with room for the reply]",
+            fit.turns_dropped, fit.messages_dropped, fit.tokens, engine.ctx
+        ),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            eprintln!("error: {e}");
+            *messages = before;
+            return false;
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            *messages = before;
+            return false;
+        }
+    }
+    true
+}
+
+/// Rebuilds the ring if it went down since the last reply. False when it is still down
+/// (reported).
+fn ring_ready(engine: &mut Engine) -> bool {
+    if engine.ring_down() {
+        eprintln!("[rebuilding the ring]");
+        if let Err(e) = engine.recover() {
+            eprintln!("error: {e:#}");
+            eprintln!("[the ring is still down; send the message again to retry]");
+            return false;
+        }
+    }
+    true
 }

@@ -555,6 +555,37 @@ fn skip_array(c: &mut Cursor, key: &str, depth: u32) -> Result<(), GgufError> {
 
 fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
     let mut c = Cursor { buf, pos: 0 };
+    let version = read_version(&mut c)?;
+    let (n_kv, n_tensors) = read_counts(&mut c)?;
+    let metadata = read_metadata(&mut c, n_kv, lean)?;
+    let alignment = alignment_of(&metadata)?;
+    let TensorTable {
+        mut tensors,
+        rel_offsets,
+        info_at,
+    } = read_tensor_table(&mut c, n_tensors, alignment)?;
+    let header_len = c.pos;
+    let aligned = header_len
+        .checked_next_multiple_of(alignment)
+        .unwrap_or(usize::MAX);
+    let file_len = buf.len();
+    place_tensors(&mut tensors, &rel_offsets, &info_at, aligned, file_len)?;
+    check_no_overlap(&tensors, &info_at)?;
+
+    Ok(Parsed {
+        version,
+        alignment,
+        // Without tensors the padding after the table may be absent.
+        data_offset: aligned.min(file_len),
+        header_len,
+        header_hash: fnv1a64(buf.get(..header_len).unwrap_or(buf)),
+        metadata,
+        tensors,
+    })
+}
+
+/// The magic and a version this reader supports (2 or 3).
+fn read_version(c: &mut Cursor) -> Result<u32, GgufError> {
     let magic: [u8; 4] = c.array(&|| "magic".to_string())?;
     if magic != GGUF_MAGIC {
         return Err(GgufError::BadMagic {
@@ -563,27 +594,26 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
     }
     let version = c.u32(&|| "version".to_string())?;
     match version {
-        2 | 3 => {}
-        1 => {
-            return Err(GgufError::UnsupportedVersion {
-                version,
-                why: "GGUF v1 (32-bit counts) is obsolete; re-convert the model with a current \
-                      llama.cpp",
-            })
-        }
-        v if matches!(v.swap_bytes(), 1..=3) => {
-            return Err(GgufError::BigEndian {
-                raw: v,
-                swapped: v.swap_bytes(),
-            })
-        }
-        _ => {
-            return Err(GgufError::UnsupportedVersion {
-                version,
-                why: "only versions 2 and 3 are supported",
-            })
-        }
+        2 | 3 => Ok(version),
+        1 => Err(GgufError::UnsupportedVersion {
+            version,
+            why: "GGUF v1 (32-bit counts) is obsolete; re-convert the model with a current \
+                  llama.cpp",
+        }),
+        v if matches!(v.swap_bytes(), 1..=3) => Err(GgufError::BigEndian {
+            raw: v,
+            swapped: v.swap_bytes(),
+        }),
+        _ => Err(GgufError::UnsupportedVersion {
+            version,
+            why: "only versions 2 and 3 are supported",
+        }),
     }
+}
+
+/// The tensor and metadata KV counts, `(n_kv, n_tensors)`, each checked against the bytes
+/// left (every entry needs a minimum size) so that nothing sized by them can exhaust memory.
+fn read_counts(c: &mut Cursor) -> Result<(usize, usize), GgufError> {
     let count_at = c.pos;
     let n_tensors = c.u64(&|| "tensor count".to_string())?;
     let kv_at = c.pos;
@@ -612,8 +642,11 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
         });
     }
     // Both counts are now bounded by the file length.
-    let (n_kv, n_tensors) = (n_kv as usize, n_tensors as usize);
+    Ok((n_kv as usize, n_tensors as usize))
+}
 
+/// `n_kv` metadata entries; `lean` skips the tokenizer's arrays (checked, not kept).
+fn read_metadata(c: &mut Cursor, n_kv: usize, lean: bool) -> Result<Metadata, GgufError> {
     let mut metadata = Metadata::new();
     for i in 0..n_kv {
         let at = c.pos;
@@ -621,10 +654,10 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
         let ty_at = c.pos;
         let ty = c.u32(&|| format!("value type of key '{key}'"))?;
         if lean && ty == type_id::ARRAY && key.starts_with("tokenizer.") {
-            skip_array(&mut c, &key, 1)?;
+            skip_array(c, &key, 1)?;
             continue;
         }
-        let value = read_value(&mut c, ty, &key, ty_at)?;
+        let value = read_value(c, ty, &key, ty_at)?;
         if metadata.get(&key).is_some() {
             return Err(GgufError::DuplicateKey {
                 key,
@@ -633,8 +666,12 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
         }
         metadata.insert(key, value, at as u64);
     }
+    Ok(metadata)
+}
 
-    let alignment = match metadata.opt_u64("general.alignment")? {
+/// `general.alignment`, or the default: a power of two, at most 2^30.
+fn alignment_of(metadata: &Metadata) -> Result<usize, GgufError> {
+    Ok(match metadata.opt_u64("general.alignment")? {
         None => DEFAULT_ALIGNMENT,
         Some(a) => {
             let ok = usize::try_from(a)
@@ -646,90 +683,128 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
                 why: format!("{a} is not a power of two (at most 2^30)"),
             })?
         }
-    };
+    })
+}
 
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors);
-    let mut rel_offsets: Vec<u64> = Vec::with_capacity(n_tensors);
-    let mut info_at: Vec<usize> = Vec::with_capacity(n_tensors);
+/// The tensor infos as read: each tensor (its offset not yet placed), its data offset
+/// relative to the data section, and where its info starts in the file.
+struct TensorTable {
+    tensors: Vec<TensorInfo>,
+    rel_offsets: Vec<u64>,
+    info_at: Vec<usize>,
+}
+
+/// `n_tensors` tensor infos (bounded by the file length by `read_counts`), names unique.
+fn read_tensor_table(
+    c: &mut Cursor,
+    n_tensors: usize,
+    alignment: usize,
+) -> Result<TensorTable, GgufError> {
+    let mut table = TensorTable {
+        tensors: Vec::with_capacity(n_tensors),
+        rel_offsets: Vec::with_capacity(n_tensors),
+        info_at: Vec::with_capacity(n_tensors),
+    };
     let mut index: HashMap<String, usize> = HashMap::with_capacity(n_tensors);
     for i in 0..n_tensors {
         let at = c.pos;
-        let name = c.name(&|| format!("name of tensor {i}"))?;
-        let w = || format!("tensor info for '{name}'");
-        let bad = |why: String| GgufError::BadTensor {
-            name: name.clone(),
-            offset: at as u64,
-            why,
-        };
-        let n_dims = c.u32(&w)?;
-        if n_dims == 0 || n_dims as usize > MAX_DIMS {
-            return Err(bad(format!(
-                "{n_dims} dimensions (must be 1 to {MAX_DIMS})"
-            )));
-        }
-        let mut dims = Vec::with_capacity(n_dims as usize);
-        for _ in 0..n_dims {
-            dims.push(c.u64(&w)?);
-        }
-        if let Some(j) = dims.iter().position(|&d| d == 0) {
-            return Err(bad(format!("dimension {j} is 0 (dims {dims:?})")));
-        }
-        let n_el = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| bad(format!("element count of dims {dims:?} overflows")))?;
-        let ty_id = c.u32(&w)?;
-        let ty = GgmlType::from_id(ty_id).ok_or_else(|| GgufError::UnknownTensorType {
-            name: name.clone(),
-            id: ty_id,
-            offset: at as u64,
-        })?;
-        let rel = c.u64(&w)?;
-        let row_len = dims.first().copied().unwrap_or(1);
-        let block = ty.block_size() as u64;
-        if !row_len.is_multiple_of(block) {
-            return Err(bad(format!(
-                "row length {row_len} is not a multiple of the {ty} block size {block}"
-            )));
-        }
-        let size = (n_el / block)
-            .checked_mul(ty.type_size() as u64)
-            .filter(|&s| s <= buf.len() as u64)
-            .ok_or_else(|| {
-                bad(format!(
-                    "{n_el} elements of {ty} do not fit in the file ({} bytes)",
-                    buf.len()
-                ))
-            })?;
-        if !rel.is_multiple_of(alignment as u64) {
-            return Err(bad(format!(
-                "data offset {rel} is not a multiple of the alignment {alignment}"
-            )));
-        }
-        if index.insert(name.clone(), i).is_some() {
+        let (info, rel) = read_tensor_info(c, i, alignment)?;
+        if index.insert(info.name.clone(), i).is_some() {
             return Err(GgufError::DuplicateTensor {
-                name,
+                name: info.name,
                 offset: at as u64,
             });
         }
-        tensors.push(TensorInfo {
+        table.tensors.push(info);
+        table.rel_offsets.push(rel);
+        table.info_at.push(at);
+    }
+    Ok(table)
+}
+
+/// Tensor info `i`: the tensor (offset 0 until placed) and its data offset relative to the
+/// data section. Dimensions, type, size and alignment are checked here.
+fn read_tensor_info(
+    c: &mut Cursor,
+    i: usize,
+    alignment: usize,
+) -> Result<(TensorInfo, u64), GgufError> {
+    let file_len = c.buf.len();
+    let at = c.pos;
+    let name = c.name(&|| format!("name of tensor {i}"))?;
+    let w = || format!("tensor info for '{name}'");
+    let bad = |why: String| GgufError::BadTensor {
+        name: name.clone(),
+        offset: at as u64,
+        why,
+    };
+    let n_dims = c.u32(&w)?;
+    if n_dims == 0 || n_dims as usize > MAX_DIMS {
+        return Err(bad(format!(
+            "{n_dims} dimensions (must be 1 to {MAX_DIMS})"
+        )));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(c.u64(&w)?);
+    }
+    if let Some(j) = dims.iter().position(|&d| d == 0) {
+        return Err(bad(format!("dimension {j} is 0 (dims {dims:?})")));
+    }
+    let n_el = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(|| bad(format!("element count of dims {dims:?} overflows")))?;
+    let ty_id = c.u32(&w)?;
+    let ty = GgmlType::from_id(ty_id).ok_or_else(|| GgufError::UnknownTensorType {
+        name: name.clone(),
+        id: ty_id,
+        offset: at as u64,
+    })?;
+    let rel = c.u64(&w)?;
+    let row_len = dims.first().copied().unwrap_or(1);
+    let block = ty.block_size() as u64;
+    if !row_len.is_multiple_of(block) {
+        return Err(bad(format!(
+            "row length {row_len} is not a multiple of the {ty} block size {block}"
+        )));
+    }
+    let size = (n_el / block)
+        .checked_mul(ty.type_size() as u64)
+        .filter(|&s| s <= file_len as u64)
+        .ok_or_else(|| {
+            bad(format!(
+                "{n_el} elements of {ty} do not fit in the file ({file_len} bytes)"
+            ))
+        })?;
+    if !rel.is_multiple_of(alignment as u64) {
+        return Err(bad(format!(
+            "data offset {rel} is not a multiple of the alignment {alignment}"
+        )));
+    }
+    Ok((
+        TensorInfo {
             name,
             dims,
             ty,
             offset: 0,
             size,
-        });
-        rel_offsets.push(rel);
-        info_at.push(at);
-    }
+        },
+        rel,
+    ))
+}
 
-    let header_len = c.pos;
-    let aligned = header_len
-        .checked_next_multiple_of(alignment)
-        .unwrap_or(usize::MAX);
-    let file_len = buf.len();
-    for ((t, &rel), &at) in tensors.iter_mut().zip(&rel_offsets).zip(&info_at) {
+/// Sets each tensor's offset to the data section (`aligned`) plus its relative offset,
+/// checking that its data ends within the file.
+fn place_tensors(
+    tensors: &mut [TensorInfo],
+    rel_offsets: &[u64],
+    info_at: &[usize],
+    aligned: usize,
+    file_len: usize,
+) -> Result<(), GgufError> {
+    for ((t, &rel), &at) in tensors.iter_mut().zip(rel_offsets).zip(info_at) {
         let start = (aligned as u64).checked_add(rel);
         let end = start.and_then(|s| s.checked_add(t.size));
         match (start, end) {
@@ -748,7 +823,11 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
             }
         }
     }
-    // No two tensors may share bytes.
+    Ok(())
+}
+
+/// No two tensors may share bytes.
+fn check_no_overlap(tensors: &[TensorInfo], info_at: &[usize]) -> Result<(), GgufError> {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by_key(|&i| tensors.get(i).map_or(0, |t| t.offset));
     for pair in order.windows(2) {
@@ -769,15 +848,5 @@ fn parse(buf: &[u8], lean: bool) -> Result<Parsed, GgufError> {
             }
         }
     }
-
-    Ok(Parsed {
-        version,
-        alignment,
-        // Without tensors the padding after the table may be absent.
-        data_offset: aligned.min(file_len),
-        header_len,
-        header_hash: fnv1a64(buf.get(..header_len).unwrap_or(buf)),
-        metadata,
-        tensors,
-    })
+    Ok(())
 }

@@ -1,11 +1,13 @@
 //! The scheduler with a real model: batching equals solo runs, fair prefill, slots and queue.
 
+use super::prefill::{plan_prefill, PrefillCand};
 use super::*;
-use crate::serve::Sampling;
+use crate::serve::{Finish, GenEvent, Sampling};
 use crate::text::tokenizer::TokenizerSpec;
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::synth::{synth_model, SynthArch, SynthSpec};
 use ringllm_model::{KvType, LoadOptions, Model, Runner};
+use std::sync::mpsc::Receiver;
 
 fn backend(arch: SynthArch, slots: usize, queue: usize) -> Arc<SchedBackend> {
     backend_over(arch, slots, queue, 0, |s| Box::new(s))

@@ -1,5 +1,6 @@
 //! The tokenizer on the real models' metadata and on small hand-built vocabularies.
 
+use super::pre::{split, PRE_TOKENIZERS};
 use super::*;
 
 fn spec(model: &str, tokens: &[&str], types: &[i32]) -> TokenizerSpec {
