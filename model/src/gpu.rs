@@ -454,7 +454,7 @@ fn encode_step(
 ) -> Result<(), ModelError> {
     let (gpu, ops, mm, s, hp, n) = (rec.gpu, rec.ops, rec.mm, rec.s, rec.hp, rec.n);
     let (d, qd, kvd, hd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.d_ff);
-    let (rows, nn, eps) = (n as u32, n as u32, hp.rms_eps);
+    let (rows, eps) = (n as u32, hp.rms_eps);
     let half = (hp.rope_dim / 2) as u32;
     match step {
         Step::AttnNorm => ops
@@ -462,7 +462,7 @@ fn encode_step(
             .map_err(be)?,
         Step::QkvProj => {
             for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
-                mm.encode(gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
+                mm.encode(gpu, e, w, &s.xn, 0, out, 0, rows).map_err(be)?;
             }
         }
         Step::QkvBias => {
@@ -507,7 +507,7 @@ fn encode_step(
             attention_step(gpu, ops, e, s, rec.caches, i, kvd, &shape)?;
         }
         Step::AttnOut => mm
-            .encode(gpu, e, &l.wo, &s.att, 0, &s.o, 0, nn)
+            .encode(gpu, e, &l.wo, &s.att, 0, &s.o, 0, rows)
             .map_err(be)?,
         Step::AttnResidual { post_norm } => {
             let w = l.post_attn_norm.as_ref().filter(|_| post_norm);
@@ -519,7 +519,7 @@ fn encode_step(
             .map_err(be)?,
         Step::GateUp => {
             for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
-                mm.encode(gpu, e, w, &s.xn, 0, out, 0, nn).map_err(be)?;
+                mm.encode(gpu, e, w, &s.xn, 0, out, 0, rows).map_err(be)?;
             }
         }
         Step::Glu(act) => {
@@ -531,7 +531,7 @@ fn encode_step(
                 .map_err(be)?;
         }
         Step::FfnDown => mm
-            .encode(gpu, e, &l.down, &s.gate, 0, &s.o, 0, nn)
+            .encode(gpu, e, &l.down, &s.gate, 0, &s.o, 0, rows)
             .map_err(be)?,
         Step::FfnResidual { post_norm } => {
             let w = l.post_ffw_norm.as_ref().filter(|_| post_norm);

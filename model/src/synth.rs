@@ -286,12 +286,54 @@ fn matrix_type(want: GgmlType, row_len: u32) -> GgmlType {
         .unwrap_or(GgmlType::F32)
 }
 
+/// The architecture's hyper-parameters as metadata (`{arch}.…` keys): what both synthetic
+/// writers (`synth_model` and the real-size shapes of `synth::stream`) write, in one order.
+pub(crate) struct ArchMeta {
+    pub arch: SynthArch,
+    pub ctx: u32,
+    pub d_model: u32,
+    pub n_layer: u32,
+    pub d_ff: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    pub head_dim: u32,
+    pub vocab: u32,
+    pub sliding_window: u32,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+}
+
+/// Adds `m`'s keys to `w`.
+pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
+    let a = m.arch.name();
+    let k = |key: MetaKey| key.of(a);
+    w.add(&k(MetaKey::ContextLength), Value::U32(m.ctx));
+    w.add(&k(MetaKey::EmbeddingLength), Value::U32(m.d_model));
+    w.add(&k(MetaKey::BlockCount), Value::U32(m.n_layer));
+    w.add(&k(MetaKey::FeedForwardLength), Value::U32(m.d_ff));
+    w.add(&k(MetaKey::HeadCount), Value::U32(m.n_head));
+    w.add(&k(MetaKey::HeadCountKv), Value::U32(m.n_head_kv));
+    w.add(&k(MetaKey::KeyLength), Value::U32(m.head_dim));
+    w.add(&k(MetaKey::ValueLength), Value::U32(m.head_dim));
+    w.add(&k(MetaKey::RopeFreqBase), Value::F32(m.rope_base));
+    w.add(&k(MetaKey::RmsEpsilon), Value::F32(m.rms_eps));
+    match m.arch {
+        SynthArch::Llama => {
+            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
+            w.add(&k(MetaKey::VocabSize), Value::U32(m.vocab));
+        }
+        SynthArch::Gemma3 => {
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
+        }
+        SynthArch::Qwen2 => {}
+    }
+}
+
 /// Writes a random-weight model; the same spec always gives the same bytes.
 pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     spec.validate()?;
     let s = spec;
     let a = s.arch.name();
-    let k = |key: MetaKey| key.of(a);
     let mut w = GgufWriter::new();
 
     w.add("general.architecture", Value::Str(a.to_string()));
@@ -300,30 +342,27 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         Value::Str(format!("synthetic {a} {} seed {}", s.weight_type, s.seed)),
     );
     w.add("general.quantization_version", Value::U32(2));
-    w.add(&k(MetaKey::ContextLength), Value::U32(s.ctx));
-    w.add(&k(MetaKey::EmbeddingLength), Value::U32(s.d_model));
-    w.add(&k(MetaKey::BlockCount), Value::U32(s.n_layer));
-    w.add(&k(MetaKey::FeedForwardLength), Value::U32(s.d_ff));
-    w.add(&k(MetaKey::HeadCount), Value::U32(s.n_head));
-    w.add(&k(MetaKey::HeadCountKv), Value::U32(s.n_head_kv));
-    w.add(&k(MetaKey::KeyLength), Value::U32(s.head_dim));
-    w.add(&k(MetaKey::ValueLength), Value::U32(s.head_dim));
-    let (rope_base, eps) = match s.arch {
+    let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
         SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
     };
-    w.add(&k(MetaKey::RopeFreqBase), Value::F32(rope_base));
-    w.add(&k(MetaKey::RmsEpsilon), Value::F32(eps));
-    match s.arch {
-        SynthArch::Llama => {
-            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(s.head_dim));
-            w.add(&k(MetaKey::VocabSize), Value::U32(s.vocab));
-        }
-        SynthArch::Gemma3 => {
-            w.add(&k(MetaKey::SlidingWindow), Value::U32(s.sliding_window));
-        }
-        SynthArch::Qwen2 => {}
-    }
+    add_arch_meta(
+        &mut w,
+        &ArchMeta {
+            arch: s.arch,
+            ctx: s.ctx,
+            d_model: s.d_model,
+            n_layer: s.n_layer,
+            d_ff: s.d_ff,
+            n_head: s.n_head,
+            n_head_kv: s.n_head_kv,
+            head_dim: s.head_dim,
+            vocab: s.vocab,
+            sliding_window: s.sliding_window,
+            rope_base,
+            rms_eps,
+        },
+    );
 
     let vocab = vocabulary(s.vocab as usize);
     w.add("tokenizer.ggml.model", Value::Str("llama".into()));

@@ -45,11 +45,6 @@ pub struct Source {
     pub mdns_interfaces: Vec<String>,
 }
 
-/// The `tracing` target of the library's progress lines (slices sent, slices loaded, nodes
-/// waited for): the crate's one notice target ([`crate::NOTICE_TARGET`]), which the binary
-/// prints as plain lines at any verbosity.
-pub const PROGRESS: &str = crate::NOTICE_TARGET;
-
 /// How long `up` waits for nodes that do not answer yet (`--wait`).
 pub const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -209,7 +204,7 @@ fn add_discovered(
 }
 
 /// Waits up to `wait` for every node of `spec` to take a TCP connection (machines of a home
-/// lab boot in any order), saying once (a [`PROGRESS`] event) which ones it waits for. Returns the nodes
+/// lab boot in any order), saying once (a notice) which ones it waits for. Returns the nodes
 /// still not listening then, as "name (address)".
 pub fn wait_for_nodes(spec: &RingSpec, wait: std::time::Duration) -> Vec<String> {
     let deadline = std::time::Instant::now() + wait;
@@ -229,8 +224,7 @@ pub fn wait_for_nodes(spec: &RingSpec, wait: std::time::Duration) -> Vec<String>
             return missing;
         }
         if !said {
-            tracing::info!(
-                target: PROGRESS,
+            notice!(
                 "waiting up to {:.0} s for {} to listen",
                 wait.as_secs_f64(),
                 missing.join(", ")

@@ -374,12 +374,6 @@ impl Hparams {
     pub fn recipe(&self, il: usize) -> LayerRecipe {
         recipe::build(self, il)
     }
-
-    /// The tensors layer `il` of this architecture needs (every one required): the tensors
-    /// of its recipe's steps.
-    pub fn layer_tensors(&self, il: usize) -> Vec<TensorKind> {
-        self.recipe(il).tensors()
-    }
 }
 
 #[cfg(test)]

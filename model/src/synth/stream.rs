@@ -9,8 +9,7 @@
 
 use super::shape::{Shape, VocabKind, WeightMix};
 use super::vocab::add_tokenizer;
-use super::SynthArch;
-use crate::arch::MetaKey;
+use super::{add_arch_meta, ArchMeta, SynthArch};
 use crate::arch::TensorKind;
 use crate::gguf::{GgufError, GgufWriter, TensorStream, Value};
 use rand::rngs::StdRng;
@@ -167,7 +166,6 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
 fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError> {
     let s = &spec.shape;
     let a = s.arch.name();
-    let k = |key: MetaKey| key.of(a);
     let mut w = GgufWriter::new();
     w.add("general.architecture", Value::Str(a.to_string()));
     w.add(
@@ -185,26 +183,23 @@ fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError
     if let Some(ft) = spec.mix.file_type() {
         w.add("general.file_type", Value::U32(ft));
     }
-    w.add(&k(MetaKey::ContextLength), Value::U32(s.ctx));
-    w.add(&k(MetaKey::EmbeddingLength), Value::U32(s.d_model));
-    w.add(&k(MetaKey::BlockCount), Value::U32(s.n_layer));
-    w.add(&k(MetaKey::FeedForwardLength), Value::U32(s.d_ff));
-    w.add(&k(MetaKey::HeadCount), Value::U32(s.n_head));
-    w.add(&k(MetaKey::HeadCountKv), Value::U32(s.n_head_kv));
-    w.add(&k(MetaKey::KeyLength), Value::U32(s.head_dim));
-    w.add(&k(MetaKey::ValueLength), Value::U32(s.head_dim));
-    w.add(&k(MetaKey::RopeFreqBase), Value::F32(s.rope_base));
-    w.add(&k(MetaKey::RmsEpsilon), Value::F32(s.rms_eps));
-    match s.arch {
-        SynthArch::Llama => {
-            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(s.head_dim));
-            w.add(&k(MetaKey::VocabSize), Value::U32(s.vocab));
-        }
-        SynthArch::Gemma3 => {
-            w.add(&k(MetaKey::SlidingWindow), Value::U32(s.sliding_window));
-        }
-        SynthArch::Qwen2 => {}
-    }
+    add_arch_meta(
+        &mut w,
+        &ArchMeta {
+            arch: s.arch,
+            ctx: s.ctx,
+            d_model: s.d_model,
+            n_layer: s.n_layer,
+            d_ff: s.d_ff,
+            n_head: s.n_head,
+            n_head_kv: s.n_head_kv,
+            head_dim: s.head_dim,
+            vocab: s.vocab,
+            sliding_window: s.sliding_window,
+            rope_base: s.rope_base,
+            rms_eps: s.rms_eps,
+        },
+    );
     add_tokenizer(&mut w, s.vocab_kind, s.vocab);
     for t in tensors {
         w.add_tensor_info(&t.name, &t.dims, t.ty)?;

@@ -5,7 +5,6 @@ use super::{
     Ring, RingSpec, SegmentLinks, Sizing, Stage, CONNECT_TIMEOUT, HEARTBEAT_INTERVAL, READY_TIMEOUT,
 };
 use crate::cluster::planner;
-use crate::cluster::PROGRESS;
 use crate::progress;
 use anyhow::{anyhow, bail, Result};
 use ringllm_model::gguf::GgufFile;
@@ -163,9 +162,7 @@ impl Ring {
             let (i, msg) = self.next_control(left, "the nodes to load their slices", &pending)?;
             match msg {
                 Control::Ready(r) if r.session == self.session => {
-                    tracing::info!(
-                            target: PROGRESS,
-                            "  {:<12} {:<22} layers {:>2}-{:<2} weights {:>7.1} MiB  kv {:>6.1} MiB  rss {:>7.1} MiB  load {} ms",
+                    notice!("  {:<12} {:<22} layers {:>2}-{:<2} weights {:>7.1} MiB  kv {:>6.1} MiB  rss {:>7.1} MiB  load {} ms",
                             self.nodes[i].name,
                             self.nodes[i].address,
                             r.layer_start,
@@ -228,7 +225,7 @@ impl Ring {
             .flat_map(|l| std::iter::once(&l.input).chain(l.output.as_ref()))
             .map(|l| l.transport().to_string())
             .collect();
-        tracing::info!(target: PROGRESS, "  data links: {}", kinds.join(", "));
+        notice!("  data links: {}", kinds.join(", "));
         Ok(links)
     }
 

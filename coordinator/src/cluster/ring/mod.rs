@@ -206,21 +206,10 @@ impl LinkStats {
             bytes_received,
         }
     }
-
-    /// What went by between `earlier` and `self`; `None` if any counter went back (not
-    /// snapshots of the same links, in that order).
-    pub fn checked_sub(self, earlier: LinkStats) -> Option<LinkStats> {
-        Some(LinkStats {
-            frames_sent: self.frames_sent.checked_sub(earlier.frames_sent)?,
-            bytes_sent: self.bytes_sent.checked_sub(earlier.bytes_sent)?,
-            frames_received: self.frames_received.checked_sub(earlier.frames_received)?,
-            bytes_received: self.bytes_received.checked_sub(earlier.bytes_received)?,
-        })
-    }
 }
 
 /// What went by between two snapshots (`later - earlier`); a counter that went back (not
-/// snapshots of the same links, in that order) counts 0: see [`LinkStats::checked_sub`].
+/// snapshots of the same links, in that order) counts 0.
 impl std::ops::Sub for LinkStats {
     type Output = LinkStats;
     fn sub(self, earlier: LinkStats) -> LinkStats {

@@ -12,7 +12,7 @@
 //! for the rest.
 
 use super::{Event, Outgoing, Ring};
-use crate::cluster::{RingSpec, PROGRESS};
+use crate::cluster::RingSpec;
 use crate::progress::{self, Progress};
 use anyhow::{anyhow, bail, Result};
 use ringllm_model::gguf::GgufFile;
@@ -279,8 +279,7 @@ impl Ring {
             let s = &job.source;
             let total = bytes_of(s, &need.pieces);
             if need.pieces.is_empty() {
-                tracing::info!(
-                    target: PROGRESS,
+                notice!(
                     "  {name}: slice of layers {}-{} cached ({:.1} MiB, every piece checked)",
                     s.key.layer_start,
                     s.key.layer_end.saturating_sub(1),
@@ -289,8 +288,7 @@ impl Ring {
                 continue;
             }
             if need.have_bytes > 0 {
-                tracing::info!(
-                    target: PROGRESS,
+                notice!(
                     "  {name}: resuming: {:.1} MiB of the slice cached and checked, {:.1} MiB \
                      ({} piece(s)) to send",
                     need.have_bytes as f64 / 1048576.0,
@@ -404,8 +402,7 @@ impl Ring {
             a.bar.finish();
             let secs = a.started.elapsed().as_secs_f64();
             let bytes = a.base + p.received;
-            tracing::info!(
-                target: PROGRESS,
+            notice!(
                 "  {}: sent layers {}-{} ({:.1} MiB in {secs:.1} s, {:.1} MB/s)",
                 self.nodes[node].name,
                 job.source.key.layer_start,
@@ -450,9 +447,7 @@ impl Ring {
         a.base += p.received;
         let more = bytes_of(&job.source, &p.bad);
         a.bar.inc_length(more);
-        tracing::warn!(
-            target: PROGRESS,
-            "  {}: {} piece(s) failed their hash on arrival; sending them again",
+        notice!(warn: "  {}: {} piece(s) failed their hash on arrival; sending them again",
             self.nodes[node].name,
             p.bad.len()
         );
