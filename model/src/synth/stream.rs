@@ -95,6 +95,35 @@ enum Fill {
 /// norm, head.
 fn plan(spec: &ShapeSpec) -> Vec<Planned> {
     let s = &spec.shape;
+    if let Some(g) = super::gemma4::Gemma4Model::of_shape(s) {
+        return g
+            .tensors()
+            .into_iter()
+            .map(|t| {
+                let dims: Vec<u64> = t.dims.iter().map(|&x| x.into()).collect();
+                let (ty, fill) = match t.fill {
+                    super::gemma4::G4Fill::Matrix => (
+                        spec.mix.matrix_type(
+                            t.kind,
+                            t.layer.unwrap_or(0),
+                            s.n_layer,
+                            t.dims[0],
+                            s.tied,
+                        ),
+                        Fill::Matrix,
+                    ),
+                    super::gemma4::G4Fill::Norm => (GgmlType::F32, Fill::Norm),
+                    super::gemma4::G4Fill::Values(v) => (GgmlType::F32, Fill::Values(v)),
+                };
+                Planned {
+                    name: t.kind.gguf_name(t.layer.map(|l| l as usize)),
+                    dims,
+                    ty,
+                    fill,
+                }
+            })
+            .collect();
+    }
     let (d, q, kv) = (s.d_model, s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
     let mut out = Vec::new();
     let matrix =
@@ -200,6 +229,9 @@ fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError
             rms_eps: s.rms_eps,
         },
     );
+    if let Some(g) = super::gemma4::Gemma4Model::of_shape(s) {
+        g.add_meta(&mut w);
+    }
     add_tokenizer(&mut w, s.vocab_kind, s.vocab);
     for t in tensors {
         w.add_tensor_info(&t.name, &t.dims, t.ty)?;
