@@ -455,6 +455,16 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
                     let data = g.norm_weights(t.dims[0]);
                     w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
                 }
+                gemma4::G4Fill::ScaledNorm(k) => {
+                    let data: Vec<u8> = g
+                        .norm_weights(t.dims[0])
+                        .chunks_exact(4)
+                        .flat_map(|c| {
+                            (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * k).to_le_bytes()
+                        })
+                        .collect();
+                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+                }
                 gemma4::G4Fill::Values(v) => {
                     let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                     w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;

@@ -141,6 +141,10 @@ pub(crate) enum G4Fill {
     Matrix,
     /// 1 + 0.1·N(0, 1), F32.
     Norm,
+    /// (1 + 0.1·N(0, 1))·scale, F32: Gemma 4's Q and K norms, scaled by `head_dim^-¼` each so
+    /// that with attention scale 1 the random model's scores have unit spread (its softmax
+    /// would otherwise be nearly one-hot, as no trained model's is).
+    ScaledNorm(f32),
     /// These values, F32.
     Values(Vec<f32>),
 }
@@ -330,6 +334,7 @@ impl Gemma4Model {
             let (hd, ff) = (self.head_dim_of(il), self.d_ff_of(il));
             let (q, kv) = (self.n_head * hd, self.kv_heads_of(il) * hd);
             let owns_kv = il < self.first_shared();
+            let qk_norm = G4Fill::ScaledNorm((hd as f32).powf(-0.25));
             t(TensorKind::AttnNorm, l, vec![d], G4Fill::Norm);
             t(TensorKind::AttnQ, l, vec![d, q], G4Fill::Matrix);
             if owns_kv {
@@ -337,9 +342,9 @@ impl Gemma4Model {
                 if !(g.v_from_k_full && !self.sliding(il)) {
                     t(TensorKind::AttnV, l, vec![d, kv], G4Fill::Matrix);
                 }
-                t(TensorKind::AttnKNorm, l, vec![hd], G4Fill::Norm);
+                t(TensorKind::AttnKNorm, l, vec![hd], qk_norm.clone());
             }
-            t(TensorKind::AttnQNorm, l, vec![hd], G4Fill::Norm);
+            t(TensorKind::AttnQNorm, l, vec![hd], qk_norm);
             t(TensorKind::AttnOutput, l, vec![q, d], G4Fill::Matrix);
             t(TensorKind::PostAttnNorm, l, vec![d], G4Fill::Norm);
             t(TensorKind::FfnNorm, l, vec![d], G4Fill::Norm);

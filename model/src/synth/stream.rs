@@ -87,6 +87,8 @@ enum Fill {
     Norm,
     /// 0.1·N(0, 1).
     Bias,
+    /// (1 + 0.1·N(0, 1))·scale.
+    ScaledNorm(f32),
     /// These exact values.
     Values(Vec<f32>),
 }
@@ -113,6 +115,7 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
                         Fill::Matrix,
                     ),
                     super::gemma4::G4Fill::Norm => (GgmlType::F32, Fill::Norm),
+                    super::gemma4::G4Fill::ScaledNorm(k) => (GgmlType::F32, Fill::ScaledNorm(k)),
                     super::gemma4::G4Fill::Values(v) => (GgmlType::F32, Fill::Values(v)),
                 };
                 Planned {
@@ -314,12 +317,13 @@ fn fill_tensor(
             }
             Ok(())
         }
-        Fill::Norm | Fill::Bias | Fill::Values(_) => {
+        Fill::Norm | Fill::Bias | Fill::Values(_) | Fill::ScaledNorm(_) => {
             let mut rng = StdRng::seed_from_u64(state);
             let n = t.dims[0] as usize;
             let vals: Vec<f32> = match &t.fill {
                 Fill::Norm => (0..n).map(|_| 1.0 + 0.1 * normal(&mut rng)).collect(),
                 Fill::Bias => (0..n).map(|_| 0.1 * normal(&mut rng)).collect(),
+                Fill::ScaledNorm(k) => (0..n).map(|_| (1.0 + 0.1 * normal(&mut rng)) * k).collect(),
                 Fill::Values(v) => v.clone(),
                 Fill::Matrix => Vec::new(),
             };
