@@ -78,6 +78,23 @@ pub const TINY: Gemma4Dims = Gemma4Dims {
 /// The real sizes, by shape name. Values are those of the published config.json files as I
 /// know them (google/gemma-4-E2B-it, -E4B-it, -31B-it); where I am least sure it says so.
 const SHAPE_DIMS: &[(&str, Gemma4Dims)] = &[
+    // Not a published model: Gemma 4's layout in miniature without per-layer embeddings (so a
+    // ring can split it), with shared-KV layers and a full layer whose V is its K.
+    (
+        "gemma4-tiny",
+        Gemma4Dims {
+            head_dim_full: 64,
+            n_head_kv_full: 1,
+            period: 3,
+            shared_kv_layers: 2,
+            ple_dim: 0,
+            double_wide: true,
+            v_from_k_full: true,
+            rope_base_swa: 10_000.0,
+            partial_rotary_full: 0.25,
+            final_logit_softcap: 30.0,
+        },
+    ),
     (
         "gemma4-e2b",
         Gemma4Dims {

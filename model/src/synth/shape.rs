@@ -199,6 +199,29 @@ pub const SHAPES: &[Shape] = &[
         tied: false,
         vocab_kind: VocabKind::Qwen2,
     },
+    // Not a published model: Gemma 4's layout in miniature (`synth::gemma4`), 6 layers
+    // `S S F S S F`, the last two sharing the KV caches of layers 3 and 2, no per-layer
+    // embeddings: a ring can split it.
+    Shape {
+        name: "gemma4-tiny",
+        source: "none (Gemma 4 layout in miniature)",
+        arch: SynthArch::Gemma4,
+        n_layer: 6,
+        d_model: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 32,
+        d_ff: 512,
+        vocab: 2048,
+        ctx: 4096,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 8,
+        sliding_window_pattern: 3,
+        tied: true,
+        vocab_kind: VocabKind::Spm,
+    },
     // google/gemma-4-E2B-it (text model; rope_theta 1e6 global, 1e4 sliding). The Gemma 4
     // structure beyond these fields (full-attention heads of 512, shared-KV layers,
     // per-layer embeddings...) is in `synth::gemma4`. The vocabulary is our SentencePiece

@@ -54,6 +54,7 @@ fn shape_table_holds_the_published_hyper_parameters() {
             "llama3-8b",
             "gemma3-1b",
             "qwen2-7b",
+            "gemma4-tiny",
             "gemma4-e2b",
             "gemma4-e4b",
             "gemma4-31b"
