@@ -661,7 +661,7 @@ pub enum DebugCommand {
 /// `debug synth`.
 #[derive(Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Small model architecture: llama or gemma3.
+    /// Small model architecture: llama, gemma3, qwen3...
     #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
     pub arch: Option<String>,
     /// Real-size shape (the published model's hyper-parameters).
