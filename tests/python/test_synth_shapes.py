@@ -33,6 +33,7 @@ CUTS = [
     ("tiny", []),
     ("llama3-1b", ["--layers", "2", "--vocab", "4096"]),
     ("gemma3-1b", ["--layers", "2", "--vocab", "4096"]),
+    ("qwen3-0.6b", ["--layers", "2", "--vocab", "4096"]),
     # Gemma 4 E2B's real layer dimensions, with its per-layer embeddings (2 sliding layers).
     ("gemma4-e2b", ["--layers", "2", "--vocab", "4096"]),
 ]

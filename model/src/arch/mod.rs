@@ -8,6 +8,7 @@ mod gemma3;
 mod gemma4;
 mod llama;
 mod qwen2;
+mod qwen3;
 pub mod recipe;
 
 use crate::error::ModelError;
@@ -27,6 +28,8 @@ pub enum Arch {
     Qwen2,
     /// Gemma 3: sandwich norms, QK-norm, GeGLU, sliding-window layers, scaled embeddings.
     Gemma3,
+    /// Qwen3: Llama layout with QK-norm and NeoX RoPE, no biases.
+    Qwen3,
     /// Gemma 4 (dense): Gemma 3's layout plus per-layer head sizes, shared-KV layers, V-norm,
     /// proportional RoPE, per-layer embeddings and a layer output scale.
     Gemma4,
@@ -39,6 +42,7 @@ impl Arch {
             "llama" | "mistral" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
+            "qwen3" => Some(Arch::Qwen3),
             "gemma4" => Some(Arch::Gemma4),
             _ => None,
         }
@@ -49,12 +53,13 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
             Arch::Gemma4 => "gemma4",
         }
     }
 
     pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "mistral", "qwen2", "gemma3", "gemma4"];
+        &["llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4"];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -62,6 +67,7 @@ impl Arch {
             Arch::Llama => llama::apply(hp, md),
             Arch::Qwen2 => qwen2::apply(hp, md),
             Arch::Gemma3 => gemma3::apply(hp, md),
+            Arch::Qwen3 => qwen3::apply(hp, md),
             Arch::Gemma4 => gemma4::apply(hp, md),
         }
     }
