@@ -143,7 +143,8 @@ def test_repacked_weights_give_the_same_bits(name, tmp_path):
             assert np.array_equal(packed[k], mapped[k]), f"{name} batch {batch}: {k} differs with --no-repack"
 
 
-@pytest.mark.parametrize("arch", SYNTH_ARCHS)
+# Gemma 4's recipe differs by layer: test_gemma4_every_step_matches_reference_on_f32_weights.
+@pytest.mark.parametrize("arch", [a for a in SYNTH_ARCHS if a != "gemma4"])
 def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     """`debug forward --steps` on a synthetic F32 model (no 8-bit activations on this path):
     every step of every layer the reference also names within STEP_REL of the float64
@@ -184,7 +185,7 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
 
 def test_gemma4_every_step_matches_reference_on_f32_weights(tmp_path):
     """Gemma 4's recipe differs by layer: sliding and full layers (head sizes 32 and 64), a
-    full layer without a V projection (V from K), two shared-KV layers that compute only Q and
+    full layer without a V projection (V from K), three shared-KV layers that compute only Q and
     attend over an earlier layer's cache, per-layer embedding inputs and the output scale. Every
     step of every layer within STEP_REL of the float64 reference, each layer's steps as its
     kind asks, in order."""
@@ -193,7 +194,7 @@ def test_gemma4_every_step_matches_reference_on_f32_weights(tmp_path):
     run(["debug", "synth", "--arch", "gemma4", "--type", "F32", "--seed", "3", "-o", f])
     m = reference.load(str(f))
     assert m.is_swa == [True, True, False, True, True, False]
-    assert m.kv_source == [None, None, None, None, 3, 2]
+    assert m.kv_source == [None, None, None, 1, 1, 2]
     toks = [1] + list(range(5, 25))  # longer than the window of 8
     ref_steps = {}
     ref_logits, _ = reference.forward(m, toks, steps=ref_steps)
@@ -216,6 +217,6 @@ def test_gemma4_every_step_matches_reference_on_f32_weights(tmp_path):
     v_from_k = ["attn_norm.xn", "qk_proj.q", "qk_proj.k", "v_from_k.v", "qk_norm.q", "qk_norm.k", "v_norm.v",
                 "rope.q", "rope.k", "attention.att"] + tail
     shared = ["attn_norm.xn", "q_proj.q", "q_norm.q", "rope_q.q", "shared_attention.att"] + tail
-    assert per_layer == {0: own, 1: own, 2: v_from_k, 3: own, 4: shared, 5: shared}, per_layer
+    assert per_layer == {0: own, 1: own, 2: v_from_k, 3: shared, 4: shared, 5: shared}, per_layer
     e = np.abs(ours["logits"] - ref_logits).max() / np.abs(ref_logits).max()
     assert e < STEP_REL, f"logits differ from the reference by {e:.2e}"

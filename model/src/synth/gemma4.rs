@@ -3,15 +3,16 @@
 //! sliding-window, their head sizes and KV heads, the shared-KV layers, the layers without a
 //! V projection, the per-layer embeddings, the metadata keys and the tensor list.
 //!
-//! The models carry Gemma 4's chat template (`gemma4.jinja`, the template of
-//! google/gemma-4-31B-it as llama.cpp's `models/templates` holds it).
+//! The models carry Gemma 4's chat template (the template of google/gemma-4-31B-it as
+//! llama.cpp's `models/templates` holds it, in `tests/fixtures/templates/`).
 
 use super::shape::Shape;
 use crate::arch::{MetaKey, TensorKind};
 use crate::gguf::{Array, GgufWriter, Value};
 
 /// Gemma 4's chat template (Jinja), written as `tokenizer.chat_template`.
-pub const CHAT_TEMPLATE: &str = include_str!("gemma4.jinja");
+pub const CHAT_TEMPLATE: &str =
+    include_str!("../../../tests/fixtures/templates/google-gemma-4-31B-it.jinja");
 
 /// The markup tokens of the chat template, added to the tiny model's vocabulary as control
 /// tokens (the real vocabulary has them; `<turn|>` ends a turn).
@@ -59,14 +60,15 @@ pub struct Gemma4Dims {
     pub final_logit_softcap: f32,
 }
 
-/// The tiny `--arch gemma4` model's structure: 6 layers `S S F S S F`, the last two sharing
-/// the KV caches of layers 3 (sliding) and 2 (full); layer 2 has no V projection; per-layer
-/// embeddings of 32; the shared layers' feed-forward doubled.
+/// The tiny `--arch gemma4` model's structure: 6 layers `S S F S S F`, the last three sharing
+/// the KV caches of layers 1 (sliding) and 2 (full) — the last layer with its own cache full,
+/// the one before it sliding, as in the published models (llama.cpp assumes it); layer 2 has
+/// no V projection; per-layer embeddings of 32; the shared layers' feed-forward doubled.
 pub const TINY: Gemma4Dims = Gemma4Dims {
     head_dim_full: 64,
     n_head_kv_full: 1,
     period: 3,
-    shared_kv_layers: 2,
+    shared_kv_layers: 3,
     ple_dim: 32,
     double_wide: true,
     v_from_k_full: true,
@@ -86,7 +88,7 @@ const SHAPE_DIMS: &[(&str, Gemma4Dims)] = &[
             head_dim_full: 64,
             n_head_kv_full: 1,
             period: 3,
-            shared_kv_layers: 2,
+            shared_kv_layers: 3,
             ple_dim: 0,
             double_wide: true,
             v_from_k_full: true,

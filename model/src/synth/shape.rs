@@ -290,7 +290,7 @@ pub const SHAPES: &[Shape] = &[
         vocab_kind: VocabKind::Qwen3,
     },
     // Not a published model: Gemma 4's layout in miniature (`synth::gemma4`), 6 layers
-    // `S S F S S F`, the last two sharing the KV caches of layers 3 and 2, no per-layer
+    // `S S F S S F`, the last three sharing the KV caches of layers 1 and 2, no per-layer
     // embeddings: a ring can split it.
     Shape {
         name: "gemma4-tiny",
