@@ -58,9 +58,9 @@ fn hyper_parameters_and_recipes_follow_the_metadata() {
         describe[2],
         format!("attn_norm → qk_proj → v_from_k → qk_norm → v_norm → rope → attention → {tail}")
     );
-    for il in 3..6 {
+    for d in &describe[3..6] {
         assert_eq!(
-            describe[il],
+            *d,
             format!("attn_norm → q_proj → q_norm → rope_q → shared_attention → {tail}")
         );
     }

@@ -330,6 +330,9 @@ pub struct LayerShape {
     pub v_from_k: bool,
 }
 
+/// A per-layer key's first value, and all of them when it is an array.
+type ScalarOrPerLayer = (usize, Option<Vec<usize>>);
+
 /// A per-layer key (`feed_forward_length`, `attention.head_count_kv`) that llama.cpp reads as a
 /// number or an array of one value per layer: the first value, and the array when it is one.
 fn scalar_or_per_layer(
@@ -337,7 +340,7 @@ fn scalar_or_per_layer(
     key: &str,
     n_layer: usize,
     arch: &'static str,
-) -> Result<Option<(usize, Option<Vec<usize>>)>, ModelError> {
+) -> Result<Option<ScalarOrPerLayer>, ModelError> {
     match md.get(key) {
         None => Ok(None),
         Some(crate::gguf::Value::Array(_)) => {

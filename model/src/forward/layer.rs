@@ -51,29 +51,7 @@ impl Runner {
             match step {
                 Step::AttnNorm => norm_rows(pool, x, &l.attn_norm, eps, &mut s.xn[..n * d]),
                 Step::QkvProj | Step::QkProj | Step::QProj => {
-                    // The loader reads K and V exactly when the step names them.
-                    let mut jobs = vec![MatJob {
-                        w: m.matrix_in(&l.wq, buf),
-                        out: &mut s.q[..n * qd],
-                    }];
-                    let (k, v) = (&mut s.k[..n * kvd], &mut s.v[..n * kvd]);
-                    if step != Step::QProj {
-                        if let Some(wk) = &l.wk {
-                            jobs.push(MatJob {
-                                w: m.matrix_in(wk, buf),
-                                out: k,
-                            });
-                        }
-                    }
-                    if step == Step::QkvProj {
-                        if let Some(wv) = &l.wv {
-                            jobs.push(MatJob {
-                                w: m.matrix_in(wv, buf),
-                                out: v,
-                            });
-                        }
-                    }
-                    matmul_many(pool, &mut jobs, &s.xn[..n * d], n, &mut s.acts)
+                    project(pool, m, l, buf, step, s, n, (d, qd, kvd))
                 }
                 Step::QkvBias
                 | Step::QkNorm
@@ -303,6 +281,43 @@ fn qkv_rows(
             }
         }
     });
+}
+
+/// The projections of `QkvProj` (q, k, v), `QkProj` (q, k) or `QProj` (q) in one pass over
+/// `xn`; the loader read K and V exactly when the step names them.
+#[allow(clippy::too_many_arguments)]
+fn project(
+    pool: &ThreadPool,
+    m: &Model,
+    l: &Layer,
+    buf: Option<&LayerGuard<'_>>,
+    step: Step,
+    s: &mut Scratch,
+    n: usize,
+    (d, qd, kvd): (usize, usize, usize),
+) {
+    let mut jobs = vec![MatJob {
+        w: m.matrix_in(&l.wq, buf),
+        out: &mut s.q[..n * qd],
+    }];
+    let (k, v) = (&mut s.k[..n * kvd], &mut s.v[..n * kvd]);
+    if step != Step::QProj {
+        if let Some(wk) = &l.wk {
+            jobs.push(MatJob {
+                w: m.matrix_in(wk, buf),
+                out: k,
+            });
+        }
+    }
+    if step == Step::QkvProj {
+        if let Some(wv) = &l.wv {
+            jobs.push(MatJob {
+                w: m.matrix_in(wv, buf),
+                out: v,
+            });
+        }
+    }
+    matmul_many(pool, &mut jobs, &s.xn[..n * d], n, &mut s.acts)
 }
 
 /// RMSNorm of one head in place, without a weight (Gemma 4's V-norm).

@@ -358,7 +358,7 @@ impl Gemma4Model {
             t(TensorKind::AttnQ, l, vec![d, q], G4Fill::Matrix);
             if owns_kv {
                 t(TensorKind::AttnK, l, vec![d, kv], G4Fill::Matrix);
-                if !(g.v_from_k_full && !self.sliding(il)) {
+                if !g.v_from_k_full || self.sliding(il) {
                     t(TensorKind::AttnV, l, vec![d, kv], G4Fill::Matrix);
                 }
                 t(TensorKind::AttnKNorm, l, vec![hd], qk_norm.clone());
