@@ -100,21 +100,27 @@ fn shared_layers_hold_no_cache_and_sliding_layers_their_window() {
 
 #[test]
 fn a_split_between_a_shared_layer_and_its_source_is_refused() {
-    // Layers 4 and 5 read the caches of layers 3 and 2.
-    let err = load(4..6, true).expect_err("source elsewhere");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("layer 4 reads the KV cache of layer 3"),
-        "{msg}"
-    );
-    let err = load(3..6, true).expect_err("layer 5's source elsewhere");
+    // Layers 3, 4 and 5 read the caches of layers 1, 1 and 2.
+    let err = load(3..6, true).expect_err("sources elsewhere");
     assert!(
         err.to_string()
-            .contains("layer 5 reads the KV cache of layer 2"),
+            .contains("layer 3 reads the KV cache of layer 1"),
         "{err}"
     );
-    load(2..6, true).expect("both sources inside");
-    load(0..2, true).expect("no shared layer");
+    let err = load(2..6, true).expect_err("layer 3's source elsewhere");
+    assert!(
+        err.to_string()
+            .contains("layer 3 reads the KV cache of layer 1"),
+        "{err}"
+    );
+    let err = load(4..6, true).expect_err("layer 4's source elsewhere");
+    assert!(
+        err.to_string()
+            .contains("layer 4 reads the KV cache of layer 1"),
+        "{err}"
+    );
+    load(1..6, true).expect("every source inside");
+    load(0..1, true).expect("no shared layer");
 }
 
 #[test]
