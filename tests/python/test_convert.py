@@ -1,0 +1,231 @@
+"""`ringllm convert`: tiny random Hugging Face checkpoints (written here with numpy + safetensors,
+see hf_reference.py) converted to GGUF, run by ringllm, and compared with the NumPy reference
+forward pass reading the safetensors directly with the Hugging Face modelling semantics.
+
+Budgets: converted to F32, our engine computes in f32 without 8-bit activations, so its logits
+are within F32_LOGIT_REL (max abs difference over the largest logit) of the float64 reference;
+the GGUF itself, run by reference.py through PyPI's `gguf`, is within GGUF_LOGIT_REL (float64
+on both sides: only the f32 rounding of the stored values). Quantized outputs (q8_0, the
+q4_k_m mix) are held to support/compare.py's LOGIT_REL against the float reference.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+import hf_reference
+import reference
+from support.cli import forward_dump, ringllm, run
+from support.compare import compare
+
+ARCHS = ["llama", "qwen2", "gemma3"]
+F32_LOGIT_REL = 2e-5
+GGUF_LOGIT_REL = 1e-6
+
+
+def convert(src, out, ty="f32"):
+    return run(["convert", src, "-o", out, "--type", ty])
+
+
+def tokens_for(n_tokens, n=21, seed=4):
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(0, n_tokens, size=n)]
+
+
+def max_rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def layers(arch):
+    return 6 if arch == "gemma3" else 2  # gemma3: five local layers, then a global one
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_converted_model_matches_the_checkpoint(arch, tmp_path):
+    src = tmp_path / "hf"
+    cfg, n_tokens = hf_reference.write_checkpoint(src, arch, seed=11, n_layer=layers(arch),
+                                                  shards=2 if arch == "llama" else 1)
+    out = tmp_path / "m.gguf"
+    r = convert(src, out)
+    assert "wrote" in r.stderr and out.exists() and not (tmp_path / "m.gguf.part").exists()
+    toks = tokens_for(n_tokens)
+    want = hf_reference.forward(src, toks)[:, :n_tokens]
+
+    # The file itself, read by PyPI's gguf and run by reference.py.
+    g = reference.load(str(out))
+    assert g.arch == arch
+    got_ref, _ = reference.forward(g, toks)
+    e = max_rel(got_ref[:, :n_tokens], want)
+    assert e < GGUF_LOGIT_REL, f"{arch}: the GGUF's reference logits differ from the checkpoint's by {e:.2e}"
+
+    ours = forward_dump(out, toks, tmp_path / "dump", "--threads", "2", "--batch", "7")["logits"]
+    e = max_rel(ours[:, :n_tokens], want)
+    assert e < F32_LOGIT_REL, f"{arch}: our logits differ from the checkpoint's by {e:.2e}"
+    assert (ours[:, :n_tokens].argmax(1) == want.argmax(1)).all()
+
+    # Tokenizer and template came along: the model runs from text, and chats.
+    res = json.loads(run(["run", "-m", out, "-p", "hello world", "--json", "--temp", "0", "-n", "3"]).stdout)
+    assert res["prompt_token_ids"] and len(res["token_ids"]) >= 1
+    f = GGUFReader(str(out))
+    meta = {k: f.fields[k].contents() for k in ("tokenizer.chat_template", "tokenizer.ggml.model")}
+    assert meta["tokenizer.chat_template"] == hf_reference.TEMPLATE
+    assert meta["tokenizer.ggml.model"] == ("llama" if arch == "gemma3" else "gpt2")
+    n_vocab = int(f.fields[f"{arch}.vocab_size"].contents()) if arch == "llama" else None
+    if n_vocab is not None:
+        assert n_vocab == cfg["vocab_size"]
+
+
+# Relative L2 error of a random N(0, 1/n) matrix stored in each type (about twice what the
+# formats give on such data).
+TYPE_REL = {"F16": 1e-3, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.07, "Q4_K": 0.1}
+BIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+@pytest.mark.parametrize("arch,ty", [("llama", "q8_0"), ("qwen2", "q4_k_m"), ("gemma3", "q4_k_m"), ("gemma3", "f16")])
+def test_quantized_conversion(arch, ty, tmp_path):
+    """Each matrix in the type the mix gives it (q4_k_m: llama.cpp's Q4_K_M rules, on rows of
+    256 so the K-quants apply), within its format's error of the F32 conversion; and our engine
+    runs the file within support/compare.py's budgets of the reference reading that file."""
+    src = tmp_path / "hf"
+    dims = BIG if ty == "q4_k_m" else None
+    _, n_tokens = hf_reference.write_checkpoint(src, arch, seed=12, n_layer=layers(arch), dims=dims)
+    out, f32 = tmp_path / "m.gguf", tmp_path / "f32.gguf"
+    convert(src, out, ty)
+    convert(src, f32, "f32")
+    q, ref = reference.load(str(out)), reference.load(str(f32))
+    types = {n: t.tensor_type.name for n, t in q.tensors.items()}
+    assert sorted(types) == sorted(ref.tensors)
+    for name, t in types.items():
+        if len(q.tensors[name].shape) == 1:
+            assert t == "F32", name
+            assert np.array_equal(q.f32(name), ref.f32(name)), name
+            continue
+        want = {"q8_0": "Q8_0", "f16": "F16"}.get(ty)
+        if ty == "q4_k_m":
+            # llama.cpp's Q4_K_M: Q6_K for the head (here the tied embedding) and for attn_v and
+            # ffn_down in the first and last eighth of the layers and every third between.
+            n = layers(arch)
+            il = int(name.split(".")[1]) if name.startswith("blk.") else -1
+            more = name.endswith(("attn_v.weight", "ffn_down.weight")) and (
+                il < n // 8 or il >= 7 * n // 8 or (il - n // 8) % 3 == 2)
+            head = name in ("output.weight", "token_embd.weight")
+            want = "Q6_K" if more or head else "Q4_K"
+        assert t == want, f"{name}: {t}, want {want}"
+        e = np.linalg.norm(q.f32(name) - ref.f32(name)) / np.linalg.norm(ref.f32(name))
+        assert e < TYPE_REL[t], f"{name} in {t}: relative error {e:.4f}"
+    toks = tokens_for(n_tokens, seed=5)
+    ours = forward_dump(out, toks, tmp_path / "dump", "--threads", "2")
+    compare(ours, q, toks, f"converted {arch} {ty}")
+
+
+def test_bf16_and_f16_checkpoints_give_the_same_file_as_f32(tmp_path):
+    """The same values stored as BF16, F16 and F32 convert to the same F32 GGUF bytes."""
+    outs = []
+    for name, dt in [("f16", np.float16), ("f32", np.float32)]:
+        src = tmp_path / name
+        hf_reference.write_checkpoint(src, "qwen2", seed=3, dtype=dt)
+        if name == "f32":  # the f32 copy holds the f16-rounded values
+            w = hf_reference.load_safetensors(tmp_path / "f16")
+            hf_reference.save_file({k: v.astype(np.float32) for k, v in w.items()}, str(src / "model.safetensors"))
+        out = tmp_path / f"{name}.gguf"
+        convert(src, out)
+        outs.append(out.read_bytes())
+    # BF16: written by hand (numpy has no bfloat16): the top halves of the f32 values.
+    src = tmp_path / "bf16"
+    hf_reference.write_checkpoint(src, "qwen2", seed=3)
+    w = hf_reference.load_safetensors(src)
+    rounded = {k: (v.astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32) for k, v in w.items()}
+    write_raw_safetensors(src / "model.safetensors",
+                          {k: ("BF16", v.shape, (v.view(np.uint32) >> 16).astype("<u2").tobytes())
+                           for k, v in rounded.items()})
+    ref = tmp_path / "bf16-as-f32"
+    shutil.copytree(src, ref)
+    hf_reference.save_file(rounded, str(ref / "model.safetensors"))
+    convert(src, tmp_path / "bf16.gguf")
+    convert(ref, tmp_path / "bf16-as-f32.gguf")
+    assert (tmp_path / "bf16.gguf").read_bytes() == (tmp_path / "bf16-as-f32.gguf").read_bytes()
+    assert outs[0] == outs[1]
+
+
+def write_raw_safetensors(path, tensors):
+    """A safetensors file written byte by byte: {name: (dtype, shape, bytes)}."""
+    header, off, blobs = {}, 0, []
+    for k, (dt, shape, b) in tensors.items():
+        header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def _break_missing(src):
+    st = src / "model.safetensors"
+    w = hf_reference.load_safetensors(src)
+    del w["model.layers.1.mlp.up_proj.weight"]
+    hf_reference.save_file({k: v.astype(np.float32) for k, v in w.items()}, str(st))
+
+
+def _break_dtype(src):
+    w = hf_reference.load_safetensors(src)
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    w["model.layers.0.self_attn.k_proj.weight"] = w["model.layers.0.self_attn.k_proj.weight"].astype(np.int32)
+    hf_reference.save_file(w, str(src / "model.safetensors"))
+
+
+def _break_truncate(src):
+    st = src / "model.safetensors"
+    b = st.read_bytes()
+    st.write_bytes(b[:-100])
+    header = json.loads(b[8:8 + int.from_bytes(b[:8], "little")])
+    last = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
+    return [f"tensor '{last}'"]
+
+
+def _break_shape(src):
+    w = hf_reference.load_safetensors(src)
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    w["model.layers.0.mlp.down_proj.weight"] = w["model.layers.0.mlp.down_proj.weight"][:, :64].copy()
+    hf_reference.save_file(w, str(src / "model.safetensors"))
+
+
+def _break_arch(src):
+    c = json.loads((src / "config.json").read_text())
+    c["architectures"] = ["GPTNeoXForCausalLM"]
+    (src / "config.json").write_text(json.dumps(c))
+
+
+def _break_config_key(src):
+    c = json.loads((src / "config.json").read_text())
+    del c["intermediate_size"]
+    (src / "config.json").write_text(json.dumps(c))
+
+
+BREAKS = {
+    "missing-tensor": (_break_missing, ["missing tensor 'model.layers.1.mlp.up_proj.weight'"]),
+    "bad-dtype": (_break_dtype, ["model.layers.0.self_attn.k_proj.weight", "dtype I32"]),
+    "truncated": (_break_truncate, ["truncated shard", "model.safetensors"]),
+    "shape": (_break_shape, ["model.layers.0.mlp.down_proj.weight", "[64, 64]", "[64, 128]"]),
+    "unknown-arch": (_break_arch, ["GPTNeoXForCausalLM", "LlamaForCausalLM"]),
+    "config-key": (_break_config_key, ["config.json", "intermediate_size", "missing"]),
+}
+
+
+@pytest.mark.parametrize("what", list(BREAKS))
+def test_bad_checkpoints_are_refused_by_name(what, tmp_path):
+    src = tmp_path / "hf"
+    hf_reference.write_checkpoint(src, "llama", seed=2)
+    brk, wants = BREAKS[what]
+    wants = wants + (brk(src) or [])
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"an older file")  # kept when the conversion fails
+    r = ringllm(["convert", src, "-o", out], check=False)
+    assert r.returncode != 0, r.stderr
+    for w in wants:
+        assert w in r.stderr, f"{what}: {w!r} not in the error:\n{r.stderr}"
+    assert out.read_bytes() == b"an older file"
+    assert not (tmp_path / "m.gguf.part").exists(), os.listdir(tmp_path)
