@@ -40,7 +40,15 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% en
 # Hyper-parameters of the tiny models: rows of 64 values (whole Q8_0 / Q5_0 blocks).
 DIMS = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
-CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+           "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM",
+           "mistral3": "Mistral3ForConditionalGeneration"}
+# Architectures whose checkpoints HfModel runs (the ones reference.py knows); the others are
+# written for the converter and llama.cpp only.
+RUNNABLE = ("llama", "qwen2", "gemma3")
+TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+             r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+             r"|\s+(?!\S)|\s+")
 
 
 def _byte_to_unicode():
@@ -98,10 +106,14 @@ def _field(num, wire, payload):
     return key + payload
 
 
-def spm_model():
-    """A SentencePiece ModelProto (Gemma's layout: <pad> <eos> <bos> <unk>, byte pieces, then
-    scored pieces) with add_dummy_prefix false. Returns (bytes, pieces)."""
-    pieces = [("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2)]
+GEMMA_SPECIALS = [("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2)]
+LLAMA2_SPECIALS = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)]
+
+
+def spm_model(specials=GEMMA_SPECIALS, add_dummy_prefix=False):
+    """A SentencePiece ModelProto: `specials` (Gemma's <pad> <eos> <bos> <unk> by default), byte
+    pieces, then scored pieces. Returns (bytes, pieces)."""
+    pieces = list(specials)
     pieces += [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
     normal = ["\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
     normal += ["\u2581" + w for w in WORDS] + WORDS + ["th", "he", "an", "\u2581t", "\u2581a"]
@@ -114,7 +126,7 @@ def spm_model():
     for text, score, ty in pieces:
         msg = _field(1, 2, text.encode()) + _field(2, 5, struct.pack("<f", score)) + _field(3, 0, _varint(ty))
         body += _field(1, 2, msg)
-    body += _field(3, 2, _field(3, 0, _varint(0)))  # normalizer_spec.add_dummy_prefix = false
+    body += _field(3, 2, _field(3, 0, _varint(int(add_dummy_prefix))))  # normalizer_spec.add_dummy_prefix
     return body, [p[0] for p in pieces]
 
 
@@ -125,9 +137,24 @@ def config(arch, vocab_size, n_layer, dims=None):
     if arch == "llama":
         c.update(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
                  bos_token_id=None, eos_token_id=None, attention_bias=False)
-    elif arch == "qwen2":
-        c.update(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+    elif arch in ("qwen2", "qwen3"):
+        c.update(model_type=arch, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
                  use_sliding_window=False)
+    elif arch == "gemma2":
+        c.update(model_type="gemma2", rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=4,
+                 query_pre_attn_scalar=(dims or DIMS)["head_dim"], final_logit_softcapping=30.0,
+                 attn_logit_softcapping=50.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+    elif arch == "phi3":
+        c.update(model_type="phi3", rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                 original_max_position_embeddings=256, sliding_window=255, rope_scaling=None)
+        del c["head_dim"]
+    elif arch == "mistral3":
+        text = dict(c, model_type="mistral", rms_norm_eps=1e-5, rope_theta=1000000000.0, sliding_window=None,
+                    tie_word_embeddings=False)
+        del text["architectures"], text["_name_or_path"]
+        return dict(architectures=c["architectures"], _name_or_path=c["_name_or_path"], model_type="mistral3",
+                    text_config=text, vision_config=dict(hidden_size=32, model_type="pixtral"),
+                    torch_dtype="float32")
     else:
         c.update(model_type="gemma3_text", rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
                  sliding_window=4, sliding_window_pattern=6, query_pre_attn_scalar=(dims or DIMS)["head_dim"],
@@ -139,38 +166,53 @@ def config(arch, vocab_size, n_layer, dims=None):
 
 def hf_tensor_shapes(arch, cfg):
     """Every tensor of the model: Hugging Face name -> shape."""
-    d, ff, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    top = cfg
+    cfg = cfg.get("text_config", cfg)
+    d, ff = cfg["hidden_size"], cfg["intermediate_size"]
+    hd = cfg.get("head_dim", d // cfg["num_attention_heads"])
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    out = {"model.embed_tokens.weight": (cfg["vocab_size"], d)}
+    m = "language_model.model." if arch == "mistral3" else "model."
+    out = {m + "embed_tokens.weight": (cfg["vocab_size"], d)}
     for il in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{il}."
+        p = f"{m}layers.{il}."
         out[p + "input_layernorm.weight"] = (d,)
-        out[p + "self_attn.q_proj.weight"] = (q, d)
-        out[p + "self_attn.k_proj.weight"] = (kv, d)
-        out[p + "self_attn.v_proj.weight"] = (kv, d)
+        if arch == "phi3":
+            out[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, d)
+        else:
+            out[p + "self_attn.q_proj.weight"] = (q, d)
+            out[p + "self_attn.k_proj.weight"] = (kv, d)
+            out[p + "self_attn.v_proj.weight"] = (kv, d)
         out[p + "self_attn.o_proj.weight"] = (d, q)
         if arch == "qwen2":
             out[p + "self_attn.q_proj.bias"] = (q,)
             out[p + "self_attn.k_proj.bias"] = (kv,)
             out[p + "self_attn.v_proj.bias"] = (kv,)
-        if arch == "gemma3":
+        if arch in ("gemma3", "qwen3"):
             out[p + "self_attn.q_norm.weight"] = (hd,)
             out[p + "self_attn.k_norm.weight"] = (hd,)
+        if arch in ("gemma2", "gemma3"):
             out[p + "pre_feedforward_layernorm.weight"] = (d,)
             out[p + "post_feedforward_layernorm.weight"] = (d,)
         out[p + "post_attention_layernorm.weight"] = (d,)
-        out[p + "mlp.gate_proj.weight"] = (ff, d)
-        out[p + "mlp.up_proj.weight"] = (ff, d)
+        if arch == "phi3":
+            out[p + "mlp.gate_up_proj.weight"] = (2 * ff, d)
+        else:
+            out[p + "mlp.gate_proj.weight"] = (ff, d)
+            out[p + "mlp.up_proj.weight"] = (ff, d)
         out[p + "mlp.down_proj.weight"] = (d, ff)
-    out["model.norm.weight"] = (d,)
+    out[m + "norm.weight"] = (d,)
     if not cfg.get("tie_word_embeddings"):
-        out["lm_head.weight"] = (cfg["vocab_size"], d)
+        out[("language_model." if arch == "mistral3" else "") + "lm_head.weight"] = (cfg["vocab_size"], d)
+    if arch == "mistral3":  # a vision tower and projector the converter leaves out
+        vd = top["vision_config"]["hidden_size"]
+        out["vision_tower.transformer.layers.0.attention.q_proj.weight"] = (vd, vd)
+        out["multi_modal_projector.linear_1.weight"] = (d, vd)
     return out
 
 
 def random_weights(arch, cfg, seed):
     rng = np.random.default_rng(seed)
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma2", "gemma3")
     w = {}
     for name, shape in hf_tensor_shapes(arch, cfg).items():
         if len(shape) == 2:
@@ -188,21 +230,34 @@ def write_checkpoint(path, arch, seed=1, n_layer=2, shards=1, dtype=np.float32, 
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tc = {"chat_template": TEMPLATE, "clean_up_tokenization_spaces": False}
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         model, pieces = spm_model()
         (path / "tokenizer.model").write_bytes(model)
         n_tokens = len(pieces)
         rows = n_tokens + 6  # Gemma pads its embedding past the vocabulary
         tc.update(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>", add_bos_token=True,
                   add_eos_token=False)
+    elif arch == "phi3":
+        model, pieces = spm_model(LLAMA2_SPECIALS, add_dummy_prefix=True)
+        (path / "tokenizer.model").write_bytes(model)
+        # Phi-3's chat tokens come as added tokens after the SentencePiece pieces.
+        added = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"]
+        tc["added_tokens_decoder"] = {str(len(pieces) + i): {"content": t, "special": True}
+                                      for i, t in enumerate(added)}
+        n_tokens = len(pieces) + len(added)
+        rows = n_tokens + 5
+        tc.update(bos_token="<s>", eos_token="<|end|>", unk_token="<unk>", add_bos_token=False, add_eos_token=False)
     else:
-        specials = (["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"] if arch == "llama"
-                    else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-        tj, n_tokens = bpe_tokenizer(LLAMA3_RE if arch == "llama" else QWEN2_RE, specials)
+        specials = {"llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
+                    "mistral3": ["<unk>", "<s>", "</s>"]}.get(arch, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        pattern = {"llama": LLAMA3_RE, "mistral3": TEKKEN_RE}.get(arch, QWEN2_RE)
+        tj, n_tokens = bpe_tokenizer(pattern, specials)
         (path / "tokenizer.json").write_text(json.dumps(tj))
         rows = n_tokens + 13  # padded ids past the tokenizer
         if arch == "llama":
             tc.update(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", add_bos_token=True)
+        elif arch == "mistral3":
+            tc.update(bos_token="<s>", eos_token="</s>", unk_token="<unk>", add_bos_token=True)
         else:
             tc.update(eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, add_bos_token=False)
     (path / "tokenizer_config.json").write_text(json.dumps(tc))
@@ -247,6 +302,8 @@ class HfModel:
         path = pathlib.Path(path)
         cfg = json.loads((path / "config.json").read_text())
         self.arch = {v: k for k, v in CLASSES.items()}[cfg["architectures"][0]]
+        if self.arch not in RUNNABLE:
+            raise ValueError(f"the reference does not run {self.arch} checkpoints yet")
         hf = load_safetensors(path)
         gemma = self.arch == "gemma3"
         self.n_embd = cfg["hidden_size"]

@@ -9,6 +9,7 @@ on both sides: only the f32 rounding of the stored values). Quantized outputs (q
 q4_k_m mix) are held to support/compare.py's LOGIT_REL against the float reference.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,10 +22,17 @@ import hf_reference
 import reference
 from support.cli import forward_dump, ringllm, run
 from support.compare import compare
+from support.paths import load_fixture
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 F32_LOGIT_REL = 2e-5
 GGUF_LOGIT_REL = 1e-6
+# llama.cpp on the converted F32 file against the float64 reference over the safetensors: its
+# float32 arithmetic (and its f16 GELU table) only, as test_arch_llamacpp.py budgets it; our
+# engine no further from llama.cpp than twice that (or a floor when llama.cpp sits almost on the
+# float64 answer).
+LLAMACPP_REF_REL = 1e-3
+LLAMACPP_FLOOR_REL = 2e-5
 
 
 def convert(src, out, ty="f32"):
@@ -229,3 +237,39 @@ def test_bad_checkpoints_are_refused_by_name(what, tmp_path):
         assert w in r.stderr, f"{what}: {w!r} not in the error:\n{r.stderr}"
     assert out.read_bytes() == b"an older file"
     assert not (tmp_path / "m.gguf.part").exists(), os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("arch", list(hf_reference.CLASSES))
+def test_llamacpp_runs_the_converted_file(arch, tmp_path):
+    """tests/fixtures/convert/<arch>.json holds llama.cpp's logits on the file we make of a
+    seeded checkpoint (made by tests/fixtures/make_convert_fixtures.py): that llama.cpp loaded
+    and ran it is the check for the architectures nothing else here runs yet; where the NumPy
+    reference (hf_reference.RUNNABLE) and our engine (ENGINE_ARCHS) run the architecture, both
+    agree with llama.cpp."""
+    fx = load_fixture(f"convert/{arch}.json")
+    src = tmp_path / "hf"
+    hf_reference.write_checkpoint(src, arch, seed=fx["seed"], n_layer=fx["n_layer"])
+    out = tmp_path / "m.gguf"
+    convert(src, out)
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert digest == fx["sha256"], (
+        f"{arch}: the converted file is not the one llama.cpp ran: regenerate the fixture "
+        "(tests/fixtures/make_convert_fixtures.py) if the converter or the checkpoint writer changed")
+    lc = np.asarray(fx["logits"], dtype=np.float64)
+    toks = fx["tokens"]
+    ll_err = None
+    if arch in hf_reference.RUNNABLE:
+        want = hf_reference.forward(src, toks)[:, :lc.shape[1]]
+        ll_err = max_rel(lc, want)
+        assert ll_err < LLAMACPP_REF_REL, f"{arch}: llama.cpp and the checkpoint's reference differ by {ll_err:.2e}"
+    if arch in ENGINE_ARCHS:
+        ours = forward_dump(out, toks, tmp_path / "dump", "--threads", "2")["logits"][:, :lc.shape[1]]
+        e = max_rel(ours, lc)
+        budget = max(2 * ll_err, LLAMACPP_FLOOR_REL) if ll_err is not None else LLAMACPP_REF_REL
+        assert e <= budget, f"{arch}: our logits and llama.cpp's differ by {e:.2e} (budget {budget:.2e})"
+        assert (ours.argmax(1) == lc.argmax(1)).all()
+
+
+# The architectures our engine runs (the others are converted and checked against llama.cpp
+# only, until the engine learns them).
+ENGINE_ARCHS = ("llama", "qwen2", "gemma3")
