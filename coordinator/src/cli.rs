@@ -525,6 +525,9 @@ pub struct ConvertArgs {
     /// f32, q8_0, q6_k, q5_k, q4_k, q5_0, q4_0. Norms and biases are always f32.
     #[arg(long = "type", default_value = "f16")]
     pub ty: String,
+    /// Threads quantizing (default: physical cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -17,6 +17,9 @@ pub fn convert(args: ConvertArgs) -> Result<ExitCode> {
         dir: args.dir.clone(),
         output: args.output.clone(),
         mix,
+        threads: args
+            .threads
+            .unwrap_or_else(ringllm::engine::default_threads),
     })?;
     eprintln!(
         "wrote {} ({}, {} tensors, {}): {:.3} GB in {:.1} s ({:.0} MB/s written, {:.0} MB/s read)",

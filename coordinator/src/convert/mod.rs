@@ -26,6 +26,9 @@ use std::path::{Path, PathBuf};
 
 pub use safetensors::MAX_HEADER;
 
+#[cfg(test)]
+mod tests;
+
 /// Why a checkpoint could not be converted; each names the file, key or tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
@@ -121,6 +124,8 @@ pub struct ConvertOptions {
     pub output: PathBuf,
     /// The matrices' weight types: one type (`f16`, `q8_0`, ...) or the `q4_k_m` mix.
     pub mix: WeightMix,
+    /// Threads quantizing each chunk of rows (the K-quants' search is the slow part).
+    pub threads: usize,
 }
 
 /// What was written.
@@ -299,7 +304,7 @@ fn convert_to(opts: &ConvertOptions, part: &Path) -> Result<ConvertReport, Conve
     let mut stream = w.stream(&mut buf).map_err(out_err)?;
     let mut read = 0u64;
     for (p, &ty) in plan.tensors.iter().zip(&types) {
-        read += write_tensor(&ck, p, ty, &mut stream, &*bar, part)?;
+        read += write_tensor(&ck, p, ty, &mut stream, &*bar, part, opts.threads)?;
     }
     stream.finish().map_err(out_err)?;
     buf.flush().map_err(out_err)?;
@@ -316,6 +321,41 @@ fn convert_to(opts: &ConvertOptions, part: &Path) -> Result<ConvertReport, Conve
     })
 }
 
+/// The Hugging Face row that GGUF row `r` of a Q or K projection comes from, in heads of
+/// `head_rows` rows: Hugging Face rotates the two halves of a head, GGUF (interleaved RoPE)
+/// adjacent pairs, so GGUF row `2i + t` of a head is its Hugging Face row `t·head_rows/2 + i`.
+fn permuted_row(r: usize, head_rows: usize) -> usize {
+    let (h, j) = (r / head_rows, r % head_rows);
+    h * head_rows + (j % 2) * (head_rows / 2) + j / 2
+}
+
+/// Encodes `rows` whole rows `src` into `dst`, split over up to `threads` threads by rows (the
+/// formats are row-independent, so the bytes are the same for any thread count).
+fn encode_rows(
+    encode: ringllm_kernels::dispatch::QuantizeFn,
+    src: &[f32],
+    dst: &mut [u8],
+    rows: usize,
+    threads: usize,
+) {
+    let n = threads.clamp(1, rows.max(1));
+    // Small chunks are not worth a thread.
+    if n == 1 || src.len() < 1 << 16 {
+        encode(src, dst);
+        return;
+    }
+    let per = rows.div_ceil(n);
+    let (row_len, row_bytes) = (src.len() / rows, dst.len() / rows);
+    std::thread::scope(|s| {
+        for (x, y) in src
+            .chunks(per * row_len)
+            .zip(dst.chunks_mut(per * row_bytes))
+        {
+            s.spawn(move || encode(x, y));
+        }
+    });
+}
+
 /// f32 values converted at a time.
 const CHUNK_VALUES: usize = 1 << 20;
 
@@ -327,6 +367,7 @@ fn write_tensor<W: Write>(
     stream: &mut TensorStream<'_, W>,
     bar: &dyn progress::Progress,
     part: &Path,
+    threads: usize,
 ) -> Result<u64, ConvertError> {
     let werr = |e: std::io::Error| ConvertError::Output {
         path: part.to_path_buf(),
@@ -358,11 +399,7 @@ fn write_tensor<W: Write>(
     }
     let src_row = |r: usize| -> usize {
         match p.xf {
-            Xf::Permute { n_head } => {
-                let hd = all_rows / n_head as usize;
-                let (h, j) = (r / hd, r % hd);
-                h * hd + (j % 2) * (hd / 2) + j / 2
-            }
+            Xf::Permute { n_head } => permuted_row(r, all_rows / n_head as usize),
             _ => r,
         }
     };
@@ -405,7 +442,7 @@ fn write_tensor<W: Write>(
         let n = ty
             .row_bytes(vals.len())
             .ok_or_else(|| GgufError::InvalidInput(format!("tensor '{}' in {ty}", p.gguf)))?;
-        encode(vals, &mut q[..n]);
+        encode_rows(encode, vals, &mut q[..n], k, threads);
         stream.write_data(&q[..n]).map_err(werr)?;
         bar.advance(n as u64);
         start += k;

@@ -107,7 +107,7 @@ impl Checkpoint {
             let map =
                 unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ConvertError::io(&path, e))?;
             let shard = Shard { path, map };
-            for (name, t) in parse_header(&shard, i)? {
+            for (name, t) in parse_header(&shard.path, shard.bytes(), i)? {
                 if ck.tensors.contains_key(&name) {
                     return Err(ConvertError::Checkpoint {
                         file: shard.path.clone(),
@@ -162,10 +162,13 @@ fn shard_files(index: &Path) -> Result<Vec<String>, ConvertError> {
 }
 
 /// The tensors one shard's header describes, each checked to lie inside the file.
-fn parse_header(shard: &Shard, index: usize) -> Result<Vec<(String, StTensor)>, ConvertError> {
-    let bytes = shard.bytes();
+pub(super) fn parse_header(
+    path: &Path,
+    bytes: &[u8],
+    index: usize,
+) -> Result<Vec<(String, StTensor)>, ConvertError> {
     let bad = |why: String| ConvertError::Checkpoint {
-        file: shard.path.clone(),
+        file: path.to_path_buf(),
         why,
     };
     let Some(len_bytes) = bytes.get(..8) else {
@@ -203,7 +206,7 @@ fn parse_header(shard: &Shard, index: usize) -> Result<Vec<(String, StTensor)>, 
             Some(other) => {
                 return Err(ConvertError::Dtype {
                     tensor: name.clone(),
-                    file: shard.path.clone(),
+                    file: path.to_path_buf(),
                     dtype: other.to_string(),
                 })
             }
@@ -241,7 +244,7 @@ fn parse_header(shard: &Shard, index: usize) -> Result<Vec<(String, StTensor)>, 
         if e > data_len {
             return Err(ConvertError::Truncated {
                 tensor: name.clone(),
-                file: shard.path.clone(),
+                file: path.to_path_buf(),
                 need: data_start as u64 + e,
                 have: bytes.len() as u64,
             });

@@ -34,10 +34,11 @@ pub struct Vocab {
     pub n_tokens: usize,
 }
 
-struct Tokens {
-    text: Vec<String>,
-    scores: Option<Vec<f32>>,
-    types: Vec<i32>,
+#[derive(Debug)]
+pub(super) struct Tokens {
+    pub(super) text: Vec<String>,
+    pub(super) scores: Option<Vec<f32>>,
+    pub(super) types: Vec<i32>,
 }
 
 impl Tokens {
@@ -360,7 +361,7 @@ const PRE_PATTERNS: &[(&str, &str)] = &[
 ];
 
 /// The `tokenizer.ggml.pre` name of a `tokenizer.json` pre-tokenizer.
-fn pre_name(file: &Path, pre: Option<&Json>) -> Result<&'static str, ConvertError> {
+pub(super) fn pre_name(file: &Path, pre: Option<&Json>) -> Result<&'static str, ConvertError> {
     let bad = |why: String| tok_err(file, "pre_tokenizer", why);
     let Some(pre) = pre.filter(|p| !p.is_null()) else {
         return Err(bad("missing: a byte-level BPE needs one".into()));
@@ -507,7 +508,7 @@ fn fields(b: &[u8]) -> Result<Vec<Field<'_>>, String> {
 }
 
 /// A SentencePiece `ModelProto`: the pieces (text, score, type) and `add_dummy_prefix`.
-fn parse_spm(b: &[u8]) -> Result<(Tokens, bool), String> {
+pub(super) fn parse_spm(b: &[u8]) -> Result<(Tokens, bool), String> {
     let mut toks = Tokens {
         text: Vec::new(),
         scores: Some(Vec::new()),
