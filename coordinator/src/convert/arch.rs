@@ -719,6 +719,29 @@ pub fn metadata(
 /// Gemma 3 GGUF files carry no layer pattern: readers assume every 6th layer global. Refuse
 /// a checkpoint whose `layer_types` / `sliding_window_pattern` say otherwise.
 fn gemma3_sliding(cfg: &HfConfig, dims: &Dims) -> Result<(), ConvertError> {
+    // GGUF readers fix these too: the local layers' RoPE base, and the query scale
+    // 1/√head_dim (1/√(d / n_head) for the 62-layer 27B).
+    if let Some(b) = cfg.opt_f32("rope_local_base_freq")? {
+        if b != 10_000.0 {
+            return Err(cfg.error(
+                "rope_local_base_freq",
+                format!("{b}: Gemma 3 GGUF files assume 10000"),
+            ));
+        }
+    }
+    if let Some(q) = cfg.opt_f32("query_pre_attn_scalar")? {
+        let want = if dims.n_layer == 62 {
+            dims.d / dims.n_head
+        } else {
+            dims.head_dim
+        };
+        if q != want as f32 {
+            return Err(cfg.error(
+                "query_pre_attn_scalar",
+                format!("{q}: Gemma 3 GGUF files assume {want} for this size"),
+            ));
+        }
+    }
     if let Some(p) = cfg.opt_u32("sliding_window_pattern")? {
         if p != 6 && p != 1 {
             return Err(cfg.error(
