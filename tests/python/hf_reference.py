@@ -224,9 +224,10 @@ def random_weights(arch, cfg, seed):
     return w
 
 
-def write_checkpoint(path, arch, seed=1, n_layer=2, shards=1, dtype=np.float32, dims=None):
+def write_checkpoint(path, arch, seed=1, n_layer=2, shards=1, dtype=np.float32, dims=None, extra=None):
     """Writes a tiny random checkpoint of `arch` into folder `path` (`dims`: hidden_size,
-    intermediate_size, heads and head_dim other than DIMS); returns (config, tokenizer size)."""
+    intermediate_size, heads and head_dim other than DIMS; `extra`: config.json keys to set);
+    returns (config, tokenizer size)."""
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tc = {"chat_template": TEMPLATE, "clean_up_tokenization_spaces": False}
@@ -262,6 +263,7 @@ def write_checkpoint(path, arch, seed=1, n_layer=2, shards=1, dtype=np.float32, 
             tc.update(eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, add_bos_token=False)
     (path / "tokenizer_config.json").write_text(json.dumps(tc))
     cfg = config(arch, rows, n_layer, dims)
+    cfg.update(extra or {})
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     w = {k: v.astype(dtype) for k, v in random_weights(arch, cfg, seed).items()}
     names = list(w)

@@ -159,6 +159,33 @@ def test_bf16_and_f16_checkpoints_give_the_same_file_as_f32(tmp_path):
     assert outs[0] == outs[1]
 
 
+def test_phi3_longrope_factors_are_written(tmp_path):
+    """Phi-3 128k's LongRoPE: rope_scaling's long and short factors become the
+    rope_factors_long/short tensors, and the attention factor sqrt(1 + ln(s) / ln(orig)) for a
+    context extended s times."""
+    half = hf_reference.DIMS["head_dim"] // 2
+    long = [1.0 + 0.5 * i for i in range(half)]
+    short = [1.0 + 0.01 * i for i in range(half)]
+    extra = dict(max_position_embeddings=1024, original_max_position_embeddings=256,
+                 rope_scaling={"type": "longrope", "long_factor": long, "short_factor": short})
+    src = tmp_path / "hf"
+    hf_reference.write_checkpoint(src, "phi3", seed=3, extra=extra)
+    out = tmp_path / "m.gguf"
+    convert(src, out)
+    g = GGUFReader(str(out))
+    t = {x.name: x for x in g.tensors}
+    assert np.array_equal(np.asarray(t["rope_factors_long.weight"].data), np.float32(long))
+    assert np.array_equal(np.asarray(t["rope_factors_short.weight"].data), np.float32(short))
+    attn = g.fields["phi3.rope.scaling.attn_factor"].contents()
+    assert abs(attn - np.sqrt(1 + np.log(4) / np.log(256))) < 1e-6
+    assert g.fields["phi3.rope.scaling.original_context_length"].contents() == 256
+    # A factor list of the wrong length is refused by its key.
+    extra["rope_scaling"]["short_factor"] = short[:-1]
+    (src / "config.json").write_text(json.dumps(dict(json.loads((src / "config.json").read_text()), **extra)))
+    r = ringllm(["convert", src, "-o", out], check=False)
+    assert r.returncode != 0 and "rope_scaling.short_factor" in r.stderr, r.stderr
+
+
 def write_raw_safetensors(path, tensors):
     """A safetensors file written byte by byte: {name: (dtype, shape, bytes)}."""
     header, off, blobs = {}, 0, []

@@ -488,6 +488,21 @@ pub fn plan(
             xf: Xf::None,
         });
     }
+    if a == HfArch::Phi3 {
+        if let Some((long, short, _)) = phi3_longrope(cfg, dims)? {
+            for (name, f) in [("rope_factors_long", long), ("rope_factors_short", short)] {
+                out.push(Planned {
+                    gguf: format!("{name}.weight"),
+                    dims: vec![f.len() as u64],
+                    rows: f.len() as u64,
+                    src: Source::Values(f),
+                    kind: K::RopeFreqs,
+                    layer: None,
+                    xf: Xf::None,
+                });
+            }
+        }
+    }
     let layer = layer_specs(a);
     for il in 0..dims.n_layer {
         for sp in &layer {
@@ -566,6 +581,54 @@ fn num(s: &JsonMap, key: &str) -> Option<f32> {
         .map(|x| x as f32)
 }
 
+/// LongRoPE's long and short factors and its attention factor.
+type LongRope = (Vec<f32>, Vec<f32>, f32);
+
+/// Phi-3's LongRoPE (`rope_scaling` of type longrope with `long_factor` and `short_factor`):
+/// the two lists of per-frequency divisors and the attention factor
+/// √(1 + ln(ctx / orig) / ln(orig)) (1 when the context is not extended).
+fn phi3_longrope(cfg: &HfConfig, dims: &Dims) -> Result<Option<LongRope>, ConvertError> {
+    let (_, scaling) = rope_params(cfg)?;
+    let Some(s) = scaling else { return Ok(None) };
+    if !matches!(scaling_type(&s), Some("longrope" | "su")) {
+        return Ok(None);
+    }
+    let rot = cfg.opt_f32("partial_rotary_factor")?.unwrap_or(1.0);
+    let half = (((rot * dims.d as f32) as u32) / dims.n_head / 2) as usize;
+    let list = |key: &str| -> Result<Vec<f32>, ConvertError> {
+        let full = format!("rope_scaling.{key}");
+        let v: Vec<f32> = s
+            .get(key)
+            .and_then(serde_json::Value::as_array)
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
+            .ok_or_else(|| cfg.error(&full, "missing or not a list of numbers"))?;
+        if v.len() != half {
+            return Err(cfg.error(
+                &full,
+                format!("{} factors; the rotated half-head has {half}", v.len()),
+            ));
+        }
+        Ok(v)
+    };
+    let (long, short) = (list("long_factor")?, list("short_factor")?);
+    let orig = cfg
+        .opt_u32("original_max_position_embeddings")?
+        .ok_or_else(|| {
+            cfg.error(
+                "original_max_position_embeddings",
+                "missing (LongRoPE needs it)",
+            )
+        })?;
+    let ctx = cfg.opt_u32("max_position_embeddings")?.unwrap_or(orig);
+    let scale = f64::from(ctx) / f64::from(orig.max(2));
+    let attn = if scale > 1.0 {
+        (1.0 + scale.ln() / f64::from(orig.max(2)).ln()).sqrt() as f32
+    } else {
+        1.0
+    };
+    Ok(Some((long, short, attn)))
+}
+
 /// Llama 3.1's `rope_freqs.weight`, when `rope_scaling` is of type llama3.
 fn rope_freqs(cfg: &HfConfig, dims: &Dims) -> Result<Option<Vec<f32>>, ConvertError> {
     let (theta, scaling) = rope_params(cfg)?;
@@ -641,6 +704,8 @@ pub fn metadata(
                     Value::U32(orig as u32),
                 ));
             }
+            // Phi-3's LongRoPE: factor tensors and an attention factor (`phi3_longrope`).
+            Some("longrope" | "su") if a == HfArch::Phi3 => {}
             Some("default") | None => {}
             Some(other) => {
                 return Err(cfg.error(
@@ -689,13 +754,8 @@ pub fn metadata(
             }
         }
         HfArch::Phi3 => {
-            if let Some(s) = &scaling {
-                if s.contains_key("long_factor") {
-                    return Err(cfg.error(
-                        "rope_scaling",
-                        "Phi-3 long-context RoPE factors (longrope) are not converted yet",
-                    ));
-                }
+            if let Some((_, _, attn)) = phi3_longrope(cfg, dims)? {
+                put("rope.scaling.attn_factor", Value::F32(attn));
             }
             let rot = cfg.opt_f32("partial_rotary_factor")?.unwrap_or(1.0);
             let rope_dims = ((rot * dims.d as f32) as u32) / dims.n_head;
