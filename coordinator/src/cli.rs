@@ -680,7 +680,8 @@ pub enum DebugCommand {
 /// `debug synth`.
 #[derive(Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Small model architecture (llama, gemma3, qwen2): few layers, small dims, every tensor kind.
+    /// Small model architecture (llama, gemma3, qwen2, qwen3...): few layers, small dims,
+    /// every tensor kind of the family.
     #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
     pub arch: Option<String>,
     /// Real-size shape (the published model's hyper-parameters).
