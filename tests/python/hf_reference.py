@@ -45,7 +45,7 @@ CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "
            "mistral3": "Mistral3ForConditionalGeneration"}
 # Architectures whose checkpoints HfModel runs (the ones reference.py knows); the others are
 # written for the converter and llama.cpp only.
-RUNNABLE = ("llama", "qwen2", "gemma3")
+RUNNABLE = ("llama", "qwen2", "gemma3", "qwen3")
 TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
              r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
              r"|\s+(?!\S)|\s+")
@@ -344,6 +344,9 @@ class HfModel:
                 if s + f"self_attn.{x}_proj.bias" in hf:
                     w[g + f"attn_{x}.bias"] = hf[s + f"self_attn.{x}_proj.bias"]
             w[g + "attn_output.weight"] = hf[s + "self_attn.o_proj.weight"]
+            if self.arch == "qwen3":  # Qwen3RMSNorm: x·w, over each head of Q and K
+                w[g + "attn_q_norm.weight"] = hf[s + "self_attn.q_norm.weight"]
+                w[g + "attn_k_norm.weight"] = hf[s + "self_attn.k_norm.weight"]
             if gemma:
                 w[g + "attn_q_norm.weight"] = norm(s + "self_attn.q_norm.weight")
                 w[g + "attn_k_norm.weight"] = norm(s + "self_attn.k_norm.weight")

@@ -24,7 +24,7 @@ from support.cli import forward_dump, ringllm, run
 from support.compare import compare
 from support.paths import load_fixture
 
-ARCHS = ["llama", "qwen2", "gemma3"]
+ARCHS = ["llama", "qwen2", "gemma3", "qwen3"]
 F32_LOGIT_REL = 2e-5
 GGUF_LOGIT_REL = 1e-6
 # llama.cpp on the converted F32 file against the float64 reference over the safetensors: its
@@ -299,4 +299,4 @@ def test_llamacpp_runs_the_converted_file(arch, tmp_path):
 
 # The architectures our engine runs (the others are converted and checked against llama.cpp
 # only, until the engine learns them).
-ENGINE_ARCHS = ("llama", "qwen2", "gemma3")
+ENGINE_ARCHS = ("llama", "qwen2", "gemma3", "qwen3")
