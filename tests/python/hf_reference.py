@@ -147,7 +147,7 @@ def config(arch, vocab_size, n_layer, dims=None):
     elif arch == "phi3":
         c.update(model_type="phi3", rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
                  original_max_position_embeddings=256, sliding_window=255, rope_scaling=None)
-        del c["head_dim"]
+        c.pop("head_dim", None)
     elif arch == "mistral3":
         text = dict(c, model_type="mistral", rms_norm_eps=1e-5, rope_theta=1000000000.0, sliding_window=None,
                     tie_word_embeddings=False)

@@ -89,7 +89,7 @@ def test_converted_model_matches_the_checkpoint(arch, tmp_path):
 
 # Relative L2 error of a random N(0, 1/n) matrix stored in each type (about twice what the
 # formats give on such data).
-TYPE_REL = {"F16": 1e-3, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.07, "Q4_K": 0.1}
+TYPE_REL = {"F16": 1e-3, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.05, "Q5_0": 0.07, "Q4_K": 0.1}
 BIG = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 
 
@@ -128,6 +128,29 @@ def test_quantized_conversion(arch, ty, tmp_path):
     toks = tokens_for(n_tokens, seed=5)
     ours = forward_dump(out, toks, tmp_path / "dump", "--threads", "2")
     compare(ours, q, toks, f"converted {arch} {ty}")
+
+
+def test_phi3_fused_matrices_in_the_q4_k_m_mix(tmp_path):
+    """Phi-3's fused matrices stay fused (attn_qkv with Q, K and V rows, ffn_up with gate and
+    up rows) and take llama.cpp's Q4_K_M types: Q5_K for attn_qkv; each within its format's
+    error of the F32 conversion (read with PyPI gguf, whatever runs phi3)."""
+    src = tmp_path / "hf"
+    hf_reference.write_checkpoint(src, "phi3", seed=9, dims=dict(BIG, head_dim=None))
+    out, f32 = tmp_path / "m.gguf", tmp_path / "f32.gguf"
+    convert(src, out, "q4_k_m")
+    convert(src, f32, "f32")
+    q = {t.name: t for t in GGUFReader(str(out)).tensors}
+    ref = {t.name: t for t in GGUFReader(str(f32)).tensors}
+    d, ff = BIG["hidden_size"], BIG["intermediate_size"]
+    assert [int(x) for x in q["blk.0.attn_qkv.weight"].shape] == [d, d + 2 * d // 2]
+    assert [int(x) for x in q["blk.1.ffn_up.weight"].shape] == [d, 2 * ff]
+    want = {"blk.0.attn_qkv.weight": "Q5_K", "blk.0.ffn_up.weight": "Q4_K", "blk.0.ffn_down.weight": "Q4_K",
+            "blk.1.ffn_down.weight": "Q6_K", "output.weight": "Q6_K", "token_embd.weight": "Q4_K"}
+    for name, ty in want.items():
+        assert q[name].tensor_type.name == ty, f"{name}: {q[name].tensor_type.name}, want {ty}"
+        a, b = reference.dequantize_tensor(q[name]), reference.dequantize_tensor(ref[name])
+        e = np.linalg.norm(a - b) / np.linalg.norm(b)
+        assert e < TYPE_REL.get(ty, 0.05), f"{name} in {ty}: relative error {e:.4f}"
 
 
 def test_bf16_and_f16_checkpoints_give_the_same_file_as_f32(tmp_path):
