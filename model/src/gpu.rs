@@ -460,7 +460,8 @@ fn encode_step(
         Step::AttnNorm => ops
             .rms_norm(gpu, e, &s.x, 0, &l.attn_norm, &s.xn, 0, rows, d as u32, eps)
             .map_err(be)?,
-        Step::QkvProj => {
+        // A fused matrix is three row views of it, uploaded as matrices of their own.
+        Step::QkvProj | Step::QkvFused => {
             for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
                 mm.encode(gpu, e, w, &s.xn, 0, out, 0, rows).map_err(be)?;
             }
@@ -517,7 +518,7 @@ fn encode_step(
         Step::FfnNorm => ops
             .rms_norm(gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
             .map_err(be)?,
-        Step::GateUp => {
+        Step::GateUp | Step::GateUpFused => {
             for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
                 mm.encode(gpu, e, w, &s.xn, 0, out, 0, rows).map_err(be)?;
             }
@@ -649,6 +650,8 @@ fn supports(step: Step) -> bool {
         | Step::GateUp
         | Step::Glu(FfnAct::Silu | FfnAct::GeluTanh)
         | Step::FfnDown
-        | Step::FfnResidual { .. } => true,
+        | Step::FfnResidual { .. }
+        | Step::QkvFused
+        | Step::GateUpFused => true,
     }
 }

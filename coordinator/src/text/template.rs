@@ -143,7 +143,19 @@ const LLAMA3: &str = "{{ bos_token }}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
-const BUILTINS: &[(&str, &str)] = &[("chatml", CHATML), ("gemma", GEMMA), ("llama3", LLAMA3)];
+/// Phi-3: `<|role|>` headers, `<|end|>` after each message, an empty system prompt dropped.
+const PHI3: &str = "{% for message in messages %}\
+{% if message['role'] in ['user', 'assistant'] or (message['role'] == 'system' and message['content']) %}\
+{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}\
+{% endif %}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
+
+const BUILTINS: &[(&str, &str)] = &[
+    ("chatml", CHATML),
+    ("gemma", GEMMA),
+    ("llama3", LLAMA3),
+    ("phi3", PHI3),
+];
 
 /// Names of the built-in templates.
 pub fn builtin_names() -> Vec<&'static str> {

@@ -6,6 +6,7 @@
 
 mod gemma3;
 mod llama;
+mod phi3;
 mod qwen2;
 pub mod recipe;
 
@@ -26,6 +27,8 @@ pub enum Arch {
     Qwen2,
     /// Gemma 3: sandwich norms, QK-norm, GeGLU, sliding-window layers, scaled embeddings.
     Gemma3,
+    /// Phi-3 / Phi-3.5 mini: fused QKV and gate/up matrices, NeoX RoPE with LongRoPE factors.
+    Phi3,
 }
 
 impl Arch {
@@ -35,6 +38,7 @@ impl Arch {
             "llama" | "mistral" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
+            "phi3" => Some(Arch::Phi3),
             _ => None,
         }
     }
@@ -44,10 +48,11 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
+            Arch::Phi3 => "phi3",
         }
     }
 
-    pub const SUPPORTED: &'static [&'static str] = &["llama", "mistral", "qwen2", "gemma3"];
+    pub const SUPPORTED: &'static [&'static str] = &["llama", "mistral", "qwen2", "gemma3", "phi3"];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -55,6 +60,7 @@ impl Arch {
             Arch::Llama => llama::apply(hp, md),
             Arch::Qwen2 => qwen2::apply(hp, md),
             Arch::Gemma3 => gemma3::apply(hp, md),
+            Arch::Phi3 => phi3::apply(hp, md),
         }
     }
 }
@@ -80,6 +86,10 @@ pub enum MetaKey {
     RopeScalingType,
     RopeScalingFactor,
     FinalLogitSoftcapping,
+    /// The context the model was trained at before its RoPE was scaled (LongRoPE, YaRN).
+    RopeScalingOrigCtx,
+    /// Multiplier of RoPE's cos and sin (LongRoPE's attention factor).
+    RopeScalingAttnFactor,
 }
 
 impl MetaKey {
@@ -103,6 +113,8 @@ impl MetaKey {
             MetaKey::RopeScalingType => "rope.scaling.type",
             MetaKey::RopeScalingFactor => "rope.scaling.factor",
             MetaKey::FinalLogitSoftcapping => "final_logit_softcapping",
+            MetaKey::RopeScalingOrigCtx => "rope.scaling.original_context_length",
+            MetaKey::RopeScalingAttnFactor => "rope.scaling.attn_factor",
         }
     }
 
@@ -146,6 +158,15 @@ pub enum TensorKind {
     FfnUp,
     FfnDown,
     PostFfwNorm,
+    /// Q, K and V projections in one matrix, rows `[q | k | v]` (Phi-3).
+    AttnQkv,
+    /// Gate and up projections in one matrix, rows `[gate | up]` (Phi-3). Its GGUF name is
+    /// `ffn_up`, as llama.cpp writes it; the recipe says which of the two a layer reads.
+    FfnGateUp,
+    /// LongRoPE frequency divisors for contexts past the original one (Phi-3 128k).
+    RopeFactorsLong,
+    /// LongRoPE frequency divisors for contexts within the original one.
+    RopeFactorsShort,
 }
 
 impl TensorKind {
@@ -168,6 +189,10 @@ impl TensorKind {
             TensorKind::FfnUp => "ffn_up",
             TensorKind::FfnDown => "ffn_down",
             TensorKind::PostFfwNorm => "post_ffw_norm",
+            TensorKind::AttnQkv => "attn_qkv",
+            TensorKind::FfnGateUp => "ffn_up",
+            TensorKind::RopeFactorsLong => "rope_factors_long",
+            TensorKind::RopeFactorsShort => "rope_factors_short",
         }
     }
 
@@ -181,6 +206,14 @@ impl TensorKind {
         }
     }
 
+    /// Shared by every layer, named without a layer index (`rope_freqs.weight`).
+    fn is_global(self) -> bool {
+        matches!(
+            self,
+            TensorKind::RopeFreqs | TensorKind::RopeFactorsLong | TensorKind::RopeFactorsShort
+        )
+    }
+
     fn is_bias(self) -> bool {
         matches!(
             self,
@@ -192,7 +225,7 @@ impl TensorKind {
     pub fn gguf_name(self, layer: Option<usize>) -> String {
         let suffix = if self.is_bias() { "bias" } else { "weight" };
         match (self.class(), layer) {
-            (LayerClass::Repeating, Some(il)) if self != TensorKind::RopeFreqs => {
+            (LayerClass::Repeating, Some(il)) if !self.is_global() => {
                 format!("blk.{il}.{}.{suffix}", self.stem())
             }
             _ => format!("{}.{suffix}", self.stem()),
@@ -246,6 +279,14 @@ pub struct Hparams {
     pub qkv_bias: bool,
     /// Final logit soft-capping (absent in Gemma 3 and Llama).
     pub final_logit_softcap: Option<f32>,
+    /// Q/K/V in one matrix and gate/up in one matrix (Phi-3): the loader reads the fused
+    /// tensors and splits their rows into views.
+    pub fused_proj: bool,
+    /// LongRoPE: the context the model was trained at before its RoPE was scaled; a runner
+    /// for a longer context reads `rope_factors_long`, otherwise `rope_factors_short`.
+    pub rope_orig_ctx: usize,
+    /// Multiplier of RoPE's cos and sin, so of queries and keys (LongRoPE's attention factor).
+    pub rope_attn_factor: f32,
 }
 
 impl Hparams {
@@ -316,6 +357,9 @@ impl Hparams {
             sandwich_norms: false,
             qkv_bias: false,
             final_logit_softcap,
+            fused_proj: false,
+            rope_orig_ctx: ctx_train,
+            rope_attn_factor: 1.0,
         };
         arch.apply(&mut hp, md)?;
         hp.validate()?;
@@ -345,6 +389,12 @@ impl Hparams {
             return bad(format!(
                 "rope.dimension_count {} must be even and at most the head size {}",
                 self.rope_dim, self.head_dim
+            ));
+        }
+        if !(self.rope_attn_factor.is_finite() && self.rope_attn_factor > 0.0) {
+            return bad(format!(
+                "rope.scaling.attn_factor {} must be a positive number",
+                self.rope_attn_factor
             ));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
@@ -400,6 +450,22 @@ mod tests {
             TensorKind::RopeFreqs.gguf_name(Some(2)),
             "rope_freqs.weight"
         );
+        assert_eq!(
+            TensorKind::AttnQkv.gguf_name(Some(4)),
+            "blk.4.attn_qkv.weight"
+        );
+        assert_eq!(
+            TensorKind::FfnGateUp.gguf_name(Some(4)),
+            TensorKind::FfnUp.gguf_name(Some(4))
+        );
+        assert_eq!(
+            TensorKind::RopeFactorsLong.gguf_name(Some(1)),
+            "rope_factors_long.weight"
+        );
+        assert_eq!(
+            TensorKind::RopeFactorsShort.gguf_name(None),
+            "rope_factors_short.weight"
+        );
         assert_eq!(TensorKind::TokenEmbd.class(), LayerClass::Input);
         assert_eq!(TensorKind::OutputNorm.class(), LayerClass::Output);
         assert_eq!(TensorKind::FfnUp.class(), LayerClass::Repeating);
@@ -410,5 +476,7 @@ mod tests {
         assert_eq!(Arch::from_name("gemma3"), Some(Arch::Gemma3));
         assert_eq!(Arch::from_name("mistral"), Some(Arch::Llama));
         assert_eq!(Arch::from_name("gpt-neox"), None);
+        assert_eq!(Arch::from_name("phi3"), Some(Arch::Phi3));
+        assert_eq!(Arch::Phi3.name(), "phi3");
     }
 }

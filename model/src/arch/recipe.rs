@@ -51,6 +51,13 @@ pub enum Step {
     FfnDown,
     /// `x += o`, `o` first normed by `post_ffw_norm` when `post_norm`.
     FfnResidual { post_norm: bool },
+    /// `q, k, v = xn · Wqkv` from one fused matrix (Phi-3). The loader splits its rows into
+    /// the three views `QkvProj` reads, so both backends run it as `QkvProj`: the same
+    /// kernels, no copy. Named `qkv` like it (it writes the same buffers).
+    QkvFused,
+    /// `gate, up = xn · Wgate_up` from one fused matrix (Phi-3's `ffn_up`, rows `[gate | up]`),
+    /// split into two views at load and run as `GateUp`; named `gate_up` like it.
+    GateUpFused,
 }
 
 /// The buffers of a batch a step reads or writes, `[n × width]` each.
@@ -111,6 +118,8 @@ impl Step {
             Step::Glu(_) => "glu",
             Step::FfnDown => "ffn_down",
             Step::FfnResidual { .. } => "ffn_residual",
+            Step::QkvFused => "qkv",
+            Step::GateUpFused => "gate_up",
         }
     }
 
@@ -141,6 +150,8 @@ impl Step {
                     &[]
                 }
             }
+            Step::QkvFused => &[T::AttnQkv],
+            Step::GateUpFused => &[T::FfnGateUp],
         }
     }
 
@@ -148,12 +159,12 @@ impl Step {
     pub fn outputs(self) -> &'static [Buf] {
         match self {
             Step::AttnNorm | Step::FfnNorm => &[Buf::Xn],
-            Step::QkvProj | Step::QkvBias => &[Buf::Q, Buf::K, Buf::V],
+            Step::QkvProj | Step::QkvBias | Step::QkvFused => &[Buf::Q, Buf::K, Buf::V],
             Step::QkNorm | Step::Rope(_) => &[Buf::Q, Buf::K],
             Step::Attention { .. } => &[Buf::Att],
             Step::AttnOut | Step::FfnDown => &[Buf::O],
             Step::AttnResidual { .. } | Step::FfnResidual { .. } => &[Buf::X],
-            Step::GateUp => &[Buf::Gate, Buf::Up],
+            Step::GateUp | Step::GateUpFused => &[Buf::Gate, Buf::Up],
             Step::Glu(_) => &[Buf::Gate],
         }
     }
@@ -196,7 +207,12 @@ impl LayerRecipe {
 /// The recipe of layer `il` of a model with hyper-parameters `hp` (the flags the
 /// architecture's file set).
 pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
-    let mut steps = vec![Step::AttnNorm, Step::QkvProj];
+    let qkv = if hp.fused_proj {
+        Step::QkvFused
+    } else {
+        Step::QkvProj
+    };
+    let mut steps = vec![Step::AttnNorm, qkv];
     if hp.qkv_bias {
         steps.push(Step::QkvBias);
     }
@@ -220,7 +236,11 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
             post_norm: hp.sandwich_norms,
         },
         Step::FfnNorm,
-        Step::GateUp,
+        if hp.fused_proj {
+            Step::GateUpFused
+        } else {
+            Step::GateUp
+        },
         Step::Glu(hp.ffn_act),
         Step::FfnDown,
         Step::FfnResidual {
@@ -262,6 +282,9 @@ mod tests {
             sandwich_norms: false,
             qkv_bias: false,
             final_logit_softcap: None,
+            fused_proj: false,
+            rope_orig_ctx: 128,
+            rope_attn_factor: 1.0,
         }
     }
 
@@ -316,6 +339,36 @@ mod tests {
         let at = |s: Step| local.steps.iter().position(|x| *x == s);
         assert!(at(Step::QkvBias) < at(Step::QkNorm));
         assert!(at(Step::QkNorm) < at(Step::Rope(RopeTable::Local)));
+    }
+
+    #[test]
+    fn fused_projections_read_the_fused_tensors() {
+        let mut h = hp(Arch::Phi3);
+        h.fused_proj = true;
+        let r = build(&h, 0);
+        assert_eq!(
+            r.describe(),
+            "attn_norm → qkv → rope → attention → attn_out → attn_residual → ffn_norm → \
+             gate_up → glu → ffn_down → ffn_residual"
+        );
+        assert_eq!(r.steps[1], Step::QkvFused);
+        assert!(r.steps.contains(&Step::GateUpFused));
+        assert_eq!(
+            r.tensors(),
+            vec![
+                TensorKind::AttnNorm,
+                TensorKind::AttnQkv,
+                TensorKind::AttnOutput,
+                TensorKind::FfnNorm,
+                TensorKind::FfnGateUp,
+                TensorKind::FfnDown,
+            ]
+        );
+        for k in [TensorKind::AttnQ, TensorKind::FfnGate, TensorKind::FfnUp] {
+            assert!(!r.needs(k), "{k:?}");
+        }
+        assert_eq!(Step::QkvFused.outputs(), Step::QkvProj.outputs());
+        assert_eq!(Step::GateUpFused.outputs(), Step::GateUp.outputs());
     }
 
     #[test]

@@ -44,7 +44,8 @@ impl Runner {
             let mut next = i + 1;
             match step {
                 Step::AttnNorm => norm_rows(pool, x, &l.attn_norm, eps, &mut s.xn[..n * d]),
-                Step::QkvProj => matmul_many(
+                // A fused matrix is three row views of it (the loader's): the same products.
+                Step::QkvProj | Step::QkvFused => matmul_many(
                     pool,
                     &mut [
                         MatJob {
@@ -92,7 +93,7 @@ impl Runner {
                     add_rows(pool, d, x, &mut s.o[..n * d], w, eps);
                 }
                 Step::FfnNorm => norm_rows(pool, x, &l.ffn_norm, eps, &mut s.xn[..n * d]),
-                Step::GateUp => matmul_many(
+                Step::GateUp | Step::GateUpFused => matmul_many(
                     pool,
                     &mut [
                         MatJob {
