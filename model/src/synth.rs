@@ -9,6 +9,7 @@
 //! `shape` holds the table and the type mix, `vocab` their generated tokenizers, `stream`
 //! the writer.
 
+mod phi3;
 mod shape;
 #[cfg(test)]
 mod shape_tests;
@@ -22,7 +23,7 @@ pub use stream::{
     shape_model_bytes, shape_tensors, tokenizer_gguf, write_shape_model, ShapeSpec, SynthError,
 };
 
-use crate::arch::MetaKey;
+use crate::arch::{MetaKey, TensorKind};
 use crate::gguf::{Array, GgufError, GgufWriter, Value};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,6 +36,8 @@ pub enum SynthArch {
     Gemma3,
     /// Real-size shapes only (`--shape qwen2-7b`).
     Qwen2,
+    /// Phi-3: fused Q/K/V and gate/up matrices, LongRoPE factors, a window on every layer.
+    Phi3,
 }
 
 impl SynthArch {
@@ -44,6 +47,7 @@ impl SynthArch {
             SynthArch::Llama => "llama",
             SynthArch::Gemma3 => "gemma3",
             SynthArch::Qwen2 => "qwen2",
+            SynthArch::Phi3 => "phi3",
         }
     }
 }
@@ -88,7 +92,11 @@ impl SynthSpec {
             d_ff: 512,
             vocab: 512,
             ctx: 256,
-            sliding_window: 8,
+            sliding_window: if arch == SynthArch::Phi3 {
+                phi3::WINDOW
+            } else {
+                8
+            },
             tied_embeddings: arch == SynthArch::Gemma3,
         }
     }
@@ -104,8 +112,11 @@ impl SynthSpec {
             SynthArch::Llama => 9,
             SynthArch::Gemma3 => 13,
             SynthArch::Qwen2 => 12,
+            SynthArch::Phi3 => 6,
         };
-        2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
+        // Phi-3's two LongRoPE factor tensors are global.
+        let rope = if self.arch == SynthArch::Phi3 { 2 } else { 0 };
+        2 + rope + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
     }
 
     fn validate(&self) -> Result<(), GgufError> {
@@ -326,6 +337,10 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
         SynthArch::Qwen2 => {}
+        SynthArch::Phi3 => {
+            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
+        }
     }
 }
 
@@ -343,7 +358,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     );
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
-        SynthArch::Llama => (10000.0f32, 1e-5f32),
+        SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
         SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
     };
     add_arch_meta(
@@ -364,7 +379,13 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         },
     );
 
-    let vocab = vocabulary(s.vocab as usize);
+    let mut vocab = vocabulary(s.vocab as usize);
+    if s.arch == SynthArch::Phi3 {
+        phi3::add_meta(&mut w, s);
+        phi3::add_specials(&mut vocab);
+        // As llama.cpp's converter writes Phi-3's SentencePiece vocabulary.
+        w.add("tokenizer.ggml.pre", Value::Str("default".into()));
+    }
     w.add("tokenizer.ggml.model", Value::Str("llama".into()));
     w.add(
         "tokenizer.ggml.tokens",
@@ -399,13 +420,21 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     let mut norms: Vec<(String, u32)> = Vec::new();
     for il in 0..s.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}.weight");
-        matrix(&mut w, &b("attn_q"), d, q)?;
-        matrix(&mut w, &b("attn_k"), d, kv)?;
-        matrix(&mut w, &b("attn_v"), d, kv)?;
-        matrix(&mut w, &b("attn_output"), q, d)?;
-        matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
-        matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
-        matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        if s.arch == SynthArch::Phi3 {
+            // Fused, as Phi-3 files hold them: rows [q | k | v] and [gate | up].
+            matrix(&mut w, &b("attn_qkv"), d, q + 2 * kv)?;
+            matrix(&mut w, &b("attn_output"), q, d)?;
+            matrix(&mut w, &b("ffn_up"), d, 2 * s.d_ff)?;
+            matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        } else {
+            matrix(&mut w, &b("attn_q"), d, q)?;
+            matrix(&mut w, &b("attn_k"), d, kv)?;
+            matrix(&mut w, &b("attn_v"), d, kv)?;
+            matrix(&mut w, &b("attn_output"), q, d)?;
+            matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
+            matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
+            matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        }
         norms.push((b("attn_norm"), d));
         norms.push((b("ffn_norm"), d));
         if s.arch == SynthArch::Gemma3 {
@@ -423,6 +452,21 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     for (name, n) in norms {
         let data = g.norm_weights(n);
         w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    }
+    if s.arch == SynthArch::Phi3 {
+        let (long, short) = phi3::rope_factors(s.head_dim / 2);
+        for (kind, v) in [
+            (TensorKind::RopeFactorsLong, long),
+            (TensorKind::RopeFactorsShort, short),
+        ] {
+            let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            w.add_tensor(
+                &kind.gguf_name(None),
+                &[v.len() as u64],
+                GgmlType::F32,
+                data,
+            )?;
+        }
     }
     Ok(w.to_bytes())
 }

@@ -57,7 +57,7 @@ def test_batch_size_does_not_change_the_answer(name, tmp_path):
 WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3"])
 @pytest.mark.parametrize("ty", WEIGHT_TYPES)
 def test_synthetic_model_matches_reference(arch, ty, tmp_path):
     f = tmp_path / f"{arch}-{ty}.gguf"
@@ -139,7 +139,7 @@ def test_repacked_weights_give_the_same_bits(name, tmp_path):
             assert np.array_equal(packed[k], mapped[k]), f"{name} batch {batch}: {k} differs with --no-repack"
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3"])
 def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     """`debug forward --steps` on a synthetic F32 model (no 8-bit activations on this path):
     every step of every layer the reference also names within STEP_REL of the float64
@@ -150,7 +150,8 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     f = tmp_path / f"{arch}.gguf"
     run(["debug", "synth", "--arch", arch, "--type", "F32", "--seed", "3", "-o", f])
     m = reference.load(str(f))
-    toks = [1] + list(range(5, 25))  # longer than gemma's window
+    # Longer than the windows (gemma3 8, phi3 32).
+    toks = [1] + list(range(5, 25 if arch != "phi3" else 45))
     ref_steps = {}
     reference.forward(m, toks, logit_rows=[], steps=ref_steps)
     out = tmp_path / "dump"
@@ -167,7 +168,7 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
             assert e < STEP_REL, f"synthetic {arch}: first step to part from the reference: {key} ({e:.2e})"
     assert sorted(per_layer) == list(range(m.n_layer))
     assert all(v == per_layer[0] for v in per_layer.values()), per_layer
-    want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]
+    want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]  # phi3: from its fused matrix
     if arch == "gemma3":
         want += ["qk_norm.q", "qk_norm.k"]
     want += ["rope.q", "rope.k", "attention.att", "attn_out.o", "attn_residual.x", "ffn_norm.xn",
@@ -176,3 +177,20 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     assert all(f"layer.{il}.{s}" in ref_steps for il in per_layer for s in want), "the reference names fewer steps"
     for il in range(m.n_layer):
         assert np.array_equal(np.load(out / f"layer.{il}.npy"), np.load(out / f"layer.{il}.ffn_residual.x.npy"))
+
+
+@pytest.mark.parametrize("ctx", [16, 64])
+def test_phi3_longrope_factors_follow_the_context(ctx, tmp_path):
+    """Phi-3's LongRoPE: a runner whose context fits the original one (16 in the small model)
+    rotates with the short factors, a longer one with the long factors (as llama.cpp picks
+    them); each against the reference told the same context. The two runs' logits differ, so
+    the choice is seen."""
+    f = tmp_path / "phi3.gguf"
+    run(["debug", "synth", "--arch", "phi3", "--type", "F32", "--seed", "5", "-o", f])
+    m = reference.load(str(f))
+    assert m.rope_orig_ctx == 16 and abs(m.rope_attn_factor - 2 ** 0.5) < 1e-6
+    toks = [1] + list(range(40, 52))
+    ours = forward_dump(f, toks, tmp_path / "dump", "--threads", "2", "--ctx", str(ctx))
+    compare(ours, m, toks, f"phi3 ctx {ctx}", ctx=ctx)
+    other, _ = reference.forward(m, toks, ctx=80 - ctx)
+    assert np.abs(other - ours["logits"]).max() > 1e-2 * np.abs(other).max()

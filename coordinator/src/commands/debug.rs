@@ -229,8 +229,9 @@ fn synth(a: SynthArgs) -> Result<()> {
         let arch = match arch.as_deref() {
             Some("llama") => SynthArch::Llama,
             Some("gemma3") => SynthArch::Gemma3,
+            Some("phi3") => SynthArch::Phi3,
             other => bail!(
-                "--arch must be llama or gemma3, not '{}'",
+                "--arch must be llama, gemma3 or phi3, not '{}'",
                 other.unwrap_or("")
             ),
         };

@@ -554,6 +554,9 @@ fn strftime(format: &str, unix_secs: i64) -> Result<String, Error> {
 }
 
 #[cfg(test)]
+mod phi3_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
