@@ -402,7 +402,11 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
     w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
     w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
-    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    // Phi-3's tokenizer_config says add_bos_token false (its template writes no <s>).
+    w.add(
+        "tokenizer.ggml.add_bos_token",
+        Value::Bool(s.arch != SynthArch::Phi3),
+    );
     w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
 
     let mut g = Gen {
