@@ -34,20 +34,50 @@ use std::collections::HashSet;
 pub enum SynthArch {
     Llama,
     Gemma3,
-    /// Real-size shapes only (`--shape qwen2-7b`).
+    /// Qwen 2: the Llama layout with Q/K/V biases and NeoX RoPE.
     Qwen2,
+    Qwen3,
     /// Phi-3: fused Q/K/V and gate/up matrices, LongRoPE factors, a window on every layer.
     Phi3,
 }
 
 impl SynthArch {
+    /// The architectures `debug synth --arch` writes small models of.
+    pub const SMALL: &'static [SynthArch] = &[
+        SynthArch::Llama,
+        SynthArch::Gemma3,
+        SynthArch::Qwen2,
+        SynthArch::Qwen3,
+        SynthArch::Phi3,
+    ];
+
+    /// The architecture of GGUF name `name`, when a small model of it can be written.
+    pub fn from_name(name: &str) -> Option<SynthArch> {
+        Self::SMALL.iter().copied().find(|a| a.name() == name)
+    }
+
     /// The GGUF architecture name (`general.architecture` and the key prefix).
     pub fn name(self) -> &'static str {
         match self {
             SynthArch::Llama => "llama",
             SynthArch::Gemma3 => "gemma3",
             SynthArch::Qwen2 => "qwen2",
+            SynthArch::Qwen3 => "qwen3",
             SynthArch::Phi3 => "phi3",
+        }
+    }
+
+    /// Layers have an RMSNorm per head of Q and K (`attn_q_norm`, `attn_k_norm`).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, SynthArch::Gemma3 | SynthArch::Qwen3)
+    }
+
+    /// The tokenizer of the small model (`--arch`): a SentencePiece vocabulary unless the
+    /// family's files carry another kind.
+    pub fn small_vocab(self) -> (VocabKind, u32) {
+        match self {
+            SynthArch::Qwen3 => (VocabKind::Qwen3, 1280),
+            _ => (VocabKind::Spm, 512),
         }
     }
 }
@@ -90,7 +120,7 @@ impl SynthSpec {
             n_head_kv: 2,
             head_dim: 64,
             d_ff: 512,
-            vocab: 512,
+            vocab: arch.small_vocab().1,
             ctx: 256,
             sliding_window: if arch == SynthArch::Phi3 {
                 phi3::WINDOW
@@ -112,6 +142,7 @@ impl SynthSpec {
             SynthArch::Llama => 9,
             SynthArch::Gemma3 => 13,
             SynthArch::Qwen2 => 12,
+            SynthArch::Qwen3 => 11,
             SynthArch::Phi3 => 6,
         };
         // Phi-3's two LongRoPE factor tensors are global.
@@ -122,12 +153,6 @@ impl SynthSpec {
     fn validate(&self) -> Result<(), GgufError> {
         let bad = |why: String| Err(GgufError::InvalidInput(format!("synthetic model: {why}")));
         let s = self;
-        if s.arch == SynthArch::Qwen2 {
-            return bad(
-                "the small synthetic models are llama or gemma3; qwen2 comes with --shape qwen2-7b"
-                    .into(),
-            );
-        }
         if [
             s.n_layer,
             s.d_model,
@@ -151,6 +176,15 @@ impl SynthSpec {
             return bad(format!(
                 "vocab {} is smaller than the {N_FIXED_TOKENS} special and byte tokens",
                 s.vocab
+            ));
+        }
+        let kind = s.arch.small_vocab().0;
+        if kind != VocabKind::Spm && s.vocab < kind.min_vocab() {
+            return bad(format!(
+                "vocab {} is smaller than {} for a {} tokenizer",
+                s.vocab,
+                kind.min_vocab(),
+                s.arch.name()
             ));
         }
         if matches!(s.weight_type, GgmlType::Q8_1 | GgmlType::Q8_K) {
@@ -271,6 +305,15 @@ impl Gen {
         out
     }
 
+    /// Bias vectors: 0.1·N(0, 1).
+    fn bias_weights(&mut self, n: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n as usize * 4);
+        for _ in 0..n {
+            out.extend_from_slice(&(0.1 * self.normal()).to_le_bytes());
+        }
+        out
+    }
+
     /// `n_rows` rows of `row_len` values ~ N(0, 1/√row_len), encoded as `ty`.
     fn matrix(&mut self, row_len: u32, n_rows: u32, ty: GgmlType) -> Result<Vec<u8>, GgufError> {
         let scale = 1.0 / (row_len as f32).sqrt();
@@ -336,7 +379,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
         SynthArch::Gemma3 => {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
-        SynthArch::Qwen2 => {}
+        SynthArch::Qwen2 | SynthArch::Qwen3 => {}
         SynthArch::Phi3 => {
             w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
@@ -359,7 +402,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
-        SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
+        SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 => (1e6, 1e-6),
     };
     add_arch_meta(
         &mut w,
@@ -379,35 +422,11 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         },
     );
 
-    let mut vocab = vocabulary(s.vocab as usize);
-    if s.arch == SynthArch::Phi3 {
-        phi3::add_meta(&mut w, s);
-        phi3::add_specials(&mut vocab);
-        // As llama.cpp's converter writes Phi-3's SentencePiece vocabulary.
-        w.add("tokenizer.ggml.pre", Value::Str("default".into()));
+    match s.arch.small_vocab().0 {
+        VocabKind::Spm if s.arch == SynthArch::Phi3 => phi3::add_tokenizer(&mut w, s),
+        VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize), true),
+        kind => vocab::add_tokenizer(&mut w, kind, s.vocab),
     }
-    w.add("tokenizer.ggml.model", Value::Str("llama".into()));
-    w.add(
-        "tokenizer.ggml.tokens",
-        Value::Array(Array::Str(vocab.iter().map(|t| t.0.clone()).collect())),
-    );
-    w.add(
-        "tokenizer.ggml.scores",
-        Value::Array(Array::F32(vocab.iter().map(|t| t.1).collect())),
-    );
-    w.add(
-        "tokenizer.ggml.token_type",
-        Value::Array(Array::I32(vocab.iter().map(|t| t.2).collect())),
-    );
-    w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
-    w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
-    w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
-    // Phi-3's tokenizer_config says add_bos_token false (its template writes no <s>).
-    w.add(
-        "tokenizer.ggml.add_bos_token",
-        Value::Bool(s.arch != SynthArch::Phi3),
-    );
-    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
 
     let mut g = Gen {
         rng: StdRng::seed_from_u64(s.seed),
@@ -422,6 +441,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     };
     matrix(&mut w, "token_embd.weight", d, s.vocab)?;
     let mut norms: Vec<(String, u32)> = Vec::new();
+    let mut biases: Vec<(String, u32)> = Vec::new();
     for il in 0..s.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}.weight");
         if s.arch == SynthArch::Phi3 {
@@ -441,12 +461,19 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         }
         norms.push((b("attn_norm"), d));
         norms.push((b("ffn_norm"), d));
-        if s.arch == SynthArch::Gemma3 {
+        if s.arch.has_qk_norm() {
             // GGUF stores Gemma's RMSNorm weights as (1 + w), so these are near 1 as well.
             norms.push((b("attn_q_norm"), s.head_dim));
             norms.push((b("attn_k_norm"), s.head_dim));
+        }
+        if s.arch == SynthArch::Gemma3 {
             norms.push((b("post_attention_norm"), d));
             norms.push((b("post_ffw_norm"), d));
+        }
+        if s.arch == SynthArch::Qwen2 {
+            for (t, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                biases.push((format!("blk.{il}.{t}.bias"), n));
+            }
         }
     }
     if !s.is_tied() {
@@ -455,6 +482,10 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     norms.push(("output_norm.weight".to_string(), d));
     for (name, n) in norms {
         let data = g.norm_weights(n);
+        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    }
+    for (name, n) in biases {
+        let data = g.bias_weights(n);
         w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
     }
     if s.arch == SynthArch::Phi3 {
@@ -473,6 +504,29 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         }
     }
     Ok(w.to_bytes())
+}
+
+/// The small models' SentencePiece tokenizer (`vocabulary`); `add_bos`: the file asks for
+/// BOS in front of a prompt.
+fn add_spm_tokenizer(w: &mut GgufWriter, vocab: &[(String, f32, i32)], add_bos: bool) {
+    w.add("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.add(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::Str(vocab.iter().map(|t| t.0.clone()).collect())),
+    );
+    w.add(
+        "tokenizer.ggml.scores",
+        Value::Array(Array::F32(vocab.iter().map(|t| t.1).collect())),
+    );
+    w.add(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vocab.iter().map(|t| t.2).collect())),
+    );
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(add_bos));
+    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
 }
 
 #[cfg(test)]
@@ -494,17 +548,12 @@ mod tests {
         );
         let toks = md.str_array("tokenizer.ggml.tokens").unwrap();
         assert_eq!(toks.len(), spec.vocab as usize);
-        assert_eq!(toks[1], "<s>");
-        assert_eq!(toks[3], "<0x00>");
-        assert_eq!(toks[258], "<0xFF>");
-        assert_eq!(toks[259], SPACE);
         assert_eq!(toks.iter().collect::<HashSet<_>>().len(), toks.len());
-        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
-        assert_eq!(types[100], TOKEN_TYPE_BYTE);
-        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
-        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
-        assert!(scores[260] > scores[261]);
-        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+        if spec.arch.small_vocab().0 != VocabKind::Spm {
+            check_bpe(spec, md, toks);
+        } else {
+            check_spm(md, toks);
+        }
 
         let (d, v) = (u64::from(spec.d_model), u64::from(spec.vocab));
         let t = |n: &str| f.tensor(n).unwrap_or_else(|| panic!("missing {n}"));
@@ -531,7 +580,17 @@ mod tests {
             .collect();
         let mean = vals.iter().sum::<f32>() / vals.len() as f32;
         assert!((mean - 1.0).abs() < 0.05, "norm mean {mean}");
-        if spec.arch == SynthArch::Gemma3 {
+        if spec.arch.has_qk_norm() {
+            let hd = u64::from(spec.head_dim);
+            assert_eq!(t(&format!("blk.{last}.attn_k_norm.weight")).dims, [hd]);
+        }
+        if spec.arch == SynthArch::Qwen3 {
+            assert_eq!(md.f32("qwen3.rope.freq_base").unwrap(), 1e6);
+            assert!(f
+                .tensor(&format!("blk.{last}.post_ffw_norm.weight"))
+                .is_none());
+            assert!(f.tensor(&format!("blk.{last}.attn_q.bias")).is_none());
+        } else if spec.arch == SynthArch::Gemma3 {
             let hd = u64::from(spec.head_dim);
             assert_eq!(t(&format!("blk.{last}.attn_q_norm.weight")).dims, [hd]);
             assert_eq!(t(&format!("blk.{last}.post_ffw_norm.weight")).dims, [d]);
@@ -540,6 +599,13 @@ mod tests {
                 spec.sliding_window
             );
             assert_eq!(md.f32("gemma3.rope.freq_base").unwrap(), 1e6);
+        } else if spec.arch == SynthArch::Qwen2 {
+            let bias = t(&format!("blk.{last}.attn_k.bias"));
+            assert_eq!(
+                (bias.dims.as_slice(), bias.ty),
+                ([kvd].as_slice(), GgmlType::F32)
+            );
+            assert_eq!(t(&format!("blk.{last}.attn_q.bias")).dims, [qd]);
         } else {
             assert_eq!(md.u32("llama.vocab_size").unwrap(), spec.vocab);
             assert_eq!(md.u32("llama.rope.dimension_count").unwrap(), spec.head_dim);
@@ -549,6 +615,53 @@ mod tests {
         let mut other = spec.clone();
         other.seed ^= 1;
         assert_ne!(synth_model(&other).unwrap(), bytes);
+    }
+
+    fn check_spm(md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(toks[1], "<s>");
+        assert_eq!(toks[3], "<0x00>");
+        assert_eq!(toks[258], "<0xFF>");
+        assert_eq!(toks[259], SPACE);
+        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
+        assert_eq!(types[100], TOKEN_TYPE_BYTE);
+        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
+        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
+        assert!(scores[260] > scores[261]);
+        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+    }
+
+    /// A byte-level BPE vocabulary with the family's added tokens where its files have them,
+    /// and the family's chat template.
+    fn check_bpe(spec: &SynthSpec, md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(md.str("tokenizer.ggml.model").unwrap(), "gpt2");
+        let kind = spec.arch.small_vocab().0;
+        let regular = (spec.vocab - kind.tail()) as usize;
+        let merges = md.str_array("tokenizer.ggml.merges").unwrap();
+        assert_eq!(merges.len(), regular - 256);
+        let template = md.str("tokenizer.chat_template").unwrap();
+        if spec.arch == SynthArch::Qwen3 {
+            assert_eq!(md.str("tokenizer.ggml.pre").unwrap(), "qwen2");
+            assert_eq!(toks[regular], "<|endoftext|>");
+            assert_eq!(toks[regular + 2], "<|im_end|>");
+            assert_eq!(toks[regular + 25], "</think>");
+            let eos = md.u32("tokenizer.ggml.eos_token_id").unwrap() as usize;
+            assert_eq!(toks[eos], "<|im_end|>");
+            assert!(!md.bool("tokenizer.ggml.add_bos_token").unwrap());
+            assert!(template.contains("<|im_start|>assistant"));
+        }
+    }
+
+    #[test]
+    fn qwen3_reads_back_with_expected_tensors() {
+        let spec = SynthSpec::new(SynthArch::Qwen3, GgmlType::Q8_0, 4);
+        assert_eq!(spec.n_tensors(), 3 + 11 * 2);
+        check(&spec);
+        let mut small = spec.clone();
+        small.vocab = 1000;
+        assert!(synth_model(&small)
+            .unwrap_err()
+            .to_string()
+            .contains("smaller than 1061"));
     }
 
     #[test]
@@ -568,6 +681,15 @@ mod tests {
         let spec = SynthSpec::new(SynthArch::Gemma3, GgmlType::BF16, 9);
         assert_eq!(spec.n_tensors(), 2 + 13 * 2);
         check(&spec);
+    }
+
+    #[test]
+    fn qwen2_reads_back_with_its_biases() {
+        let spec = SynthSpec::new(SynthArch::Qwen2, GgmlType::Q8_0, 10);
+        assert_eq!(spec.n_tensors(), 3 + 12 * 2);
+        check(&spec);
+        assert_eq!(SynthArch::from_name("qwen2"), Some(SynthArch::Qwen2));
+        assert_eq!(SynthArch::from_name("gpt2"), None);
     }
 
     #[test]

@@ -33,6 +33,7 @@ CUTS = [
     ("tiny", []),
     ("llama3-1b", ["--layers", "2", "--vocab", "4096"]),
     ("gemma3-1b", ["--layers", "2", "--vocab", "4096"]),
+    ("qwen3-0.6b", ["--layers", "2", "--vocab", "4096"]),
     # Phi-3 mini's real layer (fused Q/K/V and gate/up, window 2047): one layer, its float64
     # reference weights near 1 GB.
     pytest.param("phi3-mini", ["--layers", "1", "--vocab", "4096"], marks=pytest.mark.slow),

@@ -8,6 +8,7 @@ mod gemma3;
 mod llama;
 mod phi3;
 mod qwen2;
+mod qwen3;
 pub mod recipe;
 
 use crate::error::ModelError;
@@ -27,6 +28,8 @@ pub enum Arch {
     Qwen2,
     /// Gemma 3: sandwich norms, QK-norm, GeGLU, sliding-window layers, scaled embeddings.
     Gemma3,
+    /// Qwen3: Llama layout with QK-norm and NeoX RoPE, no biases.
+    Qwen3,
     /// Phi-3 / Phi-3.5 mini: fused QKV and gate/up matrices, NeoX RoPE with LongRoPE factors.
     Phi3,
 }
@@ -38,6 +41,7 @@ impl Arch {
             "llama" | "mistral" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
+            "qwen3" => Some(Arch::Qwen3),
             "phi3" => Some(Arch::Phi3),
             _ => None,
         }
@@ -48,11 +52,13 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
         }
     }
 
-    pub const SUPPORTED: &'static [&'static str] = &["llama", "mistral", "qwen2", "gemma3", "phi3"];
+    pub const SUPPORTED: &'static [&'static str] =
+        &["llama", "mistral", "qwen2", "gemma3", "qwen3", "phi3"];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -60,6 +66,7 @@ impl Arch {
             Arch::Llama => llama::apply(hp, md),
             Arch::Qwen2 => qwen2::apply(hp, md),
             Arch::Gemma3 => gemma3::apply(hp, md),
+            Arch::Qwen3 => qwen3::apply(hp, md),
             Arch::Phi3 => phi3::apply(hp, md),
         }
     }

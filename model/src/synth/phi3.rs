@@ -9,7 +9,7 @@
 //! past those prompts (llama.cpp runs Phi-3 without its window) and within the 40-token prompts
 //! of our own tests against the reference.
 
-use super::{SynthSpec, TOKEN_TYPE_CONTROL};
+use super::{add_spm_tokenizer, vocabulary, SynthSpec, TOKEN_TYPE_CONTROL};
 use crate::arch::MetaKey;
 use crate::gguf::{GgufWriter, Value};
 
@@ -52,25 +52,12 @@ pub fn attn_factor(ctx: u32, orig: u32) -> f32 {
     (1.0 + scale.ln() / f64::from(orig).ln()).sqrt() as f32
 }
 
-/// The LongRoPE keys and the chat template.
-pub(super) fn add_meta(w: &mut GgufWriter, s: &SynthSpec) {
-    let a = s.arch.name();
-    w.add(
-        &MetaKey::RopeScalingOrigCtx.of(a),
-        Value::U32(ORIG_CTX.min(s.ctx)),
-    );
-    w.add(
-        &MetaKey::RopeScalingAttnFactor.of(a),
-        Value::F32(attn_factor(s.ctx, ORIG_CTX.min(s.ctx))),
-    );
-    w.add(
-        "tokenizer.chat_template",
-        Value::Str(CHAT_TEMPLATE.to_string()),
-    );
-}
-
-/// Puts [`SPECIALS`] in the last ids of `vocab` (text, score, type).
-pub(super) fn add_specials(vocab: &mut [(String, f32, i32)]) {
+/// Phi-3's tokenizer: the small models' SentencePiece vocabulary with [`SPECIALS`] in its
+/// last ids, no BOS added to a prompt (Phi-3's `tokenizer_config.json`: its template writes
+/// no `<s>`), the `default` pre-tokenizer name llama.cpp's converter writes, the LongRoPE keys
+/// and the chat template.
+pub(super) fn add_tokenizer(w: &mut GgufWriter, s: &SynthSpec) {
+    let mut vocab = vocabulary(s.vocab as usize);
     let n = vocab.len();
     for (slot, text) in vocab[n.saturating_sub(SPECIALS.len())..]
         .iter_mut()
@@ -78,6 +65,19 @@ pub(super) fn add_specials(vocab: &mut [(String, f32, i32)]) {
     {
         *slot = (text.to_string(), 0.0, TOKEN_TYPE_CONTROL);
     }
+    add_spm_tokenizer(w, &vocab, false);
+    w.add("tokenizer.ggml.pre", Value::Str("default".into()));
+    let a = s.arch.name();
+    let orig = ORIG_CTX.min(s.ctx);
+    w.add(&MetaKey::RopeScalingOrigCtx.of(a), Value::U32(orig));
+    w.add(
+        &MetaKey::RopeScalingAttnFactor.of(a),
+        Value::F32(attn_factor(s.ctx, orig)),
+    );
+    w.add(
+        "tokenizer.chat_template",
+        Value::Str(CHAT_TEMPLATE.to_string()),
+    );
 }
 
 #[cfg(test)]
