@@ -583,7 +583,7 @@ mod tests {
 
     #[test]
     fn builtins_are_listed_and_compile() {
-        assert_eq!(builtin_names(), vec!["chatml", "gemma", "llama3"]);
+        assert_eq!(builtin_names(), vec!["chatml", "gemma", "llama3", "phi3"]);
         for name in builtin_names() {
             builtin_template(name, "<s>", "</s>");
         }
