@@ -86,3 +86,37 @@ fn the_small_phi3_carries_it_and_its_markup_is_control_tokens() {
     // An unknown built-in name is refused by name.
     assert!(resolve_template(Some("phi-3"), &spec, &tok, path).is_err());
 }
+
+#[test]
+fn whitespace_after_phi3s_special_tokens_is_dropped_as_llamacpp_does() {
+    let (mut spec, tok) = small_phi3();
+    assert!(
+        spec.rstrip_specials,
+        "a phi3 file (by general.name, as llama.cpp tells)"
+    );
+    let id = |s: &str| tok.piece_to_id(s).expect(s);
+    let prompt = "<|user|>\nHi<|end|>\n<|assistant|>\n";
+    let ids = tok.encode(prompt, false).expect("encodes");
+    let hi = tok.encode_text("Hi", false).expect("encodes");
+    let want: Vec<u32> = [id("<|user|>")]
+        .into_iter()
+        .chain(hi.iter().copied())
+        .chain([id("<|end|>"), id("<|assistant|>")])
+        .collect();
+    assert_eq!(ids, want);
+    // Across pieces: the content's leading blanks go too (the prompt is one text); not after
+    // <|endoftext|>, and not without the rule.
+    let pieces = [
+        crate::text::tokenizer::Piece::special("<|user|>\n"),
+        crate::text::tokenizer::Piece::text("  Hi"),
+    ];
+    assert_eq!(
+        tok.encode_pieces(&pieces, false).unwrap(),
+        want[..1 + hi.len()]
+    );
+    let eot = tok.encode("<|endoftext|>\n", false).unwrap();
+    assert!(eot.len() > 1, "{eot:?}");
+    spec.rstrip_specials = false;
+    let plain = Tokenizer::new(&spec).unwrap();
+    assert!(plain.encode(prompt, false).unwrap().len() > want.len());
+}
