@@ -47,10 +47,12 @@ def test_chat_repl_sends_the_phi3_prompt(model):
     assert r.returncode == 0, r.stderr
     assert "has no chat template" not in r.stderr  # the file's own template
     first = complete(model, phi3_prompt("be brief", [], q1))
-    # The raw prompt's markup came out as Phi-3's control tokens, not as characters, and no
-    # BOS (Phi-3's files do not add it).
+    # The raw prompt's markup came out as Phi-3's control tokens, not as characters, without
+    # the newlines after them (Phi-3's special tokens strip the whitespace that follows, as in
+    # llama.cpp) and without BOS (Phi-3's files do not add it).
     ids = first["prompt_token_ids"]
-    assert ids[0] == 509 and ids.count(510) == 2 and ids[-3] == 508, ids  # <|system|> <|end|> <|assistant|>
+    assert ids[0] == 509 and ids.count(510) == 2 and ids[-1] == 508, ids  # <|system|> <|end|> <|assistant|>
+    assert 13 not in ids, ids  # <0x0A>
     second = complete(model, phi3_prompt("be brief", [(q1, first["text"].strip())], q2))
     assert r.stdout == first["text"] + "\n" + second["text"] + "\n", (r.stdout, first, second)
 
