@@ -473,7 +473,8 @@ fn encode_step(
         Step::AttnNorm => ops
             .rms_norm(gpu, e, &s.x, 0, &l.attn_norm, &s.xn, 0, rows, d as u32, eps)
             .map_err(be)?,
-        Step::QkvProj => {
+        // A fused matrix is three row views of it, uploaded as matrices of their own.
+        Step::QkvProj | Step::QkvFused => {
             for (w, out) in [(&l.wq, &s.q), (&l.wk, &s.k), (&l.wv, &s.v)] {
                 mm.encode(gpu, e, w, &s.xn, 0, out, 0, rows).map_err(be)?;
             }
@@ -530,7 +531,7 @@ fn encode_step(
         Step::FfnNorm => ops
             .rms_norm(gpu, e, &s.x, 0, &l.ffn_norm, &s.xn, 0, rows, d as u32, eps)
             .map_err(be)?,
-        Step::GateUp => {
+        Step::GateUp | Step::GateUpFused => {
             for (w, out) in [(&l.gate, &s.gate), (&l.up, &s.up)] {
                 mm.encode(gpu, e, w, &s.xn, 0, out, 0, rows).map_err(be)?;
             }
@@ -678,7 +679,9 @@ fn supports(step: Step) -> bool {
         | Step::GateUp
         | Step::Glu(FfnAct::Silu | FfnAct::GeluTanh)
         | Step::FfnDown
-        | Step::FfnResidual { .. } => true,
+        | Step::FfnResidual { .. }
+        | Step::QkvFused
+        | Step::GateUpFused => true,
         // Gemma 4's steps: not on the GPU yet.
         Step::QProj
         | Step::QkProj

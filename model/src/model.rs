@@ -156,6 +156,9 @@ pub struct Model {
     pub rope_freqs: Option<Vec<f32>>,
     /// Gemma 4's per-layer embeddings, with the token embedding.
     pub ple: Option<PleWeights>,
+    /// LongRoPE divisors (Phi-3 128k): `rope_factors_long` and `rope_factors_short`, the
+    /// runner picking one by its context (`Hparams::rope_orig_ctx`).
+    pub rope_factors: Option<(Vec<f32>, Vec<f32>)>,
     /// The streamed tier, when some of the layers are read from disk each token.
     pub streamer: Option<Arc<Streamer>>,
 }
@@ -270,6 +273,17 @@ impl Model {
         } else {
             None
         };
+        let has = |kind: TensorKind| file.tensor(&kind.gguf_name(None)).is_some();
+        let half = (hp.rope_dim / 2) as u64;
+        let rope_factors = if has(TensorKind::RopeFactorsLong) || has(TensorKind::RopeFactorsShort)
+        {
+            Some((
+                loader.vector(TensorKind::RopeFactorsLong, None, half)?,
+                loader.vector(TensorKind::RopeFactorsShort, None, half)?,
+            ))
+        } else {
+            None
+        };
         let mut layers = Vec::with_capacity(layer_range.len());
         for il in layer_range.clone() {
             let streamed = opts.stream.as_ref().is_some_and(|s| s.streams(il));
@@ -289,6 +303,7 @@ impl Model {
             output,
             rope_freqs,
             ple,
+            rope_factors,
             streamer: opts.stream.clone(),
         };
         let packed = model.packed_bytes();
@@ -399,6 +414,14 @@ impl Model {
     }
 }
 
+/// The three views of a fused Q/K/V matrix, in order.
+fn split3(mut v: Vec<Weight>, name: String) -> Result<[Weight; 3], ModelError> {
+    match (v.pop(), v.pop(), v.pop()) {
+        (Some(wv), Some(wk), Some(wq)) => Ok([wq, wk, wv]),
+        _ => Err(ModelError::MissingTensor { name }),
+    }
+}
+
 /// Bytes of a matrix repacked between releases of its mapped pages.
 const REPACK_STEP_BYTES: usize = 4 << 20;
 
@@ -441,7 +464,27 @@ impl<'a> Loader<'a> {
         n_in: u64,
         n_out: u64,
     ) -> Result<Weight, ModelError> {
+        let mut parts = self.matrix_rows(kind, layer, n_in, &[n_out])?;
+        parts.pop().ok_or(ModelError::MissingTensor {
+            name: kind.gguf_name(layer),
+        })
+    }
+
+    /// A matrix of `Σ parts` rows of `n_in` split into consecutive runs of `parts[i]` rows,
+    /// each a weight of its own over its rows of the file (a fused Q/K/V or gate/up matrix):
+    /// no copy, and each view is repacked or streamed as a matrix of its own would be.
+    fn matrix_rows(
+        &self,
+        kind: TensorKind,
+        layer: Option<usize>,
+        n_in: u64,
+        parts: &[u64],
+    ) -> Result<Vec<Weight>, ModelError> {
         let t = self.info(kind, layer)?;
+        let n_out = parts
+            .iter()
+            .try_fold(0u64, |a, &p| a.checked_add(p))
+            .unwrap_or(u64::MAX);
         if t.dims != [n_in, n_out] {
             return Err(ModelError::BadShape {
                 name: t.name.clone(),
@@ -458,30 +501,55 @@ impl<'a> Loader<'a> {
         }
         let start = t.offset as usize;
         let range = start..start + t.size as usize;
-        let (n_in, n_out) = (n_in as usize, n_out as usize);
+        let n_in = n_in as usize;
         // Only a tensor that is exactly its rows (always so in a file the reader accepted).
-        let whole_rows =
+        let row_bytes =
             t.ty.row_bytes(n_in)
-                .and_then(|rb| rb.checked_mul(n_out))
-                .is_some_and(|b| b == range.len());
+                .filter(|rb| rb.checked_mul(n_out as usize) == Some(range.len()));
+        if parts.len() > 1 && row_bytes.is_none() {
+            return Err(ModelError::BadShape {
+                name: t.name.clone(),
+                expected: vec![n_in as u64, n_out],
+                found: t.dims.clone(),
+            });
+        }
         let streamed = self.streamed_layer.is_some();
-        let panels = self.repack && repack::available(t.ty) && n_out >= repack::PANEL && whole_rows;
-        let packed = if streamed {
-            None
-        } else if panels || self.own {
-            Some(self.repacked(t.ty, n_in, n_out, range.clone(), panels))
-        } else {
-            None
-        };
-        Ok(Weight {
-            name: t.name.clone(),
-            ty: t.ty,
-            n_in,
-            n_out,
-            range,
-            packed,
-            streamed,
-        })
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = range.start;
+        for (i, &rows) in parts.iter().enumerate() {
+            let rows = rows as usize;
+            let part = match row_bytes {
+                Some(rb) => at..at + rb * rows,
+                None => range.clone(),
+            };
+            at = part.end;
+            let panels = self.repack
+                && repack::available(t.ty)
+                && rows >= repack::PANEL
+                && row_bytes.is_some();
+            let packed = if streamed {
+                None
+            } else if panels || self.own {
+                Some(self.repacked(t.ty, n_in, rows, part.clone(), panels))
+            } else {
+                None
+            };
+            let name = if parts.len() > 1 {
+                format!("{}[{i}]", t.name)
+            } else {
+                t.name.clone()
+            };
+            out.push(Weight {
+                name,
+                ty: t.ty,
+                n_in,
+                n_out: rows,
+                range: part,
+                packed,
+                streamed,
+            });
+        }
+        Ok(out)
     }
 
     /// The matrix at `range` of the file copied into owned memory, repacked into panels when
@@ -587,11 +655,38 @@ impl<'a> Loader<'a> {
             }
             None => None,
         };
+        let (wq, wk, wv) = if recipe.needs(TensorKind::AttnQkv) {
+            let v = self.matrix_rows(TensorKind::AttnQkv, l, d, &[q, kv, kv])?;
+            let [wq, wk, wv] = split3(v, TensorKind::AttnQkv.gguf_name(l))?;
+            (wq, Some(wk), Some(wv))
+        } else {
+            (
+                self.matrix(TensorKind::AttnQ, l, d, q)?,
+                opt_mat(TensorKind::AttnK, d, kv)?,
+                opt_mat(TensorKind::AttnV, d, kv)?,
+            )
+        };
+        let (gate, up) = if recipe.needs(TensorKind::FfnGateUp) {
+            let mut v = self.matrix_rows(TensorKind::FfnGateUp, l, d, &[ff, ff])?;
+            match (v.pop(), v.pop()) {
+                (Some(up), Some(gate)) => (gate, up),
+                _ => {
+                    return Err(ModelError::MissingTensor {
+                        name: TensorKind::FfnGateUp.gguf_name(l),
+                    })
+                }
+            }
+        } else {
+            (
+                self.matrix(TensorKind::FfnGate, l, d, ff)?,
+                self.matrix(TensorKind::FfnUp, l, d, ff)?,
+            )
+        };
         Ok(Layer {
             attn_norm: self.vector(TensorKind::AttnNorm, l, d)?,
-            wq: self.matrix(TensorKind::AttnQ, l, d, q)?,
-            wk: opt_mat(TensorKind::AttnK, d, kv)?,
-            wv: opt_mat(TensorKind::AttnV, d, kv)?,
+            wq,
+            wk,
+            wv,
             wo: self.matrix(TensorKind::AttnOutput, l, q, d)?,
             bq: opt_vec(TensorKind::AttnQBias, q)?,
             bk: opt_vec(TensorKind::AttnKBias, kv)?,
@@ -600,8 +695,8 @@ impl<'a> Loader<'a> {
             k_norm: opt_vec(TensorKind::AttnKNorm, hd)?,
             post_attn_norm: opt_vec(TensorKind::PostAttnNorm, d)?,
             ffn_norm: self.vector(TensorKind::FfnNorm, l, d)?,
-            gate: self.matrix(TensorKind::FfnGate, l, d, ff)?,
-            up: self.matrix(TensorKind::FfnUp, l, d, ff)?,
+            gate,
+            up,
             down: self.matrix(TensorKind::FfnDown, l, ff, d)?,
             post_ffw_norm: opt_vec(TensorKind::PostFfwNorm, d)?,
             ple_gate: opt_mat(TensorKind::PerLayerInpGate, d, ple)?,

@@ -10,6 +10,7 @@
 //! the writer.
 
 pub mod gemma4;
+mod phi3;
 mod shape;
 #[cfg(test)]
 mod shape_tests;
@@ -24,7 +25,7 @@ pub use stream::{
     shape_model_bytes, shape_tensors, tokenizer_gguf, write_shape_model, ShapeSpec, SynthError,
 };
 
-use crate::arch::MetaKey;
+use crate::arch::{MetaKey, TensorKind};
 use crate::gguf::{Array, GgufError, GgufWriter, Value};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -40,6 +41,8 @@ pub enum SynthArch {
     Qwen3,
     /// Gemma 4: the tiny model of `gemma4::TINY`'s structure, and the `gemma4-*` shapes.
     Gemma4,
+    /// Phi-3: fused Q/K/V and gate/up matrices, LongRoPE factors, a window on every layer.
+    Phi3,
 }
 
 impl SynthArch {
@@ -50,6 +53,7 @@ impl SynthArch {
         SynthArch::Qwen2,
         SynthArch::Qwen3,
         SynthArch::Gemma4,
+        SynthArch::Phi3,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
@@ -65,6 +69,7 @@ impl SynthArch {
             SynthArch::Qwen2 => "qwen2",
             SynthArch::Qwen3 => "qwen3",
             SynthArch::Gemma4 => "gemma4",
+            SynthArch::Phi3 => "phi3",
         }
     }
 
@@ -141,7 +146,11 @@ impl SynthSpec {
             d_ff: 512,
             vocab: arch.small_vocab().1,
             ctx: 256,
-            sliding_window: 8,
+            sliding_window: if arch == SynthArch::Phi3 {
+                phi3::WINDOW
+            } else {
+                8
+            },
             tied_embeddings: arch == SynthArch::Gemma3,
         }
     }
@@ -162,8 +171,11 @@ impl SynthSpec {
             SynthArch::Qwen2 => 12,
             SynthArch::Qwen3 => 11,
             SynthArch::Gemma4 => 0,
+            SynthArch::Phi3 => 6,
         };
-        2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
+        // Phi-3's two LongRoPE factor tensors are global.
+        let rope = if self.arch == SynthArch::Phi3 { 2 } else { 0 };
+        2 + rope + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
     }
 
     /// The Gemma 4 structure of this spec (`gemma4::TINY`'s extras).
@@ -413,6 +425,10 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
         SynthArch::Qwen2 | SynthArch::Qwen3 => {}
         // Its own keys come with the model (`gemma4::Gemma4Model::add_meta`).
         SynthArch::Gemma4 => {}
+        SynthArch::Phi3 => {
+            w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
+        }
     }
 }
 
@@ -430,7 +446,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     );
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
-        SynthArch::Llama => (10000.0f32, 1e-5f32),
+        SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
         SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 | SynthArch::Gemma4 => (1e6, 1e-6),
     };
     add_arch_meta(
@@ -452,6 +468,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     );
 
     match s.arch.small_vocab().0 {
+        VocabKind::Spm if s.arch == SynthArch::Phi3 => phi3::add_tokenizer(&mut w, s),
         VocabKind::Spm if s.arch == SynthArch::Gemma4 => {
             // The chat template's markup as control tokens, in place of the last made-up
             // pieces.
@@ -461,9 +478,9 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
                 *slot = (t.to_string(), 0.0, TOKEN_TYPE_CONTROL);
             }
             s.gemma4().add_meta(&mut w);
-            add_spm_tokenizer(&mut w, &vocab);
+            add_spm_tokenizer(&mut w, &vocab, true);
         }
-        VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize)),
+        VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize), true),
         kind => vocab::add_tokenizer(&mut w, kind, s.vocab),
     }
 
@@ -514,13 +531,21 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     let mut biases: Vec<(String, u32)> = Vec::new();
     for il in 0..s.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}.weight");
-        matrix(&mut w, &b("attn_q"), d, q)?;
-        matrix(&mut w, &b("attn_k"), d, kv)?;
-        matrix(&mut w, &b("attn_v"), d, kv)?;
-        matrix(&mut w, &b("attn_output"), q, d)?;
-        matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
-        matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
-        matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        if s.arch == SynthArch::Phi3 {
+            // Fused, as Phi-3 files hold them: rows [q | k | v] and [gate | up].
+            matrix(&mut w, &b("attn_qkv"), d, q + 2 * kv)?;
+            matrix(&mut w, &b("attn_output"), q, d)?;
+            matrix(&mut w, &b("ffn_up"), d, 2 * s.d_ff)?;
+            matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        } else {
+            matrix(&mut w, &b("attn_q"), d, q)?;
+            matrix(&mut w, &b("attn_k"), d, kv)?;
+            matrix(&mut w, &b("attn_v"), d, kv)?;
+            matrix(&mut w, &b("attn_output"), q, d)?;
+            matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
+            matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
+            matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        }
         norms.push((b("attn_norm"), d));
         norms.push((b("ffn_norm"), d));
         if s.arch.has_qk_norm() {
@@ -550,11 +575,27 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         let data = g.bias_weights(n);
         w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
     }
+    if s.arch == SynthArch::Phi3 {
+        let (long, short) = phi3::rope_factors(s.head_dim / 2);
+        for (kind, v) in [
+            (TensorKind::RopeFactorsLong, long),
+            (TensorKind::RopeFactorsShort, short),
+        ] {
+            let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            w.add_tensor(
+                &kind.gguf_name(None),
+                &[v.len() as u64],
+                GgmlType::F32,
+                data,
+            )?;
+        }
+    }
     Ok(w.to_bytes())
 }
 
-/// The small models' SentencePiece tokenizer (`vocabulary`).
-fn add_spm_tokenizer(w: &mut GgufWriter, vocab: &[(String, f32, i32)]) {
+/// The small models' SentencePiece tokenizer (`vocabulary`); `add_bos`: the file asks for
+/// BOS in front of a prompt.
+fn add_spm_tokenizer(w: &mut GgufWriter, vocab: &[(String, f32, i32)], add_bos: bool) {
     w.add("tokenizer.ggml.model", Value::Str("llama".into()));
     w.add(
         "tokenizer.ggml.tokens",
@@ -571,7 +612,7 @@ fn add_spm_tokenizer(w: &mut GgufWriter, vocab: &[(String, f32, i32)]) {
     w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
     w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
     w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
-    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(add_bos));
     w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
 }
 

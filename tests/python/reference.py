@@ -28,6 +28,16 @@ Architectures:
   gemma4           the dense Gemma 4 sizes: reference_gemma4.py (per-layer head sizes, shared-KV
                    layers, V-norm and V from K, proportional RoPE, per-layer embeddings, layer
                    output scale, attention scale 1, final logit soft-capping).
+  phi3             Hugging Face's Phi3ForCausalLM: the llama block with Q, K, V in one matrix
+                   (`attn_qkv`, output rows [q | k | v]) and gate and up in one (`ffn_up`,
+                   rows [gate | up], SwiGLU: silu(gate) * up), NeoX RoPE. LongRoPE (the 128k
+                   models): inverse frequencies divided by `rope_factors_long` when the context
+                   is longer than `rope.scaling.original_context_length`, else by
+                   `rope_factors_short` (llama.cpp decides by the context size, Hugging Face by
+                   the sequence length: the same thing for a context sized to the prompt), and
+                   cos and sin multiplied by `rope.scaling.attn_factor`. A sliding window on
+                   every layer (key allowed iff q - k < window) when
+                   `attention.sliding_window` is below the training context.
 
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
@@ -46,7 +56,7 @@ from gguf.quants import dequantize
 
 import reference_gemma4
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3")
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,7 +122,11 @@ class Model:
         if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
         self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
-        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3")
+        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "phi3")
+        self.ctx_train = int(g("context_length", 4096))
+        # LongRoPE (phi3): the original context and the cos/sin multiplier.
+        self.rope_orig_ctx = int(g("rope.scaling.original_context_length", self.ctx_train) or self.ctx_train)
+        self.rope_attn_factor = float(g("rope.scaling.attn_factor", 1.0) or 1.0)
         self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
 
         if self.n_head % self.n_head_kv:
@@ -143,6 +157,11 @@ class Model:
             self.q_scale = float(g("attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(self.head_dim)
         if arch == "gemma4":
             reference_gemma4.setup(self, g)
+        if arch == "phi3":
+            w = int(g("attention.sliding_window", 0) or 0)
+            if 0 < w < self.ctx_train:
+                self.window = w
+                self.is_swa = [True] * self.n_layer
 
         tokenizer_model = self.meta.get("tokenizer.ggml.model")
         self.add_bos = bool(self.meta.get("tokenizer.ggml.add_bos_token", tokenizer_model == "llama"))
@@ -248,20 +267,20 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
-def rope(x, pos, n_rot, base, scale=1.0, neox=False, freq_factors=None):
+def rope(x, pos, n_rot, base, scale=1.0, neox=False, freq_factors=None, attn_factor=1.0):
     """Rotary embedding of x [n_tok, n_heads, head_dim] at positions pos [n_tok].
 
     Pair i (i < n_rot/2) is rotated by angle pos * scale * base^(-2i/n_rot) / freq_factors[i].
     normal (llama): pairs are (2i, 2i+1); neox: pairs are (i, i + n_rot/2). Dimensions from
-    n_rot on are left untouched."""
+    n_rot on are left untouched. cos and sin are multiplied by `attn_factor` (LongRoPE)."""
     half = n_rot // 2
     i = np.arange(half, dtype=np.float64)
     inv_freq = base ** (-2.0 * i / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)[:half]
     theta = (np.asarray(pos, dtype=np.float64)[:, None] * scale) * inv_freq[None, :]
-    cos = np.cos(theta)[:, None, :]
-    sin = np.sin(theta)[:, None, :]
+    cos = np.cos(theta)[:, None, :] * attn_factor
+    sin = np.sin(theta)[:, None, :] * attn_factor
     out = x.copy()
     if neox:
         a, b = x[..., :half], x[..., half:n_rot]
@@ -396,20 +415,22 @@ def _linear(x, m, name):
 # Forward pass
 
 
-def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None):
+def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None, ctx=None):
     """With act_quant=True, matmul inputs are rounded as 8-bit activations (see quantize_act).
+    `ctx`: the context size the model is run with (default: the number of tokens), which
+    picks LongRoPE's long or short factors.
     `steps`: a dict to fill with the output of every layer step the engine also names
     (`debug forward --steps`): "layer.{i}.{step}.{buffer}" -> float32 [n, width].
     """
     global ACT_QUANT
     saved, ACT_QUANT = ACT_QUANT, act_quant
     try:
-        return _forward(model, token_ids, logit_rows, steps)
+        return _forward(model, token_ids, logit_rows, steps, ctx)
     finally:
         ACT_QUANT = saved
 
 
-def _forward(model, token_ids, logit_rows=None, steps=None):
+def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
     """Full causal forward over `token_ids` at positions 0..n-1, in float64.
 
     Returns (logits float32 [n_rows, vocab], hidden) where hidden (float32 arrays [n_tok, d])
@@ -435,6 +456,9 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
     hidden["embd"] = x.astype(np.float32)
 
     freq_factors = m.wopt("rope_freqs.weight")
+    if freq_factors is None and m.has("rope_factors_long.weight"):
+        long_ctx = (n if ctx is None else ctx) > m.rope_orig_ctx
+        freq_factors = m.w("rope_factors_long.weight" if long_ctx else "rope_factors_short.weight")
     masks = {}
 
     def seen(il, step, buf, a):
@@ -450,9 +474,16 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
 
         h = rmsnorm(x, m.w(p + "attn_norm.weight"), m.eps)
         seen(il, "attn_norm", "xn", h)
-        q = _linear(h, m, p + "attn_q").reshape(n, m.n_head, m.head_dim)
-        k = _linear(h, m, p + "attn_k").reshape(n, m.n_head_kv, m.head_dim)
-        v = _linear(h, m, p + "attn_v").reshape(n, m.n_head_kv, m.head_dim_v)
+        if m.has(p + "attn_qkv.weight"):
+            qkv = _linear(h, m, p + "attn_qkv")
+            nq, nk = m.n_head * m.head_dim, m.n_head_kv * m.head_dim
+            q = qkv[:, :nq].reshape(n, m.n_head, m.head_dim)
+            k = qkv[:, nq:nq + nk].reshape(n, m.n_head_kv, m.head_dim)
+            v = qkv[:, nq + nk:].reshape(n, m.n_head_kv, m.head_dim_v)
+        else:
+            q = _linear(h, m, p + "attn_q").reshape(n, m.n_head, m.head_dim)
+            k = _linear(h, m, p + "attn_k").reshape(n, m.n_head_kv, m.head_dim)
+            v = _linear(h, m, p + "attn_v").reshape(n, m.n_head_kv, m.head_dim_v)
         # _linear adds the biases: without them these are the projections' outputs.
         proj = "qkv_bias" if m.has(p + "attn_q.bias") else "qkv"
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -464,8 +495,8 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
         if m.has(p + "attn_q_norm.weight"):
             seen(il, "qk_norm", "q", q)
             seen(il, "qk_norm", "k", k)
-        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
-        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
+        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor)
+        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor)
         seen(il, "rope", "q", q)
         seen(il, "rope", "k", k)
         a = attention(q, k, v, m.q_scale, masks[window])
@@ -479,8 +510,12 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
 
         h = rmsnorm(x, m.w(p + "ffn_norm.weight"), m.eps)
         seen(il, "ffn_norm", "xn", h)
-        gate = _linear(h, m, p + "ffn_gate")
-        up = _linear(h, m, p + "ffn_up")
+        if m.has(p + "ffn_gate.weight"):
+            gate = _linear(h, m, p + "ffn_gate")
+            up = _linear(h, m, p + "ffn_up")
+        else:  # phi3: one matrix, rows [gate | up]
+            gu = _linear(h, m, p + "ffn_up")
+            gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
         seen(il, "gate_up", "gate", gate)
         seen(il, "gate_up", "up", up)
         act = gelu_tanh(gate) if gemma else silu(gate)

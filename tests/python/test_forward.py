@@ -58,7 +58,7 @@ WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q
 
 
 # The small synthetic models (`debug synth --arch`), each of the real structure of its family.
-SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4"]
+SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4", "phi3"]
 
 
 @pytest.mark.parametrize("arch", SYNTH_ARCHS)
@@ -155,7 +155,8 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     f = tmp_path / f"{arch}.gguf"
     run(["debug", "synth", "--arch", arch, "--type", "F32", "--seed", "3", "-o", f])
     m = reference.load(str(f))
-    toks = [1] + list(range(5, 25))  # longer than gemma's window
+    # Longer than the windows (gemma3 8, phi3 32).
+    toks = [1] + list(range(5, 25 if arch != "phi3" else 45))
     ref_steps = {}
     reference.forward(m, toks, logit_rows=[], steps=ref_steps)
     out = tmp_path / "dump"
@@ -172,7 +173,7 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
             assert e < STEP_REL, f"synthetic {arch}: first step to part from the reference: {key} ({e:.2e})"
     assert sorted(per_layer) == list(range(m.n_layer))
     assert all(v == per_layer[0] for v in per_layer.values()), per_layer
-    want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]
+    want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]  # phi3: from its fused matrix
     if arch in ("gemma3", "qwen3"):
         want += ["qk_norm.q", "qk_norm.k"]
     want += ["rope.q", "rope.k", "attention.att", "attn_out.o", "attn_residual.x", "ffn_norm.xn",
@@ -220,3 +221,20 @@ def test_gemma4_every_step_matches_reference_on_f32_weights(tmp_path):
     assert per_layer == {0: own, 1: own, 2: v_from_k, 3: shared, 4: shared, 5: shared}, per_layer
     e = np.abs(ours["logits"] - ref_logits).max() / np.abs(ref_logits).max()
     assert e < STEP_REL, f"logits differ from the reference by {e:.2e}"
+
+
+@pytest.mark.parametrize("ctx", [16, 64])
+def test_phi3_longrope_factors_follow_the_context(ctx, tmp_path):
+    """Phi-3's LongRoPE: a runner whose context fits the original one (16 in the small model)
+    rotates with the short factors, a longer one with the long factors (as llama.cpp picks
+    them); each against the reference told the same context. The two runs' logits differ, so
+    the choice is seen."""
+    f = tmp_path / "phi3.gguf"
+    run(["debug", "synth", "--arch", "phi3", "--type", "F32", "--seed", "5", "-o", f])
+    m = reference.load(str(f))
+    assert m.rope_orig_ctx == 16 and abs(m.rope_attn_factor - 2 ** 0.5) < 1e-6
+    toks = [1] + list(range(40, 52))
+    ours = forward_dump(f, toks, tmp_path / "dump", "--threads", "2", "--ctx", str(ctx))
+    compare(ours, m, toks, f"phi3 ctx {ctx}", ctx=ctx)
+    other, _ = reference.forward(m, toks, ctx=80 - ctx)
+    assert np.abs(other - ours["logits"]).max() > 1e-2 * np.abs(other).max()

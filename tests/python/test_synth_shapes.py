@@ -36,10 +36,13 @@ CUTS = [
     ("qwen3-0.6b", ["--layers", "2", "--vocab", "4096"]),
     # Gemma 4 E2B's real layer dimensions, with its per-layer embeddings (2 sliding layers).
     ("gemma4-e2b", ["--layers", "2", "--vocab", "4096"]),
+    # Phi-3 mini's real layer (fused Q/K/V and gate/up, window 2047): one layer, its float64
+    # reference weights near 1 GB.
+    pytest.param("phi3-mini", ["--layers", "1", "--vocab", "4096"], marks=pytest.mark.slow, id="phi3-mini"),
 ]
 
 
-@pytest.mark.parametrize("shape,extra", CUTS, ids=[c[0] for c in CUTS])
+@pytest.mark.parametrize("shape,extra", CUTS, ids=[getattr(c, "id", None) or c[0] for c in CUTS])
 def test_shape_runs_and_matches_the_reference(shape, extra, tmp_path):
     f = synth(tmp_path, shape, *extra)
     out = run_json(f, "Hello world, the model", "--threads", "2")

@@ -143,6 +143,7 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
         Arch::Llama => chatml.then_some("chatml"),
         // Gemma 4 files carry their own template (`<|turn>` markup); no built-in one.
         Arch::Gemma4 => None,
+        Arch::Phi3 => (has("<|user|>") && has("<|assistant|>") && has("<|end|>")).then_some("phi3"),
     }
 }
 
@@ -291,7 +292,10 @@ mod tests {
         assert_eq!(family_template(Arch::Llama, &llama3), Some("llama3"));
         assert_eq!(family_template(Arch::Llama, &chatml), Some("chatml"));
         assert_eq!(family_template(Arch::Llama, &v(&["<s>", "[INST]"])), None);
-        for name in ["gemma", "chatml", "llama3"] {
+        let phi3 = v(&["<s>", "<|user|>", "<|assistant|>", "<|end|>"]);
+        assert_eq!(family_template(Arch::Phi3, &phi3), Some("phi3"));
+        assert_eq!(family_template(Arch::Phi3, &chatml), None);
+        for name in ["gemma", "chatml", "llama3", "phi3"] {
             assert!(builtin(name).is_some(), "{name} is a built-in template");
         }
     }

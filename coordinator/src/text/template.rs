@@ -143,7 +143,19 @@ const LLAMA3: &str = "{{ bos_token }}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
-const BUILTINS: &[(&str, &str)] = &[("chatml", CHATML), ("gemma", GEMMA), ("llama3", LLAMA3)];
+/// Phi-3: `<|role|>` headers, `<|end|>` after each message, an empty system prompt dropped.
+const PHI3: &str = "{% for message in messages %}\
+{% if message['role'] in ['user', 'assistant'] or (message['role'] == 'system' and message['content']) %}\
+{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}\
+{% endif %}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
+
+const BUILTINS: &[(&str, &str)] = &[
+    ("chatml", CHATML),
+    ("gemma", GEMMA),
+    ("llama3", LLAMA3),
+    ("phi3", PHI3),
+];
 
 /// Names of the built-in templates.
 pub fn builtin_names() -> Vec<&'static str> {
@@ -542,6 +554,9 @@ fn strftime(format: &str, unix_secs: i64) -> Result<String, Error> {
 }
 
 #[cfg(test)]
+mod phi3_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -568,7 +583,7 @@ mod tests {
 
     #[test]
     fn builtins_are_listed_and_compile() {
-        assert_eq!(builtin_names(), vec!["chatml", "gemma", "llama3"]);
+        assert_eq!(builtin_names(), vec!["chatml", "gemma", "llama3", "phi3"]);
         for name in builtin_names() {
             builtin_template(name, "<s>", "</s>");
         }

@@ -83,6 +83,11 @@ pub struct TokenizerSpec {
     pub fim_pad: Option<u32>,
     pub fim_rep: Option<u32>,
     pub fim_sep: Option<u32>,
+    /// Whitespace right after a special token is dropped (llama.cpp's RSTRIP attribute): set
+    /// for Phi-3 files, which llama.cpp recognises by `general.name` (Hugging Face's Phi-3
+    /// `tokenizer.json` marks those added tokens `rstrip`), on every control, user-defined
+    /// and unknown token and `</s>`, but not `<unk>`, `<s>` and `<|endoftext|>`.
+    pub rstrip_specials: bool,
 }
 
 impl TokenizerSpec {
@@ -110,6 +115,10 @@ impl TokenizerSpec {
             fim_pad: md.opt_u32("tokenizer.ggml.fim_pad_token_id")?,
             fim_rep: md.opt_u32("tokenizer.ggml.fim_rep_token_id")?,
             fim_sep: md.opt_u32("tokenizer.ggml.fim_sep_token_id")?,
+            rstrip_specials: md.opt_str("general.name")?.is_some_and(|n| {
+                let n = n.to_lowercase();
+                n.contains("phi-3") || n.contains("phi3")
+            }),
         })
     }
 }
@@ -145,6 +154,8 @@ pub struct Tokenizer {
     specials: SpecialMatcher,
     /// User-defined tokens only, found in plain text.
     user_defined: SpecialMatcher,
+    /// Tokens after which whitespace is dropped (`TokenizerSpec::rstrip_specials`), sorted.
+    rstrip: Vec<u32>,
 }
 
 /// A stretch of a prompt, and whether control-token texts in it become control tokens.
@@ -299,20 +310,36 @@ impl Tokenizer {
             }
         }
         let mut stretch = String::new();
+        // After a token whose following whitespace is dropped, into the next pieces too (the
+        // prompt is one text to llama.cpp).
+        let mut strip = false;
+        let skip_space = |text: &str, from: usize, strip: &mut bool| -> usize {
+            if !*strip {
+                return from;
+            }
+            let rest = &text[from..];
+            let kept = rest.trim_start_matches([' ', '\t', '\n', '\x0B', '\x0C', '\r']);
+            *strip = kept.is_empty();
+            from + rest.len() - kept.len()
+        };
         for p in pieces {
             let matcher = if p.special {
                 &self.specials
             } else {
                 &self.user_defined
             };
-            let mut at = 0;
+            let mut at = skip_space(p.text, 0, &mut strip);
             while let Some((start, end, id)) = matcher.find(p.text, at) {
                 stretch.push_str(&p.text[at..start]);
                 self.encode_stretch(&mut stretch, &mut ids)?;
                 ids.push(id);
-                at = end;
+                strip = self.rstrip.binary_search(&id).is_ok();
+                at = skip_space(p.text, end, &mut strip);
             }
             stretch.push_str(&p.text[at..]);
+            if at < p.text.len() {
+                strip = false;
+            }
         }
         self.encode_stretch(&mut stretch, &mut ids)?;
         Ok(ids)

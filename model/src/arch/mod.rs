@@ -7,6 +7,7 @@
 mod gemma3;
 mod gemma4;
 mod llama;
+mod phi3;
 mod qwen2;
 mod qwen3;
 pub mod recipe;
@@ -33,6 +34,8 @@ pub enum Arch {
     /// Gemma 4 (dense): Gemma 3's layout plus per-layer head sizes, shared-KV layers, V-norm,
     /// proportional RoPE, per-layer embeddings and a layer output scale.
     Gemma4,
+    /// Phi-3 / Phi-3.5 mini: fused QKV and gate/up matrices, NeoX RoPE with LongRoPE factors.
+    Phi3,
 }
 
 impl Arch {
@@ -44,6 +47,7 @@ impl Arch {
             "gemma3" => Some(Arch::Gemma3),
             "qwen3" => Some(Arch::Qwen3),
             "gemma4" => Some(Arch::Gemma4),
+            "phi3" => Some(Arch::Phi3),
             _ => None,
         }
     }
@@ -55,11 +59,13 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma4 => "gemma4",
+            Arch::Phi3 => "phi3",
         }
     }
 
-    pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4"];
+    pub const SUPPORTED: &'static [&'static str] = &[
+        "llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3",
+    ];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -69,6 +75,7 @@ impl Arch {
             Arch::Gemma3 => gemma3::apply(hp, md),
             Arch::Qwen3 => qwen3::apply(hp, md),
             Arch::Gemma4 => gemma4::apply(hp, md),
+            Arch::Phi3 => phi3::apply(hp, md),
         }
     }
 }
@@ -100,6 +107,10 @@ pub enum MetaKey {
     RopeFreqBaseSwa,
     SharedKvLayers,
     EmbeddingLengthPerLayer,
+    /// The context the model was trained at before its RoPE was scaled (LongRoPE, YaRN).
+    RopeScalingOrigCtx,
+    /// Multiplier of RoPE's cos and sin (LongRoPE's attention factor).
+    RopeScalingAttnFactor,
 }
 
 impl MetaKey {
@@ -129,6 +140,8 @@ impl MetaKey {
             MetaKey::RopeFreqBaseSwa => "rope.freq_base_swa",
             MetaKey::SharedKvLayers => "attention.shared_kv_layers",
             MetaKey::EmbeddingLengthPerLayer => "embedding_length_per_layer_input",
+            MetaKey::RopeScalingOrigCtx => "rope.scaling.original_context_length",
+            MetaKey::RopeScalingAttnFactor => "rope.scaling.attn_factor",
         }
     }
 
@@ -186,6 +199,15 @@ pub enum TensorKind {
     PerLayerPostNorm,
     /// Gemma 4: the scalar a layer's output is multiplied by, `[1]`.
     LayerOutScale,
+    /// Q, K and V projections in one matrix, rows `[q | k | v]` (Phi-3).
+    AttnQkv,
+    /// Gate and up projections in one matrix, rows `[gate | up]` (Phi-3). Its GGUF name is
+    /// `ffn_up`, as llama.cpp writes it; the recipe says which of the two a layer reads.
+    FfnGateUp,
+    /// LongRoPE frequency divisors for contexts past the original one (Phi-3 128k).
+    RopeFactorsLong,
+    /// LongRoPE frequency divisors for contexts within the original one.
+    RopeFactorsShort,
 }
 
 impl TensorKind {
@@ -215,6 +237,10 @@ impl TensorKind {
             TensorKind::PerLayerProj => "proj",
             TensorKind::PerLayerPostNorm => "post_norm",
             TensorKind::LayerOutScale => "layer_output_scale",
+            TensorKind::AttnQkv => "attn_qkv",
+            TensorKind::FfnGateUp => "ffn_up",
+            TensorKind::RopeFactorsLong => "rope_factors_long",
+            TensorKind::RopeFactorsShort => "rope_factors_short",
         }
     }
 
@@ -231,6 +257,14 @@ impl TensorKind {
         }
     }
 
+    /// Shared by every layer, named without a layer index (`rope_freqs.weight`).
+    fn is_global(self) -> bool {
+        matches!(
+            self,
+            TensorKind::RopeFreqs | TensorKind::RopeFactorsLong | TensorKind::RopeFactorsShort
+        )
+    }
+
     fn is_bias(self) -> bool {
         matches!(
             self,
@@ -242,7 +276,7 @@ impl TensorKind {
     pub fn gguf_name(self, layer: Option<usize>) -> String {
         let suffix = if self.is_bias() { "bias" } else { "weight" };
         match (self.class(), layer) {
-            (LayerClass::Repeating, Some(il)) if self != TensorKind::RopeFreqs => {
+            (LayerClass::Repeating, Some(il)) if !self.is_global() => {
                 format!("blk.{il}.{}.{suffix}", self.stem())
             }
             _ => format!("{}.{suffix}", self.stem()),
@@ -314,6 +348,14 @@ pub struct Hparams {
     pub v_norm: bool,
     /// Each layer's output multiplied by its scalar `layer_output_scale` (Gemma 4).
     pub out_scale: bool,
+    /// Q/K/V in one matrix and gate/up in one matrix (Phi-3): the loader reads the fused
+    /// tensors and splits their rows into views.
+    pub fused_proj: bool,
+    /// LongRoPE: the context the model was trained at before its RoPE was scaled; a runner
+    /// for a longer context reads `rope_factors_long`, otherwise `rope_factors_short`.
+    pub rope_orig_ctx: usize,
+    /// Multiplier of RoPE's cos and sin, so of queries and keys (LongRoPE's attention factor).
+    pub rope_attn_factor: f32,
 }
 
 /// One layer's shape where it may differ from the model's scalar hyper-parameters.
@@ -440,6 +482,9 @@ impl Hparams {
             ple_dim: 0,
             v_norm: false,
             out_scale: false,
+            fused_proj: false,
+            rope_orig_ctx: ctx_train,
+            rope_attn_factor: 1.0,
         };
         if ff_per_layer.is_some() || kv_per_layer.is_some() {
             let base = hp.layer_shape(0);
@@ -479,6 +524,12 @@ impl Hparams {
             return bad(format!(
                 "rope.dimension_count {} must be even and at most the head size {}",
                 self.rope_dim, self.head_dim
+            ));
+        }
+        if !(self.rope_attn_factor.is_finite() && self.rope_attn_factor > 0.0) {
+            return bad(format!(
+                "rope.scaling.attn_factor {} must be a positive number",
+                self.rope_attn_factor
             ));
         }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
@@ -670,6 +721,22 @@ mod tests {
             TensorKind::RopeFreqs.gguf_name(Some(2)),
             "rope_freqs.weight"
         );
+        assert_eq!(
+            TensorKind::AttnQkv.gguf_name(Some(4)),
+            "blk.4.attn_qkv.weight"
+        );
+        assert_eq!(
+            TensorKind::FfnGateUp.gguf_name(Some(4)),
+            TensorKind::FfnUp.gguf_name(Some(4))
+        );
+        assert_eq!(
+            TensorKind::RopeFactorsLong.gguf_name(Some(1)),
+            "rope_factors_long.weight"
+        );
+        assert_eq!(
+            TensorKind::RopeFactorsShort.gguf_name(None),
+            "rope_factors_short.weight"
+        );
         assert_eq!(TensorKind::TokenEmbd.class(), LayerClass::Input);
         assert_eq!(TensorKind::OutputNorm.class(), LayerClass::Output);
         assert_eq!(TensorKind::FfnUp.class(), LayerClass::Repeating);
@@ -680,5 +747,7 @@ mod tests {
         assert_eq!(Arch::from_name("gemma3"), Some(Arch::Gemma3));
         assert_eq!(Arch::from_name("mistral"), Some(Arch::Llama));
         assert_eq!(Arch::from_name("gpt-neox"), None);
+        assert_eq!(Arch::from_name("phi3"), Some(Arch::Phi3));
+        assert_eq!(Arch::Phi3.name(), "phi3");
     }
 }

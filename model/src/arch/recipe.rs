@@ -71,6 +71,13 @@ pub enum Step {
     PerLayerInput,
     /// `x *= layer_output_scale` (Gemma 4).
     OutScale,
+    /// `q, k, v = xn · Wqkv` from one fused matrix (Phi-3). The loader splits its rows into
+    /// the three views `QkvProj` reads, so both backends run it as `QkvProj`: the same
+    /// kernels, no copy. Named `qkv` like it (it writes the same buffers).
+    QkvFused,
+    /// `gate, up = xn · Wgate_up` from one fused matrix (Phi-3's `ffn_up`, rows `[gate | up]`),
+    /// split into two views at load and run as `GateUp`; named `gate_up` like it.
+    GateUpFused,
 }
 
 /// The buffers of a batch a step reads or writes, `[n × width]` each.
@@ -144,6 +151,8 @@ impl Step {
             Step::SharedAttention { .. } => "shared_attention",
             Step::PerLayerInput => "per_layer_input",
             Step::OutScale => "out_scale",
+            Step::QkvFused => "qkv",
+            Step::GateUpFused => "gate_up",
         }
     }
 
@@ -180,6 +189,8 @@ impl Step {
             Step::VFromK | Step::VNorm | Step::RopeQ(_) | Step::SharedAttention { .. } => &[],
             Step::PerLayerInput => &[T::PerLayerInpGate, T::PerLayerProj, T::PerLayerPostNorm],
             Step::OutScale => &[T::LayerOutScale],
+            Step::QkvFused => &[T::AttnQkv],
+            Step::GateUpFused => &[T::FfnGateUp],
         }
     }
 
@@ -187,12 +198,12 @@ impl Step {
     pub fn outputs(self) -> &'static [Buf] {
         match self {
             Step::AttnNorm | Step::FfnNorm => &[Buf::Xn],
-            Step::QkvProj | Step::QkvBias => &[Buf::Q, Buf::K, Buf::V],
+            Step::QkvProj | Step::QkvBias | Step::QkvFused => &[Buf::Q, Buf::K, Buf::V],
             Step::QkNorm | Step::Rope(_) => &[Buf::Q, Buf::K],
             Step::Attention { .. } => &[Buf::Att],
             Step::AttnOut | Step::FfnDown => &[Buf::O],
             Step::AttnResidual { .. } | Step::FfnResidual { .. } => &[Buf::X],
-            Step::GateUp => &[Buf::Gate, Buf::Up],
+            Step::GateUp | Step::GateUpFused => &[Buf::Gate, Buf::Up],
             Step::Glu(_) => &[Buf::Gate],
             Step::QProj | Step::QNorm | Step::RopeQ(_) => &[Buf::Q],
             Step::QkProj => &[Buf::Q, Buf::K],
@@ -257,6 +268,8 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
         steps.push(Step::QProj);
     } else if shape.v_from_k {
         steps.extend([Step::QkProj, Step::VFromK]);
+    } else if hp.fused_proj {
+        steps.push(Step::QkvFused);
     } else {
         steps.push(Step::QkvProj);
     }
@@ -293,7 +306,11 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
             post_norm: hp.sandwich_norms,
         },
         Step::FfnNorm,
-        Step::GateUp,
+        if hp.fused_proj {
+            Step::GateUpFused
+        } else {
+            Step::GateUp
+        },
         Step::Glu(hp.ffn_act),
         Step::FfnDown,
         Step::FfnResidual {
@@ -347,6 +364,9 @@ mod tests {
             ple_dim: 0,
             v_norm: false,
             out_scale: false,
+            fused_proj: false,
+            rope_orig_ctx: 128,
+            rope_attn_factor: 1.0,
         }
     }
 
@@ -401,6 +421,36 @@ mod tests {
         let at = |s: Step| local.steps.iter().position(|x| *x == s);
         assert!(at(Step::QkvBias) < at(Step::QkNorm));
         assert!(at(Step::QkNorm) < at(Step::Rope(RopeTable::Local)));
+    }
+
+    #[test]
+    fn fused_projections_read_the_fused_tensors() {
+        let mut h = hp(Arch::Phi3);
+        h.fused_proj = true;
+        let r = build(&h, 0);
+        assert_eq!(
+            r.describe(),
+            "attn_norm → qkv → rope → attention → attn_out → attn_residual → ffn_norm → \
+             gate_up → glu → ffn_down → ffn_residual"
+        );
+        assert_eq!(r.steps[1], Step::QkvFused);
+        assert!(r.steps.contains(&Step::GateUpFused));
+        assert_eq!(
+            r.tensors(),
+            vec![
+                TensorKind::AttnNorm,
+                TensorKind::AttnQkv,
+                TensorKind::AttnOutput,
+                TensorKind::FfnNorm,
+                TensorKind::FfnGateUp,
+                TensorKind::FfnDown,
+            ]
+        );
+        for k in [TensorKind::AttnQ, TensorKind::FfnGate, TensorKind::FfnUp] {
+            assert!(!r.needs(k), "{k:?}");
+        }
+        assert_eq!(Step::QkvFused.outputs(), Step::QkvProj.outputs());
+        assert_eq!(Step::GateUpFused.outputs(), Step::GateUp.outputs());
     }
 
     #[test]

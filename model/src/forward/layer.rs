@@ -50,7 +50,7 @@ impl Runner {
             let mut next = i + 1;
             match step {
                 Step::AttnNorm => norm_rows(pool, x, &l.attn_norm, eps, &mut s.xn[..n * d]),
-                Step::QkvProj | Step::QkProj | Step::QProj => {
+                Step::QkvProj | Step::QkvFused | Step::QkProj | Step::QProj => {
                     project(pool, m, l, buf, step, s, n, (d, qd, kvd))
                 }
                 Step::QkvBias
@@ -116,7 +116,7 @@ impl Runner {
                     add_rows(pool, d, x, &mut s.o[..n * d], w, eps);
                 }
                 Step::FfnNorm => norm_rows(pool, x, &l.ffn_norm, eps, &mut s.xn[..n * d]),
-                Step::GateUp => matmul_many(
+                Step::GateUp | Step::GateUpFused => matmul_many(
                     pool,
                     &mut [
                         MatJob {
@@ -309,7 +309,7 @@ fn project(
             });
         }
     }
-    if step == Step::QkvProj {
+    if matches!(step, Step::QkvProj | Step::QkvFused) {
         if let Some(wv) = &l.wv {
             jobs.push(MatJob {
                 w: m.matrix_in(wv, buf),

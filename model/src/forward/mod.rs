@@ -197,6 +197,20 @@ impl Runner {
                 *v /= d;
             }
         }
+        if let Some((long, short)) = &model.rope_factors {
+            // LongRoPE: the long factors for a context past the original one, as llama.cpp
+            // chooses (by the context the runner is built for, not by position).
+            let f = if max_ctx > hp.rope_orig_ctx {
+                long
+            } else {
+                short
+            };
+            for inv in [&mut inv_freq_global, &mut inv_freq_local] {
+                for (v, d) in inv.iter_mut().zip(f) {
+                    *v /= d;
+                }
+            }
+        }
         for v in inv_freq_global.iter_mut() {
             *v /= hp.rope_scale;
         }
@@ -462,6 +476,7 @@ impl Runner {
     /// The RoPE (cos, sin) of every row of the batch, for each kind of layer this slice has.
     fn rope_tables(&mut self, parts: &[(&mut KvCache, usize)], n: usize) {
         let m = &self.model;
+        let attn_factor = m.hp.rope_attn_factor;
         let s = &mut self.scratch;
         let mut row = 0;
         for (kv, k) in parts {
@@ -486,6 +501,13 @@ impl Runner {
                     // SAFETY: row t's entries are written by this call alone.
                     let cs = unsafe { table.slice(t * half..(t + 1) * half) };
                     ops::rope_cos_sin(pos[t], inv, cs);
+                    if attn_factor != 1.0 {
+                        // LongRoPE's attention factor scales the rotated queries and keys.
+                        for (c, s) in cs.iter_mut() {
+                            *c *= attn_factor;
+                            *s *= attn_factor;
+                        }
+                    }
                 }
             });
         }

@@ -379,6 +379,29 @@ pub const SHAPES: &[Shape] = &[
         tied: true,
         vocab_kind: VocabKind::Spm,
     },
+    // microsoft/Phi-3-mini-4k-instruct (fused Q/K/V and gate/up; sliding_window 2047 on
+    // every layer; no rope_scaling, so no LongRoPE factors; the 128k model has the same
+    // dimensions with LongRoPE).
+    Shape {
+        name: "phi3-mini",
+        source: "microsoft/Phi-3-mini-4k-instruct",
+        arch: SynthArch::Phi3,
+        n_layer: 32,
+        d_model: 3072,
+        n_head: 32,
+        n_head_kv: 32,
+        head_dim: 96,
+        d_ff: 8192,
+        vocab: 32_064,
+        ctx: 4096,
+        rope_base: 10_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-5,
+        sliding_window: 2047,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Spm,
+    },
 ];
 
 /// The shape called `name`.
@@ -432,7 +455,7 @@ pub enum WeightMix {
     Single(GgmlType),
     /// llama.cpp's `Q4_K_M`: Q4_K, with Q6_K for the output head (the embedding when tied)
     /// and for `attn_v` and `ffn_down` in the layers `use_more_bits` picks (the first and last
-    /// eighth and every third between); rows that are not whole 256-blocks fall back to
+    /// eighth and every third between), Q5_K for a fused `attn_qkv`; rows that are not whole 256-blocks fall back to
     /// Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as llama.cpp's `llama_tensor_get_type` does.
     Q4KM,
 }
@@ -494,6 +517,9 @@ impl WeightMix {
                     && use_more_bits(il, n_layer);
                 if head || more {
                     GgmlType::Q6_K
+                } else if kind == TensorKind::AttnQkv {
+                    // llama.cpp gives a fused Q/K/V matrix Q5_K in Q4_K_M.
+                    GgmlType::Q5_K
                 } else {
                     GgmlType::Q4_K
                 }

@@ -148,6 +148,52 @@ fn shape_table_holds_the_published_hyper_parameters() {
         assert!(s.vocab >= s.vocab_kind.min_vocab());
     }
     assert!(shape("llama3-70b").is_none());
+    let p = shape("phi3-mini").unwrap();
+    assert_eq!(
+        (
+            p.n_layer,
+            p.d_model,
+            p.n_head,
+            p.n_head_kv,
+            p.head_dim,
+            p.d_ff,
+            p.vocab,
+            p.sliding_window
+        ),
+        (32, 3072, 32, 32, 96, 8192, 32_064, 2047)
+    );
+}
+
+#[test]
+fn phi3_mini_is_fused_and_its_q4_k_m_mix_is_llamacpps() {
+    let s = spec("phi3-mini", WeightMix::Q4KM);
+    let t = types(&s);
+    assert_eq!(t["blk.0.attn_qkv.weight"], GgmlType::Q5_K);
+    assert_eq!(t["blk.5.ffn_up.weight"], GgmlType::Q4_K);
+    assert_eq!(t["blk.0.ffn_down.weight"], GgmlType::Q6_K);
+    assert!(!t.contains_key("blk.0.attn_q.weight") && !t.contains_key("blk.0.ffn_gate.weight"));
+    let dims: std::collections::HashMap<String, Vec<u64>> = shape_tensors(&s)
+        .into_iter()
+        .map(|(n, d, _)| (n, d))
+        .collect();
+    assert_eq!(dims["blk.31.attn_qkv.weight"], [3072, 3 * 3072]);
+    assert_eq!(dims["blk.31.ffn_up.weight"], [3072, 2 * 8192]);
+    // About 2.3 GB as llama.cpp's Phi-3-mini Q4_K_M files are.
+    let gb = total_bytes(&s) as f64 / 1e9;
+    assert!((2.0..2.6).contains(&gb), "{gb} GB");
+    // A cut of it loads: every layer a window layer, its fused matrices split into views.
+    let small = small("phi3-mini", 2);
+    let m = Model::load(
+        Arc::new(GgufFile::from_bytes(shape_model_bytes(&small).unwrap()).unwrap()),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    assert!(m.hp.fused_proj && m.hp.sliding == [true, true]);
+    assert_eq!(m.hp.sliding_window, 8);
+    assert_eq!(
+        m.layers[1].wv.as_ref().map(|w| w.n_out),
+        Some(m.hp.kv_dim())
+    );
 }
 
 #[test]

@@ -162,9 +162,14 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
     for il in 0..s.n_layer {
         let l = Some(il);
         vector(&mut out, TensorKind::AttnNorm, l, d, Fill::Norm);
-        matrix(&mut out, TensorKind::AttnQ, l, q, d);
-        matrix(&mut out, TensorKind::AttnK, l, kv, d);
-        matrix(&mut out, TensorKind::AttnV, l, kv, d);
+        let fused = s.arch == SynthArch::Phi3;
+        if fused {
+            matrix(&mut out, TensorKind::AttnQkv, l, q + 2 * kv, d);
+        } else {
+            matrix(&mut out, TensorKind::AttnQ, l, q, d);
+            matrix(&mut out, TensorKind::AttnK, l, kv, d);
+            matrix(&mut out, TensorKind::AttnV, l, kv, d);
+        }
         if s.arch == SynthArch::Qwen2 {
             vector(&mut out, TensorKind::AttnQBias, l, q, Fill::Bias);
             vector(&mut out, TensorKind::AttnKBias, l, kv, Fill::Bias);
@@ -180,8 +185,12 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             vector(&mut out, TensorKind::PostAttnNorm, l, d, Fill::Norm);
         }
         vector(&mut out, TensorKind::FfnNorm, l, d, Fill::Norm);
-        matrix(&mut out, TensorKind::FfnGate, l, s.d_ff, d);
-        matrix(&mut out, TensorKind::FfnUp, l, s.d_ff, d);
+        if fused {
+            matrix(&mut out, TensorKind::FfnGateUp, l, 2 * s.d_ff, d);
+        } else {
+            matrix(&mut out, TensorKind::FfnGate, l, s.d_ff, d);
+            matrix(&mut out, TensorKind::FfnUp, l, s.d_ff, d);
+        }
         matrix(&mut out, TensorKind::FfnDown, l, d, s.d_ff);
         if s.arch == SynthArch::Gemma3 {
             vector(&mut out, TensorKind::PostFfwNorm, l, d, Fill::Norm);

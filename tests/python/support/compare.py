@@ -39,10 +39,11 @@ def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def compare(ours, model, toks, what):
-    """Both comparisons of the module docstring for one input."""
-    ref_q, hid_q = reference.forward(model, toks, act_quant=True)
-    ref_f, hid_f = reference.forward(model, toks)
+def compare(ours, model, toks, what, ctx=None):
+    """Both comparisons of the module docstring for one input (`ctx`: the context our engine
+    ran with, when not the prompt's length; it picks LongRoPE's factors)."""
+    ref_q, hid_q = reference.forward(model, toks, act_quant=True, ctx=ctx)
+    ref_f, hid_f = reference.forward(model, toks, ctx=ctx)
     lo = ours["logits"]
     assert lo.shape == ref_q.shape, f"{what}: logits shape {lo.shape} vs {ref_q.shape}"
     for il in range(model.n_layer):

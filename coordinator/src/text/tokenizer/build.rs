@@ -146,6 +146,19 @@ impl Tokenizer {
         };
 
         let (types, eog) = end_of_generation(spec, &index, types);
+        let rstrip = if spec.rstrip_specials {
+            let special = [TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNKNOWN];
+            let keep = ["<unk>", "<s>", "<|endoftext|>"];
+            (0..n as u32)
+                .filter(|&id| {
+                    let text = spec.tokens[id as usize].as_str();
+                    (special.contains(&types[id as usize]) || text == "</s>")
+                        && !keep.contains(&text)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut add_bos_default = kind == Kind::Spm;
         let mut strip_prefix_space = false;
         let hf = match kind {
@@ -213,6 +226,7 @@ impl Tokenizer {
             add_eos,
             strip_prefix_space,
             byte_of_char,
+            rstrip,
             specials,
             user_defined,
         })
