@@ -25,6 +25,14 @@ Architectures:
                    K (`attn_q_norm`, `attn_k_norm`, HF Qwen3Attention's q_norm/k_norm) before
                    RoPE; head size `attention.key_length` (128, not d/n_head); tied head on the
                    small sizes.
+  gemma2           (HF Gemma2Model) x*sqrt(d) embedding scale, sandwich norms, NeoX RoPE with one
+                   base for all layers, GeGLU with tanh GELU, no QK-norm; even layers local
+                   (sliding window, `attention.sliding_window`, default 4096), odd layers global
+                   (`attention.sliding_window_pattern` when present, as for gemma3); attention
+                   scores (q.k scaled by 1/sqrt(head_dim), 1/sqrt(d/n_head) for the 46-layer
+                   27B) soft-capped as c*tanh(s/c) before the mask and softmax with c =
+                   `attn_logit_softcapping` (default 50), logits soft-capped by
+                   `final_logit_softcapping` (default 30); tied output embedding.
 
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
@@ -41,7 +49,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma2")
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,8 +114,10 @@ class Model:
         if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
         self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
-        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3")
-        self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
+        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "gemma2")
+        self.gemma = arch in ("gemma3", "gemma2")
+        self.final_softcap = float(g("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0) or 0.0)
+        self.attn_softcap = float(g("attn_logit_softcapping", 50.0) or 0.0) if arch == "gemma2" else 0.0
 
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
@@ -117,7 +127,17 @@ class Model:
         self.is_swa = [False] * self.n_layer
         self.rope_base_swa = self.rope_base
         self.rope_scale_swa = self.rope_scale
-        if arch == "gemma3":
+        if arch == "gemma2":
+            self.window = int(g("attention.sliding_window", 4096) or 0)
+            if self.window > 0:
+                p = int(g("attention.sliding_window_pattern", 2))
+                self.is_swa = [p == 0 or (i % p) < (p - 1) for i in range(self.n_layer)]
+            # gemma_pytorch / llama.cpp: the 27B (46 layers) scales queries by 1/sqrt(d/n_head).
+            if self.n_layer == 46:
+                self.q_scale = 1.0 / math.sqrt(self.n_embd // self.n_head)
+            else:
+                self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        elif arch == "gemma3":
             self.window = int(g("attention.sliding_window", 0) or 0)
             if self.window > 0:
                 pattern = g("attention.sliding_window_pattern", 6)
@@ -277,8 +297,9 @@ def attention_mask(n_tok, window=0):
     return allowed
 
 
-def attention(q, k, v, scale, allowed):
-    """q [n, H, d], k [n, Hkv, d], v [n, Hkv, dv]; query head h uses kv head h // (H/Hkv)."""
+def attention(q, k, v, scale, allowed, softcap=0.0):
+    """q [n, H, d], k [n, Hkv, d], v [n, Hkv, dv]; query head h uses kv head h // (H/Hkv).
+    With softcap c > 0 the scaled scores s become c * tanh(s / c) before the mask."""
     n, H, _ = q.shape
     Hkv = k.shape[1]
     kv_of = np.arange(H) // (H // Hkv)
@@ -286,6 +307,8 @@ def attention(q, k, v, scale, allowed):
     kh = np.ascontiguousarray(k[:, kv_of, :].transpose(1, 2, 0))  # [H, d, n]
     vh = np.ascontiguousarray(v[:, kv_of, :].transpose(1, 0, 2))  # [H, n, dv]
     s = np.matmul(qh, kh) * scale  # [H, q, k]
+    if softcap > 0:
+        s = np.tanh(s / softcap) * softcap
     s = np.where(allowed[None, :, :], s, -np.inf)
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
@@ -415,7 +438,7 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
         raise ValueError(f"token id out of range [0, {m.vocab})")
     n = len(toks)
     pos = np.arange(n)
-    gemma = m.arch == "gemma3"
+    gemma = m.gemma
     hidden = {}
 
     x = m.w("token_embd.weight")[toks].copy()
@@ -457,7 +480,7 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
         k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors)
         seen(il, "rope", "q", q)
         seen(il, "rope", "k", k)
-        a = attention(q, k, v, m.q_scale, masks[window])
+        a = attention(q, k, v, m.q_scale, masks[window], m.attn_softcap)
         seen(il, "attention", "att", a)
         a = _linear(a, m, p + "attn_output")
         seen(il, "attn_out", "o", a)

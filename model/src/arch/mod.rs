@@ -4,6 +4,7 @@
 //! its metadata rules and named sizes; the forward passes walk the recipe and never compare
 //! architecture names.
 
+mod gemma2;
 mod gemma3;
 mod llama;
 mod qwen2;
@@ -29,6 +30,9 @@ pub enum Arch {
     Gemma3,
     /// Qwen3: Llama layout with QK-norm and NeoX RoPE, no biases.
     Qwen3,
+    /// Gemma 2: sandwich norms, GeGLU, alternating sliding-window layers, attention and
+    /// final logit soft-capping, scaled embeddings.
+    Gemma2,
 }
 
 impl Arch {
@@ -39,6 +43,7 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
             "qwen3" => Some(Arch::Qwen3),
+            "gemma2" => Some(Arch::Gemma2),
             _ => None,
         }
     }
@@ -49,11 +54,12 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
         }
     }
 
     pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "mistral", "qwen2", "gemma3", "qwen3"];
+        &["llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma2"];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -62,6 +68,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::apply(hp, md),
             Arch::Gemma3 => gemma3::apply(hp, md),
             Arch::Qwen3 => qwen3::apply(hp, md),
+            Arch::Gemma2 => gemma2::apply(hp, md),
         }
     }
 }
@@ -87,6 +94,7 @@ pub enum MetaKey {
     RopeScalingType,
     RopeScalingFactor,
     FinalLogitSoftcapping,
+    AttnLogitSoftcapping,
 }
 
 impl MetaKey {
@@ -110,6 +118,7 @@ impl MetaKey {
             MetaKey::RopeScalingType => "rope.scaling.type",
             MetaKey::RopeScalingFactor => "rope.scaling.factor",
             MetaKey::FinalLogitSoftcapping => "final_logit_softcapping",
+            MetaKey::AttnLogitSoftcapping => "attn_logit_softcapping",
         }
     }
 
@@ -253,6 +262,9 @@ pub struct Hparams {
     pub qkv_bias: bool,
     /// Final logit soft-capping (absent in Gemma 3 and Llama).
     pub final_logit_softcap: Option<f32>,
+    /// Attention logit soft-capping: scaled scores `s` become `c · tanh(s / c)` before the
+    /// softmax (Gemma 2).
+    pub attn_logit_softcap: Option<f32>,
 }
 
 impl Hparams {
@@ -323,6 +335,7 @@ impl Hparams {
             sandwich_norms: false,
             qkv_bias: false,
             final_logit_softcap,
+            attn_logit_softcap: None,
         };
         arch.apply(&mut hp, md)?;
         hp.validate()?;
@@ -356,6 +369,14 @@ impl Hparams {
         }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return bad(format!("bad layer_norm_rms_epsilon {}", self.rms_eps));
+        }
+        for (what, cap) in [
+            ("final_logit_softcapping", self.final_logit_softcap),
+            ("attn_logit_softcapping", self.attn_logit_softcap),
+        ] {
+            if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                return bad(format!("{what} {cap:?} is not a positive number"));
+            }
         }
         Ok(())
     }

@@ -34,8 +34,9 @@ pub enum Step {
     Rope(RopeTable),
     /// Stores the rows' `k` and `v` in the cache, then causal attention of `q` over the
     /// cache (the window of a sliding-window layer is the cache's own) into `att`, queries
-    /// scaled by `scale`.
-    Attention { scale: f32 },
+    /// scaled by `scale`; with `softcap` `c`, each scaled score `s` is soft-capped to
+    /// `c · tanh(s / c)` before the softmax (Gemma 2).
+    Attention { scale: f32, softcap: Option<f32> },
     /// `o = att · Wo`.
     AttnOut,
     /// `x += o`, `o` first normed by `post_attention_norm` when `post_norm` (Gemma's
@@ -214,6 +215,7 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
     steps.extend([
         Step::Attention {
             scale: hp.query_scale,
+            softcap: hp.attn_logit_softcap,
         },
         Step::AttnOut,
         Step::AttnResidual {
@@ -262,6 +264,7 @@ mod tests {
             sandwich_norms: false,
             qkv_bias: false,
             final_logit_softcap: None,
+            attn_logit_softcap: None,
         }
     }
 

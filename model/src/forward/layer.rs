@@ -72,9 +72,16 @@ impl Runner {
                     }
                     qkv_rows(pool, hp, l, &steps[i..next], s, n);
                 }
-                Step::Attention { scale } => {
-                    attend(pool, hp, scale, s, self.scores_stride, segs, n, skip_rows)
-                }
+                Step::Attention { scale, softcap } => attend(
+                    pool,
+                    hp,
+                    (scale, softcap),
+                    s,
+                    self.scores_stride,
+                    segs,
+                    n,
+                    skip_rows,
+                ),
                 Step::AttnOut => matmul(
                     pool,
                     &m.matrix_in(&l.wo, buf),

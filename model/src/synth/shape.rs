@@ -32,6 +32,10 @@ pub enum VocabKind {
     /// `</think>`) then `[PAD…]` tokens: the last 293 ids, as in Qwen3's 151936-entry
     /// vocabulary. Carries Qwen3's chat template.
     Qwen3,
+    /// SentencePiece with byte fallback and Gemma's ids for its specials (`<pad>` 0, `<eos>` 1,
+    /// `<bos>` 2, `<unk>` 3, `<mask>`, `<start_of_turn>`, `<end_of_turn>`): Gemma 2's
+    /// tokenizer, carrying Gemma 2's chat template.
+    Gemma,
 }
 
 impl VocabKind {
@@ -42,6 +46,7 @@ impl VocabKind {
             VocabKind::Qwen2 => 421,
             VocabKind::Spm => 0,
             VocabKind::Qwen3 => 293,
+            VocabKind::Gemma => 0,
         }
     }
 
@@ -49,10 +54,23 @@ impl VocabKind {
     pub fn min_vocab(self) -> u32 {
         match self {
             VocabKind::Spm => super::N_FIXED_TOKENS + 64,
+            VocabKind::Gemma => super::N_FIXED_TOKENS + 64 + GEMMA_SPECIALS.len() as u32 - 3,
             _ => self.tail() + 256 + 512,
         }
     }
 }
+
+/// Gemma's special tokens at ids 0.. (as in its tokenizer.model), each a control token but
+/// `<unk>`.
+pub const GEMMA_SPECIALS: &[&str] = &[
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+];
 
 /// Hyper-parameters of a real model.
 #[derive(Clone, Debug, PartialEq)]
@@ -288,6 +306,28 @@ pub const SHAPES: &[Shape] = &[
         sliding_window_pattern: 0,
         tied: false,
         vocab_kind: VocabKind::Qwen3,
+    },
+    // google/gemma-2-9b-it (query_pre_attn_scalar 256 = head_dim, attn_logit_softcapping 50,
+    // final_logit_softcapping 30, sliding_window 4096 on every other layer, tied head).
+    Shape {
+        name: "gemma2-9b",
+        source: "google/gemma-2-9b-it",
+        arch: SynthArch::Gemma2,
+        n_layer: 42,
+        d_model: 3584,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 256,
+        d_ff: 14_336,
+        vocab: 256_000,
+        ctx: 8192,
+        rope_base: 10_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 4096,
+        sliding_window_pattern: 2,
+        tied: true,
+        vocab_kind: VocabKind::Gemma,
     },
 ];
 
