@@ -73,3 +73,25 @@ fn gemma_vocabulary_adds_bos_and_ends_turns() {
         assert_eq!(tok.decode(&tok.encode_text(t, false).expect("encodes")), t);
     }
 }
+
+#[test]
+fn tekken_vocabulary_adds_bos_and_keeps_its_controls_out_of_text() {
+    // Mistral Small 3 files: byte-level BPE, `tokenizer.ggml.pre = tekken`.
+    let s = shape("mistral-small-3").expect("shape");
+    let tok = tokenizer(s.vocab_kind, 4096);
+    let inst = tok.piece_to_id("[INST]").expect("[INST]");
+    assert_eq!((tok.bos(), tok.eos(), inst), (Some(1), Some(2), 3));
+    assert!(tok.add_bos_default());
+    let ids = tok.encode("[INST]Hi[/INST]", true).expect("encodes");
+    assert_eq!(&ids[..2], [1, inst]);
+    let text = tok.encode_text("[INST]", false).expect("encodes");
+    assert!(!text.contains(&inst), "{text:?}");
+    for t in [
+        "Hello World, the MODEL said 12345/67.",
+        "  CamelCase Ünïcödé 🙂\n\n",
+    ] {
+        assert_eq!(tok.decode(&tok.encode_text(t, false).expect("encodes")), t);
+    }
+    // Digits one by one.
+    assert_eq!(tok.encode_text("2026", false).expect("encodes").len(), 4);
+}

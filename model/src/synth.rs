@@ -37,6 +37,7 @@ pub enum SynthArch {
     Qwen2,
     Qwen3,
     Gemma2,
+    Mistral3,
 }
 
 impl SynthArch {
@@ -47,6 +48,7 @@ impl SynthArch {
         SynthArch::Qwen2,
         SynthArch::Qwen3,
         SynthArch::Gemma2,
+        SynthArch::Mistral3,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
@@ -62,6 +64,7 @@ impl SynthArch {
             SynthArch::Qwen2 => "qwen2",
             SynthArch::Qwen3 => "qwen3",
             SynthArch::Gemma2 => "gemma2",
+            SynthArch::Mistral3 => "mistral3",
         }
     }
 
@@ -86,6 +89,7 @@ impl SynthArch {
         match self {
             SynthArch::Qwen3 => (VocabKind::Qwen3, 1280),
             SynthArch::Gemma2 => (VocabKind::Gemma, 512),
+            SynthArch::Mistral3 => (VocabKind::Tekken, 2048),
             _ => (VocabKind::Spm, 512),
         }
     }
@@ -149,6 +153,7 @@ impl SynthSpec {
             SynthArch::Qwen2 => 12,
             SynthArch::Qwen3 => 11,
             SynthArch::Gemma2 => 11,
+            SynthArch::Mistral3 => 9,
         };
         2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
     }
@@ -382,7 +387,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
     w.add(&k(MetaKey::RopeFreqBase), Value::F32(m.rope_base));
     w.add(&k(MetaKey::RmsEpsilon), Value::F32(m.rms_eps));
     match m.arch {
-        SynthArch::Llama => {
+        SynthArch::Llama | SynthArch::Mistral3 => {
             w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
             w.add(&k(MetaKey::VocabSize), Value::U32(m.vocab));
         }
@@ -416,6 +421,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
         SynthArch::Gemma2 => (10000.0, 1e-6),
+        SynthArch::Mistral3 => (1e9, 1e-5),
         SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 => (1e6, 1e-6),
     };
     add_arch_meta(

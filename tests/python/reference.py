@@ -11,6 +11,10 @@ Architectures:
   llama / mistral  RMSNorm, GQA, SwiGLU, interleaved ("normal") RoPE on pairs (2i, 2i+1)
                    (llama.cpp's converter permutes Q/K rows so that this applies in the GGUF
                    layout), optional `rope_freqs.weight` frequency factors, optional biases.
+  mistral3         as llama (Mistral Small 3.x as llama.cpp converts it). For llama, mistral and
+                   mistral3 files that set `attention.sliding_window` (HF MistralConfig's
+                   sliding_window, Mistral 7B v0.1), every layer attends to the last `window`
+                   positions (key allowed iff q - k < window).
   qwen2            as llama but NeoX RoPE (pairs (i, i + n_rot/2)) and Q/K/V biases.
   gemma3           x*sqrt(d) embedding scale, sandwich norms (post-attention / post-FFN
                    RMSNorms), per-head QK RMSNorm, NeoX RoPE, GeGLU with tanh GELU, 5:1
@@ -49,7 +53,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma2")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma2", "mistral3")
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,6 +141,11 @@ class Model:
                 self.q_scale = 1.0 / math.sqrt(self.n_embd // self.n_head)
             else:
                 self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        elif arch in ("llama", "mistral", "mistral3"):
+            self.window = int(g("attention.sliding_window", 0) or 0)
+            if self.window > 0:
+                self.is_swa = [True] * self.n_layer
+            self.q_scale = float(g("attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(self.head_dim)
         elif arch == "gemma3":
             self.window = int(g("attention.sliding_window", 0) or 0)
             if self.window > 0:

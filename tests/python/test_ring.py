@@ -49,7 +49,7 @@ def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, 
 
 
 # The small synthetic models of issue 28's architectures (`debug synth --arch`): 2 layers each.
-SYNTH_RING_ARCHS = ["qwen3", "gemma2"]
+SYNTH_RING_ARCHS = ["qwen3", "gemma2", "mistral3"]
 
 
 @pytest.mark.parametrize("arch", SYNTH_RING_ARCHS)

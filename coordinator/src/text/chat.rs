@@ -141,8 +141,10 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
             (has("<start_of_turn>") && has("<end_of_turn>")).then_some("gemma")
         }
         Arch::Qwen2 | Arch::Qwen3 => chatml.then_some("chatml"),
-        Arch::Llama if has("<|start_header_id|>") && has("<|eot_id|>") => Some("llama3"),
-        Arch::Llama => chatml.then_some("chatml"),
+        Arch::Llama | Arch::Mistral3 if has("<|start_header_id|>") && has("<|eot_id|>") => {
+            Some("llama3")
+        }
+        Arch::Llama | Arch::Mistral3 => chatml.then_some("chatml"),
     }
 }
 

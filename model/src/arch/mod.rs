@@ -7,6 +7,7 @@
 mod gemma2;
 mod gemma3;
 mod llama;
+mod mistral3;
 mod qwen2;
 mod qwen3;
 pub mod recipe;
@@ -33,6 +34,8 @@ pub enum Arch {
     /// Gemma 2: sandwich norms, GeGLU, alternating sliding-window layers, attention and
     /// final logit soft-capping, scaled embeddings.
     Gemma2,
+    /// Mistral 3 (Mistral Small 3.x): the Llama block under its own name.
+    Mistral3,
 }
 
 impl Arch {
@@ -44,6 +47,7 @@ impl Arch {
             "gemma3" => Some(Arch::Gemma3),
             "qwen3" => Some(Arch::Qwen3),
             "gemma2" => Some(Arch::Gemma2),
+            "mistral3" => Some(Arch::Mistral3),
             _ => None,
         }
     }
@@ -55,11 +59,13 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma2 => "gemma2",
+            Arch::Mistral3 => "mistral3",
         }
     }
 
-    pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma2"];
+    pub const SUPPORTED: &'static [&'static str] = &[
+        "llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma2", "mistral3",
+    ];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -69,6 +75,7 @@ impl Arch {
             Arch::Gemma3 => gemma3::apply(hp, md),
             Arch::Qwen3 => qwen3::apply(hp, md),
             Arch::Gemma2 => gemma2::apply(hp, md),
+            Arch::Mistral3 => mistral3::apply(hp, md),
         }
     }
 }
@@ -95,6 +102,7 @@ pub enum MetaKey {
     RopeScalingFactor,
     FinalLogitSoftcapping,
     AttnLogitSoftcapping,
+    AttnTemperatureScale,
 }
 
 impl MetaKey {
@@ -119,6 +127,7 @@ impl MetaKey {
             MetaKey::RopeScalingFactor => "rope.scaling.factor",
             MetaKey::FinalLogitSoftcapping => "final_logit_softcapping",
             MetaKey::AttnLogitSoftcapping => "attn_logit_softcapping",
+            MetaKey::AttnTemperatureScale => "attention.temperature_scale",
         }
     }
 
