@@ -48,3 +48,50 @@ fn qwen3_vocabulary_ends_turns_and_keeps_its_markup_whole() {
     let digits = tok.encode_text("12345", false).expect("encodes");
     assert_eq!(digits.len(), 5, "{digits:?}");
 }
+
+#[test]
+fn gemma_vocabulary_adds_bos_and_ends_turns() {
+    // Gemma 2 files: SentencePiece (`llama`) with Gemma's specials at their ids.
+    let s = shape("gemma2-9b").expect("shape");
+    let tok = tokenizer(s.vocab_kind, 4096);
+    let (sot, eot) = (
+        tok.piece_to_id("<start_of_turn>").expect("<start_of_turn>"),
+        tok.piece_to_id("<end_of_turn>").expect("<end_of_turn>"),
+    );
+    assert_eq!((tok.bos(), tok.eos(), sot, eot), (Some(2), Some(1), 5, 6));
+    assert!(tok.add_bos_default());
+    assert!(tok.is_eog(eot) && tok.is_eog(1), "{:?}", tok.eog_ids());
+    let ids = tok
+        .encode("<start_of_turn>user\nHi<end_of_turn>\n", true)
+        .expect("encodes");
+    assert_eq!(&ids[..2], [2, sot]);
+    assert!(ids.contains(&eot), "{ids:?}");
+    // In plain text the markup is characters, and no space is put in front.
+    let text = tok.encode_text("<start_of_turn>", false).expect("encodes");
+    assert!(!text.contains(&sot), "{text:?}");
+    for t in ["Hello world, the model.", " two  spaces\nÜ 🙂"] {
+        assert_eq!(tok.decode(&tok.encode_text(t, false).expect("encodes")), t);
+    }
+}
+
+#[test]
+fn tekken_vocabulary_adds_bos_and_keeps_its_controls_out_of_text() {
+    // Mistral Small 3 files: byte-level BPE, `tokenizer.ggml.pre = tekken`.
+    let s = shape("mistral-small-3").expect("shape");
+    let tok = tokenizer(s.vocab_kind, 4096);
+    let inst = tok.piece_to_id("[INST]").expect("[INST]");
+    assert_eq!((tok.bos(), tok.eos(), inst), (Some(1), Some(2), 3));
+    assert!(tok.add_bos_default());
+    let ids = tok.encode("[INST]Hi[/INST]", true).expect("encodes");
+    assert_eq!(&ids[..2], [1, inst]);
+    let text = tok.encode_text("[INST]", false).expect("encodes");
+    assert!(!text.contains(&inst), "{text:?}");
+    for t in [
+        "Hello World, the MODEL said 12345/67.",
+        "  CamelCase Ünïcödé 🙂\n\n",
+    ] {
+        assert_eq!(tok.decode(&tok.encode_text(t, false).expect("encodes")), t);
+    }
+    // Digits one by one.
+    assert_eq!(tok.encode_text("2026", false).expect("encodes").len(), 4);
+}

@@ -72,6 +72,9 @@ pub struct AttnShape {
     pub head_dim: u32,
     /// Score scale (1/sqrt(head_dim), or the model's query scale).
     pub scale: f32,
+    /// Attention logit soft-capping (Gemma 2): each scaled score `s` becomes
+    /// `softcap · tanh(s / softcap)` before the softmax; 0: none.
+    pub softcap: f32,
 }
 
 /// One layer's cache of one sequence on the device.
@@ -623,7 +626,14 @@ impl Ops {
             n_head_kv,
             head_dim: hd,
             scale,
+            softcap,
         } = *shape;
+        if !(softcap.is_finite() && softcap >= 0.0) {
+            return Err(invalid(
+                OP,
+                format!("soft-cap {softcap} is not a number ≥ 0"),
+            ));
+        }
         if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(invalid(
                 OP,
@@ -689,6 +699,7 @@ impl Ops {
             chunk as u32,
             ng,
             blocks,
+            softcap.to_bits(),
         ];
         let args = [
             arg(1, "q", q, qe),

@@ -619,6 +619,14 @@ fn attention_oracle(
                         .sum::<f64>()
                         * shape.scale as f64
                 })
+                .map(|s| {
+                    let c = f64::from(shape.softcap);
+                    if c > 0.0 {
+                        c * (s / c).tanh()
+                    } else {
+                        s
+                    }
+                })
                 .collect();
             let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
@@ -738,6 +746,7 @@ fn smollm2(f16: bool, cap: u32) -> (AttnShape, KvLayout) {
             n_head_kv: 3,
             head_dim: 64,
             scale: 1.0 / 8.0,
+            softcap: 0.0,
         },
         KvLayout {
             cap,
@@ -755,6 +764,7 @@ fn gemma_sliding(f16: bool) -> (AttnShape, KvLayout) {
             n_head_kv: 1,
             head_dim: 256,
             scale: 1.0 / 16.0,
+            softcap: 0.0,
         },
         KvLayout {
             cap: 519,
@@ -762,6 +772,28 @@ fn gemma_sliding(f16: bool) -> (AttnShape, KvLayout) {
             f16,
         },
     )
+}
+
+/// Gemma 2's attention logit soft-capping on a sliding layer: a small cap (5, Gemma 2's is 50)
+/// and peaky queries, so most scores are bent by the tanh.
+#[test]
+fn attention_with_logit_softcap_matches_oracle() {
+    for f16 in [false, true] {
+        for (rows, len) in [(1u32, 40usize), (7, 30)] {
+            let (mut shape, mut layout) = gemma_sliding(f16);
+            shape.softcap = 5.0;
+            layout.window = Some(16);
+            layout.cap = 16 + 7;
+            attention_case(&AttnCase {
+                name: if f16 { "softcap f16" } else { "softcap f32" },
+                shape,
+                layout,
+                len,
+                rows,
+                q_amp: 8.0,
+            });
+        }
+    }
 }
 
 #[test]
@@ -863,6 +895,7 @@ fn bad_arguments_are_errors_and_the_device_keeps_working() {
         n_head_kv: 1,
         head_dim: 1024,
         scale: 1.0,
+        softcap: 0.0,
     };
     let layout = KvLayout {
         cap: 4,
@@ -927,6 +960,7 @@ fn attention_other_head_groupings() {
                     n_head_kv,
                     head_dim,
                     scale: 1.0 / (head_dim as f32).sqrt(),
+                    softcap: 0.0,
                 },
                 layout: KvLayout {
                     cap: 320,

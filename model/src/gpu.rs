@@ -355,6 +355,7 @@ impl LayerBackend for GpuLayers {
                 n_head_kv: hp.n_head_kv as u32,
                 head_dim: hd as u32,
                 scale: hp.query_scale,
+                softcap: 0.0,
             },
         };
         let mut enc = gpu
@@ -516,8 +517,12 @@ fn encode_step(
                 .map_err(be)?;
             }
         }
-        Step::Attention { scale } => {
-            let shape = AttnShape { scale, ..rec.shape };
+        Step::Attention { scale, softcap } => {
+            let shape = AttnShape {
+                scale,
+                softcap: softcap.unwrap_or(0.0),
+                ..rec.shape
+            };
             attention_step(gpu, ops, e, s, rec.caches, i, kvd, &shape)?;
         }
         Step::AttnOut => mm

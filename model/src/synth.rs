@@ -43,6 +43,8 @@ pub enum SynthArch {
     Gemma4,
     /// Phi-3: fused Q/K/V and gate/up matrices, LongRoPE factors, a window on every layer.
     Phi3,
+    Gemma2,
+    Mistral3,
 }
 
 impl SynthArch {
@@ -54,6 +56,8 @@ impl SynthArch {
         SynthArch::Qwen3,
         SynthArch::Gemma4,
         SynthArch::Phi3,
+        SynthArch::Gemma2,
+        SynthArch::Mistral3,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
@@ -70,7 +74,19 @@ impl SynthArch {
             SynthArch::Qwen3 => "qwen3",
             SynthArch::Gemma4 => "gemma4",
             SynthArch::Phi3 => "phi3",
+            SynthArch::Gemma2 => "gemma2",
+            SynthArch::Mistral3 => "mistral3",
         }
+    }
+
+    /// Layers have norms after attention and after the feed-forward too (Gemma's sandwich).
+    pub fn has_sandwich_norms(self) -> bool {
+        matches!(self, SynthArch::Gemma3 | SynthArch::Gemma2)
+    }
+
+    /// Attention and final logit soft-caps the file states (Gemma 2's, from its config).
+    pub fn softcaps(self) -> Option<(f32, f32)> {
+        (self == SynthArch::Gemma2).then_some((50.0, 30.0))
     }
 
     /// Layers have an RMSNorm per head of Q and K (`attn_q_norm`, `attn_k_norm`).
@@ -83,6 +99,8 @@ impl SynthArch {
     pub fn small_vocab(self) -> (VocabKind, u32) {
         match self {
             SynthArch::Qwen3 => (VocabKind::Qwen3, 1280),
+            SynthArch::Gemma2 => (VocabKind::Gemma, 512),
+            SynthArch::Mistral3 => (VocabKind::Tekken, 2048),
             _ => (VocabKind::Spm, 512),
         }
     }
@@ -151,13 +169,17 @@ impl SynthSpec {
             } else {
                 8
             },
-            tied_embeddings: arch == SynthArch::Gemma3,
+            tied_embeddings: matches!(arch, SynthArch::Gemma3 | SynthArch::Gemma2),
         }
     }
 
     /// Whether the model has no `output.weight`.
     pub fn is_tied(&self) -> bool {
-        self.tied_embeddings || matches!(self.arch, SynthArch::Gemma3 | SynthArch::Gemma4)
+        self.tied_embeddings
+            || matches!(
+                self.arch,
+                SynthArch::Gemma3 | SynthArch::Gemma4 | SynthArch::Gemma2
+            )
     }
 
     /// Number of tensors `synth_model` writes.
@@ -172,6 +194,8 @@ impl SynthSpec {
             SynthArch::Qwen3 => 11,
             SynthArch::Gemma4 => 0,
             SynthArch::Phi3 => 6,
+            SynthArch::Gemma2 => 11,
+            SynthArch::Mistral3 => 9,
         };
         // Phi-3's two LongRoPE factor tensors are global.
         let rope = if self.arch == SynthArch::Phi3 { 2 } else { 0 };
@@ -246,6 +270,11 @@ impl SynthSpec {
         Ok(())
     }
 }
+
+/// The small models' attention and final logit soft-caps (Gemma 2's are 50 and 30): small
+/// enough to bend the scores and logits of a small random model (about 4 and 9 at most), so a
+/// forward pass that skipped either would not pass the tests.
+pub const SMALL_SOFTCAPS: (f32, f32) = (2.0, 6.0);
 
 /// Specials plus byte tokens.
 const N_FIXED_TOKENS: u32 = 3 + 256;
@@ -398,6 +427,8 @@ pub(crate) struct ArchMeta {
     pub sliding_window: u32,
     pub rope_base: f32,
     pub rms_eps: f32,
+    /// Attention and final logit soft-caps (Gemma 2).
+    pub softcaps: Option<(f32, f32)>,
 }
 
 /// Adds `m`'s keys to `w`.
@@ -415,7 +446,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
     w.add(&k(MetaKey::RopeFreqBase), Value::F32(m.rope_base));
     w.add(&k(MetaKey::RmsEpsilon), Value::F32(m.rms_eps));
     match m.arch {
-        SynthArch::Llama => {
+        SynthArch::Llama | SynthArch::Mistral3 => {
             w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
             w.add(&k(MetaKey::VocabSize), Value::U32(m.vocab));
         }
@@ -429,6 +460,13 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
             w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
+        SynthArch::Gemma2 => {
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
+        }
+    }
+    if let Some((attn, fin)) = m.softcaps {
+        w.add(&k(MetaKey::AttnLogitSoftcapping), Value::F32(attn));
+        w.add(&k(MetaKey::FinalLogitSoftcapping), Value::F32(fin));
     }
 }
 
@@ -447,6 +485,8 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
+        SynthArch::Gemma2 => (10000.0, 1e-6),
+        SynthArch::Mistral3 => (1e9, 1e-5),
         SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 | SynthArch::Gemma4 => (1e6, 1e-6),
     };
     add_arch_meta(
@@ -464,6 +504,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             sliding_window: s.sliding_window,
             rope_base,
             rms_eps,
+            softcaps: s.arch.softcaps().map(|_| SMALL_SOFTCAPS),
         },
     );
 
@@ -553,7 +594,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             norms.push((b("attn_q_norm"), s.head_dim));
             norms.push((b("attn_k_norm"), s.head_dim));
         }
-        if s.arch == SynthArch::Gemma3 {
+        if s.arch.has_sandwich_norms() {
             norms.push((b("post_attention_norm"), d));
             norms.push((b("post_ffw_norm"), d));
         }
@@ -636,10 +677,10 @@ mod tests {
         let toks = md.str_array("tokenizer.ggml.tokens").unwrap();
         assert_eq!(toks.len(), spec.vocab as usize);
         assert_eq!(toks.iter().collect::<HashSet<_>>().len(), toks.len());
-        if spec.arch.small_vocab().0 != VocabKind::Spm {
-            check_bpe(spec, md, toks);
-        } else {
-            check_spm(md, toks);
+        match spec.arch.small_vocab().0 {
+            VocabKind::Spm => check_spm(md, toks),
+            VocabKind::Gemma => check_gemma(md, toks),
+            _ => check_bpe(spec, md, toks),
         }
 
         let (d, v) = (u64::from(spec.d_model), u64::from(spec.vocab));
@@ -671,7 +712,19 @@ mod tests {
             let hd = u64::from(spec.head_dim);
             assert_eq!(t(&format!("blk.{last}.attn_k_norm.weight")).dims, [hd]);
         }
-        if spec.arch == SynthArch::Qwen3 {
+        if spec.arch == SynthArch::Gemma2 {
+            assert_eq!(t(&format!("blk.{last}.post_ffw_norm.weight")).dims, [d]);
+            assert!(f
+                .tensor(&format!("blk.{last}.attn_q_norm.weight"))
+                .is_none());
+            let k = |s: &str| format!("gemma2.{s}");
+            assert_eq!(
+                md.u32(&k("attention.sliding_window")).unwrap(),
+                spec.sliding_window
+            );
+            assert_eq!(md.f32(&k("attn_logit_softcapping")).unwrap(), 2.0);
+            assert_eq!(md.f32(&k("final_logit_softcapping")).unwrap(), 6.0);
+        } else if spec.arch == SynthArch::Qwen3 {
             assert_eq!(md.f32("qwen3.rope.freq_base").unwrap(), 1e6);
             assert!(f
                 .tensor(&format!("blk.{last}.post_ffw_norm.weight"))
@@ -717,6 +770,24 @@ mod tests {
         assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
     }
 
+    /// Gemma's SentencePiece vocabulary: its specials at Gemma's ids, then the bytes and
+    /// pieces, and Gemma 2's chat template.
+    fn check_gemma(md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(md.str("tokenizer.ggml.model").unwrap(), "llama");
+        assert_eq!(&toks[..3], ["<pad>", "<eos>", "<bos>"]);
+        assert_eq!(toks[6], "<end_of_turn>");
+        assert_eq!(toks[7], "<0x00>");
+        assert_eq!(toks[7 + 256], SPACE);
+        assert_eq!(md.u32("tokenizer.ggml.bos_token_id").unwrap(), 2);
+        assert_eq!(md.u32("tokenizer.ggml.eos_token_id").unwrap(), 1);
+        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
+        assert_eq!(types[..7], [3, 3, 3, 2, 3, 3, 3]);
+        assert_eq!(types[7], TOKEN_TYPE_BYTE);
+        assert!(!md.bool("tokenizer.ggml.add_space_prefix").unwrap());
+        let template = md.str("tokenizer.chat_template").unwrap();
+        assert!(template.contains("<start_of_turn>model"));
+    }
+
     /// A byte-level BPE vocabulary with the family's added tokens where its files have them,
     /// and the family's chat template.
     fn check_bpe(spec: &SynthSpec, md: &crate::gguf::Metadata, toks: &[String]) {
@@ -749,6 +820,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("smaller than 1061"));
+    }
+
+    #[test]
+    fn gemma2_reads_back_with_expected_tensors() {
+        let spec = SynthSpec::new(SynthArch::Gemma2, GgmlType::Q8_0, 4);
+        assert_eq!(spec.n_tensors(), 2 + 11 * 2);
+        check(&spec);
     }
 
     #[test]

@@ -319,6 +319,9 @@ class HfModel:
         self.rope_scale = 1.0
         self.rope_neox = True  # transformers' rotate_half on the checkpoint's own Q/K layout
         self.final_softcap = float(cfg.get("final_logit_softcapping") or 0.0)
+        self.attn_softcap = float(cfg.get("attn_logit_softcapping") or 0.0)
+        self.rope_attn_factor = 1.0
+        self.rope_orig_ctx = int(cfg.get("max_position_embeddings", 4096))
         self.window = 0
         self.is_swa = [False] * self.n_layer
         self.rope_base_swa, self.rope_scale_swa = self.rope_base, 1.0

@@ -11,6 +11,10 @@ Architectures:
   llama / mistral  RMSNorm, GQA, SwiGLU, interleaved ("normal") RoPE on pairs (2i, 2i+1)
                    (llama.cpp's converter permutes Q/K rows so that this applies in the GGUF
                    layout), optional `rope_freqs.weight` frequency factors, optional biases.
+  mistral3         as llama (Mistral Small 3.x as llama.cpp converts it). For llama, mistral and
+                   mistral3 files that set `attention.sliding_window` (HF MistralConfig's
+                   sliding_window, Mistral 7B v0.1), every layer attends to the last `window`
+                   positions (key allowed iff q - k < window).
   qwen2            as llama but NeoX RoPE (pairs (i, i + n_rot/2)) and Q/K/V biases.
   gemma3           x*sqrt(d) embedding scale, sandwich norms (post-attention / post-FFN
                    RMSNorms), per-head QK RMSNorm, NeoX RoPE, GeGLU with tanh GELU, 5:1
@@ -38,6 +42,14 @@ Architectures:
                    cos and sin multiplied by `rope.scaling.attn_factor`. A sliding window on
                    every layer (key allowed iff q - k < window) when
                    `attention.sliding_window` is below the training context.
+  gemma2           (HF Gemma2Model) x*sqrt(d) embedding scale, sandwich norms, NeoX RoPE with one
+                   base for all layers, GeGLU with tanh GELU, no QK-norm; even layers local
+                   (sliding window, `attention.sliding_window`, default 4096), odd layers global
+                   (`attention.sliding_window_pattern` when present, as for gemma3); attention
+                   scores (q.k scaled by 1/sqrt(head_dim), 1/sqrt(d/n_head) for the 46-layer
+                   27B) soft-capped as c*tanh(s/c) before the mask and softmax with c =
+                   `attn_logit_softcapping` (default 50), logits soft-capped by
+                   `final_logit_softcapping` (default 30); tied output embedding.
 
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
@@ -56,7 +68,7 @@ from gguf.quants import dequantize
 
 import reference_gemma4
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3")
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,12 +134,14 @@ class Model:
         if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
         self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
-        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "phi3")
+        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "phi3", "gemma2")
+        self.gemma = arch in ("gemma3", "gemma2")
         self.ctx_train = int(g("context_length", 4096))
         # LongRoPE (phi3): the original context and the cos/sin multiplier.
         self.rope_orig_ctx = int(g("rope.scaling.original_context_length", self.ctx_train) or self.ctx_train)
         self.rope_attn_factor = float(g("rope.scaling.attn_factor", 1.0) or 1.0)
-        self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
+        self.final_softcap = float(g("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0) or 0.0)
+        self.attn_softcap = float(g("attn_logit_softcapping", 50.0) or 0.0) if arch == "gemma2" else 0.0
 
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
@@ -137,7 +151,22 @@ class Model:
         self.is_swa = [False] * self.n_layer
         self.rope_base_swa = self.rope_base
         self.rope_scale_swa = self.rope_scale
-        if arch == "gemma3":
+        if arch == "gemma2":
+            self.window = int(g("attention.sliding_window", 4096) or 0)
+            if self.window > 0:
+                p = int(g("attention.sliding_window_pattern", 2))
+                self.is_swa = [p == 0 or (i % p) < (p - 1) for i in range(self.n_layer)]
+            # gemma_pytorch / llama.cpp: the 27B (46 layers) scales queries by 1/sqrt(d/n_head).
+            if self.n_layer == 46:
+                self.q_scale = 1.0 / math.sqrt(self.n_embd // self.n_head)
+            else:
+                self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        elif arch in ("llama", "mistral", "mistral3"):
+            self.window = int(g("attention.sliding_window", 0) or 0)
+            if self.window > 0:
+                self.is_swa = [True] * self.n_layer
+            self.q_scale = float(g("attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(self.head_dim)
+        elif arch == "gemma3":
             self.window = int(g("attention.sliding_window", 0) or 0)
             if self.window > 0:
                 pattern = g("attention.sliding_window_pattern", 6)
@@ -304,8 +333,9 @@ def attention_mask(n_tok, window=0):
     return allowed
 
 
-def attention(q, k, v, scale, allowed):
-    """q [n, H, d], k [n, Hkv, d], v [n, Hkv, dv]; query head h uses kv head h // (H/Hkv)."""
+def attention(q, k, v, scale, allowed, softcap=0.0):
+    """q [n, H, d], k [n, Hkv, d], v [n, Hkv, dv]; query head h uses kv head h // (H/Hkv).
+    With softcap c > 0 the scaled scores s become c * tanh(s / c) before the mask."""
     n, H, _ = q.shape
     Hkv = k.shape[1]
     kv_of = np.arange(H) // (H // Hkv)
@@ -313,6 +343,8 @@ def attention(q, k, v, scale, allowed):
     kh = np.ascontiguousarray(k[:, kv_of, :].transpose(1, 2, 0))  # [H, d, n]
     vh = np.ascontiguousarray(v[:, kv_of, :].transpose(1, 0, 2))  # [H, n, dv]
     s = np.matmul(qh, kh) * scale  # [H, q, k]
+    if softcap > 0:
+        s = np.tanh(s / softcap) * softcap
     s = np.where(allowed[None, :, :], s, -np.inf)
     s = s - s.max(axis=-1, keepdims=True)
     p = np.exp(s)
@@ -444,7 +476,7 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
         raise ValueError(f"token id out of range [0, {m.vocab})")
     n = len(toks)
     pos = np.arange(n)
-    gemma = m.arch == "gemma3"
+    gemma = m.arch in ("gemma3", "gemma2")
     hidden = {}
     if m.arch == "gemma4":
         x, hidden = reference_gemma4.forward(m, toks, logit_rows, steps, sys.modules[__name__])
@@ -499,7 +531,7 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
         k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor)
         seen(il, "rope", "q", q)
         seen(il, "rope", "k", k)
-        a = attention(q, k, v, m.q_scale, masks[window])
+        a = attention(q, k, v, m.q_scale, masks[window], m.attn_softcap)
         seen(il, "attention", "att", a)
         a = _linear(a, m, p + "attn_output")
         seen(il, "attn_out", "o", a)

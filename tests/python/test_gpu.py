@@ -247,7 +247,7 @@ def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
 
 # The small synthetic models of issue 28's architectures (`debug synth --arch`, 2 layers, F32
 # weights so the GPU and the float reference see the same numbers).
-SYNTH_GPU_ARCHS = ["qwen3", "phi3"]
+SYNTH_GPU_ARCHS = ["qwen3", "phi3", "gemma2", "mistral3"]
 
 
 @pytest.mark.parametrize("arch", SYNTH_GPU_ARCHS)

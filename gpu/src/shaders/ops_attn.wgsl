@@ -39,7 +39,8 @@ struct Params {
     // Query heads per workgroup (≤ 4), and such blocks per KV head.
     ng: u32,
     blocks: u32,
-    _p0: u32,
+    // Attention logit soft-cap (0: none): scores become softcap * tanh(score / softcap).
+    softcap: f32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -129,6 +130,9 @@ fn attend(ids: Ids, un: Unit, s: u32) -> array<vec4<f32>, 2> {
                 dot = dot + q4_sh[d] * load_k(base + d);
             }
             sc = dot * P.scale;
+            if (P.softcap > 0.0) {
+                sc = P.softcap * tanh(sc / P.softcap);
+            }
         }
         let mn = max(m, wg_max4(sc, ids));
         let alpha = exp(m - mn);

@@ -4,9 +4,11 @@
 //! its metadata rules and named sizes; the forward passes walk the recipe and never compare
 //! architecture names.
 
+mod gemma2;
 mod gemma3;
 mod gemma4;
 mod llama;
+mod mistral3;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -36,6 +38,11 @@ pub enum Arch {
     Gemma4,
     /// Phi-3 / Phi-3.5 mini: fused QKV and gate/up matrices, NeoX RoPE with LongRoPE factors.
     Phi3,
+    /// Gemma 2: sandwich norms, GeGLU, alternating sliding-window layers, attention and
+    /// final logit soft-capping, scaled embeddings.
+    Gemma2,
+    /// Mistral 3 (Mistral Small 3.x): the Llama block under its own name.
+    Mistral3,
 }
 
 impl Arch {
@@ -48,6 +55,8 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "gemma4" => Some(Arch::Gemma4),
             "phi3" => Some(Arch::Phi3),
+            "gemma2" => Some(Arch::Gemma2),
+            "mistral3" => Some(Arch::Mistral3),
             _ => None,
         }
     }
@@ -60,11 +69,13 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Gemma4 => "gemma4",
             Arch::Phi3 => "phi3",
+            Arch::Gemma2 => "gemma2",
+            Arch::Mistral3 => "mistral3",
         }
     }
 
     pub const SUPPORTED: &'static [&'static str] = &[
-        "llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3",
+        "llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3",
     ];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
@@ -76,6 +87,8 @@ impl Arch {
             Arch::Qwen3 => qwen3::apply(hp, md),
             Arch::Gemma4 => gemma4::apply(hp, md),
             Arch::Phi3 => phi3::apply(hp, md),
+            Arch::Gemma2 => gemma2::apply(hp, md),
+            Arch::Mistral3 => mistral3::apply(hp, md),
         }
     }
 }
@@ -111,6 +124,8 @@ pub enum MetaKey {
     RopeScalingOrigCtx,
     /// Multiplier of RoPE's cos and sin (LongRoPE's attention factor).
     RopeScalingAttnFactor,
+    AttnLogitSoftcapping,
+    AttnTemperatureScale,
 }
 
 impl MetaKey {
@@ -142,6 +157,8 @@ impl MetaKey {
             MetaKey::EmbeddingLengthPerLayer => "embedding_length_per_layer_input",
             MetaKey::RopeScalingOrigCtx => "rope.scaling.original_context_length",
             MetaKey::RopeScalingAttnFactor => "rope.scaling.attn_factor",
+            MetaKey::AttnLogitSoftcapping => "attn_logit_softcapping",
+            MetaKey::AttnTemperatureScale => "attention.temperature_scale",
         }
     }
 
@@ -356,6 +373,9 @@ pub struct Hparams {
     pub rope_orig_ctx: usize,
     /// Multiplier of RoPE's cos and sin, so of queries and keys (LongRoPE's attention factor).
     pub rope_attn_factor: f32,
+    /// Attention logit soft-capping: scaled scores `s` become `c · tanh(s / c)` before the
+    /// softmax (Gemma 2).
+    pub attn_logit_softcap: Option<f32>,
 }
 
 /// One layer's shape where it may differ from the model's scalar hyper-parameters.
@@ -485,6 +505,7 @@ impl Hparams {
             fused_proj: false,
             rope_orig_ctx: ctx_train,
             rope_attn_factor: 1.0,
+            attn_logit_softcap: None,
         };
         if ff_per_layer.is_some() || kv_per_layer.is_some() {
             let base = hp.layer_shape(0);
@@ -572,6 +593,14 @@ impl Hparams {
                          of the same kind and shape that has its own)"
                     ));
                 }
+            }
+        }
+        for (what, cap) in [
+            ("final_logit_softcapping", self.final_logit_softcap),
+            ("attn_logit_softcapping", self.attn_logit_softcap),
+        ] {
+            if cap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+                return bad(format!("{what} {cap:?} is not a positive number"));
             }
         }
         Ok(())

@@ -34,8 +34,9 @@ pub enum Step {
     Rope(RopeTable),
     /// Stores the rows' `k` and `v` in the cache, then causal attention of `q` over the
     /// cache (the window of a sliding-window layer is the cache's own) into `att`, queries
-    /// scaled by `scale`.
-    Attention { scale: f32 },
+    /// scaled by `scale`; with `softcap` `c`, each scaled score `s` is soft-capped to
+    /// `c · tanh(s / c)` before the softmax (Gemma 2).
+    Attention { scale: f32, softcap: Option<f32> },
     /// `o = att · Wo`.
     AttnOut,
     /// `x += o`, `o` first normed by `post_attention_norm` when `post_norm` (Gemma's
@@ -298,7 +299,10 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
     let scale = hp.query_scale;
     steps.push(match shape.kv_source {
         Some(source) => Step::SharedAttention { scale, source },
-        None => Step::Attention { scale },
+        None => Step::Attention {
+            scale,
+            softcap: hp.attn_logit_softcap,
+        },
     });
     steps.extend([
         Step::AttnOut,
@@ -367,6 +371,7 @@ mod tests {
             fused_proj: false,
             rope_orig_ctx: 128,
             rope_attn_factor: 1.0,
+            attn_logit_softcap: None,
         }
     }
 

@@ -12,14 +12,14 @@ use ringllm_kernels::ThreadPool;
 /// The `Attention` step of layer `il`: stores the `n` rows' keys and values (`s.k`, `s.v`)
 /// in their sequences' caches when `store` (a row that skips the layer, `skip_rows[r]`, marks
 /// its slot as holding nothing instead), then attention of the queries `s.q` into `s.att`,
-/// queries scaled by `scale`. A shared-KV layer (`SharedAttention`) stores nothing: its
+/// queries scaled by `scale.0`, scores soft-capped by `scale.1` when it is set. A shared-KV layer (`SharedAttention`) stores nothing: its
 /// `segs` are its source layer's caches, written by that layer earlier in this pass.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     pool: &ThreadPool,
     hp: &Hparams,
     il: usize,
-    scale: f32,
+    (scale, softcap): (f32, Option<f32>),
     store: bool,
     s: &mut Scratch,
     scores_stride: usize,
@@ -66,6 +66,7 @@ pub(super) fn attend(
         qd,
         kvd,
         scale,
+        softcap,
         scores_stride,
     };
     let (q, att) = (&s.q[..n * qd], &mut s.att[..n * qd]);
@@ -122,6 +123,7 @@ struct AttnShape {
     qd: usize,
     kvd: usize,
     scale: f32,
+    softcap: Option<f32>,
     scores_stride: usize,
 }
 
@@ -218,6 +220,13 @@ fn attention<E: KvElem>(
                 for (j, base, run) in runs() {
                     let k = &seg.k[base..base + (run - 1) * a.kvd + hd];
                     E::qk(qh, nq, hd, k, a.kvd, run, a.scale, &mut scores[j..], stride);
+                }
+                if let Some(c) = a.softcap {
+                    for g in 0..nq {
+                        for s in &mut scores[g * stride..g * stride + len] {
+                            *s = c * (*s / c).tanh();
+                        }
+                    }
                 }
                 if kv.any_skipped() {
                     // Positions whose token skipped this layer hold no key: left out exactly

@@ -67,11 +67,11 @@ impl Runner {
                     }
                     qkv_rows(pool, hp, il, l, &steps[i..next], s, n);
                 }
-                Step::Attention { scale } => attend(
+                Step::Attention { scale, softcap } => attend(
                     pool,
                     hp,
                     il,
-                    scale,
+                    (scale, softcap),
                     true,
                     s,
                     self.scores_stride,
@@ -83,7 +83,7 @@ impl Runner {
                     pool,
                     hp,
                     il,
-                    scale,
+                    (scale, None),
                     false,
                     s,
                     self.scores_stride,

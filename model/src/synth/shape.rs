@@ -32,6 +32,15 @@ pub enum VocabKind {
     /// `</think>`) then `[PAD…]` tokens: the last 293 ids, as in Qwen3's 151936-entry
     /// vocabulary. Carries Qwen3's chat template.
     Qwen3,
+    /// SentencePiece with byte fallback and Gemma's ids for its specials (`<pad>` 0, `<eos>` 1,
+    /// `<bos>` 2, `<unk>` 3, `<mask>`, `<start_of_turn>`, `<end_of_turn>`): Gemma 2's
+    /// tokenizer, carrying Gemma 2's chat template.
+    Gemma,
+    /// Byte-level BPE with Mistral's Tekken pre-tokenizer (`tekken`) and its 1000 control
+    /// tokens first (`<unk>`, `<s>`, `</s>`, `[INST]`, `[/INST]`, ... `[SYSTEM_PROMPT]`, then
+    /// `<SPECIAL_n>`), as Mistral Small 3's 131072-entry vocabulary; carries Mistral Small
+    /// 3.2's chat template.
+    Tekken,
 }
 
 impl VocabKind {
@@ -42,6 +51,7 @@ impl VocabKind {
             VocabKind::Qwen2 => 421,
             VocabKind::Spm => 0,
             VocabKind::Qwen3 => 293,
+            VocabKind::Gemma | VocabKind::Tekken => 0,
         }
     }
 
@@ -49,10 +59,27 @@ impl VocabKind {
     pub fn min_vocab(self) -> u32 {
         match self {
             VocabKind::Spm => super::N_FIXED_TOKENS + 64,
+            VocabKind::Gemma => super::N_FIXED_TOKENS + 64 + GEMMA_SPECIALS.len() as u32 - 3,
+            VocabKind::Tekken => TEKKEN_CONTROL + 256 + 512,
             _ => self.tail() + 256 + 512,
         }
     }
 }
+
+/// Gemma's special tokens at ids 0.. (as in its tokenizer.model), each a control token but
+/// `<unk>`.
+pub const GEMMA_SPECIALS: &[&str] = &[
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+];
+
+/// Control tokens at the start of a Tekken vocabulary.
+pub const TEKKEN_CONTROL: u32 = 1000;
 
 /// Hyper-parameters of a real model.
 #[derive(Clone, Debug, PartialEq)]
@@ -401,6 +428,50 @@ pub const SHAPES: &[Shape] = &[
         sliding_window_pattern: 0,
         tied: false,
         vocab_kind: VocabKind::Spm,
+    },
+    // google/gemma-2-9b-it (query_pre_attn_scalar 256 = head_dim, attn_logit_softcapping 50,
+    // final_logit_softcapping 30, sliding_window 4096 on every other layer, tied head).
+    Shape {
+        name: "gemma2-9b",
+        source: "google/gemma-2-9b-it",
+        arch: SynthArch::Gemma2,
+        n_layer: 42,
+        d_model: 3584,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 256,
+        d_ff: 14_336,
+        vocab: 256_000,
+        ctx: 8192,
+        rope_base: 10_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 4096,
+        sliding_window_pattern: 2,
+        tied: true,
+        vocab_kind: VocabKind::Gemma,
+    },
+    // mistralai/Mistral-Small-3.2-24B-Instruct-2506, its text model (Mistral Small 3.1 has the
+    // same; 3 "2501" differs in rope_theta 1e8 and 32768 positions): no sliding window.
+    Shape {
+        name: "mistral-small-3",
+        source: "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
+        arch: SynthArch::Mistral3,
+        n_layer: 40,
+        d_model: 5120,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 32_768,
+        vocab: 131_072,
+        ctx: 131_072,
+        rope_base: 1_000_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-5,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Tekken,
     },
 ];
 

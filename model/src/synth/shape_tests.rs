@@ -450,3 +450,32 @@ fn qwen3_shapes_hold_the_published_hyper_parameters() {
         assert_eq!(s.vocab_kind, VocabKind::Qwen3);
     }
 }
+
+#[test]
+fn gemma2_9b_shape_holds_the_published_hyper_parameters() {
+    let s = shape("gemma2-9b").unwrap();
+    assert_eq!(s.arch, SynthArch::Gemma2);
+    assert_eq!(
+        (
+            s.n_layer,
+            s.d_model,
+            s.n_head,
+            s.n_head_kv,
+            s.head_dim,
+            s.d_ff
+        ),
+        (42, 3584, 16, 8, 256, 14_336)
+    );
+    assert_eq!(
+        (
+            s.vocab,
+            s.ctx,
+            s.rope_base,
+            s.rms_eps,
+            s.sliding_window,
+            s.tied
+        ),
+        (256_000, 8192, 10_000.0, 1e-6, 4096, true)
+    );
+    assert_eq!(s.vocab_kind, VocabKind::Gemma);
+}

@@ -181,7 +181,7 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             vector(&mut out, TensorKind::AttnKNorm, l, s.head_dim, Fill::Norm);
         }
         matrix(&mut out, TensorKind::AttnOutput, l, d, q);
-        if s.arch == SynthArch::Gemma3 {
+        if s.arch.has_sandwich_norms() {
             vector(&mut out, TensorKind::PostAttnNorm, l, d, Fill::Norm);
         }
         vector(&mut out, TensorKind::FfnNorm, l, d, Fill::Norm);
@@ -192,7 +192,7 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             matrix(&mut out, TensorKind::FfnUp, l, s.d_ff, d);
         }
         matrix(&mut out, TensorKind::FfnDown, l, d, s.d_ff);
-        if s.arch == SynthArch::Gemma3 {
+        if s.arch.has_sandwich_norms() {
             vector(&mut out, TensorKind::PostFfwNorm, l, d, Fill::Norm);
         }
     }
@@ -239,6 +239,7 @@ fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError
             sliding_window: s.sliding_window,
             rope_base: s.rope_base,
             rms_eps: s.rms_eps,
+            softcaps: s.arch.softcaps(),
         },
     );
     if let Some(g) = super::gemma4::Gemma4Model::of_shape(s) {

@@ -13,6 +13,7 @@ use crate::gguf::{Array, GgufWriter, Value};
 use std::collections::HashSet;
 
 const TOKEN_TYPE_NORMAL: i32 = 1;
+const TOKEN_TYPE_UNKNOWN: i32 = 2;
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_UNUSED: i32 = 5;
 
@@ -132,6 +133,8 @@ pub fn add_tokenizer(w: &mut GgufWriter, kind: VocabKind, vocab: u32) {
             w.add("tokenizer.ggml.add_space_prefix", Value::Bool(false));
         }
         VocabKind::Qwen3 => add_qwen3(w, vocab),
+        VocabKind::Gemma => add_gemma(w, vocab),
+        VocabKind::Tekken => add_tekken(w, vocab),
         VocabKind::Llama3 | VocabKind::Qwen2 => {
             let regular = vocab - kind.tail();
             let (mut tokens, merges) = bpe_vocabulary(regular as usize);
@@ -208,6 +211,114 @@ pub const QWEN3_TEMPLATE: &str =
     include_str!("../../../tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja");
 
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// Tekken's named control tokens, ids 0.. (the rest up to 1000 are `<SPECIAL_n>`).
+pub(crate) const TEKKEN_NAMED: &[&str] = &[
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CONTENT]",
+];
+
+/// Mistral Small 3.2's chat template (model data: see tests/fixtures/templates/README.md).
+pub const MISTRAL3_TEMPLATE: &str =
+    include_str!("../../../tests/fixtures/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja");
+
+/// A Tekken tokenizer of `vocab` ids as Mistral Small 3's GGUF files have it: byte-level BPE
+/// with the `tekken` pre-tokenizer after 1000 control tokens, BOS `<s>` added, EOS `</s>`, and
+/// Mistral Small 3.2's chat template.
+fn add_tekken(w: &mut GgufWriter, vocab: u32) {
+    let control = super::shape::TEKKEN_CONTROL as usize;
+    let mut tokens: Vec<String> = (0..control)
+        .map(|i| {
+            TEKKEN_NAMED
+                .get(i)
+                .map_or_else(|| format!("<SPECIAL_{i}>"), |t| t.to_string())
+        })
+        .collect();
+    let mut types = vec![TOKEN_TYPE_CONTROL; control];
+    types[0] = TOKEN_TYPE_UNKNOWN;
+    let (bpe, merges) = bpe_vocabulary(vocab as usize - control);
+    types.extend(std::iter::repeat_n(TOKEN_TYPE_NORMAL, bpe.len()));
+    tokens.extend(bpe);
+    w.add("tokenizer.ggml.model", Value::Str("gpt2".into()));
+    w.add("tokenizer.ggml.pre", Value::Str("tekken".into()));
+    w.add("tokenizer.ggml.tokens", Value::Array(Array::Str(tokens)));
+    w.add("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    w.add("tokenizer.ggml.merges", Value::Array(Array::Str(merges)));
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    w.add("tokenizer.ggml.padding_token_id", Value::U32(11));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
+    w.add(
+        "tokenizer.chat_template",
+        Value::Str(MISTRAL3_TEMPLATE.into()),
+    );
+}
+
+/// Gemma 2's chat template (model data: see tests/fixtures/templates/README.md).
+pub const GEMMA2_TEMPLATE: &str =
+    include_str!("../../../tests/fixtures/templates/google-gemma-2-2b-it.jinja");
+
+/// A Gemma tokenizer of `vocab` ids as Gemma 2's GGUF files have it: SentencePiece with byte
+/// fallback, Gemma's specials at their ids (`<bos>` 2 added, `<eos>` 1, `<end_of_turn>`
+/// ending a turn), no space prefix, and Gemma 2's chat template.
+fn add_gemma(w: &mut GgufWriter, vocab: u32) {
+    let specials = super::shape::GEMMA_SPECIALS;
+    // The small models' pieces without their own three specials (<unk>, <s>, </s>).
+    let rest = vocabulary(vocab as usize + 3 - specials.len());
+    let mut tokens: Vec<String> = specials.iter().map(|t| t.to_string()).collect();
+    let mut scores = vec![0.0f32; specials.len()];
+    let mut types: Vec<i32> = specials
+        .iter()
+        .map(|t| {
+            if *t == "<unk>" {
+                TOKEN_TYPE_UNKNOWN
+            } else {
+                TOKEN_TYPE_CONTROL
+            }
+        })
+        .collect();
+    for (t, s, ty) in rest.into_iter().skip(3) {
+        tokens.push(t);
+        scores.push(s);
+        types.push(ty);
+    }
+    w.add("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.add("tokenizer.ggml.pre", Value::Str("default".into()));
+    w.add("tokenizer.ggml.tokens", Value::Array(Array::Str(tokens)));
+    w.add("tokenizer.ggml.scores", Value::Array(Array::F32(scores)));
+    w.add("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(2));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(1));
+    w.add("tokenizer.ggml.unknown_token_id", Value::U32(3));
+    w.add("tokenizer.ggml.padding_token_id", Value::U32(0));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
+    w.add("tokenizer.ggml.add_space_prefix", Value::Bool(false));
+    w.add(
+        "tokenizer.chat_template",
+        Value::Str(GEMMA2_TEMPLATE.into()),
+    );
+}
 
 /// A Qwen3 tokenizer of `vocab` ids as Qwen3's GGUF files have it: byte-level BPE with the
 /// `qwen2` pre-tokenizer, its added tokens, BOS `<|endoftext|>` not added, EOS `<|im_end|>`

@@ -9,6 +9,9 @@ use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
 const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+// Mistral's Tekken (Mistral Nemo, Small 3, Ministral): its tokenizer.json expression (an
+// upper-case run may lead a lower-case one; digits one by one; `/` joins the punctuation run).
+const TEKKEN_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// A byte-level BPE pre-tokenizer: regular expressions applied one after the other (each
@@ -116,6 +119,13 @@ pub(super) const PRE_TOKENIZERS: &[PreTokenizerDef] = &[
         splits: &[QWEN2_RE],
         ignore_merges: false,
         add_bos: false,
+    },
+    PreTokenizerDef {
+        // llama.cpp: ignore_merges and BOS, as for Llama 3.
+        names: &["tekken"],
+        splits: &[TEKKEN_RE],
+        ignore_merges: true,
+        add_bos: true,
     },
     PreTokenizerDef {
         names: &["qwen35"],
