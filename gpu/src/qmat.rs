@@ -138,6 +138,7 @@ fn unit_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_K => include_str!("shaders/quant_q5_k.wgsl"),
         GgmlType::Q6_K => include_str!("shaders/quant_q6_k.wgsl"),
         GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+        GgmlType::Q2_K | GgmlType::Q3_K => return None,
     })
 }
 
