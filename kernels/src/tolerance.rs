@@ -7,7 +7,9 @@
 //! - `dot_vs_float`: |vec_dot(w, quantize(a)) − dot(dequantize(w), a)| relative to
 //!   Σ|w_i·a_i|: the cost of quantizing the activations on the fly.
 //! - `simd_vs_reference`: |simd vec_dot − scalar vec_dot| relative to Σ|w_i·a_i|: only the
-//!   summation order may differ (integer parts must agree exactly).
+//!   summation order may differ (integer parts must agree exactly). Zero for the formats whose
+//!   SIMD dots reduce each block to one exact integer and then scale it as the reference does:
+//!   bit-identical at every level.
 
 use crate::types::GgmlType;
 

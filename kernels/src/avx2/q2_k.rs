@@ -4,7 +4,7 @@
 //! reference's own float expression, so every form here (and the AVX-512 rows) equals
 //! `quants::q2_k::vec_dot` bit for bit.
 
-use super::q3_k::{crumb, hsum_epi32, pair_mask};
+use super::q3_k::{crumb, halves, hsum_epi32, pair_mask};
 use super::q8_k::{f16_to_f32, load16, load32, prefetch_ahead};
 use crate::quants::q2_k::{BLOCK_BYTES as WB, D, QS as WQS, SCALES};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
@@ -66,12 +66,13 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
         let d = f16_to_f32(wb[D], wb[D + 1]);
         let dmin = f16_to_f32(wb[D + 2], wb[D + 3]);
         let (sc, m) = scales_mins(wb);
+        let sh = halves(_mm256_cvtepu8_epi16(sc));
         let mut sumi = [_mm256_setzero_si256(); R];
         for h in 0..2 {
             let bits = load32(&wb[WQS + 32 * h..]);
             for k in 0..4 {
                 let q = crumb(bits, k);
-                let s = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pair_mask(8 * h + 2 * k)));
+                let s = _mm256_shuffle_epi8(sh[h], pair_mask(k));
                 for r in 0..R {
                     let a8 = load32(&a[r][i][QS + 128 * h + 32 * k..]);
                     let p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q, a8));
@@ -105,11 +106,11 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
         let d = f16_to_f32(wb[D], wb[D + 1]);
         let dmin = f16_to_f32(wb[D + 2], wb[D + 3]);
         let (sc, m) = scales_mins(wb);
+        let sh = halves(_mm256_cvtepu8_epi16(sc));
         let mut sumi = [_mm512_setzero_si512(); R];
         for h in 0..2 {
             let bits = load32(&wb[WQS + 32 * h..]);
-            let sk =
-                |k: usize| _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc, pair_mask(8 * h + 2 * k)));
+            let sk = |k: usize| _mm256_shuffle_epi8(sh[h], pair_mask(k));
             for kk in 0..2 {
                 let q = join(crumb(bits, 2 * kk), crumb(bits, 2 * kk + 1));
                 let s = join(sk(2 * kk), sk(2 * kk + 1));

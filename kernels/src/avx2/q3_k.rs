@@ -55,12 +55,24 @@ fn third_bit(hm: __m256i, b: usize) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi8(4))
 }
 
-/// Shuffle mask picking byte `j` for bytes 0..8 and byte `j + 1` for bytes 8..16.
+/// Shuffle mask broadcasting i16 lane `2k` of the low 128-bit lane and i16 lane `2k + 1` of
+/// the high one: the scales of sub-blocks `8h + 2k` and `8h + 2k + 1` from `halves(..)[h]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn pair_mask(j: usize) -> __m128i {
-    let rep = 0x0101_0101_0101_0101u64;
-    _mm_set_epi64x((rep * (j as u64 + 1)) as i64, (rep * j as u64) as i64)
+pub(super) fn pair_mask(k: usize) -> __m256i {
+    let pick = |i: usize| (2 * i as i16) | ((2 * i as i16 + 1) << 8);
+    _mm256_setr_m128i(_mm_set1_epi16(pick(2 * k)), _mm_set1_epi16(pick(2 * k + 1)))
+}
+
+/// Sixteen i16 scales as two registers, the r-th holding scales `8r .. 8r + 8` in both
+/// 128-bit lanes (for `pair_mask`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn halves(s16: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256::<0x00>(s16, s16),
+        _mm256_permute2x128_si256::<0x11>(s16, s16),
+    ]
 }
 
 /// Sum of the eight i32 lanes (exact: the block sums cannot overflow).
@@ -112,14 +124,15 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
     for (i, wb) in w.iter().enumerate() {
         prefetch_ahead(wb);
         let d = f16_to_f32(wb[D], wb[D + 1]);
-        let sc = scales(wb);
+        let sc16 = _mm256_cvtepi8_epi16(scales(wb));
+        let sh = halves(sc16);
         let hm = load32(&wb[HMASK..]);
         let mut sumi = [_mm256_setzero_si256(); R];
         for h in 0..2 {
             let bits = load32(&wb[WQS + 32 * h..]);
             for k in 0..4 {
                 let q = _mm256_or_si256(crumb(bits, k), third_bit(hm, 4 * h + k));
-                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair_mask(8 * h + 2 * k)));
+                let s = _mm256_shuffle_epi8(sh[h], pair_mask(k));
                 for r in 0..R {
                     let a8 = load32(&a[r][i][QS + 128 * h + 32 * k..]);
                     let p = _mm256_madd_epi16(s, _mm256_maddubs_epi16(q, a8));
@@ -127,7 +140,6 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
                 }
             }
         }
-        let sc16 = _mm256_cvtepi8_epi16(sc);
         for r in 0..R {
             let ab = &a[r][i];
             let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
@@ -150,14 +162,14 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     for (i, wb) in w.iter().enumerate() {
         prefetch_ahead(wb);
         let d = f16_to_f32(wb[D], wb[D + 1]);
-        let sc = scales(wb);
+        let sc16 = _mm256_cvtepi8_epi16(scales(wb));
+        let sh = halves(sc16);
         let hm = load32(&wb[HMASK..]);
         let mut sumi = [_mm512_setzero_si512(); R];
         for h in 0..2 {
             let bits = load32(&wb[WQS + 32 * h..]);
             let piece = |k: usize| _mm256_or_si256(crumb(bits, k), third_bit(hm, 4 * h + k));
-            let sk =
-                |k: usize| _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair_mask(8 * h + 2 * k)));
+            let sk = |k: usize| _mm256_shuffle_epi8(sh[h], pair_mask(k));
             for kk in 0..2 {
                 let q = join(piece(2 * kk), piece(2 * kk + 1));
                 let s = join(sk(2 * kk), sk(2 * kk + 1));
@@ -171,7 +183,6 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
                 }
             }
         }
-        let sc16 = _mm256_cvtepi8_epi16(sc);
         for r in 0..R {
             let ab = &a[r][i];
             let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
