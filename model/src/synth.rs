@@ -33,11 +33,20 @@ use std::collections::HashSet;
 pub enum SynthArch {
     Llama,
     Gemma3,
-    /// Real-size shapes only (`--shape qwen2-7b`).
+    /// Qwen 2: the Llama layout with Q/K/V biases and NeoX RoPE.
     Qwen2,
 }
 
 impl SynthArch {
+    /// The architectures `debug synth --arch` writes small models of.
+    pub const SMALL: &'static [SynthArch] =
+        &[SynthArch::Llama, SynthArch::Gemma3, SynthArch::Qwen2];
+
+    /// The architecture of GGUF name `name`, when a small model of it can be written.
+    pub fn from_name(name: &str) -> Option<SynthArch> {
+        Self::SMALL.iter().copied().find(|a| a.name() == name)
+    }
+
     /// The GGUF architecture name (`general.architecture` and the key prefix).
     pub fn name(self) -> &'static str {
         match self {
@@ -111,12 +120,6 @@ impl SynthSpec {
     fn validate(&self) -> Result<(), GgufError> {
         let bad = |why: String| Err(GgufError::InvalidInput(format!("synthetic model: {why}")));
         let s = self;
-        if s.arch == SynthArch::Qwen2 {
-            return bad(
-                "the small synthetic models are llama or gemma3; qwen2 comes with --shape qwen2-7b"
-                    .into(),
-            );
-        }
         if [
             s.n_layer,
             s.d_model,
@@ -260,6 +263,15 @@ impl Gen {
         out
     }
 
+    /// Bias vectors: 0.1·N(0, 1).
+    fn bias_weights(&mut self, n: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n as usize * 4);
+        for _ in 0..n {
+            out.extend_from_slice(&(0.1 * self.normal()).to_le_bytes());
+        }
+        out
+    }
+
     /// `n_rows` rows of `row_len` values ~ N(0, 1/√row_len), encoded as `ty`.
     fn matrix(&mut self, row_len: u32, n_rows: u32, ty: GgmlType) -> Result<Vec<u8>, GgufError> {
         let scale = 1.0 / (row_len as f32).sqrt();
@@ -397,6 +409,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     };
     matrix(&mut w, "token_embd.weight", d, s.vocab)?;
     let mut norms: Vec<(String, u32)> = Vec::new();
+    let mut biases: Vec<(String, u32)> = Vec::new();
     for il in 0..s.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}.weight");
         matrix(&mut w, &b("attn_q"), d, q)?;
@@ -415,6 +428,11 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             norms.push((b("post_attention_norm"), d));
             norms.push((b("post_ffw_norm"), d));
         }
+        if s.arch == SynthArch::Qwen2 {
+            for (t, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                biases.push((format!("blk.{il}.{t}.bias"), n));
+            }
+        }
     }
     if !s.is_tied() {
         matrix(&mut w, "output.weight", d, s.vocab)?;
@@ -422,6 +440,10 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     norms.push(("output_norm.weight".to_string(), d));
     for (name, n) in norms {
         let data = g.norm_weights(n);
+        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    }
+    for (name, n) in biases {
+        let data = g.bias_weights(n);
         w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
     }
     Ok(w.to_bytes())
@@ -492,6 +514,13 @@ mod tests {
                 spec.sliding_window
             );
             assert_eq!(md.f32("gemma3.rope.freq_base").unwrap(), 1e6);
+        } else if spec.arch == SynthArch::Qwen2 {
+            let bias = t(&format!("blk.{last}.attn_k.bias"));
+            assert_eq!(
+                (bias.dims.as_slice(), bias.ty),
+                ([kvd].as_slice(), GgmlType::F32)
+            );
+            assert_eq!(t(&format!("blk.{last}.attn_q.bias")).dims, [qd]);
         } else {
             assert_eq!(md.u32("llama.vocab_size").unwrap(), spec.vocab);
             assert_eq!(md.u32("llama.rope.dimension_count").unwrap(), spec.head_dim);
@@ -520,6 +549,15 @@ mod tests {
         let spec = SynthSpec::new(SynthArch::Gemma3, GgmlType::BF16, 9);
         assert_eq!(spec.n_tensors(), 2 + 13 * 2);
         check(&spec);
+    }
+
+    #[test]
+    fn qwen2_reads_back_with_its_biases() {
+        let spec = SynthSpec::new(SynthArch::Qwen2, GgmlType::Q8_0, 10);
+        assert_eq!(spec.n_tensors(), 3 + 12 * 2);
+        check(&spec);
+        assert_eq!(SynthArch::from_name("qwen2"), Some(SynthArch::Qwen2));
+        assert_eq!(SynthArch::from_name("gpt2"), None);
     }
 
     #[test]
