@@ -199,9 +199,11 @@ mod tests {
         quantize(&x, &mut q);
         let mut y = vec![0f32; n];
         dequantize(&q, &mut y);
-        // 2 bits plus a min: llama.cpp's own reference quantizer lands near 0.33 here.
+        // 2 bits plus a min: llama.cpp's `quantize_row_q2_K_ref` gives 0.296 on N(0, 1) data
+        // (Q3_K 0.149, Q4_K 0.071).
         let rmse = rel_rmse(&x, &y);
-        assert!(rmse < 0.4, "rmse {rmse}");
+        eprintln!("Q2_K roundtrip rmse {rmse}");
+        assert!(rmse < 0.33, "rmse {rmse}");
         let a = gaussian(36, n);
         let e = dot_error(n, &q, &a, dequantize, vec_dot);
         assert!(e < 1e-2, "dot error {e}");

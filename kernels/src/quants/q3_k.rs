@@ -128,13 +128,13 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
             d = f16::from_f32(1.0 / iscale);
         }
         let df = d.to_f32();
-        for j in 0..16 {
-            let dl = df * (i32::from(sc[j]) - 32) as f32;
+        for ((ls, xs), &s) in l.chunks_exact_mut(16).zip(x.chunks_exact(16)).zip(&sc) {
+            let dl = df * (i32::from(s) - 32) as f32;
             if dl == 0.0 {
                 continue;
             }
-            for i in 16 * j..16 * j + 16 {
-                l[i] = (nearest_int(x[i] / dl).clamp(-4, 3) + 4) as u8;
+            for (o, &v) in ls.iter_mut().zip(xs) {
+                *o = (nearest_int(v / dl).clamp(-4, 3) + 4) as u8;
             }
         }
         b[HMASK..HMASK + 32].fill(0);
@@ -189,13 +189,13 @@ mod tests {
             let mut b = vec![0u8; BLOCK_BYTES];
             b[SCALES..SCALES + 12].copy_from_slice(&s);
             let got = scales(&b);
-            for j in 0..16 {
-                assert_eq!(got[j], scale_by_index(j, &s) as i8 - 32, "j={j} {s:?}");
+            for (j, &g) in got.iter().enumerate() {
+                assert_eq!(g, scale_by_index(j, &s) as i8 - 32, "j={j} {s:?}");
             }
             let sc: [u8; 16] = rng.random::<[u8; 16]>().map(|v| v & 63);
             let packed = pack_scales(&sc);
-            for j in 0..16 {
-                assert_eq!(scale_by_index(j, &packed), sc[j]);
+            for (j, &v) in sc.iter().enumerate() {
+                assert_eq!(scale_by_index(j, &packed), v);
             }
         }
     }
@@ -247,8 +247,10 @@ mod tests {
         quantize(&x, &mut q);
         let mut y = vec![0f32; n];
         dequantize(&q, &mut y);
+        // llama.cpp's `quantize_row_q3_K_ref` gives 0.149 on N(0, 1) data.
         let rmse = rel_rmse(&x, &y);
-        assert!(rmse < 0.2, "rmse {rmse}");
+        eprintln!("Q3_K roundtrip rmse {rmse}");
+        assert!(rmse < 0.17, "rmse {rmse}");
         let a = gaussian(46, n);
         let e = dot_error(n, &q, &a, dequantize, vec_dot);
         assert!(e < 1e-2, "dot error {e}");
