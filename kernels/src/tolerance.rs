@@ -36,7 +36,7 @@ pub fn budget(ty: GgmlType) -> Budget {
         GgmlType::Q6_K => b(3e-2, 1e-2, 1e-5),
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => b(6e-2, 1e-2, 1e-5),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => b(1.2e-1, 1e-2, 1e-5),
-        GgmlType::Q3_K => b(2.0e-1, 1e-2, 0.0),
-        GgmlType::Q2_K => b(4.0e-1, 1e-2, 0.0),
+        GgmlType::Q3_K => b(1.7e-1, 1e-2, 0.0),
+        GgmlType::Q2_K => b(3.3e-1, 1e-2, 0.0),
     }
 }
