@@ -16,7 +16,8 @@ mod stream;
 mod vocab;
 
 pub use shape::{
-    shape, shape_names, use_more_bits, Llama3Rope, Shape, VocabKind, WeightMix, SHAPES,
+    llama3_rope_freqs, shape, shape_names, use_more_bits, Llama3Rope, Shape, VocabKind, WeightMix,
+    SHAPES,
 };
 pub use stream::{
     shape_model_bytes, shape_tensors, tokenizer_gguf, write_shape_model, ShapeSpec, SynthError,
@@ -35,12 +36,17 @@ pub enum SynthArch {
     Gemma3,
     /// Qwen 2: the Llama layout with Q/K/V biases and NeoX RoPE.
     Qwen2,
+    Qwen3,
 }
 
 impl SynthArch {
     /// The architectures `debug synth --arch` writes small models of.
-    pub const SMALL: &'static [SynthArch] =
-        &[SynthArch::Llama, SynthArch::Gemma3, SynthArch::Qwen2];
+    pub const SMALL: &'static [SynthArch] = &[
+        SynthArch::Llama,
+        SynthArch::Gemma3,
+        SynthArch::Qwen2,
+        SynthArch::Qwen3,
+    ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
     pub fn from_name(name: &str) -> Option<SynthArch> {
@@ -53,6 +59,21 @@ impl SynthArch {
             SynthArch::Llama => "llama",
             SynthArch::Gemma3 => "gemma3",
             SynthArch::Qwen2 => "qwen2",
+            SynthArch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// Layers have an RMSNorm per head of Q and K (`attn_q_norm`, `attn_k_norm`).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, SynthArch::Gemma3 | SynthArch::Qwen3)
+    }
+
+    /// The tokenizer of the small model (`--arch`): a SentencePiece vocabulary unless the
+    /// family's files carry another kind.
+    pub fn small_vocab(self) -> (VocabKind, u32) {
+        match self {
+            SynthArch::Qwen3 => (VocabKind::Qwen3, 1280),
+            _ => (VocabKind::Spm, 512),
         }
     }
 }
@@ -95,7 +116,7 @@ impl SynthSpec {
             n_head_kv: 2,
             head_dim: 64,
             d_ff: 512,
-            vocab: 512,
+            vocab: arch.small_vocab().1,
             ctx: 256,
             sliding_window: 8,
             tied_embeddings: arch == SynthArch::Gemma3,
@@ -113,6 +134,7 @@ impl SynthSpec {
             SynthArch::Llama => 9,
             SynthArch::Gemma3 => 13,
             SynthArch::Qwen2 => 12,
+            SynthArch::Qwen3 => 11,
         };
         2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
     }
@@ -143,6 +165,15 @@ impl SynthSpec {
             return bad(format!(
                 "vocab {} is smaller than the {N_FIXED_TOKENS} special and byte tokens",
                 s.vocab
+            ));
+        }
+        let kind = s.arch.small_vocab().0;
+        if kind != VocabKind::Spm && s.vocab < kind.min_vocab() {
+            return bad(format!(
+                "vocab {} is smaller than {} for a {} tokenizer",
+                s.vocab,
+                kind.min_vocab(),
+                s.arch.name()
             ));
         }
         if matches!(s.weight_type, GgmlType::Q8_1 | GgmlType::Q8_K) {
@@ -337,7 +368,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
         SynthArch::Gemma3 => {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
-        SynthArch::Qwen2 => {}
+        SynthArch::Qwen2 | SynthArch::Qwen3 => {}
     }
 }
 
@@ -356,7 +387,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
-        SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
+        SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 => (1e6, 1e-6),
     };
     add_arch_meta(
         &mut w,
@@ -376,25 +407,10 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         },
     );
 
-    let vocab = vocabulary(s.vocab as usize);
-    w.add("tokenizer.ggml.model", Value::Str("llama".into()));
-    w.add(
-        "tokenizer.ggml.tokens",
-        Value::Array(Array::Str(vocab.iter().map(|t| t.0.clone()).collect())),
-    );
-    w.add(
-        "tokenizer.ggml.scores",
-        Value::Array(Array::F32(vocab.iter().map(|t| t.1).collect())),
-    );
-    w.add(
-        "tokenizer.ggml.token_type",
-        Value::Array(Array::I32(vocab.iter().map(|t| t.2).collect())),
-    );
-    w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
-    w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
-    w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
-    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
-    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
+    match s.arch.small_vocab().0 {
+        VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize)),
+        kind => vocab::add_tokenizer(&mut w, kind, s.vocab),
+    }
 
     let mut g = Gen {
         rng: StdRng::seed_from_u64(s.seed),
@@ -421,10 +437,12 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
         norms.push((b("attn_norm"), d));
         norms.push((b("ffn_norm"), d));
-        if s.arch == SynthArch::Gemma3 {
+        if s.arch.has_qk_norm() {
             // GGUF stores Gemma's RMSNorm weights as (1 + w), so these are near 1 as well.
             norms.push((b("attn_q_norm"), s.head_dim));
             norms.push((b("attn_k_norm"), s.head_dim));
+        }
+        if s.arch == SynthArch::Gemma3 {
             norms.push((b("post_attention_norm"), d));
             norms.push((b("post_ffw_norm"), d));
         }
@@ -449,6 +467,28 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     Ok(w.to_bytes())
 }
 
+/// The small models' SentencePiece tokenizer (`vocabulary`).
+fn add_spm_tokenizer(w: &mut GgufWriter, vocab: &[(String, f32, i32)]) {
+    w.add("tokenizer.ggml.model", Value::Str("llama".into()));
+    w.add(
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::Str(vocab.iter().map(|t| t.0.clone()).collect())),
+    );
+    w.add(
+        "tokenizer.ggml.scores",
+        Value::Array(Array::F32(vocab.iter().map(|t| t.1).collect())),
+    );
+    w.add(
+        "tokenizer.ggml.token_type",
+        Value::Array(Array::I32(vocab.iter().map(|t| t.2).collect())),
+    );
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(1));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(2));
+    w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,17 +508,12 @@ mod tests {
         );
         let toks = md.str_array("tokenizer.ggml.tokens").unwrap();
         assert_eq!(toks.len(), spec.vocab as usize);
-        assert_eq!(toks[1], "<s>");
-        assert_eq!(toks[3], "<0x00>");
-        assert_eq!(toks[258], "<0xFF>");
-        assert_eq!(toks[259], SPACE);
         assert_eq!(toks.iter().collect::<HashSet<_>>().len(), toks.len());
-        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
-        assert_eq!(types[100], TOKEN_TYPE_BYTE);
-        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
-        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
-        assert!(scores[260] > scores[261]);
-        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+        if spec.arch.small_vocab().0 != VocabKind::Spm {
+            check_bpe(spec, md, toks);
+        } else {
+            check_spm(md, toks);
+        }
 
         let (d, v) = (u64::from(spec.d_model), u64::from(spec.vocab));
         let t = |n: &str| f.tensor(n).unwrap_or_else(|| panic!("missing {n}"));
@@ -505,7 +540,17 @@ mod tests {
             .collect();
         let mean = vals.iter().sum::<f32>() / vals.len() as f32;
         assert!((mean - 1.0).abs() < 0.05, "norm mean {mean}");
-        if spec.arch == SynthArch::Gemma3 {
+        if spec.arch.has_qk_norm() {
+            let hd = u64::from(spec.head_dim);
+            assert_eq!(t(&format!("blk.{last}.attn_k_norm.weight")).dims, [hd]);
+        }
+        if spec.arch == SynthArch::Qwen3 {
+            assert_eq!(md.f32("qwen3.rope.freq_base").unwrap(), 1e6);
+            assert!(f
+                .tensor(&format!("blk.{last}.post_ffw_norm.weight"))
+                .is_none());
+            assert!(f.tensor(&format!("blk.{last}.attn_q.bias")).is_none());
+        } else if spec.arch == SynthArch::Gemma3 {
             let hd = u64::from(spec.head_dim);
             assert_eq!(t(&format!("blk.{last}.attn_q_norm.weight")).dims, [hd]);
             assert_eq!(t(&format!("blk.{last}.post_ffw_norm.weight")).dims, [d]);
@@ -530,6 +575,53 @@ mod tests {
         let mut other = spec.clone();
         other.seed ^= 1;
         assert_ne!(synth_model(&other).unwrap(), bytes);
+    }
+
+    fn check_spm(md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(toks[1], "<s>");
+        assert_eq!(toks[3], "<0x00>");
+        assert_eq!(toks[258], "<0xFF>");
+        assert_eq!(toks[259], SPACE);
+        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
+        assert_eq!(types[100], TOKEN_TYPE_BYTE);
+        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
+        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
+        assert!(scores[260] > scores[261]);
+        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+    }
+
+    /// A byte-level BPE vocabulary with the family's added tokens where its files have them,
+    /// and the family's chat template.
+    fn check_bpe(spec: &SynthSpec, md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(md.str("tokenizer.ggml.model").unwrap(), "gpt2");
+        let kind = spec.arch.small_vocab().0;
+        let regular = (spec.vocab - kind.tail()) as usize;
+        let merges = md.str_array("tokenizer.ggml.merges").unwrap();
+        assert_eq!(merges.len(), regular - 256);
+        let template = md.str("tokenizer.chat_template").unwrap();
+        if spec.arch == SynthArch::Qwen3 {
+            assert_eq!(md.str("tokenizer.ggml.pre").unwrap(), "qwen2");
+            assert_eq!(toks[regular], "<|endoftext|>");
+            assert_eq!(toks[regular + 2], "<|im_end|>");
+            assert_eq!(toks[regular + 25], "</think>");
+            let eos = md.u32("tokenizer.ggml.eos_token_id").unwrap() as usize;
+            assert_eq!(toks[eos], "<|im_end|>");
+            assert!(!md.bool("tokenizer.ggml.add_bos_token").unwrap());
+            assert!(template.contains("<|im_start|>assistant"));
+        }
+    }
+
+    #[test]
+    fn qwen3_reads_back_with_expected_tensors() {
+        let spec = SynthSpec::new(SynthArch::Qwen3, GgmlType::Q8_0, 4);
+        assert_eq!(spec.n_tensors(), 3 + 11 * 2);
+        check(&spec);
+        let mut small = spec.clone();
+        small.vocab = 1000;
+        assert!(synth_model(&small)
+            .unwrap_err()
+            .to_string()
+            .contains("smaller than 1061"));
     }
 
     #[test]

@@ -48,6 +48,29 @@ def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, 
             assert f"node{i + 1}" in err
 
 
+# The small synthetic models of issue 28's architectures (`debug synth --arch`): 2 layers each.
+SYNTH_RING_ARCHS = ["qwen3"]
+
+
+@pytest.mark.parametrize("arch", SYNTH_RING_ARCHS)
+def test_ring_over_a_synthetic_architecture_is_bit_identical(arch, tmp_path):
+    """A ring of 1 and 2 nodes (a layer each) over the small model of each new architecture:
+    the same ids and the same logits, bit for bit, as the single process."""
+    model = tmp_path / f"{arch}.gguf"
+    ringllm(["debug", "synth", "--arch", arch, "--type", "q8_0", "--seed", "5", "-o", model])
+    prompt = "the model said it would make the water"
+    want, want_logits, _ = single(model, prompt, tmp_path)
+    assert len(want["token_ids"]) >= 1
+    for n in (1, 2):
+        with Nodes(n) as nodes:
+            got, logits, _ = generation(
+                ["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", prompt, *GEN],
+                tmp_path / f"ring{n}.f32")
+        assert got["prompt_token_ids"] == want["prompt_token_ids"], f"{arch}, {n} nodes"
+        assert got["token_ids"] == want["token_ids"], f"{arch}, {n} nodes"
+        assert logits == want_logits, f"{arch}, {n} nodes: logits differ"
+
+
 def test_cluster_file_loopback_2(tmp_path):
     cfg = ROOT / "cluster-configs" / "loopback-2.toml"
     text = cfg.read_text()
@@ -385,3 +408,18 @@ def test_a_normal_run_leaves_no_warning(tmp_path, transport):
         logs = [nodes.log(i) for i in range(2)]
     for text in [r.stderr, *logs]:
         assert "WARN" not in text and "warning" not in text, text
+
+
+def test_nodes_ready_seconds_apart_keep_the_coordinator(tmp_path):
+    """Node 2's slice loads 7 s slower (a cold disk: RINGLLM_NODE_LOAD_DELAY_MS) than node 1's.
+    Node 1 drops a coordinator it hears nothing from for 5 s once assigned, so the coordinator
+    must keep its control link alive while it waits for node 2; the answer is the single
+    process's."""
+    model = model_path(SMOL.name)
+    prompt = PROMPTS["smollm"]
+    want, want_logits, _ = single(model, prompt, tmp_path)
+    with Nodes(2, env=lambda i: {"RINGLLM_NODE_LOAD_DELAY_MS": "7000"} if i == 1 else {}) as nodes:
+        got, logits, _ = generation(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", prompt, *GEN],
+                                    tmp_path / "ring.f32")
+    assert got["token_ids"] == want["token_ids"]
+    assert logits == want_logits

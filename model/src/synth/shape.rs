@@ -27,6 +27,11 @@ pub enum VocabKind {
     Qwen2,
     /// SentencePiece (`llama`) with byte fallback, as Gemma 3 uses.
     Spm,
+    /// Byte-level BPE with Qwen 2's pre-tokenizer (`qwen2`, as Qwen3 files say) and Qwen3's
+    /// 26 added tokens (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, ... `<think>`,
+    /// `</think>`) then `[PAD…]` tokens: the last 293 ids, as in Qwen3's 151936-entry
+    /// vocabulary. Carries Qwen3's chat template.
+    Qwen3,
 }
 
 impl VocabKind {
@@ -36,6 +41,7 @@ impl VocabKind {
             VocabKind::Llama3 => 256,
             VocabKind::Qwen2 => 421,
             VocabKind::Spm => 0,
+            VocabKind::Qwen3 => 293,
         }
     }
 
@@ -199,6 +205,90 @@ pub const SHAPES: &[Shape] = &[
         tied: false,
         vocab_kind: VocabKind::Qwen2,
     },
+    // Qwen/Qwen3-0.6B (QK-norm, no biases, head_dim 128 ≠ d/n_head, tied head).
+    Shape {
+        name: "qwen3-0.6b",
+        source: "Qwen/Qwen3-0.6B",
+        arch: SynthArch::Qwen3,
+        n_layer: 28,
+        d_model: 1024,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 3072,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: true,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // Qwen/Qwen3-8B
+    Shape {
+        name: "qwen3-8b",
+        source: "Qwen/Qwen3-8B",
+        arch: SynthArch::Qwen3,
+        n_layer: 36,
+        d_model: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 12_288,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // Qwen/Qwen3-14B
+    Shape {
+        name: "qwen3-14b",
+        source: "Qwen/Qwen3-14B",
+        arch: SynthArch::Qwen3,
+        n_layer: 40,
+        d_model: 5120,
+        n_head: 40,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 17_408,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // Qwen/Qwen3-32B (64 query heads of 128: q is 8192 wide, more than d_model).
+    Shape {
+        name: "qwen3-32b",
+        source: "Qwen/Qwen3-32B",
+        arch: SynthArch::Qwen3,
+        n_layer: 64,
+        d_model: 5120,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 25_600,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
 ];
 
 /// The shape called `name`.
@@ -215,29 +305,34 @@ impl Shape {
     /// Llama 3 RoPE divisors for each of the `head_dim / 2` rotated frequency pairs.
     pub fn rope_freqs(&self) -> Option<Vec<f32>> {
         let r = self.rope_scaling?;
-        let dim = self.head_dim as f64;
-        let low_wavelen = f64::from(r.original_ctx) / f64::from(r.low_freq_factor);
-        let high_wavelen = f64::from(r.original_ctx) / f64::from(r.high_freq_factor);
-        let factors = (0..self.head_dim / 2)
-            .map(|i| {
-                let freq = f64::from(self.rope_base).powf(-2.0 * f64::from(i) / dim);
-                let wavelen = std::f64::consts::TAU / freq;
-                let f = f64::from(r.factor);
-                let div = if wavelen < high_wavelen {
-                    1.0
-                } else if wavelen > low_wavelen {
-                    f
-                } else {
-                    let smooth = (f64::from(r.original_ctx) / wavelen
-                        - f64::from(r.low_freq_factor))
-                        / f64::from(r.high_freq_factor - r.low_freq_factor);
-                    1.0 / ((1.0 - smooth) / f + smooth)
-                };
-                div as f32
-            })
-            .collect();
-        Some(factors)
+        Some(llama3_rope_freqs(&r, self.rope_base, self.head_dim))
     }
+}
+
+/// Llama 3 RoPE divisors for each of the `head_dim / 2` rotated frequency pairs of a model
+/// with RoPE base `rope_base` (the `rope_freqs.weight` tensor; `ringllm convert` writes it
+/// from a config's `rope_scaling` too).
+pub fn llama3_rope_freqs(r: &Llama3Rope, rope_base: f32, head_dim: u32) -> Vec<f32> {
+    let dim = f64::from(head_dim);
+    let low_wavelen = f64::from(r.original_ctx) / f64::from(r.low_freq_factor);
+    let high_wavelen = f64::from(r.original_ctx) / f64::from(r.high_freq_factor);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = f64::from(rope_base).powf(-2.0 * f64::from(i) / dim);
+            let wavelen = std::f64::consts::TAU / freq;
+            let f = f64::from(r.factor);
+            let div = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                f
+            } else {
+                let smooth = (f64::from(r.original_ctx) / wavelen - f64::from(r.low_freq_factor))
+                    / f64::from(r.high_freq_factor - r.low_freq_factor);
+                1.0 / ((1.0 - smooth) / f + smooth)
+            };
+            div as f32
+        })
+        .collect()
 }
 
 /// Weight types of the matrices.
