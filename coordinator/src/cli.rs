@@ -641,7 +641,7 @@ pub enum DebugCommand {
         #[arg(long)]
         bos: bool,
     },
-    /// Write a synthetic random-weight model: a small one (--arch llama|gemma3|qwen2) or a real-size
+    /// Write a synthetic random-weight model: a small one (--arch llama|gemma3|qwen2|qwen3|gemma4) or a real-size
     /// shape (--shape tiny|llama3-1b|llama3-8b|gemma3-1b|qwen2-7b), streamed to the file.
     Synth(SynthArgs),
     /// A TCP proxy that delays every chunk by a fixed time (tests add link latency with it).

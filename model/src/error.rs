@@ -84,4 +84,7 @@ pub enum ModelError {
     },
     #[error("backend: {0}")]
     Backend(String),
+    /// A slice of layers that cannot run apart from the rest of the model.
+    #[error("layers {}..{} cannot run as a slice: {why}", layers.start, layers.end)]
+    Unsplittable { layers: Range<usize>, why: String },
 }

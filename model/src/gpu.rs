@@ -113,6 +113,13 @@ impl GpuLayers {
                 });
             }
         }
+        if !model.hp.uniform_layers() {
+            return Err(ModelError::Backend(
+                "layers of different shapes (per-layer head sizes, KV heads, RoPE dimensions or \
+                 feed-forward widths) run on the CPU backend only"
+                    .into(),
+            ));
+        }
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ops = Ops::new(&gpu).map_err(be)?;
@@ -132,13 +139,19 @@ impl GpuLayers {
             |label: &str, v: &Option<Vec<f32>>| -> Result<Option<wgpu::Buffer>, ModelError> {
                 v.as_ref().map(|v| up_vec(label, v)).transpose()
             };
+        // Every step passed `supports`: the layer has its own K and V projections.
+        fn need(w: &Option<Weight>) -> Result<&Weight, ModelError> {
+            w.as_ref().ok_or_else(|| {
+                ModelError::Backend("a layer without its own K or V projection".into())
+            })
+        }
         let mut layers = Vec::with_capacity(model.layers.len());
         for l in &model.layers {
             layers.push(GpuLayer {
                 attn_norm: up_vec("attn_norm", &l.attn_norm)?,
                 wq: up_mat(&l.wq)?,
-                wk: up_mat(&l.wk)?,
-                wv: up_mat(&l.wv)?,
+                wk: up_mat(need(&l.wk)?)?,
+                wv: up_mat(need(&l.wv)?)?,
                 wo: up_mat(&l.wo)?,
                 bq: up_opt("bq", &l.bq)?,
                 bk: up_opt("bk", &l.bk)?,
@@ -360,7 +373,7 @@ impl LayerBackend for GpuLayers {
                     };
                     flush(&gpu, &mut enc);
                     for &b in step.outputs() {
-                        let width = b.width(hp);
+                        let width = b.width(hp, il);
                         let mut rows_out = vec![0f32; n * width];
                         gpu.read_f32(s.buf(b), 0, &mut rows_out).map_err(be)?;
                         obs.step(&Observed {
@@ -538,6 +551,22 @@ fn encode_step(
             ops.residual(gpu, e, &s.x, &s.o, w, rows, d as u32, eps)
                 .map_err(be)?;
         }
+        // Refused when the slice was uploaded (`supports`).
+        Step::QProj
+        | Step::QkProj
+        | Step::VFromK
+        | Step::QNorm
+        | Step::VNorm
+        | Step::RopeQ(_)
+        | Step::SharedAttention { .. }
+        | Step::PerLayerInput
+        | Step::OutScale => {
+            return Err(ModelError::UnsupportedStep {
+                step: step.name(),
+                layer: i,
+                backend: "GPU",
+            })
+        }
     }
     Ok(())
 }
@@ -627,7 +656,7 @@ impl Scratch {
             Buf::V => &self.v,
             Buf::Att => &self.att,
             Buf::O => &self.o,
-            Buf::Gate => &self.gate,
+            Buf::Gate | Buf::Ple => &self.gate,
             Buf::Up => &self.up,
         }
     }
@@ -650,5 +679,15 @@ fn supports(step: Step) -> bool {
         | Step::Glu(FfnAct::Silu | FfnAct::GeluTanh)
         | Step::FfnDown
         | Step::FfnResidual { .. } => true,
+        // Gemma 4's steps: not on the GPU yet.
+        Step::QProj
+        | Step::QkProj
+        | Step::VFromK
+        | Step::QNorm
+        | Step::VNorm
+        | Step::RopeQ(_)
+        | Step::SharedAttention { .. }
+        | Step::PerLayerInput
+        | Step::OutScale => false,
     }
 }

@@ -23,6 +23,22 @@ pub fn can_truncate(hp: &Hparams, ctx: usize, max_batch: usize, len: usize, targ
         })
 }
 
+/// The ring size and window of layer `il`'s cache: the whole context for a global layer,
+/// `window + max_batch - 1` positions for a sliding-window one, nothing for a shared-KV layer
+/// (it reads its source layer's).
+fn ring_of(hp: &Hparams, il: usize, ctx: usize, max_batch: usize) -> (usize, Option<usize>) {
+    if hp.kv_source(il).is_some() {
+        (0, None)
+    } else if hp.sliding[il] && hp.sliding_window > 0 {
+        (
+            (hp.sliding_window + max_batch.max(1) - 1).min(ctx),
+            Some(hp.sliding_window),
+        )
+    } else {
+        (ctx, None)
+    }
+}
+
 /// One stored K or V row type.
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn load(self) -> f32;
@@ -158,10 +174,12 @@ pub enum KvBuf {
 
 #[derive(Debug)]
 pub struct LayerKv {
-    /// Positions held (ring size).
+    /// Positions held (ring size); 0 for a shared-KV layer, which reads another layer's.
     pub cap: usize,
     /// First position a query may see: `pos + 1 - window` (sliding) or 0.
     pub window: Option<usize>,
+    /// Values per stored K (and V) row: the layer's KV heads times its head size.
+    pub kv_dim: usize,
     pub k: KvBuf,
     pub v: KvBuf,
     /// Per slot: the token there skipped this layer (predictive layer skip), so the slot
@@ -251,15 +269,8 @@ impl KvCache {
         let kv_dim = hp.kv_dim();
         let layers = layers
             .map(|il| {
-                let (cap, window) = if hp.sliding[il] && hp.sliding_window > 0 {
-                    (
-                        (hp.sliding_window + max_batch.max(1) - 1).min(ctx),
-                        Some(hp.sliding_window),
-                    )
-                } else {
-                    (ctx, None)
-                };
-                let n = cap * kv_dim;
+                let (cap, window) = ring_of(hp, il, ctx, max_batch);
+                let n = cap * hp.kv_dim_of(il);
                 let buf = || match ty {
                     KvType::F32 => KvBuf::F32(vec![0.0; n]),
                     KvType::F16 => KvBuf::F16(vec![f16::ZERO; n]),
@@ -267,6 +278,7 @@ impl KvCache {
                 LayerKv {
                     cap,
                     window,
+                    kv_dim: hp.kv_dim_of(il),
                     k: buf(),
                     v: buf(),
                     skipped: Vec::new(),
@@ -297,17 +309,11 @@ impl KvCache {
         let mut c = KvCache::new(hp, 0..0, ctx, max_batch, ty);
         c.layers = layers
             .map(|il| {
-                let (cap, window) = if hp.sliding[il] && hp.sliding_window > 0 {
-                    (
-                        (hp.sliding_window + max_batch.max(1) - 1).min(ctx),
-                        Some(hp.sliding_window),
-                    )
-                } else {
-                    (ctx, None)
-                };
+                let (cap, window) = ring_of(hp, il, ctx, max_batch);
                 LayerKv {
                     cap,
                     window,
+                    kv_dim: hp.kv_dim_of(il),
                     k: KvBuf::F32(Vec::new()),
                     v: KvBuf::F32(Vec::new()),
                     skipped: Vec::new(),
@@ -323,7 +329,7 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| 2 * l.cap * self.kv_dim * self.ty.size())
+            .map(|l| 2 * l.cap * l.kv_dim * self.ty.size())
             .sum()
     }
 
@@ -336,14 +342,7 @@ impl KvCache {
         ty: KvType,
     ) -> usize {
         layers
-            .map(|il| {
-                let cap = if hp.sliding[il] && hp.sliding_window > 0 {
-                    (hp.sliding_window + max_batch.max(1) - 1).min(ctx)
-                } else {
-                    ctx
-                };
-                2 * cap * hp.kv_dim() * ty.size()
-            })
+            .map(|il| 2 * ring_of(hp, il, ctx, max_batch).0 * hp.kv_dim_of(il) * ty.size())
             .sum()
     }
 

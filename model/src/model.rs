@@ -50,8 +50,10 @@ pub struct Layer {
     pub recipe: LayerRecipe,
     pub attn_norm: Vec<f32>,
     pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
+    /// Absent in a shared-KV layer (it reads another layer's cache).
+    pub wk: Option<Weight>,
+    /// Absent in a shared-KV layer and where V is K (`Step::VFromK`).
+    pub wv: Option<Weight>,
     pub wo: Weight,
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
@@ -64,20 +66,46 @@ pub struct Layer {
     pub up: Weight,
     pub down: Weight,
     pub post_ffw_norm: Option<Vec<f32>>,
+    /// Per-layer embedding input (Gemma 4): gate `[d → ple]`, projection `[ple → d]`, norm.
+    pub ple_gate: Option<Weight>,
+    pub ple_proj: Option<Weight>,
+    pub ple_post_norm: Option<Vec<f32>>,
+    /// The scalar the layer's output is multiplied by (Gemma 4).
+    pub out_scale: Option<f32>,
 }
 
 impl Layer {
     /// The layer's weight matrices.
-    pub fn matrices(&self) -> [&Weight; 7] {
+    pub fn matrices(&self) -> Vec<&Weight> {
         [
-            &self.wq, &self.wk, &self.wv, &self.wo, &self.gate, &self.up, &self.down,
+            Some(&self.wq),
+            self.wk.as_ref(),
+            self.wv.as_ref(),
+            Some(&self.wo),
         ]
+        .into_iter()
+        .chain([Some(&self.gate), Some(&self.up), Some(&self.down)])
+        .chain([self.ple_gate.as_ref(), self.ple_proj.as_ref()])
+        .flatten()
+        .collect()
     }
 
     /// Bytes of weight matrices (what one decoded token reads).
     pub fn weight_bytes(&self) -> usize {
         self.matrices().iter().map(|w| w.bytes()).sum()
     }
+}
+
+/// The weights that make every layer's per-layer embedding input from a token (Gemma 4
+/// E2B/E4B): loaded with the token embedding.
+#[derive(Debug)]
+pub struct PleWeights {
+    /// `[n_layer·ple, vocab]`: one row per token.
+    pub token_embd: Weight,
+    /// `[d → n_layer·ple]`: the scaled embedding projected to every layer's input.
+    pub model_proj: Weight,
+    /// `[ple]`.
+    pub proj_norm: Vec<f32>,
 }
 
 /// What part of the model to load.
@@ -123,8 +151,11 @@ pub struct Model {
     pub output_norm: Option<Vec<f32>>,
     /// The output head (the embedding again when tied).
     pub output: Option<Weight>,
-    /// Per-dimension RoPE frequency divisors (Llama 3.1 `rope_freqs`).
+    /// Per-dimension RoPE frequency divisors (Llama 3.1 `rope_freqs`; Gemma 4's proportional
+    /// RoPE of its full-attention layers).
     pub rope_freqs: Option<Vec<f32>>,
+    /// Gemma 4's per-layer embeddings, with the token embedding.
+    pub ple: Option<PleWeights>,
     /// The streamed tier, when some of the layers are read from disk each token.
     pub streamer: Option<Arc<Streamer>>,
 }
@@ -161,7 +192,7 @@ impl Model {
             }
             None => return Err(ModelError::MissingTensor { name: embd_name }),
         };
-        let hp = Hparams::from_metadata(arch, md, vocab)?;
+        let mut hp = Hparams::from_metadata(arch, md, vocab)?;
         let layer_range = opts.layers.clone().unwrap_or(0..hp.n_layer);
         if layer_range.start > layer_range.end || layer_range.end > hp.n_layer {
             return Err(ModelError::LayerRange {
@@ -170,6 +201,17 @@ impl Model {
                 n_layer: hp.n_layer,
             });
         }
+        // Load-time rule: where the V projection is optional, a layer without one takes V
+        // from K.
+        if hp.v_projection_optional() {
+            for il in layer_range.clone() {
+                let v = TensorKind::AttnV.gguf_name(Some(il));
+                if hp.kv_source(il).is_none() && file.tensor(&v).is_none() {
+                    hp.set_v_from_k(il);
+                }
+            }
+        }
+        check_split(&hp, &layer_range, opts.embedding)?;
         let loader = Loader {
             file: &file,
             hp: &hp,
@@ -201,6 +243,25 @@ impl Model {
         } else {
             (None, None)
         };
+        let ple = if opts.embedding && hp.ple_dim > 0 {
+            let width = (hp.n_layer * hp.ple_dim) as u64;
+            let l = Loader {
+                own: false,
+                ..loader.clone_settings()
+            };
+            Some(PleWeights {
+                token_embd: l.matrix(
+                    TensorKind::PerLayerTokenEmbd,
+                    None,
+                    width,
+                    hp.vocab as u64,
+                )?,
+                model_proj: loader.matrix(TensorKind::PerLayerModelProj, None, d, width)?,
+                proj_norm: loader.vector(TensorKind::PerLayerProjNorm, None, hp.ple_dim as u64)?,
+            })
+        } else {
+            None
+        };
         let rope_freqs = if file
             .tensor(&TensorKind::RopeFreqs.gguf_name(None))
             .is_some()
@@ -227,6 +288,7 @@ impl Model {
             output_norm,
             output,
             rope_freqs,
+            ple,
             streamer: opts.stream.clone(),
         };
         let packed = model.packed_bytes();
@@ -287,6 +349,7 @@ impl Model {
             .flat_map(|l| l.matrices())
             .chain(self.tok_embd.iter())
             .chain(self.output.iter())
+            .chain(self.ple.iter().flat_map(|p| [&p.token_embd, &p.model_proj]))
     }
 
     /// Bytes of weight matrices repacked into panels at load (a tied embedding and head
@@ -330,7 +393,9 @@ impl Model {
     /// matrix plus the output head; one embedding row is negligible).
     pub fn weight_bytes_per_token(&self) -> usize {
         let layers: usize = self.layers.iter().map(Layer::weight_bytes).sum();
-        layers + self.output.as_ref().map_or(0, |w| w.bytes())
+        // Gemma 4's per-layer input projection is read whole for every token.
+        let ple = self.ple.as_ref().map_or(0, |p| p.model_proj.bytes());
+        layers + ple + self.output.as_ref().map_or(0, |w| w.bytes())
     }
 }
 
@@ -488,12 +553,13 @@ impl<'a> Loader<'a> {
 
     fn layer(&self, il: usize) -> Result<Layer, ModelError> {
         let hp = self.hp;
-        let (d, q, kv, ff, hd) = (
+        let (d, q, kv, ff, hd, ple) = (
             hp.d_model as u64,
-            hp.q_dim() as u64,
-            hp.kv_dim() as u64,
-            hp.d_ff as u64,
-            hp.head_dim as u64,
+            hp.q_dim_of(il) as u64,
+            hp.kv_dim_of(il) as u64,
+            hp.d_ff_of(il) as u64,
+            hp.head_dim_of(il) as u64,
+            hp.ple_dim as u64,
         );
         let l = Some(il);
         let recipe = hp.recipe(il);
@@ -504,11 +570,28 @@ impl<'a> Loader<'a> {
                 Ok(None)
             }
         };
+        let opt_mat = |kind, n_in, n_out| -> Result<Option<Weight>, ModelError> {
+            if recipe.needs(kind) {
+                self.matrix(kind, l, n_in, n_out).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let out_scale = match opt_vec(TensorKind::LayerOutScale, 1)? {
+            Some(v) if v[0].is_finite() => Some(v[0]),
+            Some(v) => {
+                return Err(ModelError::BadHparams {
+                    arch: hp.arch.name(),
+                    why: format!("{} is {}", TensorKind::LayerOutScale.gguf_name(l), v[0]),
+                })
+            }
+            None => None,
+        };
         Ok(Layer {
             attn_norm: self.vector(TensorKind::AttnNorm, l, d)?,
             wq: self.matrix(TensorKind::AttnQ, l, d, q)?,
-            wk: self.matrix(TensorKind::AttnK, l, d, kv)?,
-            wv: self.matrix(TensorKind::AttnV, l, d, kv)?,
+            wk: opt_mat(TensorKind::AttnK, d, kv)?,
+            wv: opt_mat(TensorKind::AttnV, d, kv)?,
             wo: self.matrix(TensorKind::AttnOutput, l, q, d)?,
             bq: opt_vec(TensorKind::AttnQBias, q)?,
             bk: opt_vec(TensorKind::AttnKBias, kv)?,
@@ -521,7 +604,40 @@ impl<'a> Loader<'a> {
             up: self.matrix(TensorKind::FfnUp, l, d, ff)?,
             down: self.matrix(TensorKind::FfnDown, l, ff, d)?,
             post_ffw_norm: opt_vec(TensorKind::PostFfwNorm, d)?,
+            ple_gate: opt_mat(TensorKind::PerLayerInpGate, d, ple)?,
+            ple_proj: opt_mat(TensorKind::PerLayerProj, ple, d)?,
+            ple_post_norm: opt_vec(TensorKind::PerLayerPostNorm, d)?,
+            out_scale,
             recipe,
         })
     }
+}
+
+/// Refuses a slice that cannot run on its own: a shared-KV layer whose source layer is in
+/// another slice (its cache would live on another node), or layers with per-layer embedding
+/// inputs without the token embedding they are computed from.
+pub fn check_split(hp: &Hparams, layers: &Range<usize>, embedding: bool) -> Result<(), ModelError> {
+    for il in layers.clone() {
+        if let Some(src) = hp.kv_source(il) {
+            if !layers.contains(&src) {
+                return Err(ModelError::Unsplittable {
+                    layers: layers.clone(),
+                    why: format!(
+                        "layer {il} reads the KV cache of layer {src}, which is not in it \
+                         (a shared-KV layer must run with its source layer)"
+                    ),
+                });
+            }
+        }
+    }
+    if hp.ple_dim > 0 && !layers.is_empty() && !embedding {
+        return Err(ModelError::Unsplittable {
+            layers: layers.clone(),
+            why: "its layers take per-layer embedding inputs computed from the token \
+                  embedding, which this slice does not hold (a Gemma 4 E-model runs its layers \
+                  in the process that embeds the tokens)"
+                .into(),
+        });
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@
 //! `shape` holds the table and the type mix, `vocab` their generated tokenizers, `stream`
 //! the writer.
 
+pub mod gemma4;
 mod shape;
 #[cfg(test)]
 mod shape_tests;
@@ -37,6 +38,8 @@ pub enum SynthArch {
     /// Qwen 2: the Llama layout with Q/K/V biases and NeoX RoPE.
     Qwen2,
     Qwen3,
+    /// Gemma 4: the tiny model of `gemma4::TINY`'s structure, and the `gemma4-*` shapes.
+    Gemma4,
 }
 
 impl SynthArch {
@@ -46,6 +49,7 @@ impl SynthArch {
         SynthArch::Gemma3,
         SynthArch::Qwen2,
         SynthArch::Qwen3,
+        SynthArch::Gemma4,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
@@ -60,6 +64,7 @@ impl SynthArch {
             SynthArch::Gemma3 => "gemma3",
             SynthArch::Qwen2 => "qwen2",
             SynthArch::Qwen3 => "qwen3",
+            SynthArch::Gemma4 => "gemma4",
         }
     }
 
@@ -106,6 +111,24 @@ impl SynthSpec {
     /// 2 layers, d 256, 4 heads (2 KV) of 64, FFN 512, vocab 512, context 256, window 8;
     /// tied for Gemma 3, untied for Llama.
     pub fn new(arch: SynthArch, weight_type: GgmlType, seed: u64) -> Self {
+        if arch == SynthArch::Gemma4 {
+            // 6 layers (see `gemma4::TINY`); sliding-window heads of 32, full ones of 64.
+            return SynthSpec {
+                arch,
+                weight_type,
+                seed,
+                n_layer: 6,
+                d_model: 256,
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: 32,
+                d_ff: 256,
+                vocab: 512,
+                ctx: 256,
+                sliding_window: 8,
+                tied_embeddings: true,
+            };
+        }
         SynthSpec {
             arch,
             weight_type,
@@ -125,18 +148,37 @@ impl SynthSpec {
 
     /// Whether the model has no `output.weight`.
     pub fn is_tied(&self) -> bool {
-        self.tied_embeddings || self.arch == SynthArch::Gemma3
+        self.tied_embeddings || matches!(self.arch, SynthArch::Gemma3 | SynthArch::Gemma4)
     }
 
     /// Number of tensors `synth_model` writes.
     pub fn n_tensors(&self) -> usize {
+        if self.arch == SynthArch::Gemma4 {
+            return self.gemma4().tensors().len();
+        }
         let per_layer = match self.arch {
             SynthArch::Llama => 9,
             SynthArch::Gemma3 => 13,
             SynthArch::Qwen2 => 12,
             SynthArch::Qwen3 => 11,
+            SynthArch::Gemma4 => 0,
         };
         2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
+    }
+
+    /// The Gemma 4 structure of this spec (`gemma4::TINY`'s extras).
+    fn gemma4(&self) -> gemma4::Gemma4Model {
+        gemma4::Gemma4Model {
+            n_layer: self.n_layer,
+            d_model: self.d_model,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            d_ff: self.d_ff,
+            vocab: self.vocab,
+            sliding_window: self.sliding_window,
+            dims: gemma4::TINY,
+        }
     }
 
     fn validate(&self) -> Result<(), GgufError> {
@@ -369,6 +411,8 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
         SynthArch::Qwen2 | SynthArch::Qwen3 => {}
+        // Its own keys come with the model (`gemma4::Gemma4Model::add_meta`).
+        SynthArch::Gemma4 => {}
     }
 }
 
@@ -387,7 +431,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
-        SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 => (1e6, 1e-6),
+        SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 | SynthArch::Gemma4 => (1e6, 1e-6),
     };
     add_arch_meta(
         &mut w,
@@ -408,6 +452,17 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     );
 
     match s.arch.small_vocab().0 {
+        VocabKind::Spm if s.arch == SynthArch::Gemma4 => {
+            // The chat template's markup as control tokens, in place of the last made-up
+            // pieces.
+            let mut vocab = vocabulary(s.vocab as usize);
+            let at = vocab.len() - gemma4::MARKUP_TOKENS.len();
+            for (slot, t) in vocab[at..].iter_mut().zip(gemma4::MARKUP_TOKENS) {
+                *slot = (t.to_string(), 0.0, TOKEN_TYPE_CONTROL);
+            }
+            s.gemma4().add_meta(&mut w);
+            add_spm_tokenizer(&mut w, &vocab);
+        }
         VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize)),
         kind => vocab::add_tokenizer(&mut w, kind, s.vocab),
     }
@@ -418,6 +473,37 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     let d = s.d_model;
     let q = s.n_head * s.head_dim;
     let kv = s.n_head_kv * s.head_dim;
+    if s.arch == SynthArch::Gemma4 {
+        for t in s.gemma4().tensors() {
+            let name = t.kind.gguf_name(t.layer.map(|l| l as usize));
+            match t.fill {
+                gemma4::G4Fill::Matrix => {
+                    let ty = matrix_type(s.weight_type, t.dims[0]);
+                    let data = g.matrix(t.dims[0], t.dims[1], ty)?;
+                    w.add_tensor(&name, &[t.dims[0].into(), t.dims[1].into()], ty, data)?;
+                }
+                gemma4::G4Fill::Norm => {
+                    let data = g.norm_weights(t.dims[0]);
+                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+                }
+                gemma4::G4Fill::ScaledNorm(k) => {
+                    let data: Vec<u8> = g
+                        .norm_weights(t.dims[0])
+                        .chunks_exact(4)
+                        .flat_map(|c| {
+                            (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * k).to_le_bytes()
+                        })
+                        .collect();
+                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+                }
+                gemma4::G4Fill::Values(v) => {
+                    let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+                }
+            }
+        }
+        return Ok(w.to_bytes());
+    }
     let mut matrix = |w: &mut GgufWriter, name: &str, row_len: u32, n_rows: u32| {
         let ty = matrix_type(s.weight_type, row_len);
         let data = g.matrix(row_len, n_rows, ty)?;

@@ -53,7 +53,7 @@ fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 
 #[test]
 fn batching_and_threads_do_not_change_logits() {
-    for arch in [SynthArch::Llama, SynthArch::Gemma3] {
+    for arch in [SynthArch::Llama, SynthArch::Gemma3, SynthArch::Gemma4] {
         let m = model(arch, GgmlType::F32);
         // 20 tokens: longer than the synthetic Gemma's sliding window of 8.
         let toks = tokens(20, m.hp.vocab);
@@ -71,7 +71,7 @@ fn batching_and_threads_do_not_change_logits() {
 
 #[test]
 fn f16_cache_stays_close_to_f32() {
-    for arch in [SynthArch::Llama, SynthArch::Gemma3] {
+    for arch in [SynthArch::Llama, SynthArch::Gemma3, SynthArch::Gemma4] {
         let m = model(arch, GgmlType::F32);
         let toks = tokens(20, m.hp.vocab);
         let a = logits_all(&m, &toks, 5, 2, KvType::F32);
@@ -134,7 +134,7 @@ fn context_overflow_is_an_error() {
 /// token each per step, at different positions), give the logits each gets alone.
 #[test]
 fn several_sequences_in_one_batch_match_each_alone() {
-    for arch in [SynthArch::Llama, SynthArch::Gemma3] {
+    for arch in [SynthArch::Llama, SynthArch::Gemma3, SynthArch::Gemma4] {
         for ty in [GgmlType::F32, GgmlType::Q8_0] {
             let m = model(arch, ty);
             let (d, vocab) = (m.hp.d_model, m.hp.vocab);

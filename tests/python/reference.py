@@ -25,6 +25,9 @@ Architectures:
                    K (`attn_q_norm`, `attn_k_norm`, HF Qwen3Attention's q_norm/k_norm) before
                    RoPE; head size `attention.key_length` (128, not d/n_head); tied head on the
                    small sizes.
+  gemma4           the dense Gemma 4 sizes: reference_gemma4.py (per-layer head sizes, shared-KV
+                   layers, V-norm and V from K, proportional RoPE, per-layer embeddings, layer
+                   output scale, attention scale 1, final logit soft-capping).
 
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
@@ -41,7 +44,9 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3")
+import reference_gemma4
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4")
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,7 +100,8 @@ class Model:
         self.n_layer = int(g("block_count"))
         self.n_ff = g("feed_forward_length")
         self.n_head = int(g("attention.head_count"))
-        self.n_head_kv = int(g("attention.head_count_kv", self.n_head))
+        kv = g("attention.head_count_kv", self.n_head)
+        self.n_head_kv = int(kv[0] if isinstance(kv, (list, tuple)) else kv)  # gemma4: per layer
         self.head_dim = int(g("attention.key_length", self.n_embd // self.n_head))
         self.head_dim_v = int(g("attention.value_length", self.n_embd // self.n_head))
         self.n_rot = int(g("rope.dimension_count", self.head_dim))
@@ -135,6 +141,8 @@ class Model:
                 self.q_scale = 1.0 / math.sqrt(self.head_dim)
         else:
             self.q_scale = float(g("attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(self.head_dim)
+        if arch == "gemma4":
+            reference_gemma4.setup(self, g)
 
         tokenizer_model = self.meta.get("tokenizer.ggml.model")
         self.add_bos = bool(self.meta.get("tokenizer.ggml.add_bos_token", tokenizer_model == "llama"))
@@ -418,6 +426,9 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
     pos = np.arange(n)
     gemma = m.arch == "gemma3"
     hidden = {}
+    if m.arch == "gemma4":
+        x, hidden = reference_gemma4.forward(m, toks, logit_rows, steps, sys.modules[__name__])
+        return _output(m, x, logit_rows, hidden)
 
     x = m.w("token_embd.weight")[toks].copy()
     if gemma:
@@ -482,7 +493,12 @@ def _forward(model, token_ids, logit_rows=None, steps=None):
         x = x + f
         seen(il, "ffn_residual", "x", x)
         hidden[f"layer.{il}"] = x.astype(np.float32)
+    return _output(m, x, logit_rows, hidden)
 
+
+def _output(m, x, logit_rows, hidden):
+    """Final norm and logits of the rows `logit_rows` (all: None) of the last layer's `x`."""
+    n = len(x)
     x = rmsnorm(x, m.w("output_norm.weight"), m.eps)
     hidden["final_norm"] = x.astype(np.float32)
 

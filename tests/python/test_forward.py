@@ -59,7 +59,7 @@ WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q
 
 
 # The small synthetic models (`debug synth --arch`), each of the real structure of its family.
-SYNTH_ARCHS = ["llama", "gemma3", "qwen3"]
+SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4"]
 
 
 @pytest.mark.parametrize("arch", SYNTH_ARCHS)
@@ -144,7 +144,8 @@ def test_repacked_weights_give_the_same_bits(name, tmp_path):
             assert np.array_equal(packed[k], mapped[k]), f"{name} batch {batch}: {k} differs with --no-repack"
 
 
-@pytest.mark.parametrize("arch", SYNTH_ARCHS)
+# Gemma 4's recipe differs by layer: test_gemma4_every_step_matches_reference_on_f32_weights.
+@pytest.mark.parametrize("arch", [a for a in SYNTH_ARCHS if a != "gemma4"])
 def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     """`debug forward --steps` on a synthetic F32 model (no 8-bit activations on this path):
     every step of every layer the reference also names within STEP_REL of the float64
@@ -181,3 +182,42 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     assert all(f"layer.{il}.{s}" in ref_steps for il in per_layer for s in want), "the reference names fewer steps"
     for il in range(m.n_layer):
         assert np.array_equal(np.load(out / f"layer.{il}.npy"), np.load(out / f"layer.{il}.ffn_residual.x.npy"))
+
+
+def test_gemma4_every_step_matches_reference_on_f32_weights(tmp_path):
+    """Gemma 4's recipe differs by layer: sliding and full layers (head sizes 32 and 64), a
+    full layer without a V projection (V from K), three shared-KV layers that compute only Q and
+    attend over an earlier layer's cache, per-layer embedding inputs and the output scale. Every
+    step of every layer within STEP_REL of the float64 reference, each layer's steps as its
+    kind asks, in order."""
+    STEP_REL = 1e-4
+    f = tmp_path / "gemma4.gguf"
+    run(["debug", "synth", "--arch", "gemma4", "--type", "F32", "--seed", "3", "-o", f])
+    m = reference.load(str(f))
+    assert m.is_swa == [True, True, False, True, True, False]
+    assert m.kv_source == [None, None, None, 1, 1, 2]
+    toks = [1] + list(range(5, 25))  # longer than the window of 8
+    ref_steps = {}
+    ref_logits, _ = reference.forward(m, toks, steps=ref_steps)
+    out = tmp_path / "dump"
+    ours = forward_dump(f, toks, out, "--threads", "2", "--batch", "7", "--steps")
+    import json
+
+    order = json.loads((out / "steps.json").read_text())
+    per_layer = {}
+    for key in order:
+        il = int(key.split(".")[1])
+        per_layer.setdefault(il, []).append(".".join(key.split(".")[2:]))
+        assert key in ref_steps, f"the reference does not name {key}"
+        e = rel_l2(np.load(out / f"{key}.npy"), ref_steps[key])
+        assert e < STEP_REL, f"synthetic gemma4: first step to part from the reference: {key} ({e:.2e})"
+    tail = ["attn_out.o", "attn_residual.x", "ffn_norm.xn", "gate_up.gate", "gate_up.up", "glu.gate",
+            "ffn_down.o", "ffn_residual.x", "per_layer_input.x", "out_scale.x"]
+    own = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v", "qk_norm.q", "qk_norm.k", "v_norm.v", "rope.q", "rope.k",
+           "attention.att"] + tail
+    v_from_k = ["attn_norm.xn", "qk_proj.q", "qk_proj.k", "v_from_k.v", "qk_norm.q", "qk_norm.k", "v_norm.v",
+                "rope.q", "rope.k", "attention.att"] + tail
+    shared = ["attn_norm.xn", "q_proj.q", "q_norm.q", "rope_q.q", "shared_attention.att"] + tail
+    assert per_layer == {0: own, 1: own, 2: v_from_k, 3: shared, 4: shared, 5: shared}, per_layer
+    e = np.abs(ours["logits"] - ref_logits).max() / np.abs(ref_logits).max()
+    assert e < STEP_REL, f"logits differ from the reference by {e:.2e}"

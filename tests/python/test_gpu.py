@@ -294,3 +294,17 @@ def test_gpu_steps_of_a_synthetic_architecture_match_float_reference(arch, tmp_p
     assert compared >= 11 * m.n_layer, f"{arch}: only {compared} steps compared"
     e = float(np.abs(ours["logits"] - ref).max() / np.abs(ref).max())
     assert e < GPU_REL, f"{arch}: GPU logits differ from the float reference by {e:.2e}"
+
+
+def test_gpu_refuses_gemma4_steps_by_name(tmp_path):
+    """Gemma 4's steps (V-norm, V from K, shared-KV attention, per-layer embedding inputs,
+    output scale...) have no GPU kernels yet: the backend refuses the model when it opens,
+    naming the first step it cannot run, rather than skipping it; the CPU runs it."""
+    f = tmp_path / "gemma4.gguf"
+    subprocess.run([str(ringllm_bin()), "debug", "synth", "--arch", "gemma4", "--type", "F32", "--seed", "3",
+                    "-o", str(f)], check=True, capture_output=True)
+    r = subprocess.run([str(ringllm_bin()), "debug", "forward", "-m", str(f), "--tokens", "1,5,6", "--dump",
+                        str(tmp_path / "gpu"), "--backend", "gpu"], capture_output=True, text=True, env=ENV)
+    assert r.returncode != 0, r.stdout
+    assert "cannot run step 'v_norm' of layer 0" in r.stderr, r.stderr
+    forward_dump(f, [1, 5, 6], tmp_path / "cpu", "--threads", "1")

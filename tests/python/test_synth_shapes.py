@@ -34,6 +34,8 @@ CUTS = [
     ("llama3-1b", ["--layers", "2", "--vocab", "4096"]),
     ("gemma3-1b", ["--layers", "2", "--vocab", "4096"]),
     ("qwen3-0.6b", ["--layers", "2", "--vocab", "4096"]),
+    # Gemma 4 E2B's real layer dimensions, with its per-layer embeddings (2 sliding layers).
+    ("gemma4-e2b", ["--layers", "2", "--vocab", "4096"]),
 ]
 
 
@@ -97,3 +99,32 @@ def test_ring_over_a_shape_is_bit_identical_to_the_single_process(tmp_path):
     assert got["token_ids"] == want["token_ids"]
     assert logits == want_logits
     assert np.isfinite(np.frombuffer(logits, dtype="<f4")).all()
+
+
+def test_ring_over_gemma4_keeps_shared_kv_layers_with_their_source(tmp_path):
+    """gemma4-tiny: layers 3, 4 and 5 read the KV caches of layers 1, 1 and 2, so of two nodes
+    the first takes layer 0 and the second 1..6 (the planner cuts nowhere between a shared-KV
+    layer and its source); the ring's tokens and logits equal the single process's
+    bit for bit. A Gemma 4 E-model (per-layer embeddings, made from the token embedding on the
+    coordinator) is refused by the ring with a reason, and still runs in one process."""
+    models = tmp_path / "models"
+    models.mkdir()
+    f = synth(models, "gemma4-tiny")
+    gen = ["--temp", "0", "-n", "12", "--threads", "1", "-c", "128"]
+    want, want_logits, _ = generation(["run", "-m", f, "-p", "Hello world, the model", *gen], tmp_path / "s.f32")
+    with Nodes(2, models=models) as nodes:
+        got, logits, err = generation(["up", "-m", f, "--key", KEY, *nodes.node_flags(), "-p",
+                                       "Hello world, the model", *gen], tmp_path / "r.f32")
+    assert got["token_ids"] == want["token_ids"]
+    assert logits == want_logits
+    import re
+
+    assert re.search(r"layers\s+0(-0)?\s", err) and re.search(r"layers\s+1-5\b", err), err
+
+    e = models / "e.gguf"
+    run(["debug", "synth", "--arch", "gemma4", "--type", "q8_0", "-o", e])
+    assert len(run_json(e, "Hello")["token_ids"]) >= 1
+    with Nodes(2, models=models) as nodes:
+        r = subprocess.run([str(ringllm_bin()), "up", "-m", e, "--key", KEY, *nodes.node_flags(), "-p", "Hello",
+                            "-n", "2"], capture_output=True, text=True)
+    assert r.returncode != 0 and "per-layer embedding" in r.stderr, r.stderr

@@ -95,6 +95,9 @@ pub struct ModelCost {
     pub hidden_bytes: u64,
     /// `vocab × 2`: what a stage holding the head sends back per token.
     pub logits_bytes_f16: u64,
+    /// Per layer: the earlier layer whose KV cache it reads (Gemma 4's shared-KV layers),
+    /// which must be in the same stage; empty: every layer has its own.
+    pub kv_source: Vec<Option<usize>>,
 }
 
 impl ModelCost {
@@ -379,6 +382,17 @@ impl<'a> Sizes<'a> {
         }
     }
 
+    /// True when a stage may start or end before layer `e`: no layer from `e` on reads the
+    /// KV cache of a layer before it.
+    fn cut_ok(&self, e: usize) -> bool {
+        self.model
+            .kv_source
+            .iter()
+            .enumerate()
+            .skip(e)
+            .all(|(_, src)| src.is_none_or(|s| s >= e))
+    }
+
     fn weights(&self, r: &Range<usize>) -> u64 {
         self.pw[r.end] - self.pw[r.start]
     }
@@ -506,7 +520,7 @@ fn best_split(sz: &Sizes) -> Option<Vec<Range<usize>>> {
                     continue;
                 }
                 let r = b..e;
-                if sz.memory(i, &r) > stages[i].memory_budget {
+                if sz.memory(i, &r) > stages[i].memory_budget || !sz.cut_ok(b) || !sz.cut_ok(e) {
                     continue;
                 }
                 let t = sz.compute(i, &r);
@@ -756,8 +770,13 @@ fn no_split(sz: &Sizes) -> PlanError {
     } else {
         format!(
             "The budgets add up, but the layers cannot be cut into consecutive ranges that fit \
-             each stage (every stage needs at least one whole layer, pins stay put): {}.{head_note} \
-             Raise the memory of the full stages or change the pins.",
+             each stage (every stage needs at least one whole layer, pins stay put{}): \
+             {}.{head_note} Raise the memory of the full stages or change the pins.",
+            if model.kv_source.iter().any(Option::is_some) {
+                ", a shared-KV layer stays with the layer whose cache it reads"
+            } else {
+                ""
+            },
             each.join(", ")
         )
     };

@@ -88,11 +88,9 @@ pub fn debug(args: DebugArgs) -> Result<ExitCode> {
                     runner.layers(chunk, rows, &mut kv, Some(&mut obs))?;
                 }
             }
-            // With --steps, the layer outputs are the `ffn_residual` step's residual stream.
-            for (il, _, _, _, v) in per_step
-                .iter()
-                .filter(|e| e.1 == "ffn_residual" && e.2 == "x")
-            {
+            // With --steps, the layer outputs are each layer's last residual stream (the
+            // `ffn_residual` step's, or a later step's where the layer has more).
+            for (il, _, _, _, v) in per_step.iter().filter(|e| e.2 == "x") {
                 per_layer[*il].clone_from(v);
             }
             for (il, h) in per_layer.iter().enumerate() {

@@ -141,6 +141,8 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
         Arch::Qwen2 | Arch::Qwen3 => chatml.then_some("chatml"),
         Arch::Llama if has("<|start_header_id|>") && has("<|eot_id|>") => Some("llama3"),
         Arch::Llama => chatml.then_some("chatml"),
+        // Gemma 4 files carry their own template (`<|turn>` markup); no built-in one.
+        Arch::Gemma4 => None,
     }
 }
 

@@ -5,6 +5,7 @@
 //! architecture names.
 
 mod gemma3;
+mod gemma4;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -29,6 +30,9 @@ pub enum Arch {
     Gemma3,
     /// Qwen3: Llama layout with QK-norm and NeoX RoPE, no biases.
     Qwen3,
+    /// Gemma 4 (dense): Gemma 3's layout plus per-layer head sizes, shared-KV layers, V-norm,
+    /// proportional RoPE, per-layer embeddings and a layer output scale.
+    Gemma4,
 }
 
 impl Arch {
@@ -39,6 +43,7 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
             "qwen3" => Some(Arch::Qwen3),
+            "gemma4" => Some(Arch::Gemma4),
             _ => None,
         }
     }
@@ -49,11 +54,12 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
     pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "mistral", "qwen2", "gemma3", "qwen3"];
+        &["llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4"];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -62,6 +68,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::apply(hp, md),
             Arch::Gemma3 => gemma3::apply(hp, md),
             Arch::Qwen3 => qwen3::apply(hp, md),
+            Arch::Gemma4 => gemma4::apply(hp, md),
         }
     }
 }
@@ -87,6 +94,12 @@ pub enum MetaKey {
     RopeScalingType,
     RopeScalingFactor,
     FinalLogitSoftcapping,
+    KeyLengthSwa,
+    ValueLengthSwa,
+    RopeDimensionCountSwa,
+    RopeFreqBaseSwa,
+    SharedKvLayers,
+    EmbeddingLengthPerLayer,
 }
 
 impl MetaKey {
@@ -110,6 +123,12 @@ impl MetaKey {
             MetaKey::RopeScalingType => "rope.scaling.type",
             MetaKey::RopeScalingFactor => "rope.scaling.factor",
             MetaKey::FinalLogitSoftcapping => "final_logit_softcapping",
+            MetaKey::KeyLengthSwa => "attention.key_length_swa",
+            MetaKey::ValueLengthSwa => "attention.value_length_swa",
+            MetaKey::RopeDimensionCountSwa => "rope.dimension_count_swa",
+            MetaKey::RopeFreqBaseSwa => "rope.freq_base_swa",
+            MetaKey::SharedKvLayers => "attention.shared_kv_layers",
+            MetaKey::EmbeddingLengthPerLayer => "embedding_length_per_layer_input",
         }
     }
 
@@ -153,6 +172,20 @@ pub enum TensorKind {
     FfnUp,
     FfnDown,
     PostFfwNorm,
+    /// Gemma 4 per-layer embeddings: `[n_layer·ple, vocab]`, one row per token.
+    PerLayerTokenEmbd,
+    /// Gemma 4: the embedding projected to every layer's per-layer input, `[d, n_layer·ple]`.
+    PerLayerModelProj,
+    /// Gemma 4: RMSNorm of each layer's projected input, `[ple]`.
+    PerLayerProjNorm,
+    /// Gemma 4: a layer's gate from the residual to its per-layer input width, `[d, ple]`.
+    PerLayerInpGate,
+    /// Gemma 4: a layer's projection of the gated per-layer input back to `d`, `[ple, d]`.
+    PerLayerProj,
+    /// Gemma 4: RMSNorm of that projection, `[d]`.
+    PerLayerPostNorm,
+    /// Gemma 4: the scalar a layer's output is multiplied by, `[1]`.
+    LayerOutScale,
 }
 
 impl TensorKind {
@@ -175,12 +208,22 @@ impl TensorKind {
             TensorKind::FfnUp => "ffn_up",
             TensorKind::FfnDown => "ffn_down",
             TensorKind::PostFfwNorm => "post_ffw_norm",
+            TensorKind::PerLayerTokenEmbd => "per_layer_token_embd",
+            TensorKind::PerLayerModelProj => "per_layer_model_proj",
+            TensorKind::PerLayerProjNorm => "per_layer_proj_norm",
+            TensorKind::PerLayerInpGate => "inp_gate",
+            TensorKind::PerLayerProj => "proj",
+            TensorKind::PerLayerPostNorm => "post_norm",
+            TensorKind::LayerOutScale => "layer_output_scale",
         }
     }
 
     pub fn class(self) -> LayerClass {
         match self {
-            TensorKind::TokenEmbd => LayerClass::Input,
+            TensorKind::TokenEmbd
+            | TensorKind::PerLayerTokenEmbd
+            | TensorKind::PerLayerModelProj
+            | TensorKind::PerLayerProjNorm => LayerClass::Input,
             TensorKind::OutputNorm | TensorKind::Output => LayerClass::Output,
             // Shared by all layers; loaded wherever layers are.
             TensorKind::RopeFreqs => LayerClass::Repeating,
@@ -215,6 +258,9 @@ pub enum FfnAct {
     /// GeGLU with tanh GELU (Gemma).
     GeluTanh,
 }
+
+/// The most layers a model may declare (every per-layer table is sized from it).
+pub const MAX_LAYERS: usize = 4096;
 
 /// Hyper-parameters and per-architecture hooks, all read from metadata.
 #[derive(Clone, Debug)]
@@ -253,6 +299,63 @@ pub struct Hparams {
     pub qkv_bias: bool,
     /// Final logit soft-capping (absent in Gemma 3 and Llama).
     pub final_logit_softcap: Option<f32>,
+    /// Per-layer shapes where layers differ (head sizes and KV heads of sliding-window
+    /// layers, per-layer feed-forward widths, shared-KV layers, V from K); empty: every layer
+    /// has the shape above ([`Hparams::layer_shape`]).
+    pub layer_shapes: Vec<LayerShape>,
+    /// RoPE dimensions of the sliding-window layers (the global layers' is `rope_dim`).
+    pub rope_dim_local: usize,
+    /// `rope_freqs` divides the global layers' frequencies only (Gemma 4's proportional
+    /// RoPE); otherwise every layer's (Llama 3).
+    pub rope_freqs_global_only: bool,
+    /// Width of each layer's per-layer embedding input (Gemma 4 E2B/E4B); 0: none.
+    pub ple_dim: usize,
+    /// V RMS-normed per head, without a weight (Gemma 4).
+    pub v_norm: bool,
+    /// Each layer's output multiplied by its scalar `layer_output_scale` (Gemma 4).
+    pub out_scale: bool,
+}
+
+/// One layer's shape where it may differ from the model's scalar hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerShape {
+    pub head_dim: usize,
+    pub n_head_kv: usize,
+    pub d_ff: usize,
+    /// The earlier layer whose KV cache this layer reads; it computes and stores no K or V
+    /// of its own (Gemma 4's shared-KV layers).
+    pub kv_source: Option<usize>,
+    /// The layer has no V projection: V is its K projection (Gemma 4 31B's full-attention
+    /// layers); a load-time rule, from the tensors present ([`Hparams::set_v_from_k`]).
+    pub v_from_k: bool,
+}
+
+/// A per-layer key's first value, and all of them when it is an array.
+type ScalarOrPerLayer = (usize, Option<Vec<usize>>);
+
+/// A per-layer key (`feed_forward_length`, `attention.head_count_kv`) that llama.cpp reads as a
+/// number or an array of one value per layer: the first value, and the array when it is one.
+fn scalar_or_per_layer(
+    md: &Metadata,
+    key: &str,
+    n_layer: usize,
+    arch: &'static str,
+) -> Result<Option<ScalarOrPerLayer>, ModelError> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(crate::gguf::Value::Array(_)) => {
+            let v = md.u32_array(key)?;
+            if v.len() != n_layer {
+                return Err(ModelError::BadHparams {
+                    arch,
+                    why: format!("{key} has {} values for {n_layer} layers", v.len()),
+                });
+            }
+            let v: Vec<usize> = v.into_iter().map(|x| x as usize).collect();
+            Ok(Some((v[0], Some(v))))
+        }
+        Some(_) => Ok(Some((md.u32(key)? as usize, None))),
+    }
 }
 
 impl Hparams {
@@ -271,11 +374,19 @@ impl Hparams {
         ])?;
         let d_model = md.u32(&k(MetaKey::EmbeddingLength))? as usize;
         let n_layer = md.u32(&k(MetaKey::BlockCount))? as usize;
-        let d_ff = md.u32(&k(MetaKey::FeedForwardLength))? as usize;
+        if n_layer > MAX_LAYERS {
+            return Err(ModelError::BadHparams {
+                arch: a,
+                why: format!("{n_layer} layers (at most {MAX_LAYERS})"),
+            });
+        }
+        let (d_ff, ff_per_layer) =
+            scalar_or_per_layer(md, &k(MetaKey::FeedForwardLength), n_layer, a)?
+                .unwrap_or((0, None));
         let n_head = md.u32(&k(MetaKey::HeadCount))? as usize;
-        let n_head_kv = md
-            .opt_u32(&k(MetaKey::HeadCountKv))?
-            .map_or(n_head, |v| v as usize);
+        let (n_head_kv, kv_per_layer) =
+            scalar_or_per_layer(md, &k(MetaKey::HeadCountKv), n_layer, a)?
+                .unwrap_or((n_head, None));
         let head_dim = match md.opt_u32(&k(MetaKey::KeyLength))? {
             Some(v) => v as usize,
             None if n_head > 0 => d_model / n_head,
@@ -323,7 +434,23 @@ impl Hparams {
             sandwich_norms: false,
             qkv_bias: false,
             final_logit_softcap,
+            layer_shapes: Vec::new(),
+            rope_dim_local: rope_dim,
+            rope_freqs_global_only: false,
+            ple_dim: 0,
+            v_norm: false,
+            out_scale: false,
         };
+        if ff_per_layer.is_some() || kv_per_layer.is_some() {
+            let base = hp.layer_shape(0);
+            hp.layer_shapes = (0..n_layer)
+                .map(|il| LayerShape {
+                    d_ff: ff_per_layer.as_ref().map_or(d_ff, |v| v[il]),
+                    n_head_kv: kv_per_layer.as_ref().map_or(n_head_kv, |v| v[il]),
+                    ..base
+                })
+                .collect();
+        }
         arch.apply(&mut hp, md)?;
         hp.validate()?;
         Ok(hp)
@@ -357,7 +484,143 @@ impl Hparams {
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return bad(format!("bad layer_norm_rms_epsilon {}", self.rms_eps));
         }
+        if !self.layer_shapes.is_empty() && self.layer_shapes.len() != self.n_layer {
+            return bad(format!(
+                "{} per-layer shapes for {} layers",
+                self.layer_shapes.len(),
+                self.n_layer
+            ));
+        }
+        for il in 0..self.n_layer {
+            let s = self.layer_shape(il);
+            if s.head_dim == 0 || s.d_ff == 0 || s.n_head_kv == 0 {
+                return bad(format!("layer {il}: zero-sized shape {s:?}"));
+            }
+            if !self.n_head.is_multiple_of(s.n_head_kv) {
+                return bad(format!(
+                    "layer {il}: head_count {} is not a multiple of its {} KV heads",
+                    self.n_head, s.n_head_kv
+                ));
+            }
+            let rd = self.rope_dim_of(il);
+            if rd > s.head_dim || !rd.is_multiple_of(2) {
+                return bad(format!(
+                    "layer {il}: {rd} RoPE dimensions must be even and at most its head size {}",
+                    s.head_dim
+                ));
+            }
+            if let Some(src) = s.kv_source {
+                let t = self.layer_shape(src);
+                if src >= il
+                    || t.kv_source.is_some()
+                    || self.sliding[src] != self.sliding[il]
+                    || (t.head_dim, t.n_head_kv) != (s.head_dim, s.n_head_kv)
+                {
+                    return bad(format!(
+                        "layer {il} cannot share the KV cache of layer {src} (an earlier layer \
+                         of the same kind and shape that has its own)"
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Layer `il`'s shape (the scalar hyper-parameters when layers do not differ).
+    pub fn layer_shape(&self, il: usize) -> LayerShape {
+        self.layer_shapes.get(il).copied().unwrap_or(LayerShape {
+            head_dim: self.head_dim,
+            n_head_kv: self.n_head_kv,
+            d_ff: self.d_ff,
+            kv_source: None,
+            v_from_k: false,
+        })
+    }
+
+    /// True when every layer has the scalar shape (what the GPU backend runs).
+    pub fn uniform_layers(&self) -> bool {
+        (0..self.n_layer).all(|il| self.layer_shape(il) == self.layer_shape_default())
+            && self.rope_dim_local == self.rope_dim
+    }
+
+    fn layer_shape_default(&self) -> LayerShape {
+        LayerShape {
+            head_dim: self.head_dim,
+            n_head_kv: self.n_head_kv,
+            d_ff: self.d_ff,
+            kv_source: None,
+            v_from_k: false,
+        }
+    }
+
+    pub fn head_dim_of(&self, il: usize) -> usize {
+        self.layer_shape(il).head_dim
+    }
+
+    pub fn q_dim_of(&self, il: usize) -> usize {
+        self.n_head * self.layer_shape(il).head_dim
+    }
+
+    pub fn kv_dim_of(&self, il: usize) -> usize {
+        let s = self.layer_shape(il);
+        s.n_head_kv * s.head_dim
+    }
+
+    pub fn d_ff_of(&self, il: usize) -> usize {
+        self.layer_shape(il).d_ff
+    }
+
+    /// The earlier layer whose KV cache layer `il` reads, when it has none of its own.
+    pub fn kv_source(&self, il: usize) -> Option<usize> {
+        self.layer_shape(il).kv_source
+    }
+
+    /// RoPE dimensions of layer `il`.
+    pub fn rope_dim_of(&self, il: usize) -> usize {
+        if self.sliding.get(il).copied().unwrap_or(false) {
+            self.rope_dim_local
+        } else {
+            self.rope_dim
+        }
+    }
+
+    /// The widest `q` row over the layers (scratch sizes).
+    pub fn max_q_dim(&self) -> usize {
+        (0..self.n_layer)
+            .map(|il| self.q_dim_of(il))
+            .fold(self.q_dim(), usize::max)
+    }
+
+    /// The widest `k`/`v` row over the layers.
+    pub fn max_kv_dim(&self) -> usize {
+        (0..self.n_layer)
+            .map(|il| self.kv_dim_of(il))
+            .fold(self.kv_dim(), usize::max)
+    }
+
+    /// The widest feed-forward over the layers.
+    pub fn max_d_ff(&self) -> usize {
+        (0..self.n_layer)
+            .map(|il| self.d_ff_of(il))
+            .fold(self.d_ff, usize::max)
+    }
+
+    /// The load-time rule for architectures whose V projection is optional (Gemma 4): layer
+    /// `il` has none, so its V is its K.
+    pub fn set_v_from_k(&mut self, il: usize) {
+        if self.layer_shapes.is_empty() {
+            self.layer_shapes = (0..self.n_layer)
+                .map(|_| self.layer_shape_default())
+                .collect();
+        }
+        if let Some(s) = self.layer_shapes.get_mut(il) {
+            s.v_from_k = true;
+        }
+    }
+
+    /// True when layer `il` may lack its V projection (V is then K).
+    pub fn v_projection_optional(&self) -> bool {
+        self.arch == Arch::Gemma4
     }
 
     pub fn q_dim(&self) -> usize {

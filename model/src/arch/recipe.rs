@@ -51,6 +51,26 @@ pub enum Step {
     FfnDown,
     /// `x += o`, `o` first normed by `post_ffw_norm` when `post_norm`.
     FfnResidual { post_norm: bool },
+    /// `q = xn · Wq` only: a shared-KV layer computes no K or V (Gemma 4).
+    QProj,
+    /// `q, k = xn · Wq, Wk`: a layer without a V projection (Gemma 4 31B full attention).
+    QkProj,
+    /// `v = k`, before any norm or RoPE (the layer's V is its K projection).
+    VFromK,
+    /// RMSNorm of every head of `q` (a shared-KV layer's QK-norm).
+    QNorm,
+    /// RMSNorm of every head of `v`, without a weight (Gemma 4).
+    VNorm,
+    /// RoPE of `q` only, from the layer's table (a shared-KV layer).
+    RopeQ(RopeTable),
+    /// Causal attention of `q` over the cache of the earlier layer `source` (Gemma 4's
+    /// shared-KV layers): stores nothing.
+    SharedAttention { scale: f32, source: usize },
+    /// `x += rms_norm(Wproj · (gelu(Wgate · x) ⊙ ple[layer])) · post_norm`: the layer's
+    /// per-layer embedding input (Gemma 4 E2B/E4B; `ple` computed with the embedding).
+    PerLayerInput,
+    /// `x *= layer_output_scale` (Gemma 4).
+    OutScale,
 }
 
 /// The buffers of a batch a step reads or writes, `[n × width]` each.
@@ -66,6 +86,8 @@ pub enum Buf {
     O,
     Gate,
     Up,
+    /// A layer's gated per-layer embedding input (Gemma 4).
+    Ple,
 }
 
 impl Buf {
@@ -80,16 +102,18 @@ impl Buf {
             Buf::O => "o",
             Buf::Gate => "gate",
             Buf::Up => "up",
+            Buf::Ple => "ple",
         }
     }
 
-    /// Values per row.
-    pub fn width(self, hp: &Hparams) -> usize {
+    /// Values per row in layer `il`.
+    pub fn width(self, hp: &Hparams, il: usize) -> usize {
         match self {
             Buf::X | Buf::Xn | Buf::O => hp.d_model,
-            Buf::Q | Buf::Att => hp.q_dim(),
-            Buf::K | Buf::V => hp.kv_dim(),
-            Buf::Gate | Buf::Up => hp.d_ff,
+            Buf::Q | Buf::Att => hp.q_dim_of(il),
+            Buf::K | Buf::V => hp.kv_dim_of(il),
+            Buf::Gate | Buf::Up => hp.d_ff_of(il),
+            Buf::Ple => hp.ple_dim,
         }
     }
 }
@@ -111,6 +135,15 @@ impl Step {
             Step::Glu(_) => "glu",
             Step::FfnDown => "ffn_down",
             Step::FfnResidual { .. } => "ffn_residual",
+            Step::QProj => "q_proj",
+            Step::QkProj => "qk_proj",
+            Step::VFromK => "v_from_k",
+            Step::QNorm => "q_norm",
+            Step::VNorm => "v_norm",
+            Step::RopeQ(_) => "rope_q",
+            Step::SharedAttention { .. } => "shared_attention",
+            Step::PerLayerInput => "per_layer_input",
+            Step::OutScale => "out_scale",
         }
     }
 
@@ -141,6 +174,12 @@ impl Step {
                     &[]
                 }
             }
+            Step::QProj => &[T::AttnQ],
+            Step::QkProj => &[T::AttnQ, T::AttnK],
+            Step::QNorm => &[T::AttnQNorm],
+            Step::VFromK | Step::VNorm | Step::RopeQ(_) | Step::SharedAttention { .. } => &[],
+            Step::PerLayerInput => &[T::PerLayerInpGate, T::PerLayerProj, T::PerLayerPostNorm],
+            Step::OutScale => &[T::LayerOutScale],
         }
     }
 
@@ -155,13 +194,27 @@ impl Step {
             Step::AttnResidual { .. } | Step::FfnResidual { .. } => &[Buf::X],
             Step::GateUp => &[Buf::Gate, Buf::Up],
             Step::Glu(_) => &[Buf::Gate],
+            Step::QProj | Step::QNorm | Step::RopeQ(_) => &[Buf::Q],
+            Step::QkProj => &[Buf::Q, Buf::K],
+            Step::VFromK | Step::VNorm => &[Buf::V],
+            Step::SharedAttention { .. } => &[Buf::Att],
+            Step::PerLayerInput | Step::OutScale => &[Buf::X],
         }
     }
 
     /// A step that works on each row of `q`, `k` and `v` alone: a run of these is one pass
     /// over the rows on the CPU.
     pub fn per_row_qkv(self) -> bool {
-        matches!(self, Step::QkvBias | Step::QkNorm | Step::Rope(_))
+        matches!(
+            self,
+            Step::QkvBias
+                | Step::QkNorm
+                | Step::Rope(_)
+                | Step::VFromK
+                | Step::QNorm
+                | Step::VNorm
+                | Step::RopeQ(_)
+        )
     }
 }
 
@@ -196,25 +249,45 @@ impl LayerRecipe {
 /// The recipe of layer `il` of a model with hyper-parameters `hp` (the flags the
 /// architecture's file set).
 pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
-    let mut steps = vec![Step::AttnNorm, Step::QkvProj];
+    let shape = hp.layer_shape(il);
+    // A shared-KV layer computes only its queries, and reads another layer's cache.
+    let shared = shape.kv_source.is_some();
+    let mut steps = vec![Step::AttnNorm];
+    if shared {
+        steps.push(Step::QProj);
+    } else if shape.v_from_k {
+        steps.extend([Step::QkProj, Step::VFromK]);
+    } else {
+        steps.push(Step::QkvProj);
+    }
     if hp.qkv_bias {
         steps.push(Step::QkvBias);
     }
     if hp.qk_norm {
-        steps.push(Step::QkNorm);
+        steps.push(if shared { Step::QNorm } else { Step::QkNorm });
     }
-    if hp.rope_dim > 0 {
+    if hp.v_norm && !shared {
+        steps.push(Step::VNorm);
+    }
+    if hp.rope_dim_of(il) > 0 {
         let sliding = hp.sliding.get(il).copied().unwrap_or(false);
-        steps.push(Step::Rope(if sliding {
+        let table = if sliding {
             RopeTable::Local
         } else {
             RopeTable::Global
-        }));
+        };
+        steps.push(if shared {
+            Step::RopeQ(table)
+        } else {
+            Step::Rope(table)
+        });
     }
+    let scale = hp.query_scale;
+    steps.push(match shape.kv_source {
+        Some(source) => Step::SharedAttention { scale, source },
+        None => Step::Attention { scale },
+    });
     steps.extend([
-        Step::Attention {
-            scale: hp.query_scale,
-        },
         Step::AttnOut,
         Step::AttnResidual {
             post_norm: hp.sandwich_norms,
@@ -227,6 +300,12 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
             post_norm: hp.sandwich_norms,
         },
     ]);
+    if hp.ple_dim > 0 {
+        steps.push(Step::PerLayerInput);
+    }
+    if hp.out_scale {
+        steps.push(Step::OutScale);
+    }
     LayerRecipe { steps }
 }
 
@@ -262,6 +341,12 @@ mod tests {
             sandwich_norms: false,
             qkv_bias: false,
             final_logit_softcap: None,
+            layer_shapes: Vec::new(),
+            rope_dim_local: 16,
+            rope_freqs_global_only: false,
+            ple_dim: 0,
+            v_norm: false,
+            out_scale: false,
         }
     }
 

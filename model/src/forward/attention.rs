@@ -9,23 +9,26 @@ use ringllm_kernels::ops;
 use ringllm_kernels::pool::{Chunks, SharedMut};
 use ringllm_kernels::ThreadPool;
 
-/// The `Attention` step: stores the `n` rows' keys and values (`s.k`, `s.v`) in their
-/// sequences' caches (a row that skips the layer, `skip_rows[r]`, marks its slot as holding
-/// nothing instead), then attention of the queries `s.q` into `s.att`, queries scaled by
-/// `scale`.
+/// The `Attention` step of layer `il`: stores the `n` rows' keys and values (`s.k`, `s.v`)
+/// in their sequences' caches when `store` (a row that skips the layer, `skip_rows[r]`, marks
+/// its slot as holding nothing instead), then attention of the queries `s.q` into `s.att`,
+/// queries scaled by `scale`. A shared-KV layer (`SharedAttention`) stores nothing: its
+/// `segs` are its source layer's caches, written by that layer earlier in this pass.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     pool: &ThreadPool,
     hp: &Hparams,
+    il: usize,
     scale: f32,
+    store: bool,
     s: &mut Scratch,
     scores_stride: usize,
     segs: &mut [Seg<'_>],
     n: usize,
     skip_rows: Option<&[bool]>,
 ) {
-    let (qd, kvd, hd) = (hp.q_dim(), hp.kv_dim(), hp.head_dim);
-    for seg in segs.iter_mut() {
+    let (qd, kvd, hd) = (hp.q_dim_of(il), hp.kv_dim_of(il), hp.head_dim_of(il));
+    for seg in segs.iter_mut().filter(|_| store) {
         let kv = &mut *seg.kv;
         // Store K and V.
         for t in 0..seg.n {
@@ -58,7 +61,7 @@ pub(super) fn attend(
     // several sequences decoding, a pass each was a thread wake-up per sequence per layer.
     let shape = AttnShape {
         n_head: hp.n_head,
-        group: hp.n_head / hp.n_head_kv,
+        group: hp.n_head / hp.layer_shape(il).n_head_kv,
         head_dim: hd,
         qd,
         kvd,

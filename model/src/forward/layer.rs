@@ -4,6 +4,7 @@
 //! asks to see every step.
 
 use super::attention::{attend, Seg};
+use super::ple::per_layer_input;
 use super::{Observed, Observer, Runner, Scratch};
 use crate::arch::recipe::Buf;
 use crate::arch::{FfnAct, Hparams, RopeTable, Step};
@@ -32,7 +33,12 @@ impl Runner {
         mut observer: Option<&mut (dyn Observer + '_)>,
     ) {
         let hp = &m.hp;
-        let (d, qd, kvd, ff) = (hp.d_model, hp.q_dim(), hp.kv_dim(), hp.d_ff);
+        let (d, qd, kvd, ff) = (
+            hp.d_model,
+            hp.q_dim_of(il),
+            hp.kv_dim_of(il),
+            hp.d_ff_of(il),
+        );
         let eps = hp.rms_eps;
         let s = &mut self.scratch;
         let pool = &self.pool;
@@ -44,36 +50,54 @@ impl Runner {
             let mut next = i + 1;
             match step {
                 Step::AttnNorm => norm_rows(pool, x, &l.attn_norm, eps, &mut s.xn[..n * d]),
-                Step::QkvProj => matmul_many(
-                    pool,
-                    &mut [
-                        MatJob {
-                            w: m.matrix_in(&l.wq, buf),
-                            out: &mut s.q[..n * qd],
-                        },
-                        MatJob {
-                            w: m.matrix_in(&l.wk, buf),
-                            out: &mut s.k[..n * kvd],
-                        },
-                        MatJob {
-                            w: m.matrix_in(&l.wv, buf),
-                            out: &mut s.v[..n * kvd],
-                        },
-                    ],
-                    &s.xn[..n * d],
-                    n,
-                    &mut s.acts,
-                ),
-                Step::QkvBias | Step::QkNorm | Step::Rope(_) => {
+                Step::QkvProj | Step::QkProj | Step::QProj => {
+                    project(pool, m, l, buf, step, s, n, (d, qd, kvd))
+                }
+                Step::QkvBias
+                | Step::QkNorm
+                | Step::Rope(_)
+                | Step::VFromK
+                | Step::QNorm
+                | Step::VNorm
+                | Step::RopeQ(_) => {
                     if !each_step {
                         while next < steps.len() && steps[next].per_row_qkv() {
                             next += 1;
                         }
                     }
-                    qkv_rows(pool, hp, l, &steps[i..next], s, n);
+                    qkv_rows(pool, hp, il, l, &steps[i..next], s, n);
                 }
-                Step::Attention { scale } => {
-                    attend(pool, hp, scale, s, self.scores_stride, segs, n, skip_rows)
+                Step::Attention { scale } => attend(
+                    pool,
+                    hp,
+                    il,
+                    scale,
+                    true,
+                    s,
+                    self.scores_stride,
+                    segs,
+                    n,
+                    skip_rows,
+                ),
+                Step::SharedAttention { scale, .. } => attend(
+                    pool,
+                    hp,
+                    il,
+                    scale,
+                    false,
+                    s,
+                    self.scores_stride,
+                    segs,
+                    n,
+                    skip_rows,
+                ),
+                Step::PerLayerInput => per_layer_input(pool, m, il, l, buf, x, n, s),
+                Step::OutScale => {
+                    if let Some(k) = l.out_scale {
+                        for v in x[..n * d].iter_mut() {
+                            *v *= k;
+                        }
+                    }
                 }
                 Step::AttnOut => matmul(
                     pool,
@@ -135,7 +159,7 @@ impl Runner {
             if each_step {
                 if let Some(obs) = observer.as_deref_mut() {
                     for &b in step.outputs() {
-                        let width = b.width(hp);
+                        let width = b.width(hp, il);
                         let rows = match b {
                             Buf::X => &x[..n * width],
                             _ => &s.buf(b)[..n * width],
@@ -167,6 +191,7 @@ impl Scratch {
             Buf::O => &self.o,
             Buf::Gate => &self.gate,
             Buf::Up => &self.up,
+            Buf::Ple => &self.ple,
             Buf::X => &[],
         }
     }
@@ -174,10 +199,26 @@ impl Scratch {
 
 /// A run of per-row steps on `q`, `k` and `v` (biases, QK-norm, RoPE), in order, in one
 /// pass over the rows (rows split among the threads for a batch).
-fn qkv_rows(pool: &ThreadPool, hp: &Hparams, l: &Layer, steps: &[Step], s: &mut Scratch, n: usize) {
-    let (qd, kvd, hd, eps) = (hp.q_dim(), hp.kv_dim(), hp.head_dim, hp.rms_eps);
-    let half = hp.rope_dim / 2;
-    let (local, global) = (&s.rope_local[..n * half], &s.rope_global[..n * half]);
+fn qkv_rows(
+    pool: &ThreadPool,
+    hp: &Hparams,
+    il: usize,
+    l: &Layer,
+    steps: &[Step],
+    s: &mut Scratch,
+    n: usize,
+) {
+    let (qd, kvd, hd, eps) = (
+        hp.q_dim_of(il),
+        hp.kv_dim_of(il),
+        hp.head_dim_of(il),
+        hp.rms_eps,
+    );
+    let (half_local, half_global) = (hp.rope_dim_local / 2, hp.rope_dim / 2);
+    let (local, global) = (
+        &s.rope_local[..n * half_local],
+        &s.rope_global[..n * half_global],
+    );
     let (qs, ks, vs) = (
         SharedMut::new(&mut s.q[..n * qd]),
         SharedMut::new(&mut s.k[..n * kvd]),
@@ -208,14 +249,30 @@ fn qkv_rows(pool: &ThreadPool, hp: &Hparams, l: &Layer, steps: &[Step], s: &mut 
                             ops::rms_norm_rows_inplace(k, kn, eps);
                         }
                     }
-                    Step::Rope(table) => {
-                        let rope = match table {
-                            RopeTable::Local => local,
-                            RopeTable::Global => global,
+                    Step::Rope(table) | Step::RopeQ(table) => {
+                        let (rope, half) = match table {
+                            RopeTable::Local => (local, half_local),
+                            RopeTable::Global => (global, half_global),
                         };
                         let cs = &rope[t * half..(t + 1) * half];
-                        for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                        let ks = if matches!(step, Step::Rope(_)) {
+                            &mut k[..]
+                        } else {
+                            &mut []
+                        };
+                        for head in q.chunks_exact_mut(hd).chain(ks.chunks_exact_mut(hd)) {
                             ops::rope_apply(head, cs, hp.rope_style);
+                        }
+                    }
+                    Step::VFromK => v.copy_from_slice(k),
+                    Step::QNorm => {
+                        if let Some(qn) = &l.q_norm {
+                            ops::rms_norm_rows_inplace(q, qn, eps);
+                        }
+                    }
+                    Step::VNorm => {
+                        for head in v.chunks_exact_mut(hd) {
+                            rms_norm_plain(head, eps);
                         }
                     }
                     // `layer` hands this function per-row steps only.
@@ -224,6 +281,52 @@ fn qkv_rows(pool: &ThreadPool, hp: &Hparams, l: &Layer, steps: &[Step], s: &mut 
             }
         }
     });
+}
+
+/// The projections of `QkvProj` (q, k, v), `QkProj` (q, k) or `QProj` (q) in one pass over
+/// `xn`; the loader read K and V exactly when the step names them.
+#[allow(clippy::too_many_arguments)]
+fn project(
+    pool: &ThreadPool,
+    m: &Model,
+    l: &Layer,
+    buf: Option<&LayerGuard<'_>>,
+    step: Step,
+    s: &mut Scratch,
+    n: usize,
+    (d, qd, kvd): (usize, usize, usize),
+) {
+    let mut jobs = vec![MatJob {
+        w: m.matrix_in(&l.wq, buf),
+        out: &mut s.q[..n * qd],
+    }];
+    let (k, v) = (&mut s.k[..n * kvd], &mut s.v[..n * kvd]);
+    if step != Step::QProj {
+        if let Some(wk) = &l.wk {
+            jobs.push(MatJob {
+                w: m.matrix_in(wk, buf),
+                out: k,
+            });
+        }
+    }
+    if step == Step::QkvProj {
+        if let Some(wv) = &l.wv {
+            jobs.push(MatJob {
+                w: m.matrix_in(wv, buf),
+                out: v,
+            });
+        }
+    }
+    matmul_many(pool, &mut jobs, &s.xn[..n * d], n, &mut s.acts)
+}
+
+/// RMSNorm of one head in place, without a weight (Gemma 4's V-norm).
+fn rms_norm_plain(x: &mut [f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+    let scale = 1.0 / (ss + eps).sqrt();
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
 }
 
 /// Rows per chunk of the row-wise passes (below this many rows a batch stays on the calling

@@ -10,6 +10,7 @@
 
 mod attention;
 mod layer;
+mod ple;
 mod skip;
 
 use crate::backend::{Batch, LayerBackend};
@@ -87,6 +88,10 @@ struct Scratch {
     o: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// Gemma 4: the batch's per-layer embedding inputs, `[n × n_layer × ple]` (copied in
+    /// from `Runner::ple_inputs` for a `layers` call), and one layer's gated input.
+    ple_in: Vec<f32>,
+    ple: Vec<f32>,
     /// Attention scores, `ATT_HEADS` rows of `scores_stride` per thread.
     scores: Vec<f32>,
     /// RoPE (cos, sin) per token of the batch, for local (sliding-window) and global layers:
@@ -114,6 +119,8 @@ pub struct Runner {
     /// The backend running the layers and the head when it is not the CPU
     /// ([`crate::backend`]); the embedding and the final norm stay on the CPU.
     backend: Option<Box<dyn LayerBackend>>,
+    /// Gemma 4: the per-layer embedding inputs `embed` made for the next `layers` call.
+    ple_inputs: std::sync::Mutex<ple::PleInputs>,
 }
 
 impl Runner {
@@ -127,10 +134,11 @@ impl Runner {
         max_ctx: usize,
     ) -> u64 {
         let mb = max_batch.max(1) as u64;
-        let widest = hp.d_model.max(hp.q_dim()).max(hp.d_ff) as u64;
-        let per_token = (2 * hp.d_model + 2 * hp.q_dim() + 2 * hp.kv_dim() + 2 * hp.d_ff) as u64
-            * 4
-            + (hp.rope_dim / 2) as u64 * 16
+        let (qd, kvd, ff) = (hp.max_q_dim(), hp.max_kv_dim(), hp.max_d_ff());
+        let widest = hp.d_model.max(qd).max(ff).max(hp.n_layer * hp.ple_dim) as u64;
+        let ple = (hp.n_layer + 1) * hp.ple_dim;
+        let per_token = (2 * hp.d_model + 2 * qd + 2 * kvd + 2 * ff + ple) as u64 * 4
+            + ((hp.rope_dim + hp.rope_dim_local) / 2) as u64 * 8
             + 8
             // Quantized activations: at most 4 bytes per value whatever the block format.
             + widest * 4;
@@ -147,29 +155,43 @@ impl Runner {
         let mb = max_batch.max(1);
         let pool = ThreadPool::new(threads);
         let mut acts = ActBuffer::new();
-        acts.reserve(hp.d_model.max(hp.q_dim()).max(hp.d_ff), mb);
+        let (qd, kvd, ff) = (hp.max_q_dim(), hp.max_kv_dim(), hp.max_d_ff());
+        acts.reserve(hp.d_model.max(qd).max(ff).max(hp.ple_dim), mb);
         let scores_stride = max_ctx.max(1);
+        let ple_in = if model.ple.is_some() {
+            mb * hp.n_layer * hp.ple_dim
+        } else {
+            0
+        };
         let scratch = Scratch {
             xn: vec![0.0; mb * hp.d_model],
-            q: vec![0.0; mb * hp.q_dim()],
-            k: vec![0.0; mb * hp.kv_dim()],
-            v: vec![0.0; mb * hp.kv_dim()],
-            att: vec![0.0; mb * hp.q_dim()],
+            q: vec![0.0; mb * qd],
+            k: vec![0.0; mb * kvd],
+            v: vec![0.0; mb * kvd],
+            att: vec![0.0; mb * qd],
             o: vec![0.0; mb * hp.d_model],
-            gate: vec![0.0; mb * hp.d_ff],
-            up: vec![0.0; mb * hp.d_ff],
+            gate: vec![0.0; mb * ff],
+            up: vec![0.0; mb * ff],
+            ple_in: vec![0.0; ple_in],
+            ple: vec![0.0; mb * hp.ple_dim],
             scores: vec![0.0; pool.n_threads() * ATT_HEADS * scores_stride],
-            rope_local: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
+            rope_local: vec![(0.0, 0.0); mb * (hp.rope_dim_local / 2)],
             rope_global: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
             pos: vec![0; mb],
             acts,
         };
-        let mut inv_freq_local = ops::rope_inv_freq(hp.rope_base_local, hp.rope_dim);
+        let mut inv_freq_local = ops::rope_inv_freq(hp.rope_base_local, hp.rope_dim_local);
         let mut inv_freq_global = ops::rope_inv_freq(hp.rope_base, hp.rope_dim);
         if let Some(f) = &model.rope_freqs {
+            // Llama 3 divides every layer's frequencies; Gemma 4 its global layers' only.
+            let local: &mut [f32] = if hp.rope_freqs_global_only {
+                &mut []
+            } else {
+                &mut inv_freq_local
+            };
             for (v, d) in inv_freq_global
                 .iter_mut()
-                .chain(inv_freq_local.iter_mut())
+                .chain(local.iter_mut())
                 .zip(f.iter().cycle())
             {
                 *v /= d;
@@ -190,6 +212,7 @@ impl Runner {
             skip_state: SkipState::default(),
             on_skip_plan: None,
             backend: None,
+            ple_inputs: std::sync::Mutex::new(ple::PleInputs::new(ple_in)),
         }
     }
 
@@ -276,7 +299,7 @@ impl Runner {
                 }
             }
         }
-        Ok(())
+        self.per_layer_inputs(tokens, x)
     }
 
     /// Runs this runner's layers on `n` tokens at positions `kv.len..kv.len + n`, in place on
@@ -337,11 +360,11 @@ impl Runner {
         let d = model.hp.d_model;
         self.rope_tables(parts, n);
         if let Some(be) = self.backend.as_mut() {
-            let half = model.hp.rope_dim / 2;
+            let (half, half_local) = (model.hp.rope_dim / 2, model.hp.rope_dim_local / 2);
             let s = &self.scratch;
             let batch = Batch {
                 pos: &s.pos[..n],
-                rope_local: &s.rope_local[..n * half],
+                rope_local: &s.rope_local[..n * half_local],
                 rope_global: &s.rope_global[..n * half],
             };
             be.layers(&model, &mut x[..n * d], parts, &batch, observer)?;
@@ -349,6 +372,9 @@ impl Runner {
                 kv.len += *k;
             }
             return Ok(());
+        }
+        if model.hp.ple_dim > 0 && !model.layers.is_empty() {
+            self.take_per_layer_inputs(n)?;
         }
         if self.skip.is_some() {
             self.skip_state.active = false;
@@ -364,6 +390,12 @@ impl Runner {
                     }
                 }
             }
+            // A shared-KV layer attends over its source layer's cache (in this slice: the
+            // loader refuses a split between them).
+            let at = model
+                .hp
+                .kv_source(il)
+                .map_or(i, |src| src - model.layer_range.start);
             let mut segs: Vec<Seg> = Vec::with_capacity(parts.len());
             let mut row = 0;
             for (kv, k) in parts.iter_mut() {
@@ -372,7 +404,7 @@ impl Runner {
                     row,
                     n: *k,
                     pos,
-                    kv: &mut kv.layers[i],
+                    kv: &mut kv.layers[at],
                 });
                 row += *k;
             }
@@ -430,7 +462,6 @@ impl Runner {
     /// The RoPE (cos, sin) of every row of the batch, for each kind of layer this slice has.
     fn rope_tables(&mut self, parts: &[(&mut KvCache, usize)], n: usize) {
         let m = &self.model;
-        let half = m.hp.rope_dim / 2;
         let s = &mut self.scratch;
         let mut row = 0;
         for (kv, k) in parts {
@@ -447,6 +478,7 @@ impl Runner {
             if !m.layer_range.clone().any(|il| m.hp.sliding[il] == sliding) {
                 continue;
             }
+            let half = inv.len();
             let table = SharedMut::new(&mut table[..n * half]);
             let pos = &s.pos[..n];
             self.pool.for_ranges(n, ROWS_PER_CHUNK, &|rows| {

@@ -109,6 +109,35 @@ fn shape_table_holds_the_published_hyper_parameters() {
         ),
         (28, 3584, 28, 4, 128, 18944, 152_064)
     );
+    for name in ["gemma4-tiny", "gemma4-e2b", "gemma4-e4b", "gemma4-31b"] {
+        assert!(names.contains(&name), "{name}");
+    }
+    let e2b = shape("gemma4-e2b").unwrap();
+    assert_eq!(
+        (
+            e2b.n_layer,
+            e2b.d_model,
+            e2b.n_head,
+            e2b.n_head_kv,
+            e2b.head_dim,
+            e2b.d_ff
+        ),
+        (35, 1536, 8, 1, 256, 6144)
+    );
+    let g4 = super::gemma4::shape_dims("gemma4-e2b").unwrap();
+    assert_eq!(
+        (
+            g4.head_dim_full,
+            g4.period,
+            g4.shared_kv_layers,
+            g4.ple_dim,
+            g4.double_wide
+        ),
+        (512, 5, 20, 256, true)
+    );
+    for name in ["gemma4-e4b", "gemma4-31b"] {
+        assert!(super::gemma4::shape_dims(name).is_some(), "{name}");
+    }
     for s in SHAPES {
         assert!(s.n_head.is_multiple_of(s.n_head_kv), "{}", s.name);
         assert!(!s.source.is_empty());
@@ -213,6 +242,8 @@ fn streamed_file_equals_the_in_memory_one_and_reads_back() {
         small("gemma3-1b", 7),
         small("qwen2-7b", 2),
         small("llama3-1b", 3),
+        small("gemma4-e2b", 10),
+        small("gemma4-31b", 6),
     ] {
         let what = format!("{} {}", s.shape.name, s.mix.name());
         let mut streamed = Vec::new();
@@ -237,7 +268,25 @@ fn streamed_file_equals_the_in_memory_one_and_reads_back() {
         let m = Model::load(Arc::new(f), &LoadOptions::default()).unwrap();
         assert_eq!(m.hp.n_layer, s.shape.n_layer as usize, "{what}");
         assert_eq!(m.hp.vocab, s.shape.vocab as usize, "{what}");
-        assert_eq!(m.rope_freqs.is_some(), s.shape.rope_scaling.is_some());
+        assert_eq!(
+            m.rope_freqs.is_some(),
+            s.shape.rope_scaling.is_some() || s.shape.arch == SynthArch::Gemma4
+        );
+        if s.shape.name == "gemma4-e2b" {
+            // 10 of 35 layers: 5 shared-KV layers (20 of 35 in proportion), the window layers
+            // four in five, per-layer embeddings.
+            let shared = (0..10).filter(|&il| m.hp.kv_source(il).is_some()).count();
+            assert_eq!(shared, 5, "{what}");
+            assert_eq!(m.hp.sliding.iter().filter(|&&s| s).count(), 8, "{what}");
+            assert_eq!((m.hp.ple_dim, m.hp.head_dim_of(4)), (256, 512), "{what}");
+        }
+        if s.shape.name == "gemma4-31b" {
+            // K = V on the full-attention layers.
+            assert!(
+                m.layers[5].wv.is_none() && m.layers[0].wv.is_some(),
+                "{what}"
+            );
+        }
         if s.shape.arch == SynthArch::Gemma3 {
             // Readers derive the 5:1 local/global pattern from the window alone.
             let want: Vec<bool> = (0..7).map(|il| (il + 1) % 6 != 0).collect();
@@ -315,7 +364,7 @@ fn logits_of(spec: &ShapeSpec, tokens: &[u32]) -> Vec<f32> {
 #[test]
 fn activations_stay_sane_through_many_layers() {
     // The scales keep the logits O(1) however deep the model: 40 layers of each layout.
-    for name in ["tiny", "gemma3-1b", "qwen2-7b"] {
+    for name in ["tiny", "gemma3-1b", "qwen2-7b", "gemma4-e2b", "gemma4-31b"] {
         let mut s = if name == "tiny" {
             spec(name, WeightMix::Q4KM)
         } else {

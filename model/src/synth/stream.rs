@@ -87,6 +87,8 @@ enum Fill {
     Norm,
     /// 0.1·N(0, 1).
     Bias,
+    /// (1 + 0.1·N(0, 1))·scale.
+    ScaledNorm(f32),
     /// These exact values.
     Values(Vec<f32>),
 }
@@ -95,6 +97,37 @@ enum Fill {
 /// norm, head.
 fn plan(spec: &ShapeSpec) -> Vec<Planned> {
     let s = &spec.shape;
+    if let Some(g) = super::gemma4::Gemma4Model::of_shape(s) {
+        return g
+            .tensors()
+            .into_iter()
+            .map(|t| {
+                let dims: Vec<u64> = t.dims.iter().map(|&x| x.into()).collect();
+                let (ty, fill) = match t.fill {
+                    super::gemma4::G4Fill::Matrix => (
+                        spec.mix.matrix_type(
+                            t.kind,
+                            t.layer.unwrap_or(0),
+                            s.n_layer,
+                            t.dims[0],
+                            s.tied,
+                            s.n_head / s.n_head_kv.max(1),
+                        ),
+                        Fill::Matrix,
+                    ),
+                    super::gemma4::G4Fill::Norm => (GgmlType::F32, Fill::Norm),
+                    super::gemma4::G4Fill::ScaledNorm(k) => (GgmlType::F32, Fill::ScaledNorm(k)),
+                    super::gemma4::G4Fill::Values(v) => (GgmlType::F32, Fill::Values(v)),
+                };
+                Planned {
+                    name: t.kind.gguf_name(t.layer.map(|l| l as usize)),
+                    dims,
+                    ty,
+                    fill,
+                }
+            })
+            .collect();
+    }
     let (d, q, kv) = (s.d_model, s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
     let n_gqa = s.n_head / s.n_head_kv.max(1);
     let mut out = Vec::new();
@@ -201,6 +234,9 @@ fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError
             rms_eps: s.rms_eps,
         },
     );
+    if let Some(g) = super::gemma4::Gemma4Model::of_shape(s) {
+        g.add_meta(&mut w);
+    }
     add_tokenizer(&mut w, s.vocab_kind, s.vocab);
     for t in tensors {
         w.add_tensor_info(&t.name, &t.dims, t.ty)?;
@@ -283,12 +319,13 @@ fn fill_tensor(
             }
             Ok(())
         }
-        Fill::Norm | Fill::Bias | Fill::Values(_) => {
+        Fill::Norm | Fill::Bias | Fill::Values(_) | Fill::ScaledNorm(_) => {
             let mut rng = StdRng::seed_from_u64(state);
             let n = t.dims[0] as usize;
             let vals: Vec<f32> = match &t.fill {
                 Fill::Norm => (0..n).map(|_| 1.0 + 0.1 * normal(&mut rng)).collect(),
                 Fill::Bias => (0..n).map(|_| 0.1 * normal(&mut rng)).collect(),
+                Fill::ScaledNorm(k) => (0..n).map(|_| (1.0 + 0.1 * normal(&mut rng)) * k).collect(),
                 Fill::Values(v) => v.clone(),
                 Fill::Matrix => Vec::new(),
             };

@@ -17,6 +17,7 @@ fn model(n: usize, w: u64, kv: u64) -> ModelCost {
         hidden_bytes: 2304,
         logits_bytes_f16: 2 * 49152,
         slots: 1,
+        kv_source: Vec::new(),
     }
 }
 
@@ -414,6 +415,7 @@ fn prediction_arithmetic() {
         hidden_bytes: 1250,
         logits_bytes_f16: 250_000,
         slots: 1,
+        kv_source: Vec::new(),
     };
     let mut a = stage("a", GIB, 1e9);
     a.link_rtt_s = 0.001;
@@ -598,4 +600,20 @@ fn scratch_is_held_whatever_the_layers() {
         msg.contains("need 106.0 MiB (weights 33.0 MiB + KV 33.0 MiB + scratch 40.0 MiB)"),
         "{msg}"
     );
+}
+
+#[test]
+fn a_shared_kv_layer_stays_with_its_source() {
+    // 6 equal layers over 2 equal stages would cut 0..3 | 3..6; layer 4 reads layer 2's cache,
+    // so the cut moves to 2..6 or 0..5 boundaries that keep them together.
+    let mut m = model(6, 100 * MIB, 0);
+    m.kv_source = vec![None, None, None, None, Some(2), Some(3)];
+    let p = plan(&m, &coord(), &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+    let r: Vec<_> = p.stages.iter().map(|s| s.layers.clone()).collect();
+    assert!(r == vec![0..2, 2..6], "{r:?}");
+    // A pin that would separate them is refused.
+    let mut a = stage("a", GIB, 1e9);
+    a.pinned = Some(0..3);
+    let err = plan(&m, &coord(), &[a, stage("b", GIB, 1e9)]).unwrap_err();
+    assert!(err.to_string().contains("shared-KV layer"), "{err}");
 }

@@ -20,6 +20,14 @@ pub fn model_cost(
 ) -> Result<(ModelCost, ringllm_model::Hparams)> {
     let m = Model::load(Arc::clone(file), &LoadOptions::default())?;
     let hp = m.hp.clone();
+    if hp.ple_dim > 0 {
+        return Err(anyhow!(
+            "this {} model's layers take per-layer embedding inputs made from the token \
+             embedding, which stays on the coordinator: it runs in one process (`run`, \
+             `serve`), not over a ring",
+            hp.arch.name()
+        ));
+    }
     let layer_weight_bytes: Vec<u64> = m.layers.iter().map(|l| l.weight_bytes() as u64).collect();
     let layer_kv_bytes = (0..hp.n_layer)
         .map(|il| KvCache::bytes_for(&hp, il..il + 1, ctx, max_batch, kv) as u64)
@@ -48,6 +56,7 @@ pub fn model_cost(
             hidden_bytes,
             logits_bytes_f16: 2 * hp.vocab as u64,
             slots: 1,
+            kv_source: (0..hp.n_layer).map(|il| hp.kv_source(il)).collect(),
         },
         hp,
     ))
