@@ -5,7 +5,8 @@
 //! the legacy formats and Q6_K, whole Q4_K and Q5_K blocks), then region B from the next
 //! 16-byte boundary (the f16 scales of the legacy formats, Q6_K's scales and d), packed.
 //! Float rows are padded with zeros to a multiple of 32 values. Q4_0 and Q8_0 thus take
-//! their GGUF size (18 and 34 bytes a block) on the device; Q5_0 and Q6_K 2 bytes more.
+//! their GGUF size (18 and 34 bytes a block) on the device, as Q2_K (84); Q5_0, Q6_K and
+//! Q3_K 2 bytes more.
 //! The shaders decode every format in units of 32 values (one legacy block, one K-quant
 //! sub-block, 32 floats); the dequantized values are the bits of `ringllm_kernels`'
 //! scalar `dequantize` (every product there is either a single rounding or exact in f32,
@@ -69,6 +70,10 @@ fn split(ty: GgmlType) -> Option<Split> {
         GgmlType::Q5_K => s(&[(0, 176)], 176, &[], 0),
         // ql and qh; the 16 scales, then d and two zero bytes.
         GgmlType::Q6_K => s(&[(0, 192)], 192, &[(192, 210)], 20),
+        // qs; the 16 scale bytes, then d and dmin.
+        GgmlType::Q2_K => s(&[(16, 80)], 64, &[(0, 16), (80, 84)], 20),
+        // hmask and qs; the 12 scale bytes, then d and two zero bytes.
+        GgmlType::Q3_K => s(&[(0, 96)], 96, &[(96, 110)], 16),
         _ => return None,
     })
 }
@@ -138,12 +143,14 @@ fn unit_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q5_K => include_str!("shaders/quant_q5_k.wgsl"),
         GgmlType::Q6_K => include_str!("shaders/quant_q6_k.wgsl"),
         GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+        GgmlType::Q2_K => include_str!("shaders/quant_q2_k.wgsl"),
+        GgmlType::Q3_K => include_str!("shaders/quant_q3_k.wgsl"),
     })
 }
 
 /// Every weight type the GPU matmul runs (all of `GgmlType` but the activation-only Q8_1
 /// and Q8_K).
-pub const GPU_TYPES: [GgmlType; 11] = [
+pub const GPU_TYPES: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -155,6 +162,8 @@ pub const GPU_TYPES: [GgmlType; 11] = [
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
 ];
 
 /// One buffer of consecutive rows of a matrix.
@@ -722,6 +731,8 @@ pub fn synthetic_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> O
             let (size, fields): (usize, &[usize]) = match ty {
                 GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (ty.type_size(), &[0]),
                 GgmlType::Q6_K => (ty.type_size(), &[208]),
+                GgmlType::Q2_K => (ty.type_size(), &[80, 82]),
+                GgmlType::Q3_K => (ty.type_size(), &[108]),
                 _ => (ty.type_size(), &[0, 2]),
             };
             for blk in b.chunks_exact_mut(size) {

@@ -70,6 +70,8 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> 
                 GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
                 GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
                 GgmlType::Q6_K => &[208],
+                GgmlType::Q2_K => &[80, 82],
+                GgmlType::Q3_K => &[108],
                 _ => unreachable!("{ty}"),
             };
             for blk in b.chunks_exact_mut(ty.type_size()) {
@@ -203,6 +205,8 @@ format_tests! {
     matmul_q4_k => Q4_K,
     matmul_q5_k => Q5_K,
     matmul_q6_k => Q6_K,
+    matmul_q2_k => Q2_K,
+    matmul_q3_k => Q3_K,
 }
 
 /// The shaders' decoding of every format, in the default variant and with f16 off, is

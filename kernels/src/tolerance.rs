@@ -7,7 +7,9 @@
 //! - `dot_vs_float`: |vec_dot(w, quantize(a)) − dot(dequantize(w), a)| relative to
 //!   Σ|w_i·a_i|: the cost of quantizing the activations on the fly.
 //! - `simd_vs_reference`: |simd vec_dot − scalar vec_dot| relative to Σ|w_i·a_i|: only the
-//!   summation order may differ (integer parts must agree exactly).
+//!   summation order may differ (integer parts must agree exactly). Zero for the formats whose
+//!   SIMD dots reduce each block to one exact integer and then scale it as the reference does:
+//!   bit-identical at every level.
 
 use crate::types::GgmlType;
 
@@ -34,5 +36,7 @@ pub fn budget(ty: GgmlType) -> Budget {
         GgmlType::Q6_K => b(3e-2, 1e-2, 1e-5),
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => b(6e-2, 1e-2, 1e-5),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => b(1.2e-1, 1e-2, 1e-5),
+        GgmlType::Q3_K => b(1.7e-1, 1e-2, 0.0),
+        GgmlType::Q2_K => b(3.3e-1, 1e-2, 0.0),
     }
 }

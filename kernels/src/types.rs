@@ -17,6 +17,8 @@ pub enum GgmlType {
     Q8_0 = 8,
     /// Activation format for Q4_1/Q5_1 dot products (never stored in model files we read).
     Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
     Q4_K = 12,
     Q5_K = 13,
     Q6_K = 14,
@@ -26,7 +28,7 @@ pub enum GgmlType {
 }
 
 /// Every type we implement, in id order.
-pub const ALL_TYPES: [GgmlType; 13] = [
+pub const ALL_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -35,6 +37,8 @@ pub const ALL_TYPES: [GgmlType; 13] = [
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q8_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
@@ -62,6 +66,8 @@ impl GgmlType {
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q8_1 => "Q8_1",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
@@ -89,6 +95,7 @@ impl GgmlType {
             | GgmlType::Q8_0
             | GgmlType::Q8_1 => 32,
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => QK_K,
+            GgmlType::Q2_K | GgmlType::Q3_K => QK_K,
         }
     }
 
@@ -107,6 +114,8 @@ impl GgmlType {
             GgmlType::Q5_K => 176,
             GgmlType::Q6_K => 210,
             GgmlType::Q8_K => 292,
+            GgmlType::Q2_K => 84,
+            GgmlType::Q3_K => 110,
         }
     }
 
@@ -137,7 +146,7 @@ mod tests {
 
     #[test]
     fn ids_are_pinned_to_the_gguf_format() {
-        let expected: [(GgmlType, u32); 13] = [
+        let expected: [(GgmlType, u32); 15] = [
             (GgmlType::F32, 0),
             (GgmlType::F16, 1),
             (GgmlType::Q4_0, 2),
@@ -146,6 +155,8 @@ mod tests {
             (GgmlType::Q5_1, 7),
             (GgmlType::Q8_0, 8),
             (GgmlType::Q8_1, 9),
+            (GgmlType::Q2_K, 10),
+            (GgmlType::Q3_K, 11),
             (GgmlType::Q4_K, 12),
             (GgmlType::Q5_K, 13),
             (GgmlType::Q6_K, 14),
@@ -158,7 +169,7 @@ mod tests {
             assert_eq!(GgmlType::from_name(t.name()), Some(t));
         }
         assert_eq!(GgmlType::from_id(4), None); // Q4_2, removed from GGML
-        assert_eq!(GgmlType::from_id(10), None); // Q2_K, not implemented
+        assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS, not implemented
     }
 
     #[test]

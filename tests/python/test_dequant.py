@@ -3,11 +3,28 @@
 
 import pytest
 
+from gguf import GGUFReader
+
 import dequant_check
+from support.cli import run
 from support.paths import GEMMA, SMOL, model_path
 
 
 @pytest.mark.parametrize("name", [pytest.param(GEMMA.name, marks=pytest.mark.slow), SMOL.name])
 def test_dequantize_equals_gguf_py(name, ringllm):
     mismatches = dequant_check.check(str(model_path(name)), str(ringllm))
+    assert mismatches == [], "\n".join(mismatches)
+
+
+@pytest.mark.parametrize("mix", ["q2_k", "q3_k_m"])
+def test_low_bit_k_quant_mixes_equal_gguf_py(mix, ringllm, tmp_path):
+    """Q2_K and Q3_K (with the Q4_K, Q5_K and Q6_K tensors llama.cpp's Q2_K and Q3_K_M mixes
+    put beside them) written by our quantizer and read back by gguf-py: every type the file
+    holds dequantizes to gguf's bits, the low-bit matrices among them."""
+    f = tmp_path / f"tiny-{mix}.gguf"
+    run(["debug", "synth", "--shape", "tiny", "--type", mix, "--seed", "4", "-o", f])
+    types = {t.tensor_type.name for t in GGUFReader(str(f)).tensors}
+    want = {"q2_k": "Q2_K", "q3_k_m": "Q3_K"}[mix]
+    assert want in types, f"{mix}: no {want} tensor in {sorted(types)}"
+    mismatches = dequant_check.check(str(f), str(ringllm))
     assert mismatches == [], "\n".join(mismatches)

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import reference
-from support.cli import forward_dump
+from support.cli import forward_dump, run
 from support.compare import rel_l2
 from support.nodes import free_port, wait_port
 from support.paths import GEMMA, KEY, MODELS, SMOL, model_path, ringllm_bin
@@ -131,6 +131,26 @@ def test_gpu_forward_matches_float_reference(name, tmp_path):
     print(f"{name}: GPU vs float64 reference: worst layer {worst:.2e}, logits {e:.2e}")
     assert e < GPU_REL, f"{name}: GPU logits differ from the float reference by {e:.2e}"
     assert (lo.argmax(1) == ref.argmax(1)).all()
+
+
+@pytest.mark.parametrize("ty", ["Q2_K", "Q3_K"])
+def test_gpu_forward_of_a_low_bit_k_quant_model_matches_float_reference(ty, tmp_path):
+    """A small synthetic model in Q2_K or Q3_K (every matrix in that type) through the GPU's
+    decode matvec (one token at a time) and its tiled prefill: every layer and the logits
+    against the float64 reference within GPU_REL."""
+    f = tmp_path / f"llama-{ty}.gguf"
+    run(["debug", "synth", "--arch", "llama", "--type", ty, "--seed", "3", "-o", f])
+    m = reference.load(str(f))
+    toks = [1, 17, 300, 42, 9, 77]
+    ref, hid = reference.forward(m, toks)
+    for batch in ["1", "6"]:
+        ours = forward_dump(f, toks, tmp_path / f"gpu{batch}", "--threads", "1", "--backend", "gpu",
+                            "--batch", batch, env=ENV)
+        for il in range(m.n_layer):
+            e = rel_l2(ours[f"layer.{il}"], hid[f"layer.{il}"])
+            assert e < GPU_REL, f"{ty} batch {batch}: GPU layer {il} differs from the float reference by {e:.2e}"
+        e = float(np.abs(ours["logits"] - ref).max() / np.abs(ref).max())
+        assert e < GPU_REL, f"{ty} batch {batch}: GPU logits differ from the float reference by {e:.2e}"
 
 
 @pytest.mark.slow

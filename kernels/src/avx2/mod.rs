@@ -9,6 +9,8 @@ use crate::types::GgmlType;
 
 mod float;
 pub mod gemm512;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -118,6 +120,8 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q4_K => entry.vec_dot_multi = Some(q4_k::vec_dot_multi512),
         GgmlType::Q5_K => entry.vec_dot_multi = Some(q5_k::vec_dot_multi512),
         GgmlType::Q6_K => entry.vec_dot_multi = Some(q6_k::vec_dot_multi512),
+        GgmlType::Q2_K => entry.vec_dot_multi = Some(q2_k::vec_dot_multi512),
+        GgmlType::Q3_K => entry.vec_dot_multi = Some(q3_k::vec_dot_multi512),
         _ => {}
     }
 }
@@ -165,6 +169,16 @@ pub fn specialize(entry: &mut TypeKernels) {
             // byte-identical to the reference.
             entry.dequantize = q8_k::dequantize;
             entry.quantize = q8_k::quantize;
+        }
+        // Dequantize stays the reference's (embedding rows only); the dots are bit-identical
+        // to it.
+        GgmlType::Q2_K => {
+            entry.vec_dot = q2_k::vec_dot;
+            entry.vec_dot_multi = Some(q2_k::vec_dot_multi);
+        }
+        GgmlType::Q3_K => {
+            entry.vec_dot = q3_k::vec_dot;
+            entry.vec_dot_multi = Some(q3_k::vec_dot_multi);
         }
     }
 }

@@ -375,6 +375,50 @@ pub(super) mod tests {
         }
     }
 
+    /// The AVX2 `dot`/`multi` of a format whose reference is integer-exact per block: equal
+    /// to `ref_dot` bit for bit on random blocks (every bit pattern of levels and scales) and
+    /// extreme activations, the tiled form equal to the single one for 0..=9 rows.
+    pub(in crate::avx2) fn check_exact(
+        block: usize,
+        f16_at: &[usize],
+        ref_dot: Dot,
+        (dot, multi): (Dot, Multi),
+    ) {
+        if !super::super::available() {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(block as u64 + 7);
+        for nb in [1, 3, 8] {
+            let n = nb * QK_K;
+            let w = random_blocks(&mut rng, nb, block, f16_at);
+            let rows = 9;
+            let stride = nb * BLOCK_BYTES + 4 * (nb % 2);
+            let mut acts = vec![0u8; rows * stride];
+            for r in 0..rows {
+                acts[r * stride..r * stride + nb * BLOCK_BYTES]
+                    .copy_from_slice(&random_q8k(&mut rng, nb));
+            }
+            let single: Vec<u32> = (0..rows)
+                .map(|r| {
+                    let a = &acts[r * stride..r * stride + nb * BLOCK_BYTES];
+                    let (want, got) = (ref_dot(n, &w, a), dot(n, &w, a));
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{nb} blocks row {r}: {got} vs {want}"
+                    );
+                    got.to_bits()
+                })
+                .collect();
+            for k in 0..=rows {
+                let mut out = vec![0f32; k];
+                multi(n, &w, &acts, stride, &mut out);
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got[..], single[..k], "{k} rows");
+            }
+        }
+    }
+
     /// A multi-row kernel of another level (`multi`) gives `dot`'s bits for every row count
     /// 0..=19 (the 8-, 4- and 1-row paths and their mixes), at 1, 3 and 8 blocks.
     pub(in crate::avx2) fn check_multi_bits(

@@ -19,6 +19,8 @@ use core::arch::asm;
 mod float;
 mod gemm;
 pub mod ops;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -275,6 +277,8 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q6_K => q8_k::entry::<q6_k::Q6K, D>(entry),
         // Activations are quantized to Q8_K on every token: byte-identical to the reference.
         GgmlType::Q8_K => entry.quantize = q8_k::quantize,
+        GgmlType::Q2_K => q8_k::entry::<q2_k::Q2K, D>(entry),
+        GgmlType::Q3_K => q8_k::entry::<q3_k::Q3K, D>(entry),
     }
 }
 

@@ -3,6 +3,8 @@
 
 pub mod common;
 pub mod float;
+pub mod q2_k;
+pub mod q3_k;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -86,5 +88,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
         GgmlType::Q5_K => entry!(q5_k),
         GgmlType::Q6_K => entry!(q6_k),
         GgmlType::Q8_K => entry!(q8_k),
+        GgmlType::Q2_K => entry!(q2_k),
+        GgmlType::Q3_K => entry!(q3_k),
     }
 }

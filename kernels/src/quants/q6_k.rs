@@ -45,7 +45,7 @@ fn scale(b: &[u8], j: usize) -> i8 {
 /// end with room), then 18 nearby grids are tried and the least-squares scale of the best
 /// kept. Writes `l + nmax` into `q` and returns the scale (negative when that value is
 /// positive).
-fn fit_symmetric(x: &[f32], nmax: i32, q: &mut [u8]) -> f32 {
+pub(crate) fn fit_symmetric(x: &[f32], nmax: i32, q: &mut [u8]) -> f32 {
     let mut amax = 0f32;
     let mut max = 0f32;
     for &v in x {

@@ -529,13 +529,30 @@ pub enum WeightMix {
     /// eighth and every third between), Q5_K for a fused `attn_qkv`; rows that are not whole 256-blocks fall back to
     /// Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as llama.cpp's `llama_tensor_get_type` does.
     Q4KM,
+    /// llama.cpp's `Q2_K` (`LLAMA_FTYPE_MOSTLY_Q2_K`): Q2_K, with Q6_K for the output head
+    /// (the embedding when tied), Q3_K for `attn_output` and `ffn_down`, and for `attn_v`
+    /// Q4_K when four or more query heads share a KV head, else Q3_K. (llama.cpp's extra rules
+    /// for 70B, Falcon and expert models do not apply to our shapes.)
+    Q2K,
+    /// llama.cpp's `Q3_K_M` (`LLAMA_FTYPE_MOSTLY_Q3_K_M`): Q3_K, with Q6_K for the head,
+    /// Q4_K for `attn_output`, `attn_v` Q5_K in the first two layers and Q4_K after, and
+    /// `ffn_down` Q5_K in the first sixteenth of the layers and Q4_K after. Rows that are not
+    /// whole 256-blocks fall back to Q4_0 (for Q2_K and Q3_K) as in llama.cpp.
+    Q3KM,
 }
 
 impl WeightMix {
-    /// `q4_k_m` or a single type's name (`q8_0`, `Q4_K`, `f16`...).
+    /// `q4_k_m`, `q3_k_m`, `q2_k` (llama.cpp's presets: `q2_k` is its mix, as
+    /// `llama-quantize` names it) or a single type's name (`q8_0`, `Q4_K`, `q3_k`, `f16`...).
     pub fn from_name(name: &str) -> Option<WeightMix> {
         if name.eq_ignore_ascii_case("q4_k_m") {
             return Some(WeightMix::Q4KM);
+        }
+        if name.eq_ignore_ascii_case("q3_k_m") {
+            return Some(WeightMix::Q3KM);
+        }
+        if name.eq_ignore_ascii_case("q2_k") {
+            return Some(WeightMix::Q2K);
         }
         GgmlType::from_name(name)
             .filter(|t| !matches!(t, GgmlType::Q8_1 | GgmlType::Q8_K))
@@ -546,6 +563,8 @@ impl WeightMix {
         match self {
             WeightMix::Single(t) => t.to_string(),
             WeightMix::Q4KM => "Q4_K_M".to_string(),
+            WeightMix::Q2K => "Q2_K".to_string(),
+            WeightMix::Q3KM => "Q3_K_M".to_string(),
         }
     }
 
@@ -553,6 +572,8 @@ impl WeightMix {
     pub fn file_type(self) -> Option<u32> {
         Some(match self {
             WeightMix::Q4KM => 15,
+            WeightMix::Q2K => 10,
+            WeightMix::Q3KM => 12,
             WeightMix::Single(t) => match t {
                 GgmlType::F32 => 0,
                 GgmlType::F16 => 1,
@@ -565,13 +586,17 @@ impl WeightMix {
                 GgmlType::Q5_K => 16,
                 GgmlType::Q6_K => 18,
                 GgmlType::BF16 => 32,
+                GgmlType::Q2_K => 10,
+                // llama.cpp's name for mostly-Q3_K is Q3_K_S.
+                GgmlType::Q3_K => 11,
                 GgmlType::Q8_1 | GgmlType::Q8_K => return None,
             },
         })
     }
 
     /// The type of matrix `kind` of layer `il` (of `n_layer`) whose rows hold `row_len`
-    /// values; `tied`: the embedding is also the output head.
+    /// values; `tied`: the embedding is also the output head; `n_gqa`: query heads per KV
+    /// head.
     pub fn matrix_type(
         self,
         kind: TensorKind,
@@ -579,11 +604,12 @@ impl WeightMix {
         n_layer: u32,
         row_len: u32,
         tied: bool,
+        n_gqa: u32,
     ) -> GgmlType {
+        let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
         let want = match self {
             WeightMix::Single(t) => t,
             WeightMix::Q4KM => {
-                let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
                 let more = matches!(kind, TensorKind::AttnV | TensorKind::FfnDown)
                     && use_more_bits(il, n_layer);
                 if head || more {
@@ -595,6 +621,19 @@ impl WeightMix {
                     GgmlType::Q4_K
                 }
             }
+            WeightMix::Q2K => match kind {
+                _ if head => GgmlType::Q6_K,
+                TensorKind::AttnV if n_gqa >= 4 => GgmlType::Q4_K,
+                TensorKind::AttnV | TensorKind::AttnOutput | TensorKind::FfnDown => GgmlType::Q3_K,
+                _ => GgmlType::Q2_K,
+            },
+            WeightMix::Q3KM => match kind {
+                _ if head => GgmlType::Q6_K,
+                TensorKind::AttnV if il < 2 => GgmlType::Q5_K,
+                TensorKind::FfnDown if il < n_layer / 16 => GgmlType::Q5_K,
+                TensorKind::AttnV | TensorKind::AttnOutput | TensorKind::FfnDown => GgmlType::Q4_K,
+                _ => GgmlType::Q3_K,
+            },
         };
         fallback(want, row_len)
     }
@@ -616,6 +655,7 @@ fn fallback(want: GgmlType, row_len: u32) -> GgmlType {
         GgmlType::Q4_K => GgmlType::Q5_0,
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
         _ => GgmlType::F16,
     };
     if fits(next) {

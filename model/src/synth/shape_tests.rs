@@ -425,6 +425,73 @@ fn activations_stay_sane_through_many_layers() {
 }
 
 #[test]
+fn q2_k_and_q3_k_m_mixes_follow_llama_cpp() {
+    // Llama 3.1 8B: 32 query heads on 8 KV heads (n_gqa 4), untied.
+    let t = types(&spec("llama3-8b", WeightMix::Q2K));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q2_K);
+    assert_eq!(t["output.weight"], GgmlType::Q6_K);
+    for il in 0..32 {
+        let b = |n: &str| t[&format!("blk.{il}.{n}.weight")];
+        assert_eq!(b("attn_v"), GgmlType::Q4_K, "layer {il}");
+        assert_eq!(b("attn_output"), GgmlType::Q3_K, "layer {il}");
+        assert_eq!(b("ffn_down"), GgmlType::Q3_K, "layer {il}");
+        for n in ["attn_q", "attn_k", "ffn_gate", "ffn_up"] {
+            assert_eq!(b(n), GgmlType::Q2_K, "layer {il} {n}");
+        }
+    }
+    // Qwen 2 7B: 28 on 4 (n_gqa 7); Gemma 3 1B: 4 on 1 but rows of 1152 fall back to Q4_0.
+    let t = types(&spec("qwen2-7b", WeightMix::Q2K));
+    assert_eq!(t["blk.0.attn_v.weight"], GgmlType::Q4_K);
+    let t = types(&spec("gemma3-1b", WeightMix::Q2K));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q8_0);
+    assert_eq!(t["blk.0.attn_q.weight"], GgmlType::Q4_0);
+    assert_eq!(t["blk.0.attn_output.weight"], GgmlType::Q3_K);
+    assert_eq!(t["blk.0.ffn_down.weight"], GgmlType::Q3_K);
+
+    let t = types(&spec("llama3-8b", WeightMix::Q3KM));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q3_K);
+    assert_eq!(t["output.weight"], GgmlType::Q6_K);
+    for il in 0..32 {
+        let b = |n: &str| t[&format!("blk.{il}.{n}.weight")];
+        let v = if il < 2 {
+            GgmlType::Q5_K
+        } else {
+            GgmlType::Q4_K
+        };
+        assert_eq!(b("attn_v"), v, "layer {il}");
+        let down = if il < 2 {
+            GgmlType::Q5_K
+        } else {
+            GgmlType::Q4_K
+        };
+        assert_eq!(b("ffn_down"), down, "layer {il}");
+        assert_eq!(b("attn_output"), GgmlType::Q4_K, "layer {il}");
+        for n in ["attn_q", "attn_k", "ffn_gate", "ffn_up"] {
+            assert_eq!(b(n), GgmlType::Q3_K, "layer {il} {n}");
+        }
+    }
+    // Tied: the embedding is the head.
+    let t = types(&spec("llama3-1b", WeightMix::Q3KM));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q6_K);
+    assert_eq!(t["blk.0.ffn_down.weight"], GgmlType::Q5_K);
+    assert_eq!(t["blk.1.ffn_down.weight"], GgmlType::Q4_K);
+
+    assert_eq!(WeightMix::from_name("Q3_K_M"), Some(WeightMix::Q3KM));
+    assert_eq!(WeightMix::from_name("q2_k"), Some(WeightMix::Q2K));
+    assert_eq!(
+        WeightMix::from_name("q3_k"),
+        Some(WeightMix::Single(GgmlType::Q3_K))
+    );
+    assert_eq!(WeightMix::Q2K.file_type(), Some(10));
+    assert_eq!(WeightMix::Q3KM.file_type(), Some(12));
+    // bartowski's Meta-Llama-3.1-8B-Instruct files: Q3_K_M 4.02 GB, Q2_K 3.18 GB.
+    let gb = |mix| total_bytes(&spec("llama3-8b", mix)) as f64 / 1e9;
+    let near = |x: f64, want: f64| (x / want - 1.0).abs() < 0.03;
+    assert!(near(gb(WeightMix::Q3KM), 4.02), "{}", gb(WeightMix::Q3KM));
+    assert!(near(gb(WeightMix::Q2K), 3.18), "{}", gb(WeightMix::Q2K));
+}
+
+#[test]
 fn qwen3_shapes_hold_the_published_hyper_parameters() {
     // (name, layers, d, heads, kv heads, ffn, tied): Qwen/Qwen3-*'s config.json; every size
     // has head_dim 128, vocab 151936, rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
