@@ -667,8 +667,8 @@ pub struct SynthArgs {
     /// Real-size shape (the published model's hyper-parameters).
     #[arg(long)]
     pub shape: Option<String>,
-    /// Weight type: one type (q8_0, q4_k, f16...) or, with --shape, q4_k_m (the default
-    /// there: llama.cpp's Q4_K / Q6_K mix).
+    /// Weight type: one type (q8_0, q4_k, iq4_nl, f16...) or, with --shape, q4_k_m (the
+    /// default there: llama.cpp's Q4_K / Q6_K mix) or iq4_xs (llama.cpp's IQ4_XS mix).
     #[arg(long = "type")]
     pub ty: Option<String>,
     /// With --shape: keep only this many layers (tests of a big shape's layers).

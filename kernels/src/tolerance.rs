@@ -34,5 +34,6 @@ pub fn budget(ty: GgmlType) -> Budget {
         GgmlType::Q6_K => b(3e-2, 1e-2, 1e-5),
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => b(6e-2, 1e-2, 1e-5),
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => b(1.2e-1, 1e-2, 1e-5),
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => b(1.2e-1, 1e-2, 1e-5),
     }
 }

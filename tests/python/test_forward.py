@@ -54,7 +54,8 @@ def test_batch_size_does_not_change_the_answer(name, tmp_path):
         assert (other["logits"].argmax(1) == base["logits"].argmax(1)).all()
 
 
-WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS"]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

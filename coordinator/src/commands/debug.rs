@@ -247,8 +247,9 @@ fn synth(a: SynthArgs) -> Result<()> {
         )
     })?;
     let ty = ty.unwrap_or_else(|| "q4_k_m".to_string());
-    let mix = WeightMix::from_name(&ty)
-        .ok_or_else(|| anyhow!("unknown weight type '{ty}' (q4_k_m or a type such as q8_0)"))?;
+    let mix = WeightMix::from_name(&ty).ok_or_else(|| {
+        anyhow!("unknown weight type '{ty}' (q4_k_m, iq4_xs or a type such as q8_0)")
+    })?;
     let mut spec = ShapeSpec::new(base, mix, seed);
     if let Some(n) = layers {
         spec.shape.n_layer = n;

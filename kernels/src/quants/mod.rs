@@ -3,6 +3,8 @@
 
 pub mod common;
 pub mod float;
+pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -86,5 +88,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
         GgmlType::Q5_K => entry!(q5_k),
         GgmlType::Q6_K => entry!(q6_k),
         GgmlType::Q8_K => entry!(q8_k),
+        GgmlType::IQ4_NL => entry!(iq4_nl),
+        GgmlType::IQ4_XS => entry!(iq4_xs),
     }
 }

@@ -250,6 +250,11 @@ pub enum WeightMix {
     /// eighth and every third between); rows that are not whole 256-blocks fall back to
     /// Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as llama.cpp's `llama_tensor_get_type` does.
     Q4KM,
+    /// llama.cpp's `IQ4_XS` (without an importance matrix): IQ4_XS, with Q6_K for the output
+    /// head (the embedding when tied), Q5_K for `attn_v` when four or more query heads share a
+    /// KV head, and Q5_K for `ffn_down` in the first eighth of the layers; rows that are not
+    /// whole 256-blocks fall back to IQ4_NL (for IQ4_XS), Q5_1 (Q5_K) or Q8_0 (Q6_K).
+    Iq4Xs,
 }
 
 impl WeightMix {
@@ -257,6 +262,9 @@ impl WeightMix {
     pub fn from_name(name: &str) -> Option<WeightMix> {
         if name.eq_ignore_ascii_case("q4_k_m") {
             return Some(WeightMix::Q4KM);
+        }
+        if name.eq_ignore_ascii_case("iq4_xs") {
+            return Some(WeightMix::Iq4Xs);
         }
         GgmlType::from_name(name)
             .filter(|t| !matches!(t, GgmlType::Q8_1 | GgmlType::Q8_K))
@@ -267,6 +275,7 @@ impl WeightMix {
         match self {
             WeightMix::Single(t) => t.to_string(),
             WeightMix::Q4KM => "Q4_K_M".to_string(),
+            WeightMix::Iq4Xs => "IQ4_XS".to_string(),
         }
     }
 
@@ -274,6 +283,7 @@ impl WeightMix {
     pub fn file_type(self) -> Option<u32> {
         Some(match self {
             WeightMix::Q4KM => 15,
+            WeightMix::Iq4Xs => 30,
             WeightMix::Single(t) => match t {
                 GgmlType::F32 => 0,
                 GgmlType::F16 => 1,
@@ -286,13 +296,15 @@ impl WeightMix {
                 GgmlType::Q5_K => 16,
                 GgmlType::Q6_K => 18,
                 GgmlType::BF16 => 32,
+                GgmlType::IQ4_NL => 25,
+                GgmlType::IQ4_XS => 30,
                 GgmlType::Q8_1 | GgmlType::Q8_K => return None,
             },
         })
     }
 
     /// The type of matrix `kind` of layer `il` (of `n_layer`) whose rows hold `row_len`
-    /// values; `tied`: the embedding is also the output head.
+    /// values; `tied`: the embedding is also the output head; `n_gqa`: query heads per KV head.
     pub fn matrix_type(
         self,
         kind: TensorKind,
@@ -300,6 +312,7 @@ impl WeightMix {
         n_layer: u32,
         row_len: u32,
         tied: bool,
+        n_gqa: u32,
     ) -> GgmlType {
         let want = match self {
             WeightMix::Single(t) => t,
@@ -311,6 +324,18 @@ impl WeightMix {
                     GgmlType::Q6_K
                 } else {
                     GgmlType::Q4_K
+                }
+            }
+            WeightMix::Iq4Xs => {
+                let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
+                let v = kind == TensorKind::AttnV && n_gqa >= 4;
+                let down = kind == TensorKind::FfnDown && il < n_layer / 8;
+                if head {
+                    GgmlType::Q6_K
+                } else if v || down {
+                    GgmlType::Q5_K
+                } else {
+                    GgmlType::IQ4_XS
                 }
             }
         };
@@ -334,6 +359,7 @@ fn fallback(want: GgmlType, row_len: u32) -> GgmlType {
         GgmlType::Q4_K => GgmlType::Q5_0,
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         _ => GgmlType::F16,
     };
     if fits(next) {

@@ -99,9 +99,14 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
     let mut out = Vec::new();
     let matrix =
         |out: &mut Vec<Planned>, kind: TensorKind, il: Option<u32>, rows: u32, row_len: u32| {
-            let ty = spec
-                .mix
-                .matrix_type(kind, il.unwrap_or(0), s.n_layer, row_len, s.tied);
+            let ty = spec.mix.matrix_type(
+                kind,
+                il.unwrap_or(0),
+                s.n_layer,
+                row_len,
+                s.tied,
+                s.n_head / s.n_head_kv.max(1),
+            );
             out.push(Planned {
                 name: kind.gguf_name(il.map(|i| i as usize)),
                 dims: vec![row_len.into(), rows.into()],
