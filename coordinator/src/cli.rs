@@ -622,7 +622,7 @@ pub enum DebugCommand {
         #[arg(long)]
         bos: bool,
     },
-    /// Write a synthetic random-weight model: a small one (--arch llama|gemma3) or a real-size
+    /// Write a synthetic random-weight model: a small one (--arch llama|gemma3|qwen2) or a real-size
     /// shape (--shape tiny|llama3-1b|llama3-8b|gemma3-1b|qwen2-7b), streamed to the file.
     Synth(SynthArgs),
     /// A TCP proxy that delays every chunk by a fixed time (tests add link latency with it).
@@ -661,7 +661,8 @@ pub enum DebugCommand {
 /// `debug synth`.
 #[derive(Args, Debug, Clone)]
 pub struct SynthArgs {
-    /// Small model architecture: llama or gemma3.
+    /// Small model architecture (llama, gemma3, qwen2, qwen3...): few layers, small dims,
+    /// every tensor kind of the family.
     #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
     pub arch: Option<String>,
     /// Real-size shape (the published model's hyper-parameters).

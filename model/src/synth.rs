@@ -33,17 +33,46 @@ use std::collections::HashSet;
 pub enum SynthArch {
     Llama,
     Gemma3,
-    /// Real-size shapes only (`--shape qwen2-7b`).
+    /// Qwen 2: the Llama layout with Q/K/V biases and NeoX RoPE.
     Qwen2,
+    Qwen3,
 }
 
 impl SynthArch {
+    /// The architectures `debug synth --arch` writes small models of.
+    pub const SMALL: &'static [SynthArch] = &[
+        SynthArch::Llama,
+        SynthArch::Gemma3,
+        SynthArch::Qwen2,
+        SynthArch::Qwen3,
+    ];
+
+    /// The architecture of GGUF name `name`, when a small model of it can be written.
+    pub fn from_name(name: &str) -> Option<SynthArch> {
+        Self::SMALL.iter().copied().find(|a| a.name() == name)
+    }
+
     /// The GGUF architecture name (`general.architecture` and the key prefix).
     pub fn name(self) -> &'static str {
         match self {
             SynthArch::Llama => "llama",
             SynthArch::Gemma3 => "gemma3",
             SynthArch::Qwen2 => "qwen2",
+            SynthArch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// Layers have an RMSNorm per head of Q and K (`attn_q_norm`, `attn_k_norm`).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, SynthArch::Gemma3 | SynthArch::Qwen3)
+    }
+
+    /// The tokenizer of the small model (`--arch`): a SentencePiece vocabulary unless the
+    /// family's files carry another kind.
+    pub fn small_vocab(self) -> (VocabKind, u32) {
+        match self {
+            SynthArch::Qwen3 => (VocabKind::Qwen3, 1280),
+            _ => (VocabKind::Spm, 512),
         }
     }
 }
@@ -86,7 +115,7 @@ impl SynthSpec {
             n_head_kv: 2,
             head_dim: 64,
             d_ff: 512,
-            vocab: 512,
+            vocab: arch.small_vocab().1,
             ctx: 256,
             sliding_window: 8,
             tied_embeddings: arch == SynthArch::Gemma3,
@@ -104,6 +133,7 @@ impl SynthSpec {
             SynthArch::Llama => 9,
             SynthArch::Gemma3 => 13,
             SynthArch::Qwen2 => 12,
+            SynthArch::Qwen3 => 11,
         };
         2 + usize::from(!self.is_tied()) + per_layer * self.n_layer as usize
     }
@@ -111,12 +141,6 @@ impl SynthSpec {
     fn validate(&self) -> Result<(), GgufError> {
         let bad = |why: String| Err(GgufError::InvalidInput(format!("synthetic model: {why}")));
         let s = self;
-        if s.arch == SynthArch::Qwen2 {
-            return bad(
-                "the small synthetic models are llama or gemma3; qwen2 comes with --shape qwen2-7b"
-                    .into(),
-            );
-        }
         if [
             s.n_layer,
             s.d_model,
@@ -140,6 +164,15 @@ impl SynthSpec {
             return bad(format!(
                 "vocab {} is smaller than the {N_FIXED_TOKENS} special and byte tokens",
                 s.vocab
+            ));
+        }
+        let kind = s.arch.small_vocab().0;
+        if kind != VocabKind::Spm && s.vocab < kind.min_vocab() {
+            return bad(format!(
+                "vocab {} is smaller than {} for a {} tokenizer",
+                s.vocab,
+                kind.min_vocab(),
+                s.arch.name()
             ));
         }
         if matches!(s.weight_type, GgmlType::Q8_1 | GgmlType::Q8_K) {
@@ -260,6 +293,15 @@ impl Gen {
         out
     }
 
+    /// Bias vectors: 0.1·N(0, 1).
+    fn bias_weights(&mut self, n: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n as usize * 4);
+        for _ in 0..n {
+            out.extend_from_slice(&(0.1 * self.normal()).to_le_bytes());
+        }
+        out
+    }
+
     /// `n_rows` rows of `row_len` values ~ N(0, 1/√row_len), encoded as `ty`.
     fn matrix(&mut self, row_len: u32, n_rows: u32, ty: GgmlType) -> Result<Vec<u8>, GgufError> {
         let scale = 1.0 / (row_len as f32).sqrt();
@@ -325,7 +367,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
         SynthArch::Gemma3 => {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
-        SynthArch::Qwen2 => {}
+        SynthArch::Qwen2 | SynthArch::Qwen3 => {}
     }
 }
 
@@ -344,7 +386,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama => (10000.0f32, 1e-5f32),
-        SynthArch::Gemma3 | SynthArch::Qwen2 => (1e6, 1e-6),
+        SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 => (1e6, 1e-6),
     };
     add_arch_meta(
         &mut w,
@@ -364,7 +406,68 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         },
     );
 
-    let vocab = vocabulary(s.vocab as usize);
+    match s.arch.small_vocab().0 {
+        VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize)),
+        kind => vocab::add_tokenizer(&mut w, kind, s.vocab),
+    }
+
+    let mut g = Gen {
+        rng: StdRng::seed_from_u64(s.seed),
+    };
+    let d = s.d_model;
+    let q = s.n_head * s.head_dim;
+    let kv = s.n_head_kv * s.head_dim;
+    let mut matrix = |w: &mut GgufWriter, name: &str, row_len: u32, n_rows: u32| {
+        let ty = matrix_type(s.weight_type, row_len);
+        let data = g.matrix(row_len, n_rows, ty)?;
+        w.add_tensor(name, &[row_len.into(), n_rows.into()], ty, data)
+    };
+    matrix(&mut w, "token_embd.weight", d, s.vocab)?;
+    let mut norms: Vec<(String, u32)> = Vec::new();
+    let mut biases: Vec<(String, u32)> = Vec::new();
+    for il in 0..s.n_layer {
+        let b = |n: &str| format!("blk.{il}.{n}.weight");
+        matrix(&mut w, &b("attn_q"), d, q)?;
+        matrix(&mut w, &b("attn_k"), d, kv)?;
+        matrix(&mut w, &b("attn_v"), d, kv)?;
+        matrix(&mut w, &b("attn_output"), q, d)?;
+        matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
+        matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
+        matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+        norms.push((b("attn_norm"), d));
+        norms.push((b("ffn_norm"), d));
+        if s.arch.has_qk_norm() {
+            // GGUF stores Gemma's RMSNorm weights as (1 + w), so these are near 1 as well.
+            norms.push((b("attn_q_norm"), s.head_dim));
+            norms.push((b("attn_k_norm"), s.head_dim));
+        }
+        if s.arch == SynthArch::Gemma3 {
+            norms.push((b("post_attention_norm"), d));
+            norms.push((b("post_ffw_norm"), d));
+        }
+        if s.arch == SynthArch::Qwen2 {
+            for (t, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+                biases.push((format!("blk.{il}.{t}.bias"), n));
+            }
+        }
+    }
+    if !s.is_tied() {
+        matrix(&mut w, "output.weight", d, s.vocab)?;
+    }
+    norms.push(("output_norm.weight".to_string(), d));
+    for (name, n) in norms {
+        let data = g.norm_weights(n);
+        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    }
+    for (name, n) in biases {
+        let data = g.bias_weights(n);
+        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    }
+    Ok(w.to_bytes())
+}
+
+/// The small models' SentencePiece tokenizer (`vocabulary`).
+fn add_spm_tokenizer(w: &mut GgufWriter, vocab: &[(String, f32, i32)]) {
     w.add("tokenizer.ggml.model", Value::Str("llama".into()));
     w.add(
         "tokenizer.ggml.tokens",
@@ -383,48 +486,6 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("tokenizer.ggml.unknown_token_id", Value::U32(0));
     w.add("tokenizer.ggml.add_bos_token", Value::Bool(true));
     w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
-
-    let mut g = Gen {
-        rng: StdRng::seed_from_u64(s.seed),
-    };
-    let d = s.d_model;
-    let q = s.n_head * s.head_dim;
-    let kv = s.n_head_kv * s.head_dim;
-    let mut matrix = |w: &mut GgufWriter, name: &str, row_len: u32, n_rows: u32| {
-        let ty = matrix_type(s.weight_type, row_len);
-        let data = g.matrix(row_len, n_rows, ty)?;
-        w.add_tensor(name, &[row_len.into(), n_rows.into()], ty, data)
-    };
-    matrix(&mut w, "token_embd.weight", d, s.vocab)?;
-    let mut norms: Vec<(String, u32)> = Vec::new();
-    for il in 0..s.n_layer {
-        let b = |n: &str| format!("blk.{il}.{n}.weight");
-        matrix(&mut w, &b("attn_q"), d, q)?;
-        matrix(&mut w, &b("attn_k"), d, kv)?;
-        matrix(&mut w, &b("attn_v"), d, kv)?;
-        matrix(&mut w, &b("attn_output"), q, d)?;
-        matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
-        matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
-        matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
-        norms.push((b("attn_norm"), d));
-        norms.push((b("ffn_norm"), d));
-        if s.arch == SynthArch::Gemma3 {
-            // GGUF stores Gemma's RMSNorm weights as (1 + w), so these are near 1 as well.
-            norms.push((b("attn_q_norm"), s.head_dim));
-            norms.push((b("attn_k_norm"), s.head_dim));
-            norms.push((b("post_attention_norm"), d));
-            norms.push((b("post_ffw_norm"), d));
-        }
-    }
-    if !s.is_tied() {
-        matrix(&mut w, "output.weight", d, s.vocab)?;
-    }
-    norms.push(("output_norm.weight".to_string(), d));
-    for (name, n) in norms {
-        let data = g.norm_weights(n);
-        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
-    }
-    Ok(w.to_bytes())
 }
 
 #[cfg(test)]
@@ -446,17 +507,12 @@ mod tests {
         );
         let toks = md.str_array("tokenizer.ggml.tokens").unwrap();
         assert_eq!(toks.len(), spec.vocab as usize);
-        assert_eq!(toks[1], "<s>");
-        assert_eq!(toks[3], "<0x00>");
-        assert_eq!(toks[258], "<0xFF>");
-        assert_eq!(toks[259], SPACE);
         assert_eq!(toks.iter().collect::<HashSet<_>>().len(), toks.len());
-        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
-        assert_eq!(types[100], TOKEN_TYPE_BYTE);
-        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
-        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
-        assert!(scores[260] > scores[261]);
-        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+        if spec.arch.small_vocab().0 != VocabKind::Spm {
+            check_bpe(spec, md, toks);
+        } else {
+            check_spm(md, toks);
+        }
 
         let (d, v) = (u64::from(spec.d_model), u64::from(spec.vocab));
         let t = |n: &str| f.tensor(n).unwrap_or_else(|| panic!("missing {n}"));
@@ -483,7 +539,17 @@ mod tests {
             .collect();
         let mean = vals.iter().sum::<f32>() / vals.len() as f32;
         assert!((mean - 1.0).abs() < 0.05, "norm mean {mean}");
-        if spec.arch == SynthArch::Gemma3 {
+        if spec.arch.has_qk_norm() {
+            let hd = u64::from(spec.head_dim);
+            assert_eq!(t(&format!("blk.{last}.attn_k_norm.weight")).dims, [hd]);
+        }
+        if spec.arch == SynthArch::Qwen3 {
+            assert_eq!(md.f32("qwen3.rope.freq_base").unwrap(), 1e6);
+            assert!(f
+                .tensor(&format!("blk.{last}.post_ffw_norm.weight"))
+                .is_none());
+            assert!(f.tensor(&format!("blk.{last}.attn_q.bias")).is_none());
+        } else if spec.arch == SynthArch::Gemma3 {
             let hd = u64::from(spec.head_dim);
             assert_eq!(t(&format!("blk.{last}.attn_q_norm.weight")).dims, [hd]);
             assert_eq!(t(&format!("blk.{last}.post_ffw_norm.weight")).dims, [d]);
@@ -492,6 +558,13 @@ mod tests {
                 spec.sliding_window
             );
             assert_eq!(md.f32("gemma3.rope.freq_base").unwrap(), 1e6);
+        } else if spec.arch == SynthArch::Qwen2 {
+            let bias = t(&format!("blk.{last}.attn_k.bias"));
+            assert_eq!(
+                (bias.dims.as_slice(), bias.ty),
+                ([kvd].as_slice(), GgmlType::F32)
+            );
+            assert_eq!(t(&format!("blk.{last}.attn_q.bias")).dims, [qd]);
         } else {
             assert_eq!(md.u32("llama.vocab_size").unwrap(), spec.vocab);
             assert_eq!(md.u32("llama.rope.dimension_count").unwrap(), spec.head_dim);
@@ -501,6 +574,53 @@ mod tests {
         let mut other = spec.clone();
         other.seed ^= 1;
         assert_ne!(synth_model(&other).unwrap(), bytes);
+    }
+
+    fn check_spm(md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(toks[1], "<s>");
+        assert_eq!(toks[3], "<0x00>");
+        assert_eq!(toks[258], "<0xFF>");
+        assert_eq!(toks[259], SPACE);
+        let types = md.i32_array("tokenizer.ggml.token_type").unwrap();
+        assert_eq!(types[100], TOKEN_TYPE_BYTE);
+        assert_eq!(types[300], TOKEN_TYPE_NORMAL);
+        let scores = md.f32_array("tokenizer.ggml.scores").unwrap();
+        assert!(scores[260] > scores[261]);
+        assert!(md.bool("tokenizer.ggml.add_bos_token").unwrap());
+    }
+
+    /// A byte-level BPE vocabulary with the family's added tokens where its files have them,
+    /// and the family's chat template.
+    fn check_bpe(spec: &SynthSpec, md: &crate::gguf::Metadata, toks: &[String]) {
+        assert_eq!(md.str("tokenizer.ggml.model").unwrap(), "gpt2");
+        let kind = spec.arch.small_vocab().0;
+        let regular = (spec.vocab - kind.tail()) as usize;
+        let merges = md.str_array("tokenizer.ggml.merges").unwrap();
+        assert_eq!(merges.len(), regular - 256);
+        let template = md.str("tokenizer.chat_template").unwrap();
+        if spec.arch == SynthArch::Qwen3 {
+            assert_eq!(md.str("tokenizer.ggml.pre").unwrap(), "qwen2");
+            assert_eq!(toks[regular], "<|endoftext|>");
+            assert_eq!(toks[regular + 2], "<|im_end|>");
+            assert_eq!(toks[regular + 25], "</think>");
+            let eos = md.u32("tokenizer.ggml.eos_token_id").unwrap() as usize;
+            assert_eq!(toks[eos], "<|im_end|>");
+            assert!(!md.bool("tokenizer.ggml.add_bos_token").unwrap());
+            assert!(template.contains("<|im_start|>assistant"));
+        }
+    }
+
+    #[test]
+    fn qwen3_reads_back_with_expected_tensors() {
+        let spec = SynthSpec::new(SynthArch::Qwen3, GgmlType::Q8_0, 4);
+        assert_eq!(spec.n_tensors(), 3 + 11 * 2);
+        check(&spec);
+        let mut small = spec.clone();
+        small.vocab = 1000;
+        assert!(synth_model(&small)
+            .unwrap_err()
+            .to_string()
+            .contains("smaller than 1061"));
     }
 
     #[test]
@@ -520,6 +640,15 @@ mod tests {
         let spec = SynthSpec::new(SynthArch::Gemma3, GgmlType::BF16, 9);
         assert_eq!(spec.n_tensors(), 2 + 13 * 2);
         check(&spec);
+    }
+
+    #[test]
+    fn qwen2_reads_back_with_its_biases() {
+        let spec = SynthSpec::new(SynthArch::Qwen2, GgmlType::Q8_0, 10);
+        assert_eq!(spec.n_tensors(), 3 + 12 * 2);
+        check(&spec);
+        assert_eq!(SynthArch::from_name("qwen2"), Some(SynthArch::Qwen2));
+        assert_eq!(SynthArch::from_name("gpt2"), None);
     }
 
     #[test]

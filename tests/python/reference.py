@@ -21,6 +21,10 @@ Architectures:
                    tied output embedding, optional final logit soft-capping (absent in Gemma 3
                    files). The norm weights are used as stored: llama.cpp's converter has
                    already added Gemma's +1 offset.
+  qwen3            as llama with NeoX RoPE, no biases, and an RMSNorm over every head of Q and
+                   K (`attn_q_norm`, `attn_k_norm`, HF Qwen3Attention's q_norm/k_norm) before
+                   RoPE; head size `attention.key_length` (128, not d/n_head); tied head on the
+                   small sizes.
 
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
@@ -37,7 +41,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3")
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +106,7 @@ class Model:
         if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
         self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
-        self.rope_neox = arch in ("qwen2", "gemma3")
+        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3")
         self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
 
         if self.n_head % self.n_head_kv:

@@ -58,7 +58,11 @@ WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q
                 "IQ4_NL", "IQ4_XS"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+# The small synthetic models (`debug synth --arch`), each of the real structure of its family.
+SYNTH_ARCHS = ["llama", "gemma3", "qwen3"]
+
+
+@pytest.mark.parametrize("arch", SYNTH_ARCHS)
 @pytest.mark.parametrize("ty", WEIGHT_TYPES)
 def test_synthetic_model_matches_reference(arch, ty, tmp_path):
     f = tmp_path / f"{arch}-{ty}.gguf"
@@ -140,7 +144,7 @@ def test_repacked_weights_give_the_same_bits(name, tmp_path):
             assert np.array_equal(packed[k], mapped[k]), f"{name} batch {batch}: {k} differs with --no-repack"
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", SYNTH_ARCHS)
 def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     """`debug forward --steps` on a synthetic F32 model (no 8-bit activations on this path):
     every step of every layer the reference also names within STEP_REL of the float64
@@ -169,7 +173,7 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     assert sorted(per_layer) == list(range(m.n_layer))
     assert all(v == per_layer[0] for v in per_layer.values()), per_layer
     want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]
-    if arch == "gemma3":
+    if arch in ("gemma3", "qwen3"):
         want += ["qk_norm.q", "qk_norm.k"]
     want += ["rope.q", "rope.k", "attention.att", "attn_out.o", "attn_residual.x", "ffn_norm.xn",
              "gate_up.gate", "gate_up.up", "glu.gate", "ffn_down.o", "ffn_residual.x"]

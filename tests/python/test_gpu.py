@@ -263,3 +263,34 @@ def test_gpu_node_that_loses_its_device_fails_the_request_cleanly(tmp_path):
     finally:
         stop(procs)
         shutil.rmtree(cache, ignore_errors=True)
+
+
+# The small synthetic models of issue 28's architectures (`debug synth --arch`, 2 layers, F32
+# weights so the GPU and the float reference see the same numbers).
+SYNTH_GPU_ARCHS = ["qwen3"]
+
+
+@pytest.mark.parametrize("arch", SYNTH_GPU_ARCHS)
+def test_gpu_steps_of_a_synthetic_architecture_match_float_reference(arch, tmp_path):
+    """Every step of every layer and the logits of the small model of each new architecture on
+    the GPU against the float64 reference, within GPU_REL (the budget of the real models
+    above), the first step to part named; prompts longer than the sliding window."""
+    f = tmp_path / f"{arch}.gguf"
+    subprocess.run([str(ringllm_bin()), "debug", "synth", "--arch", arch, "--type", "F32", "--seed", "3",
+                    "-o", str(f)], check=True, capture_output=True)
+    m = reference.load(str(f))
+    toks = [1] + list(range(5, 25))
+    ref_steps = {}
+    ref, hid = reference.forward(m, toks, steps=ref_steps)
+    out = tmp_path / "gpu"
+    ours = forward_dump(f, toks, out, "--threads", "1", "--backend", "gpu", "--steps", "--batch", "7", env=ENV)
+    order = json.loads((out / "steps.json").read_text())
+    compared = 0
+    for key in order:
+        if key in ref_steps:
+            e = rel_l2(ours[key], ref_steps[key])
+            assert e < GPU_REL, f"{arch}: first step to part from the float reference: {key} ({e:.2e})"
+            compared += 1
+    assert compared >= 11 * m.n_layer, f"{arch}: only {compared} steps compared"
+    e = float(np.abs(ours["logits"] - ref).max() / np.abs(ref).max())
+    assert e < GPU_REL, f"{arch}: GPU logits differ from the float reference by {e:.2e}"

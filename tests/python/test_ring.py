@@ -48,6 +48,29 @@ def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, 
             assert f"node{i + 1}" in err
 
 
+# The small synthetic models of issue 28's architectures (`debug synth --arch`): 2 layers each.
+SYNTH_RING_ARCHS = ["qwen3"]
+
+
+@pytest.mark.parametrize("arch", SYNTH_RING_ARCHS)
+def test_ring_over_a_synthetic_architecture_is_bit_identical(arch, tmp_path):
+    """A ring of 1 and 2 nodes (a layer each) over the small model of each new architecture:
+    the same ids and the same logits, bit for bit, as the single process."""
+    model = tmp_path / f"{arch}.gguf"
+    ringllm(["debug", "synth", "--arch", arch, "--type", "q8_0", "--seed", "5", "-o", model])
+    prompt = "the model said it would make the water"
+    want, want_logits, _ = single(model, prompt, tmp_path)
+    assert len(want["token_ids"]) >= 1
+    for n in (1, 2):
+        with Nodes(n) as nodes:
+            got, logits, _ = generation(
+                ["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", prompt, *GEN],
+                tmp_path / f"ring{n}.f32")
+        assert got["prompt_token_ids"] == want["prompt_token_ids"], f"{arch}, {n} nodes"
+        assert got["token_ids"] == want["token_ids"], f"{arch}, {n} nodes"
+        assert logits == want_logits, f"{arch}, {n} nodes: logits differ"
+
+
 def test_cluster_file_loopback_2(tmp_path):
     cfg = ROOT / "cluster-configs" / "loopback-2.toml"
     text = cfg.read_text()

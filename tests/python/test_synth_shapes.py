@@ -33,6 +33,7 @@ CUTS = [
     ("tiny", []),
     ("llama3-1b", ["--layers", "2", "--vocab", "4096"]),
     ("gemma3-1b", ["--layers", "2", "--vocab", "4096"]),
+    ("qwen3-0.6b", ["--layers", "2", "--vocab", "4096"]),
 ]
 
 

@@ -226,13 +226,10 @@ fn synth(a: SynthArgs) -> Result<()> {
         if layers.is_some() || vocab.is_some() {
             bail!("--layers and --vocab cut a --shape; the --arch models have a fixed size");
         }
-        let arch = match arch.as_deref() {
-            Some("llama") => SynthArch::Llama,
-            Some("gemma3") => SynthArch::Gemma3,
-            other => bail!(
-                "--arch must be llama or gemma3, not '{}'",
-                other.unwrap_or("")
-            ),
+        let name = arch.as_deref().unwrap_or("");
+        let Some(arch) = SynthArch::from_name(name) else {
+            let known: Vec<&str> = SynthArch::SMALL.iter().map(|a| a.name()).collect();
+            bail!("--arch must be one of {}, not '{name}'", known.join(", "));
         };
         let ty = ty.ok_or_else(|| anyhow!("--type is required with --arch"))?;
         let ty = GgmlType::from_name(&ty).ok_or_else(|| anyhow!("unknown type '{ty}'"))?;

@@ -130,7 +130,7 @@ pub fn fit_context<E>(
 }
 
 /// The built-in template of `arch`'s family for a model file without one, if its vocabulary
-/// has the family's markup tokens: Gemma 3 → `gemma`, Qwen2 → `chatml`, Llama → `llama3` (a
+/// has the family's markup tokens: Gemma 3 → `gemma`, Qwen2 and Qwen3 → `chatml`, Llama → `llama3` (a
 /// Llama 3 vocabulary) or `chatml` (one with `<|im_start|>`, as SmolLM's). `None`: no family
 /// template fits (Llama 2, Mistral: pick one with --template).
 pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
@@ -138,7 +138,7 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
     let chatml = has("<|im_start|>") && has("<|im_end|>");
     match arch {
         Arch::Gemma3 => (has("<start_of_turn>") && has("<end_of_turn>")).then_some("gemma"),
-        Arch::Qwen2 => chatml.then_some("chatml"),
+        Arch::Qwen2 | Arch::Qwen3 => chatml.then_some("chatml"),
         Arch::Llama if has("<|start_header_id|>") && has("<|eot_id|>") => Some("llama3"),
         Arch::Llama => chatml.then_some("chatml"),
     }

@@ -7,6 +7,7 @@
 mod gemma3;
 mod llama;
 mod qwen2;
+mod qwen3;
 pub mod recipe;
 
 use crate::error::ModelError;
@@ -26,6 +27,8 @@ pub enum Arch {
     Qwen2,
     /// Gemma 3: sandwich norms, QK-norm, GeGLU, sliding-window layers, scaled embeddings.
     Gemma3,
+    /// Qwen3: Llama layout with QK-norm and NeoX RoPE, no biases.
+    Qwen3,
 }
 
 impl Arch {
@@ -35,6 +38,7 @@ impl Arch {
             "llama" | "mistral" => Some(Arch::Llama),
             "qwen2" => Some(Arch::Qwen2),
             "gemma3" => Some(Arch::Gemma3),
+            "qwen3" => Some(Arch::Qwen3),
             _ => None,
         }
     }
@@ -44,10 +48,12 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
         }
     }
 
-    pub const SUPPORTED: &'static [&'static str] = &["llama", "mistral", "qwen2", "gemma3"];
+    pub const SUPPORTED: &'static [&'static str] =
+        &["llama", "mistral", "qwen2", "gemma3", "qwen3"];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
     fn apply(self, hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
@@ -55,6 +61,7 @@ impl Arch {
             Arch::Llama => llama::apply(hp, md),
             Arch::Qwen2 => qwen2::apply(hp, md),
             Arch::Gemma3 => gemma3::apply(hp, md),
+            Arch::Qwen3 => qwen3::apply(hp, md),
         }
     }
 }

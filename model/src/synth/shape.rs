@@ -27,6 +27,11 @@ pub enum VocabKind {
     Qwen2,
     /// SentencePiece (`llama`) with byte fallback, as Gemma 3 uses.
     Spm,
+    /// Byte-level BPE with Qwen 2's pre-tokenizer (`qwen2`, as Qwen3 files say) and Qwen3's
+    /// 26 added tokens (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, ... `<think>`,
+    /// `</think>`) then `[PAD…]` tokens: the last 293 ids, as in Qwen3's 151936-entry
+    /// vocabulary. Carries Qwen3's chat template.
+    Qwen3,
 }
 
 impl VocabKind {
@@ -36,6 +41,7 @@ impl VocabKind {
             VocabKind::Llama3 => 256,
             VocabKind::Qwen2 => 421,
             VocabKind::Spm => 0,
+            VocabKind::Qwen3 => 293,
         }
     }
 
@@ -198,6 +204,90 @@ pub const SHAPES: &[Shape] = &[
         sliding_window_pattern: 0,
         tied: false,
         vocab_kind: VocabKind::Qwen2,
+    },
+    // Qwen/Qwen3-0.6B (QK-norm, no biases, head_dim 128 ≠ d/n_head, tied head).
+    Shape {
+        name: "qwen3-0.6b",
+        source: "Qwen/Qwen3-0.6B",
+        arch: SynthArch::Qwen3,
+        n_layer: 28,
+        d_model: 1024,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 3072,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: true,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // Qwen/Qwen3-8B
+    Shape {
+        name: "qwen3-8b",
+        source: "Qwen/Qwen3-8B",
+        arch: SynthArch::Qwen3,
+        n_layer: 36,
+        d_model: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 12_288,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // Qwen/Qwen3-14B
+    Shape {
+        name: "qwen3-14b",
+        source: "Qwen/Qwen3-14B",
+        arch: SynthArch::Qwen3,
+        n_layer: 40,
+        d_model: 5120,
+        n_head: 40,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 17_408,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // Qwen/Qwen3-32B (64 query heads of 128: q is 8192 wide, more than d_model).
+    Shape {
+        name: "qwen3-32b",
+        source: "Qwen/Qwen3-32B",
+        arch: SynthArch::Qwen3,
+        n_layer: 64,
+        d_model: 5120,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 25_600,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
     },
 ];
 

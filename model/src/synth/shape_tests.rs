@@ -47,9 +47,11 @@ fn small(name: &str, n_layer: u32) -> ShapeSpec {
 fn shape_table_holds_the_published_hyper_parameters() {
     let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
     assert_eq!(
-        names,
+        names[..5],
         ["tiny", "llama3-1b", "llama3-8b", "gemma3-1b", "qwen2-7b"]
     );
+    let unique: std::collections::HashSet<&str> = names.iter().copied().collect();
+    assert_eq!(unique.len(), names.len(), "{names:?}");
     let l8 = shape("llama3-8b").unwrap();
     assert_eq!(
         (
@@ -110,7 +112,8 @@ fn shape_table_holds_the_published_hyper_parameters() {
     for s in SHAPES {
         assert!(s.n_head.is_multiple_of(s.n_head_kv), "{}", s.name);
         assert!(!s.source.is_empty());
-        if s.arch != SynthArch::Gemma3 {
+        // Gemma and Qwen3 set their head size apart from d_model / n_head.
+        if matches!(s.arch, SynthArch::Llama | SynthArch::Qwen2) {
             assert_eq!(s.n_head * s.head_dim, s.d_model, "{}", s.name);
         }
         assert!(s.vocab >= s.vocab_kind.min_vocab());
@@ -362,4 +365,31 @@ fn iq4_xs_mix_follows_llama_cpp() {
         Some(WeightMix::Single(GgmlType::IQ4_NL))
     );
     assert_eq!(WeightMix::Iq4Xs.file_type(), Some(30));
+}
+
+#[test]
+fn qwen3_shapes_hold_the_published_hyper_parameters() {
+    // (name, layers, d, heads, kv heads, ffn, tied): Qwen/Qwen3-*'s config.json; every size
+    // has head_dim 128, vocab 151936, rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
+    let want = [
+        ("qwen3-0.6b", 28, 1024, 16, 8, 3072, true),
+        ("qwen3-8b", 36, 4096, 32, 8, 12_288, false),
+        ("qwen3-14b", 40, 5120, 40, 8, 17_408, false),
+        ("qwen3-32b", 64, 5120, 64, 8, 25_600, false),
+    ];
+    for (name, n_layer, d, h, kv, ff, tied) in want {
+        let s = shape(name).unwrap();
+        assert_eq!(s.arch, SynthArch::Qwen3, "{name}");
+        assert_eq!(
+            (s.n_layer, s.d_model, s.n_head, s.n_head_kv, s.d_ff, s.tied),
+            (n_layer, d, h, kv, ff, tied),
+            "{name}"
+        );
+        assert_eq!(
+            (s.head_dim, s.vocab, s.ctx, s.rope_base, s.rms_eps),
+            (128, 151_936, 40_960, 1e6, 1e-6),
+            "{name}"
+        );
+        assert_eq!(s.vocab_kind, VocabKind::Qwen3);
+    }
 }

@@ -143,7 +143,7 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             vector(&mut out, TensorKind::AttnKBias, l, kv, Fill::Bias);
             vector(&mut out, TensorKind::AttnVBias, l, kv, Fill::Bias);
         }
-        if s.arch == SynthArch::Gemma3 {
+        if s.arch.has_qk_norm() {
             // GGUF stores Gemma's RMSNorm weights as (1 + w): near 1 like the others.
             vector(&mut out, TensorKind::AttnQNorm, l, s.head_dim, Fill::Norm);
             vector(&mut out, TensorKind::AttnKNorm, l, s.head_dim, Fill::Norm);

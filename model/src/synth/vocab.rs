@@ -131,6 +131,7 @@ pub fn add_tokenizer(w: &mut GgufWriter, kind: VocabKind, vocab: u32) {
             w.add("tokenizer.ggml.add_eos_token", Value::Bool(false));
             w.add("tokenizer.ggml.add_space_prefix", Value::Bool(false));
         }
+        VocabKind::Qwen3 => add_qwen3(w, vocab),
         VocabKind::Llama3 | VocabKind::Qwen2 => {
             let regular = vocab - kind.tail();
             let (mut tokens, merges) = bpe_vocabulary(regular as usize);
@@ -168,6 +169,76 @@ pub fn add_tokenizer(w: &mut GgufWriter, kind: VocabKind, vocab: u32) {
             w.add("tokenizer.ggml.add_bos_token", Value::Bool(add_bos));
         }
     }
+}
+
+/// Qwen3's added tokens in id order from `<|endoftext|>` (151643 in the real vocabulary), and
+/// whether each is a control token (`special` in its tokenizer_config.json; the others are
+/// user-defined: matched whole in any text).
+pub(crate) const QWEN3_ADDED: &[(&str, bool)] = &[
+    ("<|endoftext|>", true),
+    ("<|im_start|>", true),
+    ("<|im_end|>", true),
+    ("<|object_ref_start|>", true),
+    ("<|object_ref_end|>", true),
+    ("<|box_start|>", true),
+    ("<|box_end|>", true),
+    ("<|quad_start|>", true),
+    ("<|quad_end|>", true),
+    ("<|vision_start|>", true),
+    ("<|vision_end|>", true),
+    ("<|vision_pad|>", true),
+    ("<|image_pad|>", true),
+    ("<|video_pad|>", true),
+    ("<tool_call>", false),
+    ("</tool_call>", false),
+    ("<|fim_prefix|>", false),
+    ("<|fim_middle|>", false),
+    ("<|fim_suffix|>", false),
+    ("<|fim_pad|>", false),
+    ("<|repo_name|>", false),
+    ("<|file_sep|>", false),
+    ("<tool_response>", false),
+    ("</tool_response>", false),
+    ("<think>", false),
+    ("</think>", false),
+];
+
+/// Qwen3's chat template (model data: see tests/fixtures/templates/README.md).
+pub const QWEN3_TEMPLATE: &str =
+    include_str!("../../../tests/fixtures/templates/Qwen-Qwen3-0.6B.jinja");
+
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// A Qwen3 tokenizer of `vocab` ids as Qwen3's GGUF files have it: byte-level BPE with the
+/// `qwen2` pre-tokenizer, its added tokens, BOS `<|endoftext|>` not added, EOS `<|im_end|>`
+/// (the instruct models' end of turn), and its chat template.
+fn add_qwen3(w: &mut GgufWriter, vocab: u32) {
+    let n = vocab as usize;
+    let regular = vocab - VocabKind::Qwen3.tail();
+    let (mut tokens, merges) = bpe_vocabulary(regular as usize);
+    let mut types = vec![TOKEN_TYPE_NORMAL; tokens.len()];
+    for (t, control) in QWEN3_ADDED {
+        tokens.push((*t).to_string());
+        types.push(if *control {
+            TOKEN_TYPE_CONTROL
+        } else {
+            TOKEN_TYPE_USER_DEFINED
+        });
+    }
+    while tokens.len() < n {
+        tokens.push(format!("[PAD{}]", tokens.len()));
+        types.push(TOKEN_TYPE_UNUSED);
+    }
+    w.add("tokenizer.ggml.model", Value::Str("gpt2".into()));
+    w.add("tokenizer.ggml.pre", Value::Str("qwen2".into()));
+    w.add("tokenizer.ggml.tokens", Value::Array(Array::Str(tokens)));
+    w.add("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    w.add("tokenizer.ggml.merges", Value::Array(Array::Str(merges)));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(regular + 2));
+    w.add("tokenizer.ggml.padding_token_id", Value::U32(regular));
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(regular));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    w.add("tokenizer.chat_template", Value::Str(QWEN3_TEMPLATE.into()));
 }
 
 #[cfg(test)]
