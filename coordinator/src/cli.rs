@@ -52,6 +52,8 @@ pub enum Command {
     /// Developer tools: dump dequantized tensors and hidden states.
     #[command(hide = true)]
     Debug(DebugArgs),
+    /// Convert a Hugging Face checkpoint folder (config.json, tokenizer, .safetensors) to GGUF.
+    Convert(ConvertArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -509,6 +511,23 @@ pub(crate) fn parse_memory(s: &str) -> Result<u64, String> {
         }
         n => Ok(n),
     }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ConvertArgs {
+    /// The checkpoint folder: config.json, tokenizer.json or tokenizer.model,
+    /// model.safetensors or model.safetensors.index.json and its shards.
+    pub dir: PathBuf,
+    /// The GGUF file to write (replaced when it exists, only once the new one is complete).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Weight type of the matrices: q4_k_m (llama.cpp's mix), or one type such as f16, bf16,
+    /// f32, q8_0, q6_k, q5_k, q4_k, q5_0, q4_0. Norms and biases are always f32.
+    #[arg(long = "type", default_value = "f16")]
+    pub ty: String,
+    /// Threads quantizing (default: physical cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]

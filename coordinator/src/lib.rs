@@ -28,6 +28,7 @@ macro_rules! notice {
 }
 
 pub mod cluster;
+pub mod convert;
 pub mod engine;
 pub mod progress;
 pub mod serve;

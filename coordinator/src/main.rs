@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         cli::Command::Nodes(a) => commands::nodes::nodes(a),
         cli::Command::Status(a) => commands::status::status(a),
         cli::Command::Debug(a) => commands::debug::debug(a),
+        cli::Command::Convert(a) => commands::convert::convert(a),
     };
     match result {
         Ok(code) => code,

@@ -16,7 +16,8 @@ mod stream;
 mod vocab;
 
 pub use shape::{
-    shape, shape_names, use_more_bits, Llama3Rope, Shape, VocabKind, WeightMix, SHAPES,
+    llama3_rope_freqs, shape, shape_names, use_more_bits, Llama3Rope, Shape, VocabKind, WeightMix,
+    SHAPES,
 };
 pub use stream::{
     shape_model_bytes, shape_tensors, tokenizer_gguf, write_shape_model, ShapeSpec, SynthError,

@@ -408,3 +408,18 @@ def test_a_normal_run_leaves_no_warning(tmp_path, transport):
         logs = [nodes.log(i) for i in range(2)]
     for text in [r.stderr, *logs]:
         assert "WARN" not in text and "warning" not in text, text
+
+
+def test_nodes_ready_seconds_apart_keep_the_coordinator(tmp_path):
+    """Node 2's slice loads 7 s slower (a cold disk: RINGLLM_NODE_LOAD_DELAY_MS) than node 1's.
+    Node 1 drops a coordinator it hears nothing from for 5 s once assigned, so the coordinator
+    must keep its control link alive while it waits for node 2; the answer is the single
+    process's."""
+    model = model_path(SMOL.name)
+    prompt = PROMPTS["smollm"]
+    want, want_logits, _ = single(model, prompt, tmp_path)
+    with Nodes(2, env=lambda i: {"RINGLLM_NODE_LOAD_DELAY_MS": "7000"} if i == 1 else {}) as nodes:
+        got, logits, _ = generation(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", prompt, *GEN],
+                                    tmp_path / "ring.f32")
+    assert got["token_ids"] == want["token_ids"]
+    assert logits == want_logits

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod calibrate;
 pub mod chat;
+pub mod convert;
 pub mod debug;
 pub mod info;
 pub mod keygen;

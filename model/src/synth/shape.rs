@@ -305,29 +305,34 @@ impl Shape {
     /// Llama 3 RoPE divisors for each of the `head_dim / 2` rotated frequency pairs.
     pub fn rope_freqs(&self) -> Option<Vec<f32>> {
         let r = self.rope_scaling?;
-        let dim = self.head_dim as f64;
-        let low_wavelen = f64::from(r.original_ctx) / f64::from(r.low_freq_factor);
-        let high_wavelen = f64::from(r.original_ctx) / f64::from(r.high_freq_factor);
-        let factors = (0..self.head_dim / 2)
-            .map(|i| {
-                let freq = f64::from(self.rope_base).powf(-2.0 * f64::from(i) / dim);
-                let wavelen = std::f64::consts::TAU / freq;
-                let f = f64::from(r.factor);
-                let div = if wavelen < high_wavelen {
-                    1.0
-                } else if wavelen > low_wavelen {
-                    f
-                } else {
-                    let smooth = (f64::from(r.original_ctx) / wavelen
-                        - f64::from(r.low_freq_factor))
-                        / f64::from(r.high_freq_factor - r.low_freq_factor);
-                    1.0 / ((1.0 - smooth) / f + smooth)
-                };
-                div as f32
-            })
-            .collect();
-        Some(factors)
+        Some(llama3_rope_freqs(&r, self.rope_base, self.head_dim))
     }
+}
+
+/// Llama 3 RoPE divisors for each of the `head_dim / 2` rotated frequency pairs of a model
+/// with RoPE base `rope_base` (the `rope_freqs.weight` tensor; `ringllm convert` writes it
+/// from a config's `rope_scaling` too).
+pub fn llama3_rope_freqs(r: &Llama3Rope, rope_base: f32, head_dim: u32) -> Vec<f32> {
+    let dim = f64::from(head_dim);
+    let low_wavelen = f64::from(r.original_ctx) / f64::from(r.low_freq_factor);
+    let high_wavelen = f64::from(r.original_ctx) / f64::from(r.high_freq_factor);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = f64::from(rope_base).powf(-2.0 * f64::from(i) / dim);
+            let wavelen = std::f64::consts::TAU / freq;
+            let f = f64::from(r.factor);
+            let div = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                f
+            } else {
+                let smooth = (f64::from(r.original_ctx) / wavelen - f64::from(r.low_freq_factor))
+                    / f64::from(r.high_freq_factor - r.low_freq_factor);
+                1.0 / ((1.0 - smooth) / f + smooth)
+            };
+            div as f32
+        })
+        .collect()
 }
 
 /// Weight types of the matrices.

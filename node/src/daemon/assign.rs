@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::{info, warn};
 
 /// The sizes an assignment asks for, with this node's defaults filled in, each within its
 /// limit.
@@ -73,6 +73,7 @@ pub(super) async fn assign(
     end_previous_session(node).await;
     check(&node.opts.name, &a)?;
     let file = open_model(node, &a, checked).await?;
+    slow_disk_for_tests().await;
     let sizing = Sizing::of(node, &a)?;
     let loaded = load(node, &a, file, &sizing).await?;
     let next = dial_next_hop(node, &a).await?;
@@ -98,6 +99,19 @@ pub(super) async fn assign(
     node.lock().session = Some(session);
     node.changed.notify_waiters();
     Ok(ready)
+}
+
+/// `RINGLLM_NODE_LOAD_DELAY_MS`: stands for a slice loading from a cold or slow disk, for
+/// the tests of nodes that become ready seconds apart (the coordinator must keep every node's
+/// control link alive meanwhile). Unset, nothing waits.
+async fn slow_disk_for_tests() {
+    let ms = std::env::var("RINGLLM_NODE_LOAD_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(ms) = ms {
+        warn!("RINGLLM_NODE_LOAD_DELAY_MS: loading waits {ms} ms (a test's slow disk)");
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
 }
 
 /// Ends this connection's previous session (a new assignment replaces it) and waits for its

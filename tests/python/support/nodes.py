@@ -1,6 +1,7 @@
 """Real `ringllm node` processes on loopback for ring tests (`Nodes`), free ports, waiting for
 a port to listen."""
 
+import os
 import pathlib
 import signal
 import socket
@@ -35,9 +36,10 @@ class Nodes:
     """Starts `ringllm node` processes on loopback; kills them on exit."""
 
     def __init__(self, count, key=KEY, threads=1, models=MODELS, log_dir=None, transport="tcp",
-                 extra_args=None, preexec=None):
+                 extra_args=None, preexec=None, env=None):
         """`extra_args(i)`: more flags for node i; `preexec(i)`: a preexec_fn for node i (e.g. to
-        enter a cgroup)."""
+        enter a cgroup); `env(i)`: more environment variables for node i."""
+        self.env = env or (lambda i: {})
         self.transport = transport
         self.extra_args = extra_args or (lambda i: [])
         self.preexec = preexec or (lambda i: None)
@@ -61,7 +63,8 @@ class Nodes:
             [str(ringllm_bin()), "-v", "node", "--listen", f"127.0.0.1:{port}", "--key", str(self.key),
              "--models", str(self.models), "--name", name, "--threads", str(self.threads),
              "--transport", self.transport, "--cache", str(self.cache / name), *map(str, self.extra_args(i))],
-            stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=self.preexec(i))
+            stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=self.preexec(i),
+            env={**os.environ, **self.env(i)})
         wait_port("127.0.0.1", port, timeout=15)
         time.sleep(0.05)
         if p.poll() is not None:

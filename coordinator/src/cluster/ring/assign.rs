@@ -35,6 +35,10 @@ impl Ring {
             (self.t0.elapsed().as_nanos() as u64) ^ ((std::process::id() as u64) << 40) ^ 0x5eed;
         self.activations = spec.activations;
         let assigned = self.send_assignments(spec, identity, sizing)?;
+        // From its assignment on, a node drops a coordinator silent for COORDINATOR_SILENCE
+        // (5 s), and loading a slice from a cold disk can take longer than that: heartbeats
+        // start now, not once every node is ready.
+        self.start_heartbeats();
         self.wait_ready(&assigned)?;
         self.links = self.connect_data_links(spec)?;
         // Every node answered its assignment; the time spent connecting data links (seconds,
@@ -43,7 +47,6 @@ impl Ring {
         for n in &self.nodes {
             n.last_seen.store(now, Ordering::Relaxed);
         }
-        self.start_heartbeats();
         Ok(())
     }
 
