@@ -293,6 +293,7 @@ fn convert_to(opts: &ConvertOptions, part: &Path) -> Result<ConvertReport, Conve
                 dims.n_layer,
                 p.dims[0] as u32,
                 plan.tied,
+                dims.n_head / dims.n_head_kv.max(1),
             )
         };
         total += w.add_tensor_info(&p.gguf, &p.dims, ty)?;
