@@ -687,9 +687,9 @@ pub struct SynthArgs {
     /// Real-size shape (the published model's hyper-parameters).
     #[arg(long)]
     pub shape: Option<String>,
-    /// Weight type: one type (q8_0, q4_k, q3_k, f16...) or, with --shape, one of llama.cpp's
-    /// mixes: q4_k_m (the default there), q3_k_m or q2_k (with --shape, q2_k is llama.cpp's
-    /// Q2_K mix, not Q2_K everywhere).
+    /// Weight type: one type (q8_0, q4_k, q3_k, iq4_nl, f16...) or, with --shape, one of
+    /// llama.cpp's mixes: q4_k_m (the default there), q3_k_m, q2_k or iq4_xs (with --shape,
+    /// q2_k is llama.cpp's Q2_K mix, not Q2_K everywhere).
     #[arg(long = "type")]
     pub ty: Option<String>,
     /// With --shape: keep only this many layers (tests of a big shape's layers).

@@ -74,6 +74,9 @@ fn split(ty: GgmlType) -> Option<Split> {
         GgmlType::Q2_K => s(&[(16, 80)], 64, &[(0, 16), (80, 84)], 20),
         // hmask and qs; the 12 scale bytes, then d and two zero bytes.
         GgmlType::Q3_K => s(&[(0, 96)], 96, &[(96, 110)], 16),
+        GgmlType::IQ4_NL => s(&[(2, 18)], 16, &[(0, 2)], 2),
+        // The 128 index bytes; d, scales_h and scales_l.
+        GgmlType::IQ4_XS => s(&[(8, 136)], 128, &[(0, 8)], 8),
         _ => return None,
     })
 }
@@ -142,6 +145,8 @@ fn unit_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q4_K => include_str!("shaders/quant_q4_k.wgsl"),
         GgmlType::Q5_K => include_str!("shaders/quant_q5_k.wgsl"),
         GgmlType::Q6_K => include_str!("shaders/quant_q6_k.wgsl"),
+        GgmlType::IQ4_NL => include_str!("shaders/quant_iq4_nl.wgsl"),
+        GgmlType::IQ4_XS => include_str!("shaders/quant_iq4_xs.wgsl"),
         GgmlType::Q8_1 | GgmlType::Q8_K => return None,
         GgmlType::Q2_K => include_str!("shaders/quant_q2_k.wgsl"),
         GgmlType::Q3_K => include_str!("shaders/quant_q3_k.wgsl"),
@@ -150,7 +155,7 @@ fn unit_source(ty: GgmlType) -> Option<&'static str> {
 
 /// Every weight type the GPU matmul runs (all of `GgmlType` but the activation-only Q8_1
 /// and Q8_K).
-pub const GPU_TYPES: [GgmlType; 13] = [
+pub const GPU_TYPES: [GgmlType; 15] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -164,6 +169,8 @@ pub const GPU_TYPES: [GgmlType; 13] = [
     GgmlType::Q6_K,
     GgmlType::Q2_K,
     GgmlType::Q3_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 /// One buffer of consecutive rows of a matrix.
@@ -729,7 +736,11 @@ pub fn synthetic_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> O
             .for_each(|c| c.copy_from_slice(&half::bf16::from_f32(val(&mut next)).to_le_bytes())),
         _ => {
             let (size, fields): (usize, &[usize]) = match ty {
-                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => (ty.type_size(), &[0]),
+                GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::Q8_0
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS => (ty.type_size(), &[0]),
                 GgmlType::Q6_K => (ty.type_size(), &[208]),
                 GgmlType::Q2_K => (ty.type_size(), &[80, 82]),
                 GgmlType::Q3_K => (ty.type_size(), &[108]),

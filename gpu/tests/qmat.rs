@@ -67,7 +67,11 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> 
         _ => {
             // Byte offsets of the f16 fields of a block.
             let fields: &[usize] = match ty {
-                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+                GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::Q8_0
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS => &[0],
                 GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
                 GgmlType::Q6_K => &[208],
                 GgmlType::Q2_K => &[80, 82],

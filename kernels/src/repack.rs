@@ -29,7 +29,7 @@ pub const PANEL: usize = 4;
 /// with a panel layout; `None` for the others.
 pub fn header_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(2),
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => Some(2),
         GgmlType::Q4_1 | GgmlType::Q5_1 => Some(4),
         _ => None,
     }

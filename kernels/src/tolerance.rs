@@ -38,5 +38,6 @@ pub fn budget(ty: GgmlType) -> Budget {
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K => b(1.2e-1, 1e-2, 1e-5),
         GgmlType::Q3_K => b(1.7e-1, 1e-2, 0.0),
         GgmlType::Q2_K => b(3.3e-1, 1e-2, 0.0),
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => b(1.2e-1, 1e-2, 1e-5),
     }
 }

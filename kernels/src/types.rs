@@ -25,10 +25,14 @@ pub enum GgmlType {
     /// Activation format for K-quant dot products.
     Q8_K = 15,
     BF16 = 30,
+    /// Blocks of 32: an f16 scale and 4-bit indices into a fixed non-linear codebook.
+    IQ4_NL = 20,
+    /// Blocks of 256: an f16 scale, eight 6-bit sub-block scales and IQ4_NL's codebook.
+    IQ4_XS = 23,
 }
 
 /// Every type we implement, in id order.
-pub const ALL_TYPES: [GgmlType; 15] = [
+pub const ALL_TYPES: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -43,6 +47,8 @@ pub const ALL_TYPES: [GgmlType; 15] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q8_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
     GgmlType::BF16,
 ];
 
@@ -73,6 +79,8 @@ impl GgmlType {
             GgmlType::Q6_K => "Q6_K",
             GgmlType::Q8_K => "Q8_K",
             GgmlType::BF16 => "BF16",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
         }
     }
 
@@ -93,8 +101,13 @@ impl GgmlType {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Q8_0
-            | GgmlType::Q8_1 => 32,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => QK_K,
+            | GgmlType::Q8_1
+            | GgmlType::IQ4_NL => 32,
+            GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q8_K
+            | GgmlType::IQ4_XS => QK_K,
             GgmlType::Q2_K | GgmlType::Q3_K => QK_K,
         }
     }
@@ -116,6 +129,8 @@ impl GgmlType {
             GgmlType::Q8_K => 292,
             GgmlType::Q2_K => 84,
             GgmlType::Q3_K => 110,
+            GgmlType::IQ4_NL => 18,
+            GgmlType::IQ4_XS => 136,
         }
     }
 
@@ -146,7 +161,7 @@ mod tests {
 
     #[test]
     fn ids_are_pinned_to_the_gguf_format() {
-        let expected: [(GgmlType, u32); 15] = [
+        let expected: [(GgmlType, u32); 17] = [
             (GgmlType::F32, 0),
             (GgmlType::F16, 1),
             (GgmlType::Q4_0, 2),
@@ -162,6 +177,8 @@ mod tests {
             (GgmlType::Q6_K, 14),
             (GgmlType::Q8_K, 15),
             (GgmlType::BF16, 30),
+            (GgmlType::IQ4_NL, 20),
+            (GgmlType::IQ4_XS, 23),
         ];
         for (t, id) in expected {
             assert_eq!(t as u32, id, "{t}");

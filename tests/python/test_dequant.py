@@ -1,8 +1,7 @@
-"""Dequantization of the real models' tensors (every type they hold) equals PyPI gguf's
-`gguf.quants.dequantize` exactly."""
+"""Dequantization of the real models' tensors (every type they hold), and of synthetic models in
+the types the real ones lack, equals PyPI gguf's `gguf.quants.dequantize` exactly."""
 
 import pytest
-
 from gguf import GGUFReader
 
 import dequant_check
@@ -26,5 +25,17 @@ def test_low_bit_k_quant_mixes_equal_gguf_py(mix, ringllm, tmp_path):
     types = {t.tensor_type.name for t in GGUFReader(str(f)).tensors}
     want = {"q2_k": "Q2_K", "q3_k_m": "Q3_K"}[mix]
     assert want in types, f"{mix}: no {want} tensor in {sorted(types)}"
+    mismatches = dequant_check.check(str(f), str(ringllm))
+    assert mismatches == [], "\n".join(mismatches)
+
+
+@pytest.mark.parametrize("ty", ["IQ4_NL", "IQ4_XS"])
+def test_synthetic_dequantize_equals_gguf_py(ty, ringllm, tmp_path):
+    """A tiny synthetic model written in `ty` by our reference quantizer: every tensor of that
+    type (first and last) and the embedding decode as gguf decodes them."""
+    f = tmp_path / f"{ty}.gguf"
+    run(["debug", "synth", "--arch", "llama", "--type", ty, "--seed", "4", "-o", f])
+    types = {t.tensor_type.name for t in GGUFReader(str(f)).tensors}
+    assert ty in types, f"the synthetic model holds no {ty} tensor: {types}"
     mismatches = dequant_check.check(str(f), str(ringllm))
     assert mismatches == [], "\n".join(mismatches)

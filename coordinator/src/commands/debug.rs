@@ -243,7 +243,7 @@ fn synth(a: SynthArgs) -> Result<()> {
     })?;
     let ty = ty.unwrap_or_else(|| "q4_k_m".to_string());
     let mix = WeightMix::from_name(&ty).ok_or_else(|| {
-        anyhow!("unknown weight type '{ty}' (q4_k_m, q3_k_m, q2_k or a type such as q8_0)")
+        anyhow!("unknown weight type '{ty}' (q4_k_m, q3_k_m, q2_k, iq4_xs or a type such as q8_0)")
     })?;
     let mut spec = ShapeSpec::new(base, mix, seed);
     if let Some(n) = layers {

@@ -57,7 +57,7 @@ pub(super) trait Pair512: Legacy {
 /// Both 16-byte runs are readable; the CPU has AVX-512 F/BW.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn nibble_pair<const BLOCK: usize, const QS: usize>(p: *const u8) -> __m512i {
+pub(super) unsafe fn nibble_pair<const BLOCK: usize, const QS: usize>(p: *const u8) -> __m512i {
     // SAFETY: both runs are readable (caller).
     let y = unsafe {
         _mm256_inserti128_si256::<1>(
@@ -764,6 +764,7 @@ mod tests {
         gemm_equals_decode::<Q5_1>(T::Q5_1);
         gemm_equals_decode::<Q8_0>(T::Q8_0);
         gemm_equals_decode::<Q8_1>(T::Q8_1);
+        gemm_equals_decode::<super::super::iq4_nl::Iq4Nl>(T::IQ4_NL);
     }
 
     /// The GEMM over repacked panels gives the GEMM's bits over the rows as they were, for
@@ -816,6 +817,7 @@ mod tests {
         packed_equals_rows::<Q5_0>(T::Q5_0);
         packed_equals_rows::<Q5_1>(T::Q5_1);
         packed_equals_rows::<Q8_0>(T::Q8_0);
+        packed_equals_rows::<super::super::iq4_nl::Iq4Nl>(T::IQ4_NL);
     }
 
     #[test]

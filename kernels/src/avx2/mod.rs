@@ -9,6 +9,8 @@ use crate::types::GgmlType;
 
 mod float;
 pub mod gemm512;
+mod iq4_nl;
+mod iq4_xs;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -85,6 +87,7 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q5_1 => level!(q5_1::Q5_1),
         GgmlType::Q8_0 => level!(q8_0::Q8_0),
         GgmlType::Q8_1 => level!(q8_0::Q8_1),
+        GgmlType::IQ4_NL => level!(iq4_nl::Iq4Nl),
         _ => {}
     }
 }
@@ -100,6 +103,7 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q5_1 => Some(gemm512::gemm::<q5_1::Q5_1>),
         GgmlType::Q8_0 => Some(gemm512::gemm::<q8_0::Q8_0>),
         GgmlType::Q8_1 => Some(gemm512::gemm::<q8_0::Q8_1>),
+        GgmlType::IQ4_NL => Some(gemm512::gemm::<iq4_nl::Iq4Nl>),
         _ => None,
     };
     entry.gemm_packed = match entry.ty {
@@ -108,6 +112,7 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q5_0 => Some(gemm512::gemm_packed::<q5_0::Q5_0>),
         GgmlType::Q5_1 => Some(gemm512::gemm_packed::<q5_1::Q5_1>),
         GgmlType::Q8_0 => Some(gemm512::gemm_packed::<q8_0::Q8_0>),
+        GgmlType::IQ4_NL => Some(gemm512::gemm_packed::<iq4_nl::Iq4Nl>),
         _ => None,
     };
     // The K-quants' batch rows go 512 bits wide (the same bits as AVX2); their decode keeps
@@ -122,6 +127,7 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q6_K => entry.vec_dot_multi = Some(q6_k::vec_dot_multi512),
         GgmlType::Q2_K => entry.vec_dot_multi = Some(q2_k::vec_dot_multi512),
         GgmlType::Q3_K => entry.vec_dot_multi = Some(q3_k::vec_dot_multi512),
+        GgmlType::IQ4_XS => entry.vec_dot_multi = Some(iq4_xs::vec_dot_multi512),
         _ => {}
     }
 }
@@ -179,6 +185,11 @@ pub fn specialize(entry: &mut TypeKernels) {
         GgmlType::Q3_K => {
             entry.vec_dot = q3_k::vec_dot;
             entry.vec_dot_multi = Some(q3_k::vec_dot_multi);
+        }
+        GgmlType::IQ4_NL => legacy_entry::<iq4_nl::Iq4Nl>(entry),
+        GgmlType::IQ4_XS => {
+            entry.vec_dot = iq4_xs::vec_dot;
+            entry.vec_dot_multi = Some(iq4_xs::vec_dot_multi);
         }
     }
 }

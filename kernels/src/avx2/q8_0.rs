@@ -1098,6 +1098,7 @@ pub(super) mod tests {
         vnni_equals_avx2::<Q5_1>(T::Q5_1);
         vnni_equals_avx2::<Q8_0>(T::Q8_0);
         vnni_equals_avx2::<Q8_1>(T::Q8_1);
+        vnni_equals_avx2::<super::super::iq4_nl::Iq4Nl>(T::IQ4_NL);
     }
 
     #[test]
@@ -1113,6 +1114,7 @@ pub(super) mod tests {
         check_format::<Q5_1>(T::Q5_1);
         check_format::<Q8_0>(T::Q8_0);
         check_format::<Q8_1>(T::Q8_1);
+        check_format::<super::super::iq4_nl::Iq4Nl>(T::IQ4_NL);
     }
 
     #[test]

@@ -18,6 +18,8 @@ use core::arch::asm;
 
 mod float;
 mod gemm;
+mod iq4_nl;
+mod iq4_xs;
 pub mod ops;
 mod q2_k;
 mod q3_k;
@@ -45,7 +47,8 @@ pub fn available_i8mm() -> bool {
 /// products of `x` and `y` to the lanes of `acc`; which products land in which lane differs
 /// between levels, the total of the four lanes does not. It is exact: no pair of i16 products
 /// overflows, since |x·y| ≤ 128 · 127 for the 32-element formats (whose activation quantizers
-/// never produce −128) and |x| ≤ 32 for the K-quant weights (Q8_K activations may be −128).
+/// never produce −128), |x| ≤ 32 for the K-quant weights (Q8_K activations may be −128) and
+/// |x| ≤ 127 for IQ4_XS's codebook (2 · 127 · 128 < 2^15).
 trait Dot: Copy + 'static {
     /// True when this CPU has the level's features.
     fn available() -> bool;
@@ -248,6 +251,7 @@ pub fn specialize_i8mm(entry: &mut TypeKernels) {
         GgmlType::Q5_1 => Some(gemm::gemm::<q5_1::Q5_1>),
         GgmlType::Q8_0 => Some(gemm::gemm::<q8_0::Q8_0>),
         GgmlType::Q8_1 => Some(gemm::gemm::<q8_0::Q8_1>),
+        GgmlType::IQ4_NL => Some(gemm::gemm::<iq4_nl::Iq4Nl>),
         _ => None,
     };
 }
@@ -279,6 +283,8 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q8_K => entry.quantize = q8_k::quantize,
         GgmlType::Q2_K => q8_k::entry::<q2_k::Q2K, D>(entry),
         GgmlType::Q3_K => q8_k::entry::<q3_k::Q3K, D>(entry),
+        GgmlType::IQ4_NL => q8_0::entry::<iq4_nl::Iq4Nl, D>(entry),
+        GgmlType::IQ4_XS => q8_k::entry::<iq4_xs::Iq4Xs, D>(entry),
     }
 }
 

@@ -138,6 +138,10 @@ fn check(ty: GgmlType, blocks: &[usize], exact: bool) {
     }
 }
 
+pub(super) fn check_legacy(ty: GgmlType) {
+    check(ty, &[1, 2, 3, 4, 5, 7, 9], false);
+}
+
 pub(super) fn check_kquant(ty: GgmlType) {
     check(ty, &[1, 2, 3], true);
 }
@@ -208,7 +212,15 @@ fn i8mm_gemm_gives_the_decode_bits() {
         return;
     }
     use GgmlType as T;
-    for ty in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q8_0, T::Q8_1] {
+    for ty in [
+        T::Q4_0,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q5_1,
+        T::Q8_0,
+        T::Q8_1,
+        T::IQ4_NL,
+    ] {
         let mut k = scalar_kernels(ty);
         specialize_i8mm(&mut k);
         let gemm = k

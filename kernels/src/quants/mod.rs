@@ -3,6 +3,8 @@
 
 pub mod common;
 pub mod float;
+pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
@@ -90,5 +92,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
         GgmlType::Q8_K => entry!(q8_k),
         GgmlType::Q2_K => entry!(q2_k),
         GgmlType::Q3_K => entry!(q3_k),
+        GgmlType::IQ4_NL => entry!(iq4_nl),
+        GgmlType::IQ4_XS => entry!(iq4_xs),
     }
 }

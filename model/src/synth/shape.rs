@@ -539,6 +539,11 @@ pub enum WeightMix {
     /// `ffn_down` Q5_K in the first sixteenth of the layers and Q4_K after. Rows that are not
     /// whole 256-blocks fall back to Q4_0 (for Q2_K and Q3_K) as in llama.cpp.
     Q3KM,
+    /// llama.cpp's `IQ4_XS` (without an importance matrix): IQ4_XS, with Q6_K for the output
+    /// head (the embedding when tied), Q5_K for `attn_v` when four or more query heads share a
+    /// KV head, and Q5_K for `ffn_down` in the first eighth of the layers; rows that are not
+    /// whole 256-blocks fall back to IQ4_NL (for IQ4_XS), Q5_1 (Q5_K) or Q8_0 (Q6_K).
+    Iq4Xs,
 }
 
 impl WeightMix {
@@ -554,6 +559,9 @@ impl WeightMix {
         if name.eq_ignore_ascii_case("q2_k") {
             return Some(WeightMix::Q2K);
         }
+        if name.eq_ignore_ascii_case("iq4_xs") {
+            return Some(WeightMix::Iq4Xs);
+        }
         GgmlType::from_name(name)
             .filter(|t| !matches!(t, GgmlType::Q8_1 | GgmlType::Q8_K))
             .map(WeightMix::Single)
@@ -565,6 +573,7 @@ impl WeightMix {
             WeightMix::Q4KM => "Q4_K_M".to_string(),
             WeightMix::Q2K => "Q2_K".to_string(),
             WeightMix::Q3KM => "Q3_K_M".to_string(),
+            WeightMix::Iq4Xs => "IQ4_XS".to_string(),
         }
     }
 
@@ -574,6 +583,7 @@ impl WeightMix {
             WeightMix::Q4KM => 15,
             WeightMix::Q2K => 10,
             WeightMix::Q3KM => 12,
+            WeightMix::Iq4Xs => 30,
             WeightMix::Single(t) => match t {
                 GgmlType::F32 => 0,
                 GgmlType::F16 => 1,
@@ -589,6 +599,8 @@ impl WeightMix {
                 GgmlType::Q2_K => 10,
                 // llama.cpp's name for mostly-Q3_K is Q3_K_S.
                 GgmlType::Q3_K => 11,
+                GgmlType::IQ4_NL => 25,
+                GgmlType::IQ4_XS => 30,
                 GgmlType::Q8_1 | GgmlType::Q8_K => return None,
             },
         })
@@ -634,6 +646,18 @@ impl WeightMix {
                 TensorKind::AttnV | TensorKind::AttnOutput | TensorKind::FfnDown => GgmlType::Q4_K,
                 _ => GgmlType::Q3_K,
             },
+            WeightMix::Iq4Xs => {
+                let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
+                let v = kind == TensorKind::AttnV && n_gqa >= 4;
+                let down = kind == TensorKind::FfnDown && il < n_layer / 8;
+                if head {
+                    GgmlType::Q6_K
+                } else if v || down {
+                    GgmlType::Q5_K
+                } else {
+                    GgmlType::IQ4_XS
+                }
+            }
         };
         fallback(want, row_len)
     }
@@ -656,6 +680,7 @@ fn fallback(want: GgmlType, row_len: u32) -> GgmlType {
         GgmlType::Q5_K => GgmlType::Q5_1,
         GgmlType::Q6_K => GgmlType::Q8_0,
         GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
+        GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         _ => GgmlType::F16,
     };
     if fits(next) {

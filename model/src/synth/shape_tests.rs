@@ -492,6 +492,44 @@ fn q2_k_and_q3_k_m_mixes_follow_llama_cpp() {
 }
 
 #[test]
+fn iq4_xs_mix_follows_llama_cpp() {
+    // Llama 3.1 8B: 32 query heads over 8 KV heads (4 per KV head): attn_v in Q5_K; ffn_down
+    // in Q5_K for the first 32 / 8 = 4 layers; the head in Q6_K; the rest IQ4_XS.
+    let t = types(&spec("llama3-8b", WeightMix::Iq4Xs));
+    assert_eq!(t["token_embd.weight"], GgmlType::IQ4_XS);
+    assert_eq!(t["output.weight"], GgmlType::Q6_K);
+    for il in 0..32 {
+        let b = |n: &str| t[&format!("blk.{il}.{n}.weight")];
+        assert_eq!(b("attn_v"), GgmlType::Q5_K, "layer {il}");
+        let down = if il < 4 {
+            GgmlType::Q5_K
+        } else {
+            GgmlType::IQ4_XS
+        };
+        assert_eq!(b("ffn_down"), down, "layer {il}");
+        for n in ["attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"] {
+            assert_eq!(b(n), GgmlType::IQ4_XS, "layer {il} {n}");
+        }
+    }
+    // Tied head: the embedding is Q6_K.
+    let t = types(&spec("llama3-1b", WeightMix::Iq4Xs));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q6_K);
+    // Gemma 3 1B: 4 query heads over 1 KV head; rows of 1152 fall back to IQ4_NL (IQ4_XS),
+    // Q5_1 (Q5_K) and Q8_0 (Q6_K).
+    let t = types(&spec("gemma3-1b", WeightMix::Iq4Xs));
+    assert_eq!(t["token_embd.weight"], GgmlType::Q8_0);
+    assert_eq!(t["blk.0.attn_q.weight"], GgmlType::IQ4_NL);
+    assert_eq!(t["blk.5.attn_v.weight"], GgmlType::Q5_1);
+    assert_eq!(t["blk.0.attn_output.weight"], GgmlType::IQ4_XS);
+    assert_eq!(WeightMix::from_name("IQ4_XS"), Some(WeightMix::Iq4Xs));
+    assert_eq!(
+        WeightMix::from_name("iq4_nl"),
+        Some(WeightMix::Single(GgmlType::IQ4_NL))
+    );
+    assert_eq!(WeightMix::Iq4Xs.file_type(), Some(30));
+}
+
+#[test]
 fn qwen3_shapes_hold_the_published_hyper_parameters() {
     // (name, layers, d, heads, kv heads, ffn, tied): Qwen/Qwen3-*'s config.json; every size
     // has head_dim 128, vocab 151936, rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions.
