@@ -470,6 +470,26 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
     }
 }
 
+/// The small model's tokenizer (and, for Gemma 4, its own metadata keys).
+fn add_small_tokenizer(w: &mut GgufWriter, s: &SynthSpec) {
+    match s.arch.small_vocab().0 {
+        VocabKind::Spm if s.arch == SynthArch::Phi3 => phi3::add_tokenizer(w, s),
+        VocabKind::Spm if s.arch == SynthArch::Gemma4 => {
+            // The chat template's markup as control tokens, in place of the last made-up
+            // pieces.
+            let mut vocab = vocabulary(s.vocab as usize);
+            let at = vocab.len() - gemma4::MARKUP_TOKENS.len();
+            for (slot, t) in vocab[at..].iter_mut().zip(gemma4::MARKUP_TOKENS) {
+                *slot = (t.to_string(), 0.0, TOKEN_TYPE_CONTROL);
+            }
+            s.gemma4().add_meta(w);
+            add_spm_tokenizer(w, &vocab, true);
+        }
+        VocabKind::Spm => add_spm_tokenizer(w, &vocabulary(s.vocab as usize), true),
+        kind => vocab::add_tokenizer(w, kind, s.vocab),
+    }
+}
+
 /// Writes a random-weight model; the same spec always gives the same bytes.
 pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     spec.validate()?;
@@ -508,22 +528,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         },
     );
 
-    match s.arch.small_vocab().0 {
-        VocabKind::Spm if s.arch == SynthArch::Phi3 => phi3::add_tokenizer(&mut w, s),
-        VocabKind::Spm if s.arch == SynthArch::Gemma4 => {
-            // The chat template's markup as control tokens, in place of the last made-up
-            // pieces.
-            let mut vocab = vocabulary(s.vocab as usize);
-            let at = vocab.len() - gemma4::MARKUP_TOKENS.len();
-            for (slot, t) in vocab[at..].iter_mut().zip(gemma4::MARKUP_TOKENS) {
-                *slot = (t.to_string(), 0.0, TOKEN_TYPE_CONTROL);
-            }
-            s.gemma4().add_meta(&mut w);
-            add_spm_tokenizer(&mut w, &vocab, true);
-        }
-        VocabKind::Spm => add_spm_tokenizer(&mut w, &vocabulary(s.vocab as usize), true),
-        kind => vocab::add_tokenizer(&mut w, kind, s.vocab),
-    }
+    add_small_tokenizer(&mut w, s);
 
     let mut g = Gen {
         rng: StdRng::seed_from_u64(s.seed),
