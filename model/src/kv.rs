@@ -247,7 +247,6 @@ pub struct KvCache {
     pub layers: Vec<LayerKv>,
     /// Maximum positions in the sequence.
     pub ctx: usize,
-    pub kv_dim: usize,
     pub ty: KvType,
     /// Positions filled so far.
     pub len: usize,
@@ -266,7 +265,6 @@ impl KvCache {
         max_batch: usize,
         ty: KvType,
     ) -> KvCache {
-        let kv_dim = hp.kv_dim();
         let layers = layers
             .map(|il| {
                 let (cap, window) = ring_of(hp, il, ctx, max_batch);
@@ -289,7 +287,6 @@ impl KvCache {
         KvCache {
             layers,
             ctx,
-            kv_dim,
             ty,
             len: 0,
             device_only: false,

@@ -206,7 +206,7 @@ impl Model {
         }
         // Load-time rule: where the V projection is optional, a layer without one takes V
         // from K.
-        if hp.v_projection_optional() {
+        if hp.v_proj_optional {
             for il in layer_range.clone() {
                 let v = TensorKind::AttnV.gguf_name(Some(il));
                 if hp.kv_source(il).is_none() && file.tensor(&v).is_none() {
@@ -414,14 +414,6 @@ impl Model {
     }
 }
 
-/// The three views of a fused Q/K/V matrix, in order.
-fn split3(mut v: Vec<Weight>, name: String) -> Result<[Weight; 3], ModelError> {
-    match (v.pop(), v.pop(), v.pop()) {
-        (Some(wv), Some(wk), Some(wq)) => Ok([wq, wk, wv]),
-        _ => Err(ModelError::MissingTensor { name }),
-    }
-}
-
 /// Bytes of a matrix repacked between releases of its mapped pages.
 const REPACK_STEP_BYTES: usize = 4 << 20;
 
@@ -464,10 +456,24 @@ impl<'a> Loader<'a> {
         n_in: u64,
         n_out: u64,
     ) -> Result<Weight, ModelError> {
-        let mut parts = self.matrix_rows(kind, layer, n_in, &[n_out])?;
-        parts.pop().ok_or(ModelError::MissingTensor {
-            name: kind.gguf_name(layer),
-        })
+        let [w] = self.matrix_views(kind, layer, n_in, [n_out])?;
+        Ok(w)
+    }
+
+    /// [`Loader::matrix_rows`] as `N` views.
+    fn matrix_views<const N: usize>(
+        &self,
+        kind: TensorKind,
+        layer: Option<usize>,
+        n_in: u64,
+        parts: [u64; N],
+    ) -> Result<[Weight; N], ModelError> {
+        // `matrix_rows` makes one view per part.
+        self.matrix_rows(kind, layer, n_in, &parts)?
+            .try_into()
+            .map_err(|_| ModelError::MissingTensor {
+                name: kind.gguf_name(layer),
+            })
     }
 
     /// A matrix of `Σ parts` rows of `n_in` split into consecutive runs of `parts[i]` rows,
@@ -656,8 +662,7 @@ impl<'a> Loader<'a> {
             None => None,
         };
         let (wq, wk, wv) = if recipe.needs(TensorKind::AttnQkv) {
-            let v = self.matrix_rows(TensorKind::AttnQkv, l, d, &[q, kv, kv])?;
-            let [wq, wk, wv] = split3(v, TensorKind::AttnQkv.gguf_name(l))?;
+            let [wq, wk, wv] = self.matrix_views(TensorKind::AttnQkv, l, d, [q, kv, kv])?;
             (wq, Some(wk), Some(wv))
         } else {
             (
@@ -667,15 +672,8 @@ impl<'a> Loader<'a> {
             )
         };
         let (gate, up) = if recipe.needs(TensorKind::FfnGateUp) {
-            let mut v = self.matrix_rows(TensorKind::FfnGateUp, l, d, &[ff, ff])?;
-            match (v.pop(), v.pop()) {
-                (Some(up), Some(gate)) => (gate, up),
-                _ => {
-                    return Err(ModelError::MissingTensor {
-                        name: TensorKind::FfnGateUp.gguf_name(l),
-                    })
-                }
-            }
+            let [gate, up] = self.matrix_views(TensorKind::FfnGateUp, l, d, [ff, ff])?;
+            (gate, up)
         } else {
             (
                 self.matrix(TensorKind::FfnGate, l, d, ff)?,

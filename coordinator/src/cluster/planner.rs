@@ -293,6 +293,21 @@ fn prefix(v: &[u64]) -> Vec<u64> {
     p
 }
 
+/// Per boundary `e` in `0..=n_layer`: true when no layer from `e` on reads the KV cache of a
+/// layer before `e` (the earliest source read from `e` on, a suffix minimum, is not before it).
+fn cuts(model: &ModelCost) -> Vec<bool> {
+    let n = model.n_layer;
+    let mut cut = vec![true; n + 1];
+    let mut earliest = usize::MAX;
+    for e in (0..n).rev() {
+        if let Some(src) = model.kv_source.get(e).copied().flatten() {
+            earliest = earliest.min(src);
+        }
+        cut[e] = earliest >= e;
+    }
+    cut
+}
+
 /// Splits the model over the stages; see the module docs.
 pub fn plan(
     model: &ModelCost,
@@ -356,6 +371,9 @@ struct Sizes<'a> {
     pw: Vec<u64>,
     pkv: Vec<u64>,
     slots: usize,
+    /// `cut[e]`: a stage may start or end before layer `e` (no layer from `e` on reads the KV
+    /// cache of a layer before it), for `e` in `0..=n_layer`.
+    cut: Vec<bool>,
 }
 
 impl<'a> Sizes<'a> {
@@ -367,6 +385,7 @@ impl<'a> Sizes<'a> {
             pw: prefix(&model.layer_weight_bytes),
             pkv: prefix(&model.layer_kv_bytes),
             slots: model.slots.max(1),
+            cut: cuts(model),
         }
     }
 
@@ -382,15 +401,9 @@ impl<'a> Sizes<'a> {
         }
     }
 
-    /// True when a stage may start or end before layer `e`: no layer from `e` on reads the
-    /// KV cache of a layer before it.
+    /// True when a stage may start or end before layer `e`.
     fn cut_ok(&self, e: usize) -> bool {
-        self.model
-            .kv_source
-            .iter()
-            .enumerate()
-            .skip(e)
-            .all(|(_, src)| src.is_none_or(|s| s >= e))
+        self.cut.get(e).copied().unwrap_or(true)
     }
 
     fn weights(&self, r: &Range<usize>) -> u64 {

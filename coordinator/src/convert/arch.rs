@@ -13,6 +13,7 @@
 
 use super::config::HfConfig;
 use super::ConvertError;
+use ringllm_model::arch::gemma3;
 use ringllm_model::arch::{MetaKey, TensorKind};
 use ringllm_model::gguf::Value;
 
@@ -169,9 +170,8 @@ pub enum Xf {
 struct Spec {
     /// Name without `model.` / `model.layers.{i}.`.
     hf: &'static str,
-    /// GGUF name stem (`attn_q`), or the whole name for the global tensors.
-    gguf: &'static str,
-    /// The kind the Q4_K_M mix decides by.
+    /// The GGUF tensor it becomes: its name ([`TensorKind::gguf_name`]) and the kind the
+    /// weight mixes decide by.
     kind: TensorKind,
     /// Hugging Face shape: `[n]` or `[rows, row_len]`.
     shape: &'static [Size],
@@ -188,10 +188,9 @@ enum XfRule {
 }
 
 /// A required tensor without transform.
-const fn t(hf: &'static str, gguf: &'static str, kind: TensorKind, shape: &'static [Size]) -> Spec {
+const fn t(hf: &'static str, kind: TensorKind, shape: &'static [Size]) -> Spec {
     Spec {
         hf,
-        gguf,
         kind,
         shape,
         xf: XfRule::None,
@@ -222,39 +221,23 @@ fn layer_specs(a: HfArch) -> Vec<Spec> {
     } else {
         XfRule::None
     };
-    let norm = |hf, gguf, kind| t(hf, gguf, kind, &[D]).xf(shift);
-    let mut v = vec![norm("input_layernorm.weight", "attn_norm", K::AttnNorm)];
+    let norm = |hf, kind| t(hf, kind, &[D]).xf(shift);
+    let mut v = vec![norm("input_layernorm.weight", K::AttnNorm)];
     v.extend(attention_specs(a));
     if a.is_gemma() {
-        v.push(norm(
-            "post_attention_layernorm.weight",
-            "post_attention_norm",
-            K::PostAttnNorm,
-        ));
-        v.push(norm(
-            "pre_feedforward_layernorm.weight",
-            "ffn_norm",
-            K::FfnNorm,
-        ));
-        v.push(norm(
-            "post_feedforward_layernorm.weight",
-            "post_ffw_norm",
-            K::PostFfwNorm,
-        ));
+        v.push(norm("post_attention_layernorm.weight", K::PostAttnNorm));
+        v.push(norm("pre_feedforward_layernorm.weight", K::FfnNorm));
+        v.push(norm("post_feedforward_layernorm.weight", K::PostFfwNorm));
     } else {
-        v.push(norm(
-            "post_attention_layernorm.weight",
-            "ffn_norm",
-            K::FfnNorm,
-        ));
+        v.push(norm("post_attention_layernorm.weight", K::FfnNorm));
     }
     if a == HfArch::Phi3 {
-        v.push(t("mlp.gate_up_proj.weight", "ffn_up", K::FfnUp, &[Ff2, D]));
+        v.push(t("mlp.gate_up_proj.weight", K::FfnGateUp, &[Ff2, D]));
     } else {
-        v.push(t("mlp.gate_proj.weight", "ffn_gate", K::FfnGate, &[Ff, D]));
-        v.push(t("mlp.up_proj.weight", "ffn_up", K::FfnUp, &[Ff, D]));
+        v.push(t("mlp.gate_proj.weight", K::FfnGate, &[Ff, D]));
+        v.push(t("mlp.up_proj.weight", K::FfnUp, &[Ff, D]));
     }
-    v.push(t("mlp.down_proj.weight", "ffn_down", K::FfnDown, &[D, Ff]));
+    v.push(t("mlp.down_proj.weight", K::FfnDown, &[D, Ff]));
     v
 }
 
@@ -267,31 +250,26 @@ fn attention_specs(a: HfArch) -> Vec<Spec> {
     };
     let mut v = Vec::new();
     if a == HfArch::Phi3 {
-        v.push(t(
-            "self_attn.qkv_proj.weight",
-            "attn_qkv",
-            K::AttnQ,
-            &[Qkv, D],
-        ));
+        v.push(t("self_attn.qkv_proj.weight", K::AttnQkv, &[Qkv, D]));
     } else {
-        v.push(t("self_attn.q_proj.weight", "attn_q", K::AttnQ, &[Q, D]).xf(pq));
-        v.push(t("self_attn.k_proj.weight", "attn_k", K::AttnK, &[Kv, D]).xf(pk));
-        v.push(t("self_attn.v_proj.weight", "attn_v", K::AttnV, &[Kv, D]));
+        v.push(t("self_attn.q_proj.weight", K::AttnQ, &[Q, D]).xf(pq));
+        v.push(t("self_attn.k_proj.weight", K::AttnK, &[Kv, D]).xf(pk));
+        v.push(t("self_attn.v_proj.weight", K::AttnV, &[Kv, D]));
     }
     // Qwen 2 always has Q/K/V biases; Llama-family files may (attention_bias).
     if matches!(a, HfArch::Qwen2 | HfArch::Llama | HfArch::Mistral3) {
         let opt = a != HfArch::Qwen2;
         v.push(
-            t("self_attn.q_proj.bias", "attn_q", K::AttnQBias, &[Q])
+            t("self_attn.q_proj.bias", K::AttnQBias, &[Q])
                 .xf(pq)
                 .optional(opt),
         );
         v.push(
-            t("self_attn.k_proj.bias", "attn_k", K::AttnKBias, &[Kv])
+            t("self_attn.k_proj.bias", K::AttnKBias, &[Kv])
                 .xf(pk)
                 .optional(opt),
         );
-        v.push(t("self_attn.v_proj.bias", "attn_v", K::AttnVBias, &[Kv]).optional(opt));
+        v.push(t("self_attn.v_proj.bias", K::AttnVBias, &[Kv]).optional(opt));
     }
     if matches!(a, HfArch::Qwen3 | HfArch::Gemma3) {
         let xf = if a.is_gemma() {
@@ -299,31 +277,10 @@ fn attention_specs(a: HfArch) -> Vec<Spec> {
         } else {
             XfRule::None
         };
-        v.push(
-            t(
-                "self_attn.q_norm.weight",
-                "attn_q_norm",
-                K::AttnQNorm,
-                &[HeadDim],
-            )
-            .xf(xf),
-        );
-        v.push(
-            t(
-                "self_attn.k_norm.weight",
-                "attn_k_norm",
-                K::AttnKNorm,
-                &[HeadDim],
-            )
-            .xf(xf),
-        );
+        v.push(t("self_attn.q_norm.weight", K::AttnQNorm, &[HeadDim]).xf(xf));
+        v.push(t("self_attn.k_norm.weight", K::AttnKNorm, &[HeadDim]).xf(xf));
     }
-    v.push(t(
-        "self_attn.o_proj.weight",
-        "attn_output",
-        K::AttnOutput,
-        &[D, Q],
-    ));
+    v.push(t("self_attn.o_proj.weight", K::AttnOutput, &[D, Q]));
     v
 }
 
@@ -426,15 +383,7 @@ pub fn plan(
             };
             let hf_shape: Vec<u64> = sp.shape.iter().map(|&s| dims.get(s, vocab)).collect();
             shapes.push((full.clone(), hf_shape.clone()));
-            let suffix = if sp.hf.ends_with(".bias") {
-                "bias"
-            } else {
-                "weight"
-            };
-            let gguf = match layer {
-                Some(il) => format!("blk.{il}.{}.{suffix}", sp.gguf),
-                None => format!("{}.{suffix}", sp.gguf),
-            };
+            let gguf = sp.kind.gguf_name(layer.map(|il| il as usize));
             let xf = match sp.xf {
                 XfRule::None => Xf::None,
                 XfRule::AddOne => Xf::AddOne,
@@ -468,18 +417,13 @@ pub fn plan(
         };
 
     add(
-        &t(
-            "embed_tokens.weight",
-            "token_embd",
-            K::TokenEmbd,
-            &[Vocab, D],
-        ),
+        &t("embed_tokens.weight", K::TokenEmbd, &[Vocab, D]),
         None,
         &mut out,
     )?;
     if let Some(f) = rope_freqs(cfg, dims)? {
         out.push(Planned {
-            gguf: "rope_freqs.weight".into(),
+            gguf: K::RopeFreqs.gguf_name(None),
             dims: vec![f.len() as u64],
             rows: f.len() as u64,
             src: Source::Values(f),
@@ -490,13 +434,13 @@ pub fn plan(
     }
     if a == HfArch::Phi3 {
         if let Some((long, short, _)) = phi3_longrope(cfg, dims)? {
-            for (name, f) in [("rope_factors_long", long), ("rope_factors_short", short)] {
+            for (kind, f) in [(K::RopeFactorsLong, long), (K::RopeFactorsShort, short)] {
                 out.push(Planned {
-                    gguf: format!("{name}.weight"),
+                    gguf: kind.gguf_name(None),
                     dims: vec![f.len() as u64],
                     rows: f.len() as u64,
                     src: Source::Values(f),
-                    kind: K::RopeFreqs,
+                    kind,
                     layer: None,
                     xf: Xf::None,
                 });
@@ -515,7 +459,7 @@ pub fn plan(
         XfRule::None
     };
     add(
-        &t("norm.weight", "output_norm", K::OutputNorm, &[D]).xf(norm_xf),
+        &t("norm.weight", K::OutputNorm, &[D]).xf(norm_xf),
         None,
         &mut out,
     )?;
@@ -524,11 +468,7 @@ pub fn plan(
     // says so or the checkpoint has no head.
     let tied = a.is_gemma() || tie_key == Some(true) || find("lm_head.weight").is_none();
     if !tied {
-        add(
-            &t("lm_head.weight", "output", K::Output, &[Vocab, D]),
-            None,
-            &mut out,
-        )?;
+        add(&t("lm_head.weight", K::Output, &[Vocab, D]), None, &mut out)?;
     }
     Ok(Plan {
         tensors: out,
@@ -699,10 +639,7 @@ pub fn metadata(
                 })?;
                 put(MetaKey::RopeScalingType, Value::Str("yarn".into()));
                 put(MetaKey::RopeScalingFactor, Value::F32(f));
-                kv.push((
-                    format!("{arch}.rope.scaling.original_context_length"),
-                    Value::U32(orig as u32),
-                ));
+                put(MetaKey::RopeScalingOrigCtx, Value::U32(orig as u32));
             }
             // Phi-3's LongRoPE: factor tensors and an attention factor (`phi3_longrope`).
             Some("longrope" | "su") if a == HfArch::Phi3 => {}
@@ -717,28 +654,24 @@ pub fn metadata(
             }
         }
     }
-    let mut put = |suffix: &str, v: Value| kv.push((format!("{arch}.{suffix}"), v));
     match a {
         HfArch::Llama | HfArch::Mistral3 => {
-            put(MetaKey::VocabSize.suffix(), Value::U32(vocab));
-            put(
-                MetaKey::RopeDimensionCount.suffix(),
-                Value::U32(dims.head_dim),
-            );
+            put(MetaKey::VocabSize, Value::U32(vocab));
+            put(MetaKey::RopeDimensionCount, Value::U32(dims.head_dim));
             if let Some(w) = cfg.opt_u32("sliding_window")? {
-                put(MetaKey::SlidingWindow.suffix(), Value::U32(w));
+                put(MetaKey::SlidingWindow, Value::U32(w));
             }
         }
         HfArch::Qwen2 | HfArch::Qwen3 => {}
         HfArch::Gemma2 => {
             let w = cfg.u32("sliding_window")?;
-            put(MetaKey::SlidingWindow.suffix(), Value::U32(w));
+            put(MetaKey::SlidingWindow, Value::U32(w));
             put(
-                "attn_logit_softcapping",
+                MetaKey::AttnLogitSoftcapping,
                 Value::F32(cfg.opt_f32("attn_logit_softcapping")?.unwrap_or(50.0)),
             );
             put(
-                MetaKey::FinalLogitSoftcapping.suffix(),
+                MetaKey::FinalLogitSoftcapping,
                 Value::F32(cfg.opt_f32("final_logit_softcapping")?.unwrap_or(30.0)),
             );
         }
@@ -746,29 +679,29 @@ pub fn metadata(
             gemma3_sliding(cfg, dims)?;
             if let Some(w) = cfg.opt_u32("sliding_window")? {
                 if cfg.opt_u32("sliding_window_pattern")? != Some(1) {
-                    put(MetaKey::SlidingWindow.suffix(), Value::U32(w));
+                    put(MetaKey::SlidingWindow, Value::U32(w));
                 }
             }
             if let Some(c) = cfg.opt_f32("final_logit_softcapping")? {
-                put(MetaKey::FinalLogitSoftcapping.suffix(), Value::F32(c));
+                put(MetaKey::FinalLogitSoftcapping, Value::F32(c));
             }
         }
         HfArch::Phi3 => {
             if let Some((_, _, attn)) = phi3_longrope(cfg, dims)? {
-                put("rope.scaling.attn_factor", Value::F32(attn));
+                put(MetaKey::RopeScalingAttnFactor, Value::F32(attn));
             }
             let rot = cfg.opt_f32("partial_rotary_factor")?.unwrap_or(1.0);
             let rope_dims = ((rot * dims.d as f32) as u32) / dims.n_head;
-            put(MetaKey::RopeDimensionCount.suffix(), Value::U32(rope_dims));
+            put(MetaKey::RopeDimensionCount, Value::U32(rope_dims));
             put(
-                "rope.scaling.original_context_length",
+                MetaKey::RopeScalingOrigCtx,
                 Value::U32(
                     cfg.opt_u32("original_max_position_embeddings")?
                         .unwrap_or(ctx),
                 ),
             );
             put(
-                MetaKey::SlidingWindow.suffix(),
+                MetaKey::SlidingWindow,
                 Value::U32(cfg.opt_u32("sliding_window")?.unwrap_or(0)),
             );
         }
@@ -782,15 +715,15 @@ fn gemma3_sliding(cfg: &HfConfig, dims: &Dims) -> Result<(), ConvertError> {
     // GGUF readers fix these too: the local layers' RoPE base, and the query scale
     // 1/√head_dim (1/√(d / n_head) for the 62-layer 27B).
     if let Some(b) = cfg.opt_f32("rope_local_base_freq")? {
-        if b != 10_000.0 {
+        if b != gemma3::LOCAL_ROPE_BASE {
             return Err(cfg.error(
                 "rope_local_base_freq",
-                format!("{b}: Gemma 3 GGUF files assume 10000"),
+                format!("{b}: Gemma 3 GGUF files assume {}", gemma3::LOCAL_ROPE_BASE),
             ));
         }
     }
     if let Some(q) = cfg.opt_f32("query_pre_attn_scalar")? {
-        let want = if dims.n_layer == 62 {
+        let want = if dims.n_layer as usize == gemma3::GEMMA3_27B_LAYERS {
             dims.d / dims.n_head
         } else {
             dims.head_dim
@@ -803,7 +736,7 @@ fn gemma3_sliding(cfg: &HfConfig, dims: &Dims) -> Result<(), ConvertError> {
         }
     }
     if let Some(p) = cfg.opt_u32("sliding_window_pattern")? {
-        if p != 6 && p != 1 {
+        if p as usize != gemma3::DEFAULT_SLIDING_PATTERN && p != 1 {
             return Err(cfg.error(
                 "sliding_window_pattern",
                 format!("{p}: Gemma 3 GGUF files assume 6 (five local layers, then a global one)"),
@@ -812,7 +745,7 @@ fn gemma3_sliding(cfg: &HfConfig, dims: &Dims) -> Result<(), ConvertError> {
     }
     if let Some(types) = cfg.opt_str_list("layer_types")? {
         for (il, t) in types.iter().enumerate().take(dims.n_layer as usize) {
-            let global = (il + 1) % 6 == 0;
+            let global = (il + 1) % gemma3::DEFAULT_SLIDING_PATTERN == 0;
             let want = if global {
                 "full_attention"
             } else {

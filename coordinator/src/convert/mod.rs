@@ -280,12 +280,6 @@ fn convert_to(opts: &ConvertOptions, part: &Path) -> Result<ConvertReport, Conve
     for p in &plan.tensors {
         let ty = if p.dims.len() == 1 {
             GgmlType::F32
-        } else if opts.mix == WeightMix::Q4KM && p.gguf.ends_with(".attn_qkv.weight") {
-            // llama.cpp's Q4_K_M gives a fused QKV matrix (Phi-3) Q5_K.
-            [GgmlType::Q5_K, GgmlType::Q5_1, GgmlType::F16]
-                .into_iter()
-                .find(|t| p.dims[0].is_multiple_of(t.block_size() as u64))
-                .unwrap_or(GgmlType::F16)
         } else {
             opts.mix.matrix_type(
                 p.kind,

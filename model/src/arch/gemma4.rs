@@ -42,6 +42,7 @@ pub(super) fn apply(hp: &mut Hparams, md: &Metadata) -> Result<(), ModelError> {
     hp.qk_norm = true;
     hp.sandwich_norms = true;
     hp.v_norm = true;
+    hp.v_proj_optional = true;
     hp.out_scale = true;
     hp.query_scale = ATTENTION_SCALE;
     hp.rope_freqs_global_only = true;

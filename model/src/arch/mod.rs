@@ -5,7 +5,7 @@
 //! architecture names.
 
 mod gemma2;
-mod gemma3;
+pub mod gemma3;
 mod gemma4;
 mod llama;
 mod mistral3;
@@ -376,6 +376,9 @@ pub struct Hparams {
     /// Attention logit soft-capping: scaled scores `s` become `c · tanh(s / c)` before the
     /// softmax (Gemma 2).
     pub attn_logit_softcap: Option<f32>,
+    /// A layer may lack its V projection, V then being its K (Gemma 4): the loader sets
+    /// [`LayerShape::v_from_k`] from the tensors present.
+    pub v_proj_optional: bool,
 }
 
 /// One layer's shape where it may differ from the model's scalar hyper-parameters.
@@ -506,6 +509,7 @@ impl Hparams {
             rope_orig_ctx: ctx_train,
             rope_attn_factor: 1.0,
             attn_logit_softcap: None,
+            v_proj_optional: false,
         };
         if ff_per_layer.is_some() || kv_per_layer.is_some() {
             let base = hp.layer_shape(0);
@@ -608,13 +612,10 @@ impl Hparams {
 
     /// Layer `il`'s shape (the scalar hyper-parameters when layers do not differ).
     pub fn layer_shape(&self, il: usize) -> LayerShape {
-        self.layer_shapes.get(il).copied().unwrap_or(LayerShape {
-            head_dim: self.head_dim,
-            n_head_kv: self.n_head_kv,
-            d_ff: self.d_ff,
-            kv_source: None,
-            v_from_k: false,
-        })
+        self.layer_shapes
+            .get(il)
+            .copied()
+            .unwrap_or_else(|| self.layer_shape_default())
     }
 
     /// True when every layer has the scalar shape (what the GPU backend runs).
@@ -696,11 +697,6 @@ impl Hparams {
         if let Some(s) = self.layer_shapes.get_mut(il) {
             s.v_from_k = true;
         }
-    }
-
-    /// True when layer `il` may lack its V projection (V is then K).
-    pub fn v_projection_optional(&self) -> bool {
-        self.arch == Arch::Gemma4
     }
 
     pub fn q_dim(&self) -> usize {

@@ -372,6 +372,7 @@ mod tests {
             rope_orig_ctx: 128,
             rope_attn_factor: 1.0,
             attn_logit_softcap: None,
+            v_proj_optional: false,
         }
     }
 

@@ -346,7 +346,7 @@ pub(super) fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: 
 
 /// The residual add `x += norm(y)` (`y` normed in place when the layer has a sandwich norm
 /// `w`), row by row, rows split among the threads.
-fn add_rows(
+pub(super) fn add_rows(
     pool: &ThreadPool,
     d: usize,
     x: &mut [f32],

@@ -5,7 +5,7 @@
 //! The input of layer `l` for token `t` with scaled embedding `x0`:
 //! `(rms_norm(W_model_proj[l] · x0 / √d) · proj_norm + E_ple[t][l] · √ple) / √2`.
 
-use super::layer::ROWS_PER_CHUNK;
+use super::layer::{add_rows, ROWS_PER_CHUNK};
 use super::{Runner, Scratch};
 use crate::error::ModelError;
 use crate::model::{Layer, Model};
@@ -161,20 +161,12 @@ pub(super) fn per_layer_input(
         &mut s.o[..n * d],
         &mut s.acts,
     );
-    let o = &mut s.o[..n * d];
-    norm_rows_inplace(pool, o, post, m.hp.rms_eps);
-    for (a, b) in x[..n * d].iter_mut().zip(o.iter()) {
-        *a += b;
-    }
-}
-
-/// RMSNorm of every row of `y` in place, rows split among the threads.
-fn norm_rows_inplace(pool: &ThreadPool, y: &mut [f32], w: &[f32], eps: f32) {
-    let d = w.len();
-    let ys = SharedMut::new(y);
-    pool.for_ranges(ys.len() / d.max(1), ROWS_PER_CHUNK, &|rows| {
-        // SAFETY: these rows are touched by this call alone.
-        let y = unsafe { ys.slice(rows.start * d..rows.end * d) };
-        ops::rms_norm_rows_inplace(y, w, eps);
-    });
+    add_rows(
+        pool,
+        d,
+        &mut x[..n * d],
+        &mut s.o[..n * d],
+        Some(post),
+        m.hp.rms_eps,
+    );
 }

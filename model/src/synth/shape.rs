@@ -647,7 +647,6 @@ impl WeightMix {
                 _ => GgmlType::Q3_K,
             },
             WeightMix::Iq4Xs => {
-                let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
                 let v = kind == TensorKind::AttnV && n_gqa >= 4;
                 let down = kind == TensorKind::FfnDown && il < n_layer / 8;
                 if head {
