@@ -1,6 +1,6 @@
 //! IQ4_NL: blocks of 32 as an f16 scale and 16 bytes of 4-bit indices (low nibbles are
 //! elements 0..16, high nibbles 16..32, as Q4_0) into a fixed non-linear codebook of 16 signed
-//! bytes (`KVALUES`, ggml's `kvalues_iq4nl`): x = d·KVALUES[q]. Dotted with Q8_0.
+//! bytes (`KVALUES`, ggml's `kvalues_iq4nl`): `x = d·KVALUES[q]`. Dotted with Q8_0.
 //!
 //! The codebook and the scale search are shared with IQ4_XS (`iq4_xs.rs`), which uses the same
 //! values in 256-element blocks with 6-bit sub-block scales.
@@ -52,7 +52,7 @@ pub fn nearest_index(v: f32) -> u8 {
 }
 
 /// The best scale for one group `x` with per-element weights `w`: `d` with `x ≈ d·KVALUES[q]`,
-/// `q` the nearest index of `x / d`, minimising Σ w·(x − d·KVALUES[q])². Candidates map the
+/// `q` the nearest index of `x / d`, minimising `Σ w·(x − d·KVALUES[q])²`. Candidates map the
 /// value of largest magnitude to `KVALUES[0] + t` for t in −TRIES..=TRIES (and the plain
 /// `max / KVALUES[0]`); for each the indices are chosen, then `d` is the weighted least-squares
 /// fit for them. Returns 0 for a group of (near) zeros. Our own search, in the spirit of

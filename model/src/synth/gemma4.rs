@@ -1,5 +1,5 @@
 //! Gemma 4 synthetic models: the tiny `--arch gemma4` model and the real-size `gemma4-*`
-//! shapes share one description of the structure ([`Gemma4Model`]): which layers are
+//! shapes share one description of the structure (`Gemma4Model`): which layers are
 //! sliding-window, their head sizes and KV heads, the shared-KV layers, the layers without a
 //! V projection, the per-layer embeddings, the metadata keys and the tensor list.
 //!
