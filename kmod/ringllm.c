@@ -53,7 +53,7 @@ MODULE_PARM_DESC(max_mem_mb, "largest mapped area one context may ask for, MiB")
 
 struct rlk_counters {
 	atomic64_t claimed, passed, malformed, no_bank, busy, sent, send_errors, wakeups, released,
-		coalesced;
+		coalesced, stale;
 };
 
 struct rlk_ctx {
@@ -121,6 +121,21 @@ static inline unsigned long *rlk_bitmap(struct rlk_ctx *ctx, u32 b)
 	return ctx->bitmaps + (size_t)b * (ctx->slots / BITS_PER_LONG);
 }
 
+/* Empties bank `b` (under ctx->lock), counting the datagrams still in it: user space frees a
+ * bank by a store, and a datagram for its frame may land between its last look and that
+ * store. Nobody reads those; they are counted, not lost without a trace. */
+static void rlk_empty_bank(struct rlk_ctx *ctx, u32 b)
+{
+	unsigned long *bm = rlk_bitmap(ctx, b);
+	unsigned int left = bitmap_weight(bm, ctx->slots);
+
+	if (left) {
+		atomic64_add(left, &ctx->c.stale);
+		atomic64_add(left, &rlk_global.stale);
+	}
+	bitmap_zero(bm, ctx->slots);
+}
+
 /* What became of one datagram. */
 enum rlk_placed { RLK_PLACED, RLK_MALFORMED, RLK_NO_BANK, RLK_BUSY };
 
@@ -178,8 +193,8 @@ static enum rlk_placed rlk_place(struct rlk_ctx *ctx, const struct sk_buff *skb,
 		b = nfree;
 		bank = &ctx->banks[b];
 		/* User space may free a bank by writing its state (no system call per frame):
-		 * whatever was left in it is dropped here. */
-		bitmap_zero(rlk_bitmap(ctx, b), ctx->slots);
+		 * whatever was left in it is dropped (and counted) here. */
+		rlk_empty_bank(ctx, b);
 		bank->count = count;
 		bank->frame = frame;
 		bank->src_addr = saddr;
@@ -613,7 +628,7 @@ static long rlk_release_bank(struct rlk_ctx *ctx, u32 __user *arg)
 		return -EINVAL;
 	k = &ctx->banks[b];
 	spin_lock_bh(&ctx->lock);
-	bitmap_zero(rlk_bitmap(ctx, b), ctx->slots);
+	rlk_empty_bank(ctx, b);
 	k->stored = 0;
 	k->gen++;
 	WRITE_ONCE(k->state, RLK_BANK_FREE);
@@ -621,6 +636,20 @@ static long rlk_release_bank(struct rlk_ctx *ctx, u32 __user *arg)
 	atomic64_inc(&ctx->c.released);
 	atomic64_inc(&rlk_global.released);
 	return 0;
+}
+
+/* Datagrams still set in the bitmaps of banks user space has freed. */
+static u64 rlk_stranded(struct rlk_ctx *ctx)
+{
+	u64 n = 0;
+	u32 b;
+
+	spin_lock_bh(&ctx->lock);
+	for (b = 0; b < ctx->nbanks; b++)
+		if (READ_ONCE(ctx->banks[b].state) != RLK_BANK_ACTIVE)
+			n += bitmap_weight(rlk_bitmap(ctx, b), ctx->slots);
+	spin_unlock_bh(&ctx->lock);
+	return n;
 }
 
 static void rlk_read_counters(struct rlk_counters *c, struct rlk_stats *s)
@@ -635,6 +664,7 @@ static void rlk_read_counters(struct rlk_counters *c, struct rlk_stats *s)
 	s->wakeups = atomic64_read(&c->wakeups);
 	s->released = atomic64_read(&c->released);
 	s->coalesced = atomic64_read(&c->coalesced);
+	s->dropped_stale = atomic64_read(&c->stale);
 }
 
 static long rlk_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
@@ -676,6 +706,10 @@ static long rlk_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		rlk_read_counters(&ctx->c, &s);
 		/* Several links may share a port: what passed is counted module-wide. */
 		s.passed = atomic64_read(&rlk_global.passed);
+		/* Datagrams left in banks user space has freed are dropped when a new frame takes
+		 * the bank; counted now too, so the sum is whole whenever it is read. */
+		if (ctx->area)
+			s.dropped_stale += rlk_stranded(ctx);
 		return copy_to_user(p, &s, sizeof(s)) ? -EFAULT : 0;
 	}
 	default:
@@ -737,7 +771,7 @@ static int rlk_proc_show(struct seq_file *m, void *v)
 		   s.claimed, s.passed, s.dropped_malformed, s.dropped_no_bank);
 	seq_printf(m, "dropped_busy %llu\nsent %llu\nsend_errors %llu\nwakeups %llu\nreleased %llu\n",
 		   s.dropped_busy, s.sent, s.send_errors, s.wakeups, s.released);
-	seq_printf(m, "coalesced %llu\n", s.coalesced);
+	seq_printf(m, "coalesced %llu\ndropped_stale %llu\n", s.coalesced, s.dropped_stale);
 	return 0;
 }
 

@@ -41,7 +41,7 @@ typedef uint64_t __u64;
 typedef int64_t __s64;
 #endif
 
-#define RLK_ABI_VERSION 1
+#define RLK_ABI_VERSION 2
 #define RLK_MAGIC 0x314b4c52u /* "RLK1" as bytes on the wire */
 #define RLK_PREFIX_LEN 8 /* the magic and the tag */
 #define RLK_DATA_HDR_LEN 32
@@ -167,6 +167,7 @@ struct rlk_stats {
 	__u64 wakeups;
 	__u64 released;          /* banks released by RLK_IOC_RELEASE_BANK */
 	__u64 coalesced;         /* skbs holding several datagrams (GRO), each placed on its own */
+	__u64 dropped_stale;     /* stored in a bank user space then freed, never read (ABI 2) */
 };
 
 #define RLK_IOC_MAGIC 'r'

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub const DEVICE: &str = "/dev/ringllm";
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 /// "RLK1" on the wire.
 pub const MAGIC: u32 = 0x314b_4c52;
 /// The magic and the tag before every data datagram.
@@ -146,6 +146,10 @@ pub struct KmodStats {
     pub released: u64,
     /// skbs that held several datagrams (coalesced by GRO), each placed on its own.
     pub coalesced: u64,
+    /// Datagrams stored in a bank that user space then freed without reading them (they
+    /// landed between its last look and its store of the bank's state: late copies of a
+    /// settled frame, or forgeries), dropped when the bank is next taken.
+    pub dropped_stale: u64,
 }
 
 /// The shared page's layout (`struct rlk_shared`).
@@ -715,7 +719,7 @@ mod tests {
         0x4018_7206,
         0xc018_7207,
         0x4004_7208,
-        0x8050_7209,
+        0x8058_7209,
     ];
 
     #[test]
