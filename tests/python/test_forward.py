@@ -102,20 +102,22 @@ def level_available(level):
 def test_every_kernel_level_matches_reference(level, tmp_path):
     """Every kernel level this CPU has, forced with RINGLLM_ISA, passes the same comparisons
     with prompts long enough for the prefill kernels (more than 8 rows: the GEMM kernels at
-    the avx512 level) on both real models and on synthetic models in the legacy formats."""
+    the avx512 level) on SmolLM2 and on synthetic models in the legacy formats and the K-quants
+    Gemma 3 270M's file holds (Q4_K, Q6_K; Gemma 3 itself runs at the best level in the other
+    tests: at the scalar level its 262k-row head alone took most of a minute of CI)."""
     if not level_available(level):
         pytest.skip(f"this CPU lacks the {level} level")
     best = next(lv for lv in ["avx512", "vnni", "avx2", "scalar"] if level_available(lv))
     if level == best and "RINGLLM_ISA" not in os.environ:
         pytest.skip(f"{level} is this CPU's best level: the other tests of this file run at it")
     env = dict(os.environ, RINGLLM_ISA=level)
-    for name in [GEMMA.name, SMOL.name]:
-        path = model_path(name)
-        toks = PROMPTS[name][1]
-        assert len(toks) > 8
-        ours = forward_dump(path, toks, tmp_path / name, "--threads", "2", env=env)
-        compare(ours, ref_model(path), toks, f"{name} at {level}")
-    for arch, ty in [("llama", "Q4_1"), ("gemma3", "Q5_0"), ("llama", "Q8_0")]:
+    path = model_path(SMOL.name)
+    toks = PROMPTS[SMOL.name][1]
+    assert len(toks) > 8
+    ours = forward_dump(path, toks, tmp_path / SMOL.name, "--threads", "2", env=env)
+    compare(ours, ref_model(path), toks, f"{SMOL.name} at {level}")
+    for arch, ty in [("llama", "Q4_1"), ("gemma3", "Q5_0"), ("llama", "Q8_0"), ("gemma3", "Q4_K"),
+                     ("llama", "Q6_K")]:
         f = tmp_path / f"{arch}-{ty}.gguf"
         run(["debug", "synth", "--arch", arch, "--type", ty, "--seed", "3", "-o", f])
         m = reference.load(str(f))

@@ -211,9 +211,9 @@ impl Ring {
             .coordinator_memory
             .unwrap_or(avail.saturating_sub(headroom(avail)));
         // Calibration: the probe's speed against this model's real layers and head, measured
-        // here; every node's probe speed is scaled by the same factor.
+        // here; a node's probe speed is scaled by the ratio measured here at its own thread
+        // counts (below).
         let cal = calibration(file, coordinator_threads)?;
-        let factor = cal.factor();
         tracing::info!(
             probe_gbs = cal.probe_bytes_per_s / 1e9,
             layer_gbs = cal.model.layer_bytes_per_s / 1e9,
@@ -245,6 +245,7 @@ impl Ring {
                     let budget = s.memory.map_or(budget, |m| m.min(budget));
                     // The node runs with the cluster file's threads, else its own.
                     let threads = s.threads.unwrap_or(n.caps.threads as usize);
+                    let factor = node_factor(file, n.caps.threads as usize, threads)?;
                     inputs.push(StageInput {
                         name: n.name.clone(),
                         address: a.clone(),
@@ -501,4 +502,19 @@ fn segments(spec: &RingSpec, plan: &Plan) -> Vec<Stage> {
         }
     }
     stages
+}
+
+/// What a node's probe speed (measured with `probe_threads`) is multiplied by to estimate its
+/// speed on this model's layers with `run_threads`: this machine's layer speed at
+/// `run_threads` over its probe speed at `probe_threads`, each at most this machine's cores.
+/// One factor for every node, taken at the coordinator's thread count, was wrong by the
+/// scaling of the two speeds: the probe's matrix stays in cache and scales with threads, the
+/// layers stream from memory and scale less. A 1-thread node scaled by the 2-thread ratio was
+/// predicted at 0.57x its measured speed (qwen3-14b over three nodes, issue 28).
+fn node_factor(file: &Arc<GgufFile>, probe_threads: usize, run_threads: usize) -> Result<f64> {
+    let here = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let at = |t: usize| t.clamp(1, here);
+    let probe = calibration(file, at(probe_threads))?.probe_bytes_per_s;
+    let layers = calibration(file, at(run_threads))?.model.layer_bytes_per_s;
+    Ok((layers / probe.max(1.0)).clamp(0.01, 10.0))
 }

@@ -80,14 +80,6 @@ pub struct Calibration {
     pub model: ModelSpeed,
 }
 
-impl Calibration {
-    /// What a node's probe speed is multiplied by to estimate its speed on this model's
-    /// layers: the ratio measured here (bounded).
-    pub fn factor(&self) -> f64 {
-        (self.model.layer_bytes_per_s / self.probe_bytes_per_s.max(1.0)).clamp(0.01, 10.0)
-    }
-}
-
 /// The coordinator's probe speed and its speed on `file`'s layers and head
 /// ([`calibrate`]), measured once per model file and thread count in this process: a ring
 /// re-planned after a lost node reuses them (this CPU has not changed, and measuring took a
