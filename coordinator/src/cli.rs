@@ -245,6 +245,11 @@ pub struct ServeArgs {
     /// (repeatable). Default: any origin when --api-key is set, none otherwise.
     #[arg(long, value_name = "ORIGIN")]
     pub cors: Vec<String>,
+    /// Without --api-key the server answers only requests sent to its own address (and to
+    /// localhost when it listens on loopback), against DNS rebinding: let it answer to NAME
+    /// too (repeatable; e.g. gpu-box.local; `*`: any name).
+    #[arg(long, value_name = "NAME")]
+    pub allow_host: Vec<String>,
     /// Seconds a connection may take to send a request's headers before it is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub header_timeout: f64,
@@ -771,6 +776,7 @@ impl GenArgs {
             api_key: s.api_key.clone(),
             template: self.template.clone(),
             cors: s.cors.clone(),
+            allow_hosts: s.allow_host.clone(),
             header_timeout: seconds(s.header_timeout),
             body_timeout: seconds(s.body_timeout),
             max_connections: s.max_connections,

@@ -390,6 +390,26 @@ def test_cors_only_with_a_key_or_a_named_origin(smol):
         s.stop()
 
 
+def test_a_keyless_server_answers_only_its_own_host_names(smol):
+    # DNS rebinding: a page of evil.example pointed its name at this server; the browser sends
+    # that name as Host.
+    for path in ("/metrics", "/v1/models", "/api/tags", "/health"):
+        status, _, body = smol.get(path, headers={"Host": f"evil.example:{smol.port}"})
+        assert status == 403 and b"--allow-host evil.example" in body, (path, body)
+    assert smol.get("/v1/models", headers={"Host": f"localhost:{smol.port}"})[0] == 200
+    s = Server(["run", "-m", model_path(SMOL.name), "--threads", "1", "-c", "256", "--parallel", "1",
+                "--allow-host", "gpu-box.local"])
+    try:
+        assert s.get("/metrics", headers={"Host": "gpu-box.local:8080"})[0] == 200
+        assert s.get("/metrics", headers={"Host": "other.local"})[0] == 403
+    finally:
+        s.stop()
+    # A name that is no host name fails before the model is opened.
+    r = ringllm(["run", "-m", "/nonexistent/model.gguf", "--serve", "127.0.0.1:0", "--allow-host",
+                 "http://gpu-box/"], check=False, timeout=60)
+    assert r.returncode != 0 and "--allow-host" in r.stderr and "nonexistent" not in r.stderr, r.stderr
+
+
 def test_serve_binds_before_loading_and_says_where_after_binding():
     # A taken port fails before the model is even opened (the model path does not exist).
     with socket.socket() as taken:

@@ -235,10 +235,38 @@ struct RawNode {
     transport: Option<Spanned<String>>,
 }
 
-/// Reads and checks a cluster file.
+/// Largest cluster file read. A file of hundreds of nodes is a few tens of KiB; a larger one
+/// is the wrong file (a model, a log), which would take seconds and hundreds of MiB to parse
+/// before its error.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Reads and checks a cluster file (at most `MAX_FILE_BYTES`: checked from its size before it
+/// is read, and while it is read for files whose size says nothing, such as pipes).
 pub fn load(path: &Path) -> Result<ClusterConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read cluster file {}", path.display()))?;
+    use std::io::Read as _;
+    let cannot = || format!("cannot read cluster file {}", path.display());
+    let file = std::fs::File::open(path).with_context(cannot)?;
+    let size = file.metadata().with_context(cannot)?.len();
+    let too_big = |size: &dyn std::fmt::Display| {
+        anyhow::anyhow!(
+            "cluster file {} is {size} bytes; a cluster file may be at most {MAX_FILE_BYTES} \
+             bytes (1 MiB): is it the right file?",
+            path.display()
+        )
+    };
+    if size > MAX_FILE_BYTES {
+        return Err(too_big(&size));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(cannot)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(&format!("over {MAX_FILE_BYTES}")));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("cluster file {} is not UTF-8 text", path.display()))?;
     parse_str(&text, path)
 }
 

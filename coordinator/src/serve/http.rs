@@ -14,7 +14,9 @@
 //! `conn` bounds the connections (a cap, a header-read timeout); a request body must arrive
 //! within `body_timeout`. Web pages of other origins may call the API only when an API key
 //! is set (any origin) or their origin was named (`--cors ORIGIN`); a request whose `Origin`
-//! is not allowed is refused with a 403 before anything runs.
+//! is not allowed is refused with a 403 before anything runs. A server without an API key
+//! answers only to its own host names (its address, localhost, `--allow-host NAME`), so a
+//! page whose DNS name is pointed at it (DNS rebinding) cannot read it.
 
 mod access;
 mod cluster;
@@ -58,6 +60,9 @@ pub struct ServeOptions {
     /// Origins whose web pages may call the API (`*`: any). Empty: any origin when an API key
     /// is set, none otherwise.
     pub cors: Vec<String>,
+    /// Host names (`Host`) a server without an API key answers to besides its own address
+    /// and, on loopback, `localhost` (`*`: any).
+    pub allow_hosts: Vec<String>,
     /// Longest wait for a request head (from the connection, or between requests).
     pub header_timeout: Duration,
     /// Longest wait for a request body.
@@ -73,6 +78,7 @@ impl Default for ServeOptions {
         ServeOptions {
             api_key: None,
             cors: Vec::new(),
+            allow_hosts: Vec::new(),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 512,
@@ -125,8 +131,10 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// What every handler sees.
 struct AppState {
     backend: Arc<dyn Backend>,
-    api_key: Option<String>,
+    api_key: Option<access::ApiKey>,
     cors: Cors,
+    /// The `Host` names answered without an API key.
+    hosts: access::Hosts,
     body_timeout: Duration,
     /// Set on SIGTERM/SIGINT: `/health` turns 503, new requests are refused.
     draining: AtomicBool,
@@ -135,6 +143,8 @@ struct AppState {
     model: ModelCard,
     /// Other model names requests gave (warned about once each, up to `NAMES_WARNED`).
     other_names: std::sync::Mutex<Vec<String>>,
+    /// The nodes' last answers for `GET /v1/cluster`.
+    cluster_status: Arc<cluster::StatusCache>,
 }
 
 /// How many distinct unknown model names get a warning (later ones a debug line).
@@ -150,6 +160,11 @@ pub fn bind(addr: &str) -> Result<std::net::TcpListener> {
         .set_nonblocking(true)
         .context("cannot make the listener non-blocking")?;
     Ok(listener)
+}
+
+/// Checks `--allow-host` names, so a mistake fails before the model loads.
+pub fn check_allow_hosts(names: &[String]) -> Result<()> {
+    access::Hosts::new(std::net::Ipv4Addr::LOCALHOST.into(), names).map(drop)
 }
 
 /// Serves on `listener` (from `bind`) until SIGTERM or SIGINT; then stops accepting, shuts
@@ -175,10 +190,12 @@ pub fn serve(
 }
 
 /// The router alone (no listener, no connection limits, no shutdown handling): for tests and
-/// embedding.
+/// embedding. Without an API key it answers the host names of a loopback listener (and
+/// `opts.allow_hosts`).
 #[cfg_attr(not(test), allow(dead_code))]
 pub fn router(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Result<Router> {
-    Ok(app(state(backend, opts)?))
+    let loopback = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    Ok(app(state(backend, opts, loopback)?))
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains as `serve` does.
@@ -188,7 +205,11 @@ pub async fn run(
     opts: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let state = state(backend, &opts)?;
+    let bound = listener
+        .local_addr()
+        .context("cannot read the listener's address")?
+        .ip();
+    let state = state(backend, &opts, bound)?;
     let app = app(Arc::clone(&state));
     let limits = conn::Limits {
         max_connections: opts.max_connections.max(1),
@@ -245,17 +266,28 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-fn state(backend: Arc<dyn Backend>, opts: &ServeOptions) -> Result<Shared> {
-    let api_key = opts.api_key.clone().filter(|k| !k.is_empty());
+/// `bound`: the address listened on (the names of a server without a key follow from it).
+fn state(
+    backend: Arc<dyn Backend>,
+    opts: &ServeOptions,
+    bound: std::net::IpAddr,
+) -> Result<Shared> {
+    let api_key = opts
+        .api_key
+        .as_deref()
+        .filter(|k| !k.is_empty())
+        .map(access::ApiKey::new);
     Ok(Arc::new(AppState {
         backend,
         cors: Cors::new(&opts.cors, api_key.is_some())?,
+        hosts: access::Hosts::new(bound, &opts.allow_hosts)?,
         api_key,
         body_timeout: opts.body_timeout,
         draining: AtomicBool::new(false),
         started: openai::unix_now(),
         model: opts.model.clone(),
         other_names: std::sync::Mutex::new(Vec::new()),
+        cluster_status: Arc::default(),
     }))
 }
 
@@ -285,21 +317,26 @@ fn app(state: Shared) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(reject_large))
-        .with_state(state);
+        .with_state(Arc::clone(&state));
     use tower_http::cors::{AllowOrigin, CorsLayer};
     let origins = match cors {
-        Cors::Off => return app,
-        Cors::Any => AllowOrigin::any(),
-        Cors::Origins(list) => AllowOrigin::list(list),
+        Cors::Off => None,
+        Cors::Any => Some(AllowOrigin::any()),
+        Cors::Origins(list) => Some(AllowOrigin::list(list)),
     };
-    app.layer(
-        CorsLayer::new()
-            .allow_origin(origins)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-            .expose_headers([header::RETRY_AFTER])
-            .max_age(Duration::from_secs(3600)),
-    )
+    let app = match origins {
+        None => app,
+        Some(origins) => app.layer(
+            CorsLayer::new()
+                .allow_origin(origins)
+                .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+                .expose_headers([header::RETRY_AFTER])
+                .max_age(Duration::from_secs(3600)),
+        ),
+    };
+    // Outermost: a request for a name this server does not answer to gets nothing else.
+    app.layer(middleware::from_fn_with_state(state, access::allowed_host))
 }
 
 /// `{"status": "ok"}`; over a ring also its nodes, and any missing (`"degraded"` when it

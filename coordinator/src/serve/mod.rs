@@ -217,6 +217,9 @@ pub struct ServeConfig {
     pub template: Option<String>,
     /// Web origins allowed to call the API (`--cors`; see `http::ServeOptions::cors`).
     pub cors: Vec<String>,
+    /// Host names answered without an API key besides the bound address (`--allow-host`;
+    /// see `http::ServeOptions::allow_hosts`).
+    pub allow_hosts: Vec<String>,
     /// Longest wait for a request head.
     pub header_timeout: std::time::Duration,
     /// Longest wait for a request body.
@@ -231,6 +234,7 @@ pub struct ServeConfig {
 /// Binds the serve address first (a taken port fails before the model loads) and warns when
 /// it is reachable beyond this machine without an API key.
 fn bind(cfg: &ServeConfig) -> anyhow::Result<std::net::TcpListener> {
+    http::check_allow_hosts(&cfg.allow_hosts)?;
     let listener = http::bind(&cfg.addr)?;
     let public = listener.local_addr().is_ok_and(|a| !a.ip().is_loopback());
     if public && cfg.api_key.as_deref().is_none_or(str::is_empty) {
@@ -335,6 +339,7 @@ fn start_and_serve(
     let opts = http::ServeOptions {
         api_key: s.api_key.clone(),
         cors: s.cors.clone(),
+        allow_hosts: s.allow_hosts.clone(),
         header_timeout: s.header_timeout,
         body_timeout: s.body_timeout,
         max_connections: s.max_connections,

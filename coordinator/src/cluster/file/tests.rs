@@ -506,3 +506,54 @@ fn activations_names_aliases_and_the_default() {
     // The flag reads the same table.
     assert_eq!("Q8_0".parse::<Activations>(), Ok(Activations::Q8));
 }
+
+/// A folder under the system's temporary one, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("ringllm-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_file_over_the_size_cap_is_refused_by_its_size_before_it_is_read() {
+    let dir = TempDir::new("cluster-cap");
+    // 10 MB, sparse: reading it took 12.8 s and 401 MB before its parse error.
+    let big = dir.0.join("big.toml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(10_000_000)
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let m = format!("{:#}", load(&big).unwrap_err());
+    assert!(
+        m.contains(&big.display().to_string()) && m.contains("10000000") && m.contains("1048576"),
+        "the message names the file, its size and the cap: {m}"
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t0.elapsed()
+    );
+    // A file of exactly the cap is read (a good file padded with a comment).
+    let padded = dir.0.join("padded.toml");
+    let mut text = format!("{GOOD}#");
+    text.push_str(&"x".repeat(MAX_FILE_BYTES as usize - text.len() - 1));
+    text.push('\n');
+    std::fs::write(&padded, &text).unwrap();
+    assert_eq!(load(&padded).unwrap().stages.len(), 3);
+    // One byte more is refused.
+    text.insert(GOOD.len() + 1, 'x');
+    std::fs::write(&padded, &text).unwrap();
+    let m = format!("{:#}", load(&padded).unwrap_err());
+    assert!(m.contains("1048577 bytes"), "{m}");
+}

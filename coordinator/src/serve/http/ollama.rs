@@ -207,6 +207,31 @@ const DEFAULT_TOP_P: f32 = 0.9;
 const DEFAULT_REPEAT_PENALTY: f32 = 1.1;
 
 impl Options {
+    /// The request's `options`: a JSON object (or nothing). serde would read an array into
+    /// this struct field by field, in order, so `[0.5]` would set the temperature: anything
+    /// but an object is refused by name.
+    fn from_json(v: Option<Value>) -> Result<Options, ApiError> {
+        let kind = match &v {
+            None | Some(Value::Null) => return Ok(Options::default()),
+            Some(Value::Object(_)) => "",
+            Some(Value::Array(_)) => "an array",
+            Some(Value::String(_)) => "a string",
+            Some(Value::Number(_)) => "a number",
+            Some(Value::Bool(_)) => "a boolean",
+        };
+        if !kind.is_empty() {
+            return Err(bad(
+                "options",
+                format!(
+                    "`options` must be a JSON object of named options, such as \
+                     {{\"temperature\": 0.7, \"num_predict\": 64}}, not {kind}"
+                ),
+            ));
+        }
+        serde_json::from_value(v.unwrap_or_default())
+            .map_err(|e| bad("options", format!("`options` is not valid: {e}")))
+    }
+
     fn params(&self, kind: Kind, stream: bool) -> Result<Params, ApiError> {
         let max_tokens = match self.num_predict {
             None | Some(-1) | Some(-2) => None,
@@ -275,7 +300,7 @@ struct ChatBody {
     messages: Option<Vec<ChatMessage>>,
     stream: Option<bool>,
     format: Option<Value>,
-    options: Option<Options>,
+    options: Option<Value>,
     keep_alive: Option<Value>,
     tools: Option<Vec<Value>>,
     think: Option<Value>,
@@ -304,7 +329,7 @@ struct GenerateBody {
     raw: Option<bool>,
     stream: Option<bool>,
     format: Option<Value>,
-    options: Option<Options>,
+    options: Option<Value>,
     images: Option<Vec<Value>>,
     keep_alive: Option<Value>,
     think: Option<Value>,
@@ -421,10 +446,7 @@ async fn chat(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let stream = body.stream.unwrap_or(true);
-    let p = body
-        .options
-        .unwrap_or_default()
-        .params(Kind::Chat, stream)?;
+    let p = Options::from_json(body.options)?.params(Kind::Chat, stream)?;
     let prompt = tokenize(&s, Prompt::Chat(messages)).await?;
     answer(&s, p, prompt, What::Chat, model, t0).await
 }
@@ -474,10 +496,7 @@ async fn generate(
         return Ok(load_reply(&model, What::Generate, body.keep_alive.as_ref()));
     }
     let stream = body.stream.unwrap_or(true);
-    let p = body
-        .options
-        .unwrap_or_default()
-        .params(Kind::Completion, stream)?;
+    let p = Options::from_json(body.options)?.params(Kind::Completion, stream)?;
     // Raw: the client wrote the model's format itself, so its special-token texts are
     // control tokens. Otherwise the prompt is one user turn in the chat template (with
     // `system`), or plain text when the model has none.

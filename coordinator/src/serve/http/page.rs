@@ -1,6 +1,8 @@
 //! The chat page at `/`: three hand-written static files (HTML, CSS, JavaScript) compiled into
 //! the binary. The page talks to this server's own `/v1/chat/completions` (streamed) and
-//! polls `/v1/models`, `/v1/cluster` (when the server has it) and `/health`. It is served
+//! polls `/v1/models` and `/health` every 5 s and `/v1/cluster` (when the server has it)
+//! every 15 s, and nothing while the page is hidden: the nodes' status costs the ring a
+//! connection to every node. It is served
 //! without the API key (it holds no data); the API calls it makes need the key, which the
 //! page asks for on a 401 and keeps in the browser's localStorage.
 //!

@@ -9,6 +9,9 @@ const KEYS = {
   apiKey: 'ringllm.apiKey',
 };
 const POLL_MS = 5000;
+// /v1/cluster asks every node of the ring (a connection and a handshake each), so the nodes
+// are asked for less often than the rest; a hidden page asks for nothing.
+const CLUSTER_POLL_MS = 15000;
 
 const $ = (id) => document.getElementById(id);
 
@@ -38,6 +41,9 @@ const state = {
   apiKey: load(KEYS.apiKey, ''),
   model: null,
   controller: null,
+  // When /v1/cluster was last asked (0: not yet), and whether the server has it.
+  clusterAt: 0,
+  hasCluster: true,
 };
 
 function headers() {
@@ -80,6 +86,7 @@ function useKey(event) {
   $('key').value = '';
   $('key-form').hidden = true;
   $('forget-key').hidden = !state.apiKey;
+  state.clusterAt = 0;
   poll();
 }
 
@@ -343,9 +350,26 @@ async function pollLoad() {
   $('load').textContent = parts.join(' · ');
 }
 
+/** The nodes: /v1/cluster every CLUSTER_POLL_MS (when the server has it), else /health's list. */
+async function pollNodes(health) {
+  if (state.hasCluster && Date.now() - state.clusterAt < CLUSTER_POLL_MS) return;
+  try {
+    if (state.hasCluster) {
+      state.clusterAt = Date.now();
+      const c = await api('/v1/cluster');
+      if (c.ok) return showCluster(await c.json());
+      if (c.status === 404) state.hasCluster = false;
+    }
+    if (health) showHealth(health);
+  } catch (e) {
+    if (health) showHealth(health);
+  }
+}
+
 async function poll() {
-  // While the key form is up, it waits for the user (useKey polls again).
-  if (!$('key-form').hidden) return;
+  // While the key form is up, it waits for the user (useKey polls again); a hidden page
+  // waits until it is shown.
+  if (!$('key-form').hidden || document.hidden) return;
   try {
     const r = await api('/v1/models');
     if (!r.ok) throw new Error(await errorText(r));
@@ -365,13 +389,7 @@ async function poll() {
     const label = { ok: 'ready', degraded: 'degraded', unavailable: 'ring down' }[health.status];
     showStatus(label || health.status, health.status);
   }
-  try {
-    const c = await api('/v1/cluster');
-    if (c.ok) showCluster(await c.json());
-    else if (health) showHealth(health);
-  } catch (e) {
-    if (health) showHealth(health);
-  }
+  await pollNodes(health);
   try {
     await pollLoad();
   } catch (_) {
@@ -394,6 +412,9 @@ function init() {
   }
   $('input').addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) send(e);
+  });
+  document.addEventListener('visibilitychange', () => {
+    if (!document.hidden) poll();
   });
   poll();
   setInterval(poll, POLL_MS);

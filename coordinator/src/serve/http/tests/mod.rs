@@ -4,6 +4,7 @@
 //! tests/python/test_serve.py (with the `openai` client).
 
 use super::{router, run, ServeOptions};
+use crate::cluster::status::ClusterView;
 use crate::serve::{
     Backend, Finish, GenEvent, GenRequest, Health, Metrics, Sampling, SubmitError, TokenLogprob,
     TopLogprob,
@@ -83,6 +84,8 @@ struct Scripted {
     shut: Arc<AtomicBool>,
     /// What `health` answers (`None`: the trait's default).
     health: Option<Health>,
+    /// What `cluster` answers (`None`: one machine).
+    cluster: Option<ClusterView>,
 }
 
 impl Scripted {
@@ -95,7 +98,13 @@ impl Scripted {
             open: Mutex::new(Vec::new()),
             shut: Arc::new(AtomicBool::new(false)),
             health: None,
+            cluster: None,
         }
+    }
+
+    fn cluster(mut self, c: ClusterView) -> Scripted {
+        self.cluster = Some(c);
+        self
     }
 
     fn health(mut self, h: Health) -> Scripted {
@@ -235,6 +244,10 @@ impl Backend for Scripted {
 
     fn health(&self) -> Health {
         self.health.clone().unwrap_or_else(Health::ready)
+    }
+
+    fn cluster(&self) -> Option<ClusterView> {
+        self.cluster.clone()
     }
 
     fn shutdown(&self) {
@@ -390,7 +403,7 @@ impl Resp {
 fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Vec<u8> {
     let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-        req += "Host: test\r\n";
+        req += "Host: 127.0.0.1\r\n";
     }
     for (k, v) in headers {
         req += &format!("{k}: {v}\r\n");

@@ -285,6 +285,38 @@ fn errors_have_ollamas_shape() {
 }
 
 #[test]
+fn options_that_are_not_an_object_are_a_400_naming_options() {
+    // serde reads an array into a struct field by field: `[1.9, 0.1]` was a temperature of
+    // 1.9 and a top_p of 0.1.
+    let s = start(Scripted::new(Script::Events(hello())), None);
+    for options in [
+        json!([1.9, 0.1]),
+        json!([]),
+        json!("hot"),
+        json!(0.5),
+        json!(true),
+    ] {
+        for (path, body) in [
+            (
+                "/api/chat",
+                json!({"messages": user("x"), "options": options}),
+            ),
+            ("/api/generate", json!({"prompt": "x", "options": options})),
+        ] {
+            let m = ollama_error(&post(s.addr, path, &body), 400);
+            assert!(
+                m.contains("`options` must be a JSON object") && m.contains("temperature"),
+                "{path} {options}: {m}"
+            );
+        }
+    }
+    assert!(s.backend.seen(|r| r.is_empty()), "nothing was submitted");
+    // null is no options.
+    let body = json!({"prompt": "x", "stream": false, "options": null});
+    assert_eq!(post(s.addr, "/api/generate", &body).status, 200);
+}
+
+#[test]
 fn the_api_key_guards_ollamas_api_too() {
     let s = start(Scripted::new(Script::Events(hello())), Some("sekrit"));
     for (method, path) in [
@@ -381,8 +413,13 @@ fn the_chat_page_is_served_with_its_types_and_a_csp() {
 #[test]
 fn the_page_may_call_its_own_server_without_cors() {
     // No key, no --cors: other origins are refused, the page's own origin is let in when
-    // its host cannot be rebound by a stranger's DNS.
-    let s = start(Scripted::new(Script::Events(hello())), None);
+    // its host is one of the server's own names (its address, localhost, --allow-host),
+    // which a stranger's DNS cannot take over.
+    let opts = ServeOptions {
+        allow_hosts: vec!["gpu-box".into(), "gpu-box.local".into()],
+        ..ServeOptions::default()
+    };
+    let s = start_with(Scripted::new(Script::Events(hello())), opts);
     let body = chat_body(json!({}));
     let call = |host: &str, origin: &str| {
         send(
@@ -399,16 +436,24 @@ fn the_page_may_call_its_own_server_without_cors() {
         ("localhost:8080", "http://localhost:8080"),
         ("gpu-box:8080", "http://gpu-box:8080"),
         ("gpu-box.local", "http://gpu-box.local"),
-        ("gpu-box.home.arpa:8080", "http://gpu-box.home.arpa:8080"),
-        ("192.168.1.20:8080", "https://192.168.1.20:8080"),
     ] {
         assert_eq!(call(host, origin).status, 200, "{origin}");
+    }
+    // Names it was not given are refused as hosts before their origin is looked at (the
+    // `.local`, `.home.arpa`, `.internal` and dotless names were let in, and an mDNS or
+    // LLMNR answer on the LAN can point them anywhere); so is another machine's address.
+    for (host, origin) in [
+        ("other-box.local", "http://other-box.local"),
+        ("gpu-box.home.arpa:8080", "http://gpu-box.home.arpa:8080"),
+        ("printer:8080", "http://printer:8080"),
+        ("192.168.1.20:8080", "https://192.168.1.20:8080"),
+    ] {
+        assert_eq!(call(host, origin).error(403)["code"], "host_not_allowed");
     }
     for (host, origin) in [
         ("127.0.0.1:8080", "http://127.0.0.1:9999"),
         ("127.0.0.1:8080", "http://evil.example"),
-        ("evil.example:8080", "http://evil.example:8080"),
-        ("local.evil.example", "http://local.evil.example"),
+        ("gpu-box:8080", "http://gpu-box.evil.example:8080"),
         ("127.0.0.1:8080", "null"),
     ] {
         assert_eq!(call(host, origin).error(403)["code"], "origin_not_allowed");
@@ -417,10 +462,15 @@ fn the_page_may_call_its_own_server_without_cors() {
         s.addr,
         "POST",
         "/api/chat",
-        &[("Host", "evil.example"), ("Origin", "http://evil.example")],
+        &[("Host", "127.0.0.1"), ("Origin", "http://evil.example")],
         Some(json!({"messages": user("x")}).to_string().as_bytes()),
     );
     assert!(ollama_error(&r, 403).contains("--cors"));
+    assert_eq!(
+        s.backend.seen(|r| r.len()),
+        5,
+        "only the page's own requests ran"
+    );
 }
 
 #[test]

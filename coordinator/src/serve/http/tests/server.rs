@@ -169,7 +169,8 @@ fn a_body_over_the_limit_is_a_json_413() {
     // Only the headers: the server answers from Content-Length without reading the body (so
     // the client never writes into a closed connection).
     let mut c = TcpStream::connect(s.addr).unwrap();
-    let head = "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+    let head =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
                 Content-Length: 5242880\r\n\r\n";
     c.write_all(head.as_bytes()).unwrap();
     let mut raw = Vec::new();
@@ -415,10 +416,10 @@ fn a_request_head_that_never_ends_is_cut_off() {
         ..ServeOptions::default()
     };
     let s = start_with(Scripted::new(Script::Events(hello())), opts);
-    let mut c = stalled(s.addr, "GET /v1/models HTTP/1.1\r\nHost: x\r\n");
+    let mut c = stalled(s.addr, "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n");
     until_closed(&mut c).expect("the server closes a connection whose head never ends");
     // Idle between requests counts the same.
-    let mut c = stalled(s.addr, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut c = stalled(s.addr, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     let got = until_closed(&mut c).expect("an idle kept-alive connection is closed");
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
 }
@@ -432,7 +433,7 @@ fn a_body_that_never_arrives_is_a_408() {
     let s = start_with(Scripted::new(Script::Events(hello())), opts);
     let mut c = stalled(
         s.addr,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"pro",
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{\"pro",
     );
     let got = until_closed(&mut c).unwrap();
     assert_eq!(parse(got.as_bytes()).error(408)["code"], "body_timeout");
@@ -478,4 +479,178 @@ fn at_the_connection_cap_idle_connections_make_room_and_busy_ones_stay() {
     assert_eq!(r.error(503)["code"], "too_many_connections");
     assert_eq!(r.header("retry-after"), Some("1"));
     drop(busy);
+}
+
+/// A GET with this `Host`.
+fn get_for(addr: SocketAddr, host: &str, path: &str) -> Resp {
+    send(addr, "GET", path, &[("Host", host)], None)
+}
+
+#[test]
+fn a_server_without_a_key_answers_only_to_its_own_host_names() {
+    // DNS rebinding: a page of evil.example points its name at this server once loaded; its
+    // requests then carry `Host: evil.example:PORT`.
+    let c = Counter::start();
+    let view = ClusterView {
+        key: ringllm_protocol::ClusterKey::from_bytes(b"test key").unwrap(),
+        nodes: vec![("n1".into(), c.addr.to_string())],
+    };
+    let s = start(Scripted::new(Script::Silent).cluster(view.clone()), None);
+    let port = s.addr.port();
+    for path in ["/metrics", "/v1/models", "/v1/cluster", "/health", "/"] {
+        let r = get_for(s.addr, &format!("evil.example:{port}"), path);
+        let e = r.error(403);
+        assert_eq!(e["code"], "host_not_allowed", "{path}");
+        let m = e["message"].as_str().unwrap();
+        assert!(
+            m.contains("evil.example") && m.contains("--allow-host evil.example"),
+            "{path}: {m}"
+        );
+    }
+    let r = get_for(s.addr, "evil.example", "/api/tags");
+    assert_eq!(r.status, 403);
+    assert!(r.json()["error"].as_str().unwrap().contains("--allow-host"));
+    assert_eq!(c.count(), 0, "no node was asked for a refused request");
+    // Its own address, and localhost since it listens on loopback.
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        assert_eq!(get_for(s.addr, &host, "/v1/models").status, 200, "{host}");
+        assert_eq!(get_for(s.addr, &host, "/api/tags").status, 200, "{host}");
+    }
+    // Names given with --allow-host.
+    let opts = ServeOptions {
+        allow_hosts: vec!["gpu-box.local".into()],
+        ..ServeOptions::default()
+    };
+    let s = start_with(Scripted::new(Script::Silent), opts);
+    assert_eq!(
+        get_for(s.addr, "gpu-box.local:8080", "/metrics").status,
+        200
+    );
+    assert_eq!(get_for(s.addr, "GPU-box.local.", "/metrics").status, 200);
+    get_for(s.addr, "evil.example", "/metrics").error(403);
+    // With an API key the key guards the data, whatever the name.
+    let s = start(Scripted::new(Script::Silent), Some("sekrit"));
+    get_for(s.addr, "evil.example", "/metrics").error(401);
+    let r = send(
+        s.addr,
+        "GET",
+        "/metrics",
+        &[
+            ("Host", "llm.example.com"),
+            ("Authorization", "Bearer sekrit"),
+        ],
+        None,
+    );
+    assert_eq!(r.status, 200);
+}
+
+/// A listener that counts the connections made to it and closes each at once (a node that
+/// refuses every status question).
+struct Counter {
+    addr: SocketAddr,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Counter {
+    fn start() -> Counter {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (n, stopped) = (Arc::clone(&count), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                match l.accept() {
+                    Ok((c, _)) => {
+                        n.fetch_add(1, Ordering::SeqCst);
+                        drop(c);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        Counter {
+            addr,
+            count,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Counter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn cluster_status_asks_the_nodes_at_most_once_a_second_whatever_the_request_rate() {
+    let (a, b) = (Counter::start(), Counter::start());
+    let view = ClusterView {
+        key: ringllm_protocol::ClusterKey::from_bytes(b"test key").unwrap(),
+        nodes: vec![
+            ("n1".into(), a.addr.to_string()),
+            ("n2".into(), b.addr.to_string()),
+        ],
+    };
+    let s = start(Scripted::new(Script::Silent).cluster(view), None);
+    // 48 requests from 8 clients at once.
+    let t0 = Instant::now();
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..6)
+                        .map(|_| {
+                            let r = get(s.addr, "/v1/cluster");
+                            assert_eq!(r.status, 200, "{}", r.body);
+                            r.json()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    });
+    let seconds = t0.elapsed().as_secs() as usize;
+    for v in &answers {
+        assert_eq!(v["coordinator"]["model"], MODEL_ID);
+        let nodes = v["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 2, "{v}");
+        // The nodes refused: each keeps the name the cluster gave it.
+        assert_eq!(
+            (&nodes[0]["name"], &nodes[1]["name"]),
+            (&json!("n1"), &json!("n2"))
+        );
+        assert_eq!(nodes[0]["health"], "error", "{v}");
+    }
+    // Once a second at most (one more for a refresh across a second's boundary); before,
+    // every request asked every node: 48 each.
+    for (name, c) in [("n1", &a), ("n2", &b)] {
+        assert!(
+            (1..=seconds + 2).contains(&c.count()),
+            "{name} was asked {} times in {seconds} s for {} requests",
+            c.count(),
+            answers.len()
+        );
+    }
+    // Older than a second: asked again.
+    let before = a.count();
+    std::thread::sleep(super::super::cluster::FRESH + Duration::from_millis(100));
+    assert_eq!(get(s.addr, "/v1/cluster").status, 200);
+    assert!(a.count() > before, "stale answers are refreshed");
 }
