@@ -96,6 +96,9 @@ pub struct RingMode {
     /// `None` after a failure, until `recover` rebuilds the ring.
     pub ring: Option<Ring>,
     pub hp: ringllm_model::Hparams,
+    /// Addresses of nodes just seen to miss the handshake (a frozen node noticed mid-step):
+    /// the next build leaves them out without probing them again.
+    pub skip: Vec<String>,
 }
 
 /// Opens a GGUF file with a message that names the file.
@@ -276,6 +279,7 @@ impl Engine {
             file,
             ring: None,
             hp,
+            skip: Vec::new(),
         };
         let (runner, kv) = mode.build(false, 1)?;
         let vocab = mode.hp.vocab;
@@ -381,6 +385,7 @@ impl Engine {
                 if let Err(e) = self.ring_step(chunk) {
                     // The ring's state is unknown now: drop it; `recover` rebuilds it.
                     if let Some(m) = self.ring.as_mut() {
+                        m.note_failure(&e);
                         if let Some(r) = m.ring.take() {
                             r.shutdown("failure");
                         }
@@ -455,39 +460,10 @@ impl RingMode {
         limits::check("context size", ctx, limits::MAX_CTX)?;
         limits::check("KV slots", slots, limits::MAX_SLOTS)?;
         let mut spec = self.spec.clone();
-        // Leave out nodes that do not answer, unless they hold pinned layers.
-        let reachable: Vec<bool> = spec
-            .stages
-            .iter()
-            .map(|s| match &s.address {
-                Some(a) if probe => reachable(a, PROBE_TIMEOUT),
-                _ => true,
-            })
-            .collect();
-        if reachable.iter().any(|r| !r) {
-            let lost: Vec<String> = spec
-                .stages
-                .iter()
-                .zip(&reachable)
-                .filter(|(_, r)| !**r)
-                .map(|(s, _)| s.label())
-                .collect();
-            if spec
-                .stages
-                .iter()
-                .zip(&reachable)
-                .any(|(s, r)| !*r && s.layers.is_some())
-                || reachable.iter().filter(|r| **r).count() == 0
-            {
-                bail!("node(s) {} do not answer", lost.join(", "));
-            }
-            notice!(
-                warn: "warning: node(s) {} do not answer; planning over the others",
-                lost.join(", ")
-            );
-            let mut keep = reachable.iter();
-            spec.stages.retain(|_| *keep.next().unwrap_or(&true));
+        if probe {
+            self.leave_out_silent(&mut spec)?;
         }
+        self.skip.clear();
         // Every node plans for `slots` KV caches (serving) and the largest batch.
         let sizing = crate::cluster::ring::Sizing {
             ctx,
@@ -495,46 +471,17 @@ impl RingMode {
             kv: kv_type,
             slots,
         };
-        let identity = crate::cluster::ring::identity_of(&args.model, &self.file);
-        // A node lost while its slice is sent: wait for it (`up --wait`) and start again; it
-        // kept what arrived and is sent the rest.
-        let mut attempt = 0;
+        // A rebuild never fails because one candidate failed: a failure pinned on one node
+        // (or on nodes that no longer answer the handshake) leaves it out, and the ring is
+        // built over the others; the node is tried again later.
         let ring = loop {
-            attempt += 1;
-            let mut ring = Ring::connect(&spec, &args.model, &self.file, &sizing, threads)?;
-            // Nodes known only by their address now go by the names they gave (messages,
-            // /health).
-            for (name, address) in ring.node_names() {
-                for s in self.spec.stages.iter_mut() {
-                    if s.name == address && s.address.as_deref() == Some(address.as_str()) {
-                        s.name = name.clone();
-                    }
-                }
-            }
-            if attempt == 1 {
-                match &ring.streaming {
-                    Some(sp) => eprint!("{sp}"),
-                    None => eprint!("{}", ring.plan),
-                }
-            }
-            match ring.assign(&spec, &self.file, &identity, &sizing) {
-                Ok(()) => break ring,
-                Err(e) if e.is::<TransferCut>() && attempt < MAX_TRANSFER_ATTEMPTS => {
-                    ring.shutdown("slice transfer cut");
-                    notice!(
-                        warn: "warning: {e}; waiting up to {:.0} s for the node, then resuming",
-                        spec.wait.as_secs_f64()
-                    );
-                    // The node drops the dead connection after its own silence limit.
-                    std::thread::sleep(Duration::from_secs(1));
-                    let missing = crate::cluster::wait_for_nodes(&spec, spec.wait);
-                    if !missing.is_empty() {
-                        bail!("{e}; {} did not come back", missing.join(", "));
-                    }
-                }
+            match self.connect_and_assign(&spec, &sizing, threads) {
+                Ok(r) => break r,
+                Err(e) if probe => self.leave_out_failed(&mut spec, e)?,
                 Err(e) => return Err(e),
             }
         };
+        let args = &self.args;
         let local = ring
             .stages
             .iter()
@@ -570,27 +517,151 @@ impl RingMode {
         self.ring = Some(ring);
         Ok((runner, kv))
     }
+
+    /// Records what a ring failure says about its nodes: one that just missed the handshake
+    /// is left out of the next build without another probe.
+    pub fn note_failure(&mut self, e: &anyhow::Error) {
+        if let Some((address, true)) = crate::cluster::probe::fault_of(e) {
+            if !self.skip.iter().any(|s| s == address) {
+                self.skip.push(address.to_string());
+            }
+        }
+    }
+
+    /// Leaves out of `spec` the nodes that do not finish the handshake within
+    /// `PROBE_DEADLINE` (all probed at once; a frozen process's kernel still takes a TCP
+    /// connection, its daemon never answers), and those in `self.skip`. Fails only when a
+    /// node that holds pinned layers is missing, or none is left.
+    fn leave_out_silent(&self, spec: &mut RingSpec) -> Result<()> {
+        use crate::cluster::probe;
+        let addrs: Vec<String> = spec
+            .stages
+            .iter()
+            .filter_map(|s| s.address.clone())
+            .filter(|a| !self.skip.contains(a))
+            .collect();
+        let answers = probe::handshake_all(&addrs, &spec.key, probe::PROBE_DEADLINE);
+        let answered = |a: &str| addrs.iter().zip(&answers).any(|(x, r)| x == a && r.is_ok());
+        let mut lost = Vec::new();
+        for s in &spec.stages {
+            let Some(a) = s.address.as_deref() else {
+                continue;
+            };
+            if answered(a) {
+                continue;
+            }
+            let why = addrs
+                .iter()
+                .zip(&answers)
+                .find_map(|(x, r)| (x == a).then(|| r.clone().err()).flatten())
+                .unwrap_or_else(|| "missed the handshake just now".into());
+            tracing::info!(node = %s.label(), "left out of the ring: {why}");
+            lost.push((s.label(), s.layers.is_some()));
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = lost.iter().map(|(n, _)| n.clone()).collect();
+        let left = spec.stages.len() - lost.len();
+        if lost.iter().any(|(_, pinned)| *pinned) || left == 0 {
+            bail!("node(s) {} do not answer", names.join(", "));
+        }
+        notice!(
+            warn: "warning: node(s) {} do not answer; planning over the others",
+            names.join(", ")
+        );
+        spec.stages
+            .retain(|s| s.address.as_deref().is_none_or(&answered));
+        Ok(())
+    }
+
+    /// After a failed build: leaves out the node the failure is pinned on, else every node
+    /// that no longer answers the handshake; fails with `e` when that leaves out nothing
+    /// (or a node with pinned layers, or every node).
+    fn leave_out_failed(&mut self, spec: &mut RingSpec, e: anyhow::Error) -> Result<()> {
+        let before = spec.stages.len();
+        if let Some((address, _)) = crate::cluster::probe::fault_of(&e) {
+            let address = address.to_string();
+            let pinned = spec
+                .stages
+                .iter()
+                .any(|s| s.address.as_deref() == Some(address.as_str()) && s.layers.is_some());
+            let remote = spec.stages.iter().filter(|s| s.address.is_some()).count();
+            if pinned || remote <= 1 {
+                return Err(e);
+            }
+            spec.stages
+                .retain(|s| s.address.as_deref() != Some(address.as_str()));
+            if spec.stages.len() < before {
+                notice!(warn: "warning: {e:#}; building the ring without {address}");
+                return Ok(());
+            }
+        }
+        let mut probed = spec.clone();
+        if self.leave_out_silent(&mut probed).is_err() || probed.stages.len() == before {
+            return Err(e);
+        }
+        notice!(warn: "warning: {e:#}; building the ring over the nodes that answer");
+        *spec = probed;
+        Ok(())
+    }
+
+    /// Connects to the nodes of `spec`, plans and assigns. A node lost while its slice is
+    /// sent is waited for (`up --wait`) and the ring started again; it kept what arrived
+    /// and is sent the rest.
+    fn connect_and_assign(
+        &mut self,
+        spec: &RingSpec,
+        sizing: &crate::cluster::ring::Sizing,
+        threads: usize,
+    ) -> Result<Ring> {
+        let args = &self.args;
+        let identity = crate::cluster::ring::identity_of(&args.model, &self.file);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut ring = Ring::connect(spec, &args.model, &self.file, sizing, threads)?;
+            // Nodes known only by their address now go by the names they gave (messages,
+            // /health).
+            for (name, address) in ring.node_names() {
+                for s in self.spec.stages.iter_mut() {
+                    if s.name == address && s.address.as_deref() == Some(address.as_str()) {
+                        s.name = name.clone();
+                    }
+                }
+            }
+            if attempt == 1 {
+                match &ring.streaming {
+                    Some(sp) => eprint!("{sp}"),
+                    None => eprint!("{}", ring.plan),
+                }
+            }
+            match ring.assign(spec, &self.file, &identity, sizing) {
+                Ok(()) => return Ok(ring),
+                Err(e) if e.is::<TransferCut>() && attempt < MAX_TRANSFER_ATTEMPTS => {
+                    ring.shutdown("slice transfer cut");
+                    notice!(
+                        warn: "warning: {e}; waiting up to {:.0} s for the node, then resuming",
+                        spec.wait.as_secs_f64()
+                    );
+                    // The node drops the dead connection after its own silence limit.
+                    std::thread::sleep(Duration::from_secs(1));
+                    let missing = crate::cluster::wait_for_nodes(spec, spec.wait);
+                    if !missing.is_empty() {
+                        bail!("{e}; {} did not come back", missing.join(", "));
+                    }
+                }
+                Err(e) => {
+                    ring.shutdown("failure");
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 /// Times `up` starts over after a slice transfer is cut (each time resuming it).
 pub const MAX_TRANSFER_ATTEMPTS: usize = 5;
-
-/// A probe whose "no" leaves a node out of a (re-)planned ring. Its bound covers a lost SYN or
-/// two (the kernel retries after 1 s, then 2-3 s), so a healthy node on a lossy link is not
-/// left out; a host that refuses still answers at once.
-pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(3500);
-/// A probe that is repeated anyway (waiting for nodes to come up or back), where a lost SYN
-/// only costs one more round.
-pub const QUICK_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Whether a node at `addr` takes a TCP connection within `timeout`.
-pub fn reachable(addr: &str, timeout: std::time::Duration) -> bool {
-    use std::net::ToSocketAddrs;
-    let Ok(mut addrs) = addr.to_socket_addrs() else {
-        return false;
-    };
-    addrs.any(|a| std::net::TcpStream::connect_timeout(&a, timeout).is_ok())
-}
 
 /// Why generation stopped (OpenAI's `finish_reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -536,7 +536,7 @@ def test_up_serve_starts_without_a_late_node_and_takes_it_in_when_it_comes():
             s.stop()
         err = s.proc.stderr.read()
         # The late node is known by its address only until it answers (then by its own name).
-        assert f"waiting up to 1 s for 127.0.0.1:{late_port} to listen" in err, err
+        assert f"waiting up to 1 s for 127.0.0.1:{late_port} to answer" in err, err
         assert "back: taking it into the ring" in err, err
     finally:
         nodes.__exit__(None, None, None)

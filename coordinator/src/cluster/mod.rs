@@ -7,6 +7,7 @@ mod diagnostics;
 pub mod discovery;
 pub mod file;
 pub mod planner;
+pub mod probe;
 pub mod ring;
 pub mod status;
 pub mod streaming;
@@ -203,29 +204,29 @@ fn add_discovered(
     Ok(())
 }
 
-/// Waits up to `wait` for every node of `spec` to take a TCP connection (machines of a home
-/// lab boot in any order), saying once (a notice) which ones it waits for. Returns the nodes
-/// still not listening then, as "name (address)".
+/// Waits up to `wait` for every node of `spec` to answer the handshake (machines of a home
+/// lab boot in any order; a frozen node or another program on its port does not count),
+/// saying once (a notice) which ones it waits for. Returns the nodes still not answering
+/// then, as "name (address)".
 pub fn wait_for_nodes(spec: &RingSpec, wait: std::time::Duration) -> Vec<String> {
     let deadline = std::time::Instant::now() + wait;
     let mut said = false;
+    let remote: Vec<&StageSpec> = spec.stages.iter().filter(|s| s.address.is_some()).collect();
+    let addrs: Vec<String> = remote.iter().filter_map(|s| s.address.clone()).collect();
     loop {
-        let missing: Vec<String> = spec
-            .stages
+        let answers = probe::handshake_all(&addrs, &spec.key, probe::QUICK_PROBE_DEADLINE);
+        let missing: Vec<String> = remote
             .iter()
-            .filter(|s| {
-                s.address.as_deref().is_some_and(|a| {
-                    !crate::engine::reachable(a, crate::engine::QUICK_PROBE_TIMEOUT)
-                })
-            })
-            .map(|s| s.label())
+            .zip(&answers)
+            .filter(|(_, a)| a.is_err())
+            .map(|(s, _)| s.label())
             .collect();
         if missing.is_empty() || std::time::Instant::now() >= deadline {
             return missing;
         }
         if !said {
             notice!(
-                "waiting up to {:.0} s for {} to listen",
+                "waiting up to {:.0} s for {} to answer",
                 wait.as_secs_f64(),
                 missing.join(", ")
             );

@@ -40,7 +40,7 @@ pub fn up(args: UpArgs) -> Result<ExitCode> {
     }
     let missing = cluster::wait_for_nodes(&s.spec, s.spec.wait);
     if !missing.is_empty() {
-        eprintln!("{} not listening after {} s", missing.join(", "), args.wait);
+        eprintln!("{} not answering after {} s", missing.join(", "), args.wait);
     }
     if let Some(mut cfg) = args.gen.serve_config() {
         cfg.resume_retries = args.resume_retries;

@@ -397,6 +397,7 @@ pub fn serve_ring(margs: &ModelOptions, spec: RingSpec, cfg: &ServeConfig) -> an
         file,
         ring: None,
         hp,
+        skip: Vec::new(),
     };
     let stepper = ring_step::RingStepper::new(mode, s.parallel)?;
     let what = format!(

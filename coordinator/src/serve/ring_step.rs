@@ -6,6 +6,7 @@
 
 use super::scheduler::{embed_feeds, head_logits, layers_for_feeds, Feed, Stepper};
 use super::Health;
+use crate::cluster::probe;
 use crate::cluster::ring::{Part, Ring};
 use crate::engine::RingMode;
 use anyhow::{anyhow, Result};
@@ -39,6 +40,8 @@ pub struct RingStepper {
     missing: Vec<String>,
     /// When an idle server last tried to rebuild the ring.
     last_attempt: Option<Instant>,
+    /// The handshake probe of the missing nodes under way: the names of those that answer.
+    probing: Option<std::thread::JoinHandle<Vec<String>>>,
 }
 
 impl RingStepper {
@@ -67,6 +70,7 @@ impl RingStepper {
             down: None,
             missing,
             last_attempt: None,
+            probing: None,
         })
     }
 
@@ -98,10 +102,20 @@ impl RingStepper {
     }
 
     /// While idle with a ring that runs without some of its nodes: every `REBUILD_EVERY`,
-    /// looks for them, and when one listens again rebuilds the ring to take it back (the
-    /// caches of finished sequences are emptied: their next turn is computed anew). True
-    /// when it rebuilt.
+    /// asks them for a handshake (on a thread of its own: the server keeps answering
+    /// meanwhile), and when one finishes it rebuilds the ring to take it back (the caches of
+    /// finished sequences are emptied: their next turn is computed anew). A frozen node, a
+    /// node with another key or version, or another program on its port never finishes the
+    /// handshake, so the working ring is left alone. True when it rebuilt.
     fn take_back_returned_nodes(&mut self) -> bool {
+        if let Some(p) = self.probing.take() {
+            if !p.is_finished() {
+                self.probing = Some(p);
+                return false;
+            }
+            let back = p.join().unwrap_or_default();
+            return self.take_back(&back);
+        }
         if self.missing.is_empty()
             || self
                 .last_attempt
@@ -110,18 +124,39 @@ impl RingStepper {
             return false;
         }
         self.last_attempt = Some(Instant::now());
-        let back: Vec<&str> = self
+        let candidates: Vec<(String, String)> = self
             .mode
             .spec
             .stages
             .iter()
-            .filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)))
-            .filter(|(n, a)| {
-                self.missing.iter().any(|m| *m == format!("{n} ({a})"))
-                    && crate::engine::reachable(a, crate::engine::QUICK_PROBE_TIMEOUT)
-            })
-            .map(|(n, _)| n)
+            .filter_map(|s| Some((s.name.clone(), s.address.clone()?)))
+            .filter(|(n, a)| self.missing.iter().any(|m| *m == format!("{n} ({a})")))
             .collect();
+        let key = self.mode.spec.key.clone();
+        self.probing = std::thread::Builder::new()
+            .name("take-back probe".into())
+            .spawn(move || {
+                let addrs: Vec<String> = candidates.iter().map(|(_, a)| a.clone()).collect();
+                let answers = probe::handshake_all(&addrs, &key, probe::QUICK_PROBE_DEADLINE);
+                candidates
+                    .into_iter()
+                    .zip(answers)
+                    .filter_map(|((n, a), r)| match r {
+                        Ok(()) => Some(n),
+                        Err(why) => {
+                            tracing::debug!("{n} ({a}) is not back: {why}");
+                            None
+                        }
+                    })
+                    .collect()
+            })
+            .map_err(|e| tracing::warn!("cannot start the take-back probe: {e}"))
+            .ok();
+        false
+    }
+
+    /// Rebuilds the ring to take back the nodes `back` (they just finished the handshake).
+    fn take_back(&mut self, back: &[String]) -> bool {
         if back.is_empty() {
             return false;
         }
@@ -141,6 +176,7 @@ impl RingStepper {
 
     /// Drops the ring after a failure (it is rebuilt on the next step).
     fn lost(&mut self, why: &anyhow::Error) {
+        self.mode.note_failure(why);
         self.pending.clear();
         if let Some(old) = self.ring.take() {
             old.shutdown("failure");
@@ -150,7 +186,7 @@ impl RingStepper {
 }
 
 /// The cluster's nodes that are not in `ring`: every node when it is `None`, but only those
-/// that do not take a TCP connection are named then (the others may be fine).
+/// that do not finish the handshake are named then (the others may be fine).
 fn missing_nodes(mode: &RingMode, ring: Option<&Ring>) -> Vec<String> {
     let stages = mode.spec.stages.iter();
     let remote = stages.filter_map(|s| Some((s.name.as_str(), s.address.as_deref()?)));
@@ -162,10 +198,17 @@ fn missing_nodes(mode: &RingMode, ring: Option<&Ring>) -> Vec<String> {
                 .map(|(n, a)| format!("{n} ({a})"))
                 .collect()
         }
-        None => remote
-            .filter(|(_, a)| !crate::engine::reachable(a, crate::engine::PROBE_TIMEOUT))
-            .map(|(n, a)| format!("{n} ({a})"))
-            .collect(),
+        None => {
+            let remote: Vec<(&str, &str)> = remote.collect();
+            let addrs: Vec<String> = remote.iter().map(|(_, a)| a.to_string()).collect();
+            let answers = probe::handshake_all(&addrs, &mode.spec.key, probe::PROBE_DEADLINE);
+            remote
+                .iter()
+                .zip(answers)
+                .filter(|(_, r)| r.is_err())
+                .map(|((n, a), _)| format!("{n} ({a})"))
+                .collect()
+        }
     }
 }
 
@@ -351,7 +394,6 @@ impl Stepper for RingStepper {
             tracing::warn!("the ring lost a node while idle: {e:#}");
             notice!("[a node was lost: {e:#}]");
             self.lost(&e);
-            self.missing = missing_nodes(&self.mode, None);
         } else if self
             .last_attempt
             .is_some_and(|t| t.elapsed() < REBUILD_EVERY)

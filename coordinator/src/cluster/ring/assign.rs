@@ -1,12 +1,14 @@
 //! Starting a planned ring: send the slices nodes lack, assign every node its layers, wait
 //! until all have loaded them, connect the data links, and start the heartbeats.
 
+use super::events::LOADING_PROBE_EVERY;
 use super::{
     Ring, RingSpec, SegmentLinks, Sizing, Stage, CONNECT_TIMEOUT, HEARTBEAT_INTERVAL, READY_TIMEOUT,
 };
 use crate::cluster::planner;
+use crate::cluster::probe::PROBE_DEADLINE;
 use crate::progress;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use ringllm_model::gguf::GgufFile;
 use ringllm_protocol::control::{
     Assignment, Control, Input, ModelIdentity, NextHop, Ready, StageLayout,
@@ -155,14 +157,32 @@ impl Ring {
         );
         let mut ready: Vec<Option<Ready>> = vec![None; self.nodes.len()];
         let deadline = Instant::now() + READY_TIMEOUT;
+        let mut next_probe = Instant::now() + LOADING_PROBE_EVERY;
         while assigned.iter().any(|&i| ready[i].is_none()) {
-            let left = deadline.saturating_duration_since(Instant::now());
             let pending: Vec<usize> = assigned
                 .iter()
                 .copied()
                 .filter(|&i| ready[i].is_none())
                 .collect();
-            let (i, msg) = self.next_control(left, "the nodes to load their slices", &pending)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let names: Vec<String> = pending.iter().map(|&i| self.who(i)).collect();
+                bail!(
+                    "timed out waiting for the nodes to load their slices from {} ({:.0} s)",
+                    names.join(", "),
+                    READY_TIMEOUT.as_secs_f64()
+                );
+            }
+            // A node busy loading does not answer heartbeats, but its daemon still takes a
+            // handshake: one that misses it has vanished (frozen, cut off).
+            if Instant::now() >= next_probe {
+                self.probe_nodes(&pending, PROBE_DEADLINE, " while loading its slice")?;
+                next_probe = Instant::now() + LOADING_PROBE_EVERY;
+            }
+            let wait = left.min(next_probe.saturating_duration_since(Instant::now()));
+            let Some((i, msg)) = self.control_within(wait)? else {
+                continue;
+            };
             match msg {
                 Control::Ready(r) if r.session == self.session => {
                     notice!("  {:<12} {:<22} layers {:>2}-{:<2} weights {:>7.1} MiB  kv {:>6.1} MiB  rss {:>7.1} MiB  load {} ms",
@@ -179,7 +199,7 @@ impl Ring {
                 }
                 Control::Error(e) => {
                     bar.finish();
-                    bail!("{}: {}", self.who(i), e.message)
+                    return Err(self.fault(i, format!("{}: {}", self.who(i), e.message)));
                 }
                 _ => {}
             }
@@ -209,7 +229,7 @@ impl Ring {
                 };
                 self.rt
                     .block_on(dial::connect_data_link(&dial, &spec.key))
-                    .map_err(|e| anyhow!("{}: data link: {e}", self.who(i)))
+                    .map_err(|e| self.fault(i, format!("{}: data link: {e}", self.who(i))))
             };
             let input = if first == last {
                 connect(first, LinkRole::InputOutput)?

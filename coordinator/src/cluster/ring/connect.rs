@@ -9,6 +9,7 @@ use super::{
 use crate::cluster::planner::{
     self, headroom, CoordinatorInput, HeadPlace, ModelCost, Plan, StageInput,
 };
+use crate::cluster::probe::fault;
 use crate::cluster::streaming;
 use anyhow::{anyhow, bail, Context, Result};
 use ringllm_model::gguf::GgufFile;
@@ -70,6 +71,7 @@ impl Ring {
             scratch: Vec::new(),
             streaming: None,
             rounds: 1,
+            key: spec.key.clone(),
         };
         ring.gather_capabilities()?;
         ring.check_kmod()?;
@@ -95,24 +97,34 @@ impl Ring {
                     }
                     if let Some(want) = self.nodes[i].declared {
                         if want != c.transport {
-                            bail!(
-                                "{}: the cluster says its links use {want}, but the node was \
-                                 started with --transport {} (restart it with --transport \
-                                 {want}, or change the cluster file)",
-                                self.who(i),
-                                c.transport
-                            );
+                            return Err(self.fault(
+                                i,
+                                format!(
+                                    "{}: the cluster says its links use {want}, but the node \
+                                     was started with --transport {} (restart it with \
+                                     --transport {want}, or change the cluster file)",
+                                    self.who(i),
+                                    c.transport
+                                ),
+                            ));
                         }
                     }
                     self.nodes[i].caps = c;
                     have[i] = true;
                 }
-                Control::Error(e) => bail!("{}: {}", self.who(i), e.message),
-                other => bail!(
-                    "{}: expected capabilities, got {}",
-                    self.who(i),
-                    other.name()
-                ),
+                Control::Error(e) => {
+                    return Err(self.fault(i, format!("{}: {}", self.who(i), e.message)))
+                }
+                other => {
+                    return Err(self.fault(
+                        i,
+                        format!(
+                            "{}: expected capabilities, got {}",
+                            self.who(i),
+                            other.name()
+                        ),
+                    ))
+                }
             }
         }
         Ok(())
@@ -350,10 +362,11 @@ fn dial_nodes(
         let mut out = Vec::new();
         for (t, s) in tasks.into_iter().zip(remote) {
             let who = format!("node {}", s.label());
+            let addr = s.address.as_deref().unwrap_or_default();
             let link = t
                 .await
                 .map_err(|e| anyhow!("{who}: {e}"))?
-                .map_err(|e| anyhow!("cannot connect to {who}: {e}"))?;
+                .map_err(|e| fault(addr, format!("cannot connect to {who}: {e}")))?;
             out.push(link);
         }
         Ok::<_, anyhow::Error>(out)
@@ -429,6 +442,7 @@ fn start_node(
         rtt_s: 0.0,
         last_seen,
         counters,
+        probed_at: None,
     }
 }
 

@@ -10,7 +10,7 @@
 
 use crate::cluster::planner::Plan;
 use crate::cluster::streaming::{self, StreamingPlan};
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use ringllm_model::gguf::GgufFile;
 use ringllm_model::slice::model_identity;
 use ringllm_model::KvType;
@@ -148,6 +148,8 @@ struct RemoteNode {
     /// Milliseconds since `Ring::t0` at which the node was last heard from.
     last_seen: Arc<AtomicU64>,
     counters: Arc<LinkCounters>,
+    /// When the node was last asked for a handshake for being silent (`check_frozen`).
+    probed_at: Option<Instant>,
 }
 
 /// A stage of the planned ring.
@@ -256,6 +258,8 @@ pub struct Ring {
     pub streaming: Option<StreamingPlan>,
     /// Times a token goes round the ring (several with a multi-round streaming layout).
     pub rounds: usize,
+    /// The cluster key: silent nodes are asked for a handshake with it.
+    key: ClusterKey,
 }
 
 impl Ring {
@@ -310,7 +314,7 @@ impl Ring {
         self.nodes[i]
             .out
             .try_send(f)
-            .map_err(|_| anyhow!("{}: the link is gone", self.who(i)))
+            .map_err(|_| self.fault(i, format!("{}: the link is gone", self.who(i))))
     }
 }
 

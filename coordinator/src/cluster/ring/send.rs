@@ -538,7 +538,9 @@ impl Ring {
                             reply: true,
                         },
                 }) if node == i && n == nonce => break,
-                Some(Event::Lost { node, why }) => bail!("{} {why}", self.who(node)),
+                Some(Event::Lost { node, why }) => {
+                    return Err(self.fault(node, format!("{} {why}", self.who(node))))
+                }
                 _ => {}
             }
         }
