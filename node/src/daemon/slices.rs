@@ -130,10 +130,10 @@ impl SlicePaths {
         if n == 0 {
             return self.part.clone();
         }
-        let name = self.file.file_stem().map_or_else(
-            || "slice".into(),
-            |s| s.to_string_lossy().into_owned(),
-        );
+        let name = self
+            .file
+            .file_stem()
+            .map_or_else(|| "slice".into(), |s| s.to_string_lossy().into_owned());
         self.dir.join(format!("{name}-{n}.gguf.part"))
     }
 }
@@ -352,7 +352,10 @@ pub fn prepare(node: &str, cache: &Path, offer: SliceOffer) -> Result<Prepared, 
 /// sharing the cache is receiving into.
 fn discard(p: &SlicePaths) -> Result<(), (PathBuf, std::io::Error)> {
     let partials = (0..MAX_PARTIALS).map(|n| p.partial(n));
-    for f in [p.file.clone(), p.pieces.clone()].into_iter().chain(partials) {
+    for f in [p.file.clone(), p.pieces.clone()]
+        .into_iter()
+        .chain(partials)
+    {
         if !f.exists() || held_elsewhere(&f) {
             continue;
         }
@@ -470,7 +473,10 @@ fn receive_into_partial(
 
 /// `path` opened for reading and writing and locked for this node.
 fn reopen_locked(path: &Path) -> std::io::Result<File> {
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
     f.try_lock().map_err(std::io::Error::from)?;
     Ok(f)
 }

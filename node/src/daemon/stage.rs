@@ -103,17 +103,17 @@ impl StageLoad<'_> {
     }
 }
 
-/// The stage's layers and its windows' bounds inside the model's `n_layer` layers.
+/// The stage's layers inside the model's `n_layer` layers (and not empty), and its windows'
+/// bounds too (`check_windows` then checks their order inside the stage).
 fn check_range(s: &StageLoad<'_>, n_layer: usize) -> Result<(), AssignError> {
-    let outside = |start: usize, end: usize| start >= end || end > n_layer;
-    let bad = if outside(s.range.start, s.range.end) {
+    let bad = if s.range.start >= s.range.end || s.range.end > n_layer {
         Some((s.range.start, s.range.end))
     } else {
         s.layout
             .windows
             .iter()
             .map(|&(a, b)| (a as usize, b as usize))
-            .find(|&(a, b)| outside(a, b))
+            .find(|&(a, b)| a > n_layer || b > n_layer)
     };
     match bad {
         Some((start, end)) => Err(AssignError::LayerRange {
