@@ -233,8 +233,10 @@ def test_missing_model_on_a_node_is_named_or_sent(tmp_path):
 
 @pytest.mark.root
 def test_a_node_whose_cache_disk_is_too_small_says_so(tmp_path):
-    """The node's cache on a 24 MiB tmpfs: SmolLM2's 66 MiB slice does not fit. The coordinator
-    reports the node's message naming the directory and both sizes; the node serves on."""
+    """The node's cache on a 24 MiB tmpfs holding another model's 8 MiB slice: SmolLM2's 66 MiB
+    slice does not fit even with it removed. The coordinator reports the node's message naming
+    the directory, both sizes and the 64 MiB the cache keeps free; the node refuses before it
+    evicts anything (it once removed every other cached slice first) and serves on."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
     model = model_path(SMOL.name)
@@ -243,10 +245,16 @@ def test_a_node_whose_cache_disk_is_too_small_says_so(tmp_path):
         cache.mkdir(parents=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(cache)], check=True)
         try:
+            other = cache / "other-8388608-0000000000000001" / "layers-0-1.gguf"
+            other.parent.mkdir()
+            other.write_bytes(bytes(8 << 20))
             r = ringllm(["up", "-m", model, "--key", KEY, *nodes.node_flags(), "-p", "Hi", *GEN], check=False)
             assert r.returncode != 0
             assert "node1" in r.stderr and str(cache) in r.stderr and "more on disk" in r.stderr, r.stderr
-            assert re.search(r"needs \d+ MiB more on disk, \d+ MiB are free", r.stderr), r.stderr
+            assert re.search(r"needs \d+ MiB more on disk and the cache keeps 64 MiB free beside it, \d+ MiB "
+                             r"are free and the 1 other cached slice\(s\) would free only 8 MiB \(kept\)",
+                             r.stderr), r.stderr
+            assert other.exists(), "a cached slice was evicted for a slice that could never fit"
             assert nodes.alive(0)
             assert not list(cache.rglob("*.part")) or all(p.stat().st_size == 0 for p in cache.rglob("*.part"))
         finally:

@@ -404,6 +404,7 @@ fn start_worker(
         stop,
         closers,
         release,
+        slots: sizing.slots,
         streamer,
         step,
         info,

@@ -205,6 +205,7 @@ async fn claim_slot(
     out: &mpsc::Sender<Outgoing>,
 ) -> Option<SlotGuard> {
     let deadline = Instant::now() + TAKEOVER_WAIT;
+    let mut waiting: Option<Waiting> = None;
     loop {
         let notified = node.changed.notified();
         let busy = {
@@ -228,6 +229,7 @@ async fn claim_slot(
             }
         };
         let Some(busy) = busy else {
+            drop(waiting);
             info!("serving {who}");
             return Some(SlotGuard {
                 node: Arc::clone(node),
@@ -251,10 +253,35 @@ async fn claim_slot(
             }
             return None;
         }
+        if waiting.is_none() {
+            waiting = Some(Waiting::new(node));
+        }
         tokio::select! {
             _ = notified => {}
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
+    }
+}
+
+/// A coordinator waiting for the slot, counted in `State::waiting` while it lives (also when
+/// its task is dropped at shutdown).
+struct Waiting {
+    node: Arc<Node>,
+}
+
+impl Waiting {
+    fn new(node: &Arc<Node>) -> Waiting {
+        node.lock().waiting += 1;
+        Waiting {
+            node: Arc::clone(node),
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut st = self.node.lock();
+        st.waiting = st.waiting.saturating_sub(1);
     }
 }
 

@@ -13,8 +13,13 @@ use ringllm_protocol::frame::SLICE_PROBE;
 use ringllm_protocol::{FrameHeader, FrameKind, FrameReceiver, TransportError};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
+
+/// How often a coordinator's silence is held against the limit of the moment (which drops
+/// to `COORDINATOR_SILENCE` when another coordinator comes to wait for the node).
+const WAITING_POLL: Duration = Duration::from_millis(200);
 
 /// Whether the control loop goes on after a message.
 enum Flow {
@@ -84,6 +89,10 @@ impl Served<'_> {
 
     /// The next frame, or `None` once the coordinator has closed the connection, gone silent
     /// for too long or broken it (it is told why when it can be).
+    ///
+    /// Too long is `COORDINATOR_SILENCE` in a session, mid-transfer, or before its session
+    /// while another coordinator waits for the node (what the waiting one is told); before
+    /// its session and unopposed, a coordinator may plan for `COORDINATOR_SETUP_SILENCE`.
     async fn receive(
         &self,
         rx: &mut Box<dyn FrameReceiver>,
@@ -97,39 +106,62 @@ impl Served<'_> {
             .is_some_and(|s| s.conn_id == self.conn_id);
         // Mid-transfer the coordinator sends without pause: silence means it is gone.
         let expecting = self.receiving.as_ref().is_some_and(|r| r.expecting());
-        let limit = if in_session || expecting {
-            COORDINATOR_SILENCE
-        } else {
-            COORDINATOR_SETUP_SILENCE
-        };
-        let who = self.who;
-        let Ok(received) = tokio::time::timeout(limit, rx.recv(buf)).await else {
-            warn!(
-                "{who}: nothing heard for {} s (process stopped, link cut or a stalled \
-                 frame); dropping it so another coordinator can take the node",
-                limit.as_secs()
-            );
-            let m = format!(
-                "node '{}' heard nothing from this coordinator for {} s and dropped it",
-                self.node.opts.name,
-                limit.as_secs()
-            );
-            self.send_error(ErrorCode::BadRequest, None, m).await;
-            return None;
+        let since = Instant::now();
+        let recv = rx.recv(buf);
+        tokio::pin!(recv);
+        let received = loop {
+            let wanted = self.node.lock().waiting > 0;
+            let limit = if in_session || expecting || wanted {
+                COORDINATOR_SILENCE
+            } else {
+                COORDINATOR_SETUP_SILENCE
+            };
+            let left = limit.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                self.drop_silent(limit, wanted && !in_session && !expecting)
+                    .await;
+                return None;
+            }
+            // The same read is polled on (a frame half read is not lost); the limit is
+            // looked at again now and then, as coordinators come to wait.
+            tokio::select! {
+                r = &mut recv => break r,
+                _ = tokio::time::sleep(left.min(WAITING_POLL)) => {}
+            }
         };
         match received {
             Ok(h) => Some(h),
             Err(TransportError::Closed) => {
-                info!("{who} closed the connection");
+                info!("{} closed the connection", self.who);
                 None
             }
             Err(e) => {
-                warn!("{who}: {e}; closing");
+                warn!("{}: {e}; closing", self.who);
                 self.send_error(ErrorCode::BadRequest, None, e.to_string())
                     .await;
                 None
             }
         }
+    }
+
+    /// Tells a coordinator silent for `limit` that it is dropped (`wanted`: before its
+    /// session, because another coordinator waits for the node).
+    async fn drop_silent(&self, limit: Duration, wanted: bool) {
+        let (who, secs) = (self.who, limit.as_secs());
+        let why = if wanted {
+            " while another coordinator waited for the node"
+        } else {
+            ""
+        };
+        warn!(
+            "{who}: nothing heard for {secs} s{why} (process stopped, link cut or a stalled \
+             frame); dropping it so another coordinator can take the node"
+        );
+        let m = format!(
+            "node '{}' heard nothing from this coordinator for {secs} s{why} and dropped it",
+            self.node.opts.name
+        );
+        self.send_error(ErrorCode::BadRequest, None, m).await;
     }
 
     /// A control message: decoded, then handed to its handler.
@@ -152,7 +184,7 @@ impl Served<'_> {
             } => self.on_heartbeat(nonce).await,
             Control::Heartbeat { reply: true, .. } => {}
             Control::GetStats => self.on_get_stats().await,
-            Control::ReleaseSequence { seq } => self.on_release_sequence(seq),
+            Control::ReleaseSequence { seq } => self.on_release_sequence(seq).await,
             Control::Shutdown { reason } => return self.on_shutdown(&reason),
             Control::SliceOffer(offer) => self.on_slice_offer(offer).await,
             other => self.on_unexpected(&other).await,
@@ -189,13 +221,31 @@ impl Served<'_> {
     }
 
     /// `ReleaseSequence`: the sequence's caches are cleared before the session's next batch.
-    fn on_release_sequence(&self, seq: u64) {
-        let st = self.node.lock();
-        if let Some(s) = st.session.as_ref().filter(|s| s.conn_id == self.conn_id) {
-            s.release
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(seq);
+    /// A sequence beyond the session's slots has no cache, and is refused rather than listed
+    /// (a coordinator repeating releases between batches must not grow the list without end).
+    async fn on_release_sequence(&self, seq: u64) {
+        let beyond = {
+            let st = self.node.lock();
+            let Some(s) = st.session.as_ref().filter(|s| s.conn_id == self.conn_id) else {
+                return;
+            };
+            if seq < s.slots as u64 {
+                let mut release = s.release.lock().unwrap_or_else(|e| e.into_inner());
+                if !release.contains(&seq) {
+                    release.push(seq);
+                }
+                None
+            } else {
+                Some(s.slots)
+            }
+        };
+        if let Some(slots) = beyond {
+            let m = format!(
+                "node '{}': release of sequence {seq}, beyond the {slots} slots assigned",
+                self.node.opts.name
+            );
+            warn!("{}: {m}", self.who);
+            self.send_error(ErrorCode::BadRequest, Some(seq), m).await;
         }
     }
 

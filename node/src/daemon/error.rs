@@ -86,6 +86,18 @@ pub enum AssignError {
         hash: u64,
         want_hash: u64,
     },
+    /// Layers (the stage's, or one of its windows) empty or past the model's last layer:
+    /// refused before anything is sized by them.
+    #[error(
+        "node '{node}': layers {start}..{end} are not a range of the model's {n_layer} layers \
+         (0..{n_layer}, not empty)"
+    )]
+    LayerRange {
+        node: String,
+        start: usize,
+        end: usize,
+        n_layer: usize,
+    },
     /// The slice cannot be loaded (layers outside the model, a tensor missing or malformed).
     #[error("node '{node}': {source}")]
     Load {
@@ -128,6 +140,7 @@ impl AssignError {
         match self {
             AssignError::Activations { .. }
             | AssignError::FileName { .. }
+            | AssignError::LayerRange { .. }
             | AssignError::Load { .. }
             | AssignError::Layout { .. } => ErrorCode::BadRequest,
             AssignError::NoModelFile { .. } | AssignError::Unreadable { .. } => {

@@ -11,6 +11,14 @@
 //! arrives; a piece whose hash does not match is asked for again. A transfer cut short
 //! leaves the `.part` file: the next offer hashes what is there and asks only for the pieces
 //! that do not match (at most the one that was arriving, usually).
+//!
+//! Several nodes may share one cache directory (nodes of one machine started with the same
+//! `--cache`). A node receiving a slice holds an exclusive `flock` on its partial file; a node
+//! offered the same slice meanwhile takes the next partial name (`layers-…-<n>.gguf.part`)
+//! instead of writing into the same file, eviction passes over partial files another node
+//! holds, and the `.pieces` file is written beside and renamed into place. Either node's
+//! finished file is the same bytes, so the second rename replaces it harmlessly (a node that
+//! mapped the first keeps its pages).
 
 use ringllm_model::slice::{check_offer, hash_all};
 use ringllm_model::sys;
@@ -24,6 +32,8 @@ use tracing::{info, warn};
 
 /// Room left free on the cache's disk beyond the slice itself.
 pub const DISK_MARGIN: u64 = 64 << 20;
+/// Partial files one slice may have at once (one per node receiving it into a shared cache).
+const MAX_PARTIALS: u32 = 8;
 /// How often a node tells the coordinator how far a transfer got.
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// How often it logs it.
@@ -35,16 +45,24 @@ pub enum SliceError {
     #[error("node '{node}': bad slice offer: {why}")]
     BadOffer { node: String, why: String },
     #[error(
-        "node '{node}': slice cache {dir}: the slice needs {need} MiB more on disk, {free} MiB \
-         are free{evicted} (free some space, or start the node with --cache on a larger disk)"
+        "node '{node}': slice cache {dir}: the slice needs {need} MiB more on disk and the \
+         cache keeps {margin} MiB free beside it, {free} MiB are free{evicted} (free some \
+         space, or start the node with --cache on a larger disk)"
     )]
     Full {
         node: String,
         dir: PathBuf,
         need: u64,
+        margin: u64,
         free: u64,
         evicted: String,
     },
+    /// Every partial file of the slice is held by another node sharing the cache.
+    #[error(
+        "node '{node}': slice cache {dir}: {MAX_PARTIALS} other nodes sharing this cache are \
+         receiving the same slice; try again once one has finished"
+    )]
+    Shared { node: String, dir: PathBuf },
     #[error("node '{node}': slice cache {path}: {source}")]
     Io {
         node: String,
@@ -105,6 +123,50 @@ pub fn paths(cache: &Path, key: &SliceKey) -> SlicePaths {
     }
 }
 
+impl SlicePaths {
+    /// The `n`th partial file name: `part` itself, then `layers-…-<n>.gguf.part` for the
+    /// nodes sharing the cache that receive the same slice at the same time.
+    fn partial(&self, n: u32) -> PathBuf {
+        if n == 0 {
+            return self.part.clone();
+        }
+        let name = self
+            .file
+            .file_stem()
+            .map_or_else(|| "slice".into(), |s| s.to_string_lossy().into_owned());
+        self.dir.join(format!("{name}-{n}.gguf.part"))
+    }
+}
+
+/// Whether another process (a node sharing the cache) holds `path`'s lock: it is receiving
+/// into it.
+fn held_elsewhere(path: &Path) -> bool {
+    let Ok(f) = File::open(path) else {
+        return false;
+    };
+    matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
+/// Opens (creating it) the first partial file of the slice no other node holds, locked for
+/// this node until the transfer ends; `None` when every one is held.
+fn claim_partial(p: &SlicePaths) -> std::io::Result<Option<(PathBuf, File)>> {
+    for n in 0..MAX_PARTIALS {
+        let path = p.partial(n);
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        match f.try_lock() {
+            Ok(()) => return Ok(Some((path, f))),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
 /// Indices of the pieces of `file` whose bytes do not hash to `pieces`' (a file of the
 /// wrong size fails all of them).
 fn mismatches(file: &Path, size: u64, pieces: &[Piece]) -> std::io::Result<Vec<u32>> {
@@ -152,6 +214,10 @@ fn entries_oldest_first(cache: &Path, keep: &SlicePaths) -> Vec<(PathBuf, u64)> 
             if p == keep.file || p == keep.part {
                 continue;
             }
+            // A partial file another node sharing the cache is receiving into.
+            if name.ends_with(".gguf.part") && held_elsewhere(&p) {
+                continue;
+            }
             if let Ok(md) = f.metadata() {
                 let t = md.modified().unwrap_or(std::time::UNIX_EPOCH);
                 out.push((p, md.len(), t));
@@ -163,7 +229,8 @@ fn entries_oldest_first(cache: &Path, keep: &SlicePaths) -> Vec<(PathBuf, u64)> 
 }
 
 /// Makes room for `need` more bytes in the cache, removing other slices (oldest first) when
-/// the disk is short; with `dry_run` only checks.
+/// the disk is short; with `dry_run` only checks. A slice that would not fit even with every
+/// other slice removed is refused before any is.
 fn make_room(
     node: &str,
     cache: &Path,
@@ -176,9 +243,31 @@ fn make_room(
     if free() >= want {
         return Ok(());
     }
+    let others = entries_oldest_first(cache, keep);
+    let reclaimable: u64 = others.iter().map(|(_, n)| n).sum();
+    let full = |free: u64, evicted: String| SliceError::Full {
+        node: node.to_string(),
+        dir: cache.to_path_buf(),
+        need: need.div_ceil(1 << 20),
+        margin: DISK_MARGIN >> 20,
+        free: free >> 20,
+        evicted,
+    };
+    if free().saturating_add(reclaimable) < want {
+        let evicted = if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " and the {} other cached slice(s) would free only {} MiB (kept)",
+                others.len(),
+                reclaimable >> 20
+            )
+        };
+        return Err(full(free(), evicted));
+    }
     let mut evicted = Vec::new();
     if !dry_run {
-        for (p, n) in entries_oldest_first(cache, keep) {
+        for (p, n) in others {
             if free() >= want {
                 break;
             }
@@ -194,20 +283,17 @@ fn make_room(
         }
     }
     let left = free();
-    if left >= want {
+    if left >= want || dry_run {
         return Ok(());
     }
-    Err(SliceError::Full {
-        node: node.to_string(),
-        dir: cache.to_path_buf(),
-        need: need.div_ceil(1 << 20),
-        free: left >> 20,
-        evicted: if evicted.is_empty() {
+    Err(full(
+        left,
+        if evicted.is_empty() {
             String::new()
         } else {
             format!(" after removing {} older slice(s)", evicted.len())
         },
-    })
+    ))
 }
 
 /// What the node has of an offered slice, and (unless a dry run) the transfer that fetches
@@ -220,42 +306,32 @@ pub struct Prepared {
 }
 
 /// Looks at the cache for `offer`: hashes what is there, makes room for what is not, and
-/// opens the `.part` file for it.
+/// opens (and locks) a partial file for it.
 pub fn prepare(node: &str, cache: &Path, offer: SliceOffer) -> Result<Prepared, SliceError> {
     check_offer(&offer).map_err(|why| SliceError::BadOffer {
         node: node.to_string(),
         why,
     })?;
     let p = paths(cache, &offer.key);
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        let node = node.to_string();
-        move |source| SliceError::Io { node, path, source }
-    };
+    let io = io_error(node);
     if offer.discard && !offer.dry_run {
-        for f in [&p.file, &p.part, &p.pieces] {
-            if f.exists() {
-                std::fs::remove_file(f).map_err(io(f))?;
-                info!("slice cache: discarded {} as asked", f.display());
-            }
-        }
+        discard(&p).map_err(|(f, e)| io(&f)(e))?;
     }
-    // What is already here: the finished file, else a partial one.
-    let existing = [&p.file, &p.part].into_iter().find(|f| f.exists());
-    let mut need: Vec<u32> = match existing {
+    // What is already here: the finished file, else (for a dry run: a transfer hashes the
+    // partial file it claims) a partial one.
+    let existing = [&p.file, &p.part]
+        .into_iter()
+        .take(if offer.dry_run { 2 } else { 1 })
+        .find(|f| f.exists());
+    let need: Vec<u32> = match existing {
         Some(f) => mismatches(f, offer.size, &offer.pieces).map_err(io(f))?,
         None => (0..offer.pieces.len() as u32).collect(),
     };
-    let need_bytes = |need: &[u32]| -> u64 {
-        need.iter()
-            .map(|&i| offer.pieces[i as usize].len)
-            .sum::<u64>()
-    };
-    let have_bytes = offer.size.saturating_sub(need_bytes(&need));
+    let have_bytes = offer.size.saturating_sub(need_bytes(&offer, &need));
     let ready = need.is_empty() && existing == Some(&p.file);
     if offer.dry_run || ready {
         if !ready {
-            make_room(node, cache, &p, need_bytes(&need), true)?;
+            make_room(node, cache, &p, need_bytes(&offer, &need), true)?;
         }
         return Ok(Prepared {
             need: SliceNeed {
@@ -268,36 +344,106 @@ pub fn prepare(node: &str, cache: &Path, offer: SliceOffer) -> Result<Prepared, 
         });
     }
     std::fs::create_dir_all(&p.dir).map_err(io(&p.dir))?;
-    // A finished file that failed a check, or a partial one, is worked on as `.part` (never
-    // used until every piece matches).
-    if existing == Some(&p.file) {
+    let broken_file = existing == Some(&p.file);
+    receive_into_partial(node, cache, p, offer, broken_file)
+}
+
+/// Removes what the cache holds of a slice (`bench --cold`), but partial files another node
+/// sharing the cache is receiving into.
+fn discard(p: &SlicePaths) -> Result<(), (PathBuf, std::io::Error)> {
+    let partials = (0..MAX_PARTIALS).map(|n| p.partial(n));
+    for f in [p.file.clone(), p.pieces.clone()]
+        .into_iter()
+        .chain(partials)
+    {
+        if !f.exists() || held_elsewhere(&f) {
+            continue;
+        }
+        std::fs::remove_file(&f).map_err(|e| (f.clone(), e))?;
+        info!("slice cache: discarded {} as asked", f.display());
+    }
+    Ok(())
+}
+
+/// Bytes of the pieces `need` of `offer`.
+fn need_bytes(offer: &SliceOffer, need: &[u32]) -> u64 {
+    need.iter()
+        .map(|&i| offer.pieces[i as usize].len)
+        .sum::<u64>()
+}
+
+/// A `SliceError::Io` maker for `path`.
+fn io_error(node: &str) -> impl Fn(&Path) -> Box<dyn FnOnce(std::io::Error) -> SliceError> + '_ {
+    move |path: &Path| {
+        let (path, node) = (path.to_path_buf(), node.to_string());
+        Box::new(move |source| SliceError::Io { node, path, source })
+    }
+}
+
+/// Claims a partial file for the slice (a finished file that failed its check becomes it),
+/// hashes what it holds, makes room for the rest and starts receiving it. `broken_file`: the
+/// finished file is there but some pieces do not match.
+fn receive_into_partial(
+    node: &str,
+    cache: &Path,
+    mut p: SlicePaths,
+    offer: SliceOffer,
+    broken_file: bool,
+) -> Result<Prepared, SliceError> {
+    let io = io_error(node);
+    let Some((part, mut file)) = claim_partial(&p).map_err(io(&p.part))? else {
+        return Err(SliceError::Shared {
+            node: node.to_string(),
+            dir: p.dir.clone(),
+        });
+    };
+    if part != p.part {
+        info!(
+            "slice cache: another node sharing {} is receiving {}; this one receives into {}",
+            cache.display(),
+            p.part.display(),
+            part.display()
+        );
+    }
+    p.part = part;
+    // A finished file that failed a check is worked on as the partial file (never used until
+    // every piece matches).
+    if broken_file {
         warn!(
-            "slice cache: {} has {} piece(s) that do not match their hash; fetching them again",
-            p.file.display(),
-            need.len()
+            "slice cache: {} has piece(s) that do not match their hash; fetching them again",
+            p.file.display()
         );
         std::fs::rename(&p.file, &p.part).map_err(io(&p.file))?;
+        file = reopen_locked(&p.part).map_err(io(&p.part))?;
     }
-    let fresh = existing.is_none();
-    make_room(
+    let len = file.metadata().map_err(io(&p.part))?.len();
+    let fresh = len == 0;
+    let mut need: Vec<u32> = if fresh {
+        (0..offer.pieces.len() as u32).collect()
+    } else {
+        mismatches(&p.part, offer.size, &offer.pieces).map_err(io(&p.part))?
+    };
+    let have_bytes = offer.size.saturating_sub(need_bytes(&offer, &need));
+    let room = make_room(
         node,
         cache,
         &p,
-        if fresh { offer.size } else { need_bytes(&need) },
+        if fresh {
+            offer.size
+        } else {
+            need_bytes(&offer, &need)
+        },
         false,
-    )?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&p.part)
-        .map_err(io(&p.part))?;
-    if file.metadata().map_err(io(&p.part))?.len() != offer.size {
-        file.set_len(offer.size).map_err(io(&p.part))?;
-        if !fresh {
-            need = (0..offer.pieces.len() as u32).collect();
+    );
+    if let Err(e) = room {
+        if fresh {
+            let _ = std::fs::remove_file(&p.part);
         }
+        return Err(e);
+    }
+    if len != offer.size {
+        file.set_len(offer.size).map_err(io(&p.part))?;
+        need = (0..offer.pieces.len() as u32).collect();
     }
     let need_msg = SliceNeed {
         key: offer.key.clone(),
@@ -323,6 +469,16 @@ pub fn prepare(node: &str, cache: &Path, offer: SliceOffer) -> Result<Prepared, 
         receiving: Some(Receiving::new(node, p, file, offer, need)),
         ready: None,
     })
+}
+
+/// `path` opened for reading and writing and locked for this node.
+fn reopen_locked(path: &Path) -> std::io::Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    f.try_lock().map_err(std::io::Error::from)?;
+    Ok(f)
 }
 
 /// The slice `key` from the cache, checked against the offer stored with it (`up
@@ -579,7 +735,10 @@ impl Receiving {
         })
         .encode()
         .map_err(|e| (p.pieces.clone(), std::io::Error::other(e.to_string())))?;
-        std::fs::write(&p.pieces, stored).map_err(|e| (p.pieces.clone(), e))?;
+        // Beside, then renamed: a node sharing the cache never reads a half-written one.
+        let tmp = p.part.with_extension("pieces");
+        std::fs::write(&tmp, stored).map_err(|e| (tmp.clone(), e))?;
+        std::fs::rename(&tmp, &p.pieces).map_err(|e| (p.pieces.clone(), e))?;
         std::fs::rename(&p.part, &p.file).map_err(|e| (p.part.clone(), e))?;
         Ok(p.file.clone())
     }

@@ -54,13 +54,6 @@ pub(super) struct Loaded {
 /// the head on the last; the layers the coordinator listed (or, without a list, those that do
 /// not fit this node's budget) streamed from disk by one streamer shared by the windows.
 pub(super) fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
-    let windows = check_windows(s)?;
-    let all: Vec<usize> = windows.iter().flat_map(|w| w.clone()).collect();
-    for &l in &s.layout.streamed {
-        if !all.contains(&(l as usize)) {
-            return Err(s.layout_error(format!("streamed layer {l} is not one of the stage's")));
-        }
-    }
     let hp = Model::load(
         Arc::clone(&s.file),
         &LoadOptions {
@@ -72,6 +65,12 @@ pub(super) fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
     )
     .map_err(|source| s.load_error(source))?
     .hp;
+    // Every layer number the coordinator sent is checked against the model before anything
+    // is sized by it (a list of every layer in 0..2^32 is 34 GB).
+    check_range(s, hp.n_layer)?;
+    let windows = check_windows(s)?;
+    let all: Vec<usize> = windows.iter().flat_map(|w| w.clone()).collect();
+    check_streamed(s, &all)?;
     // One runner (its scratch) for every window, and each window's KV caches.
     let (what, runner_need) = runner_memory(s, &hp, &windows);
     // Scratch and KV first: streaming layers cannot make room for them.
@@ -102,6 +101,47 @@ impl StageLoad<'_> {
             source,
         }
     }
+}
+
+/// The stage's layers inside the model's `n_layer` layers (and not empty), and its windows'
+/// bounds too (`check_windows` then checks their order inside the stage).
+fn check_range(s: &StageLoad<'_>, n_layer: usize) -> Result<(), AssignError> {
+    let bad = if s.range.start >= s.range.end || s.range.end > n_layer {
+        Some((s.range.start, s.range.end))
+    } else {
+        s.layout
+            .windows
+            .iter()
+            .map(|&(a, b)| (a as usize, b as usize))
+            .find(|&(a, b)| a > n_layer || b > n_layer)
+    };
+    match bad {
+        Some((start, end)) => Err(AssignError::LayerRange {
+            node: s.node.to_string(),
+            start,
+            end,
+            n_layer,
+        }),
+        None if s.layout.windows.len() > n_layer => Err(s.layout_error(format!(
+            "{} windows for a model of {n_layer} layers",
+            s.layout.windows.len()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The streamed layers: each one of the stage's `all`, none twice.
+fn check_streamed(s: &StageLoad<'_>, all: &[usize]) -> Result<(), AssignError> {
+    let mut seen = vec![false; all.len()];
+    for &l in &s.layout.streamed {
+        let Some(i) = all.iter().position(|&a| a == l as usize) else {
+            return Err(s.layout_error(format!("streamed layer {l} is not one of the stage's")));
+        };
+        if std::mem::replace(&mut seen[i], true) {
+            return Err(s.layout_error(format!("streamed layer {l} is listed twice")));
+        }
+    }
+    Ok(())
 }
 
 /// The stage's windows (its span when the layout lists none): in order, inside the stage's

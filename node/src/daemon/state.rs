@@ -31,8 +31,10 @@ pub(super) struct SessionHandle {
     /// Closers of the session's data links: dropping the session unblocks its thread.
     pub(super) closers: Arc<Mutex<Vec<LinkCloser>>>,
     /// Sequences the coordinator released since the last batch (their caches are cleared
-    /// before the next one).
+    /// before the next one); each below `slots` and listed once, so at most `slots` long.
     pub(super) release: Arc<Mutex<Vec<u64>>>,
+    /// The sequences the stage keeps caches for (the assignment's KV slots).
+    pub(super) slots: usize,
     /// The session's streamed layers, for their counters.
     pub(super) streamer: Option<Arc<Streamer>>,
     /// Held by the compute thread through each step (from a batch's first frame to its last
@@ -64,6 +66,9 @@ pub(super) struct State {
     pub(super) session: Option<SessionHandle>,
     /// The last model file opened, kept mapped for the next assignment.
     pub(super) cache: Option<(ModelIdentity, Arc<GgufFile>)>,
+    /// Coordinators waiting for the coordinator slot: while one waits, the holder may not
+    /// stay silent before its session for longer than `COORDINATOR_SILENCE`.
+    pub(super) waiting: usize,
 }
 
 /// Who holds a node's coordinator slot.
