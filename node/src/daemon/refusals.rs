@@ -152,15 +152,12 @@ mod tests {
     #[test]
     fn a_flood_from_one_peer_is_one_line_and_a_count() {
         let r = Refusals::default();
-        let mut built = 0;
         for i in 0..1000 {
             r.refused(ip("10.0.0.9"), || {
-                built += 1;
                 format!("refused connection from 10.0.0.9:{i}: wrong key")
             });
         }
         // The first was logged; the other 999 are counted, the last one kept.
-        assert_eq!(built, 1000);
         let w = std::mem::take(&mut *r.window.lock().unwrap());
         assert_eq!(w.logged, 1);
         let s = w.summary().unwrap();
