@@ -471,7 +471,8 @@ impl DataListener {
         if hs.peer.role != Role::Upstream {
             return Err(ProtocolError::Handshake(format!(
                 "'{}' connected as {:?}, not as a data link",
-                hs.peer.name, hs.peer.role
+                crate::untrusted::escape(&hs.peer.name),
+                hs.peer.role
             ))
             .into());
         }

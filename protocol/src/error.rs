@@ -50,7 +50,8 @@ pub enum ProtocolError {
     Auth(String),
     /// The peer refused us and said why (a handshake reject, an `Error` message instead of
     /// the expected answer).
-    #[error("the peer refused the connection: {0}")]
+    /// Its text is the peer's, escaped when shown (`untrusted::escape`).
+    #[error("the peer refused the connection: {}", crate::untrusted::escape(.0))]
     Rejected(String),
     /// A cluster key that cannot be read, parsed or used.
     #[error("cluster key: {0}")]

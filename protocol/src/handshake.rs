@@ -18,6 +18,7 @@
 
 use crate::error::ProtocolError;
 use crate::key::{ct_eq, ClusterKey};
+use crate::untrusted::escape;
 
 pub const HS_MAGIC: [u8; 4] = *b"RLHS";
 /// 1: the ring. 2: model slices sent to nodes (`Slice*` control messages, `Slice` frames).
@@ -257,7 +258,7 @@ fn check_peer_hello(key: &ClusterKey, h: &Hello, who: &str) -> Result<(), Protoc
     if h.cluster_id != key.id() {
         return Err(ProtocolError::Auth(format!(
             "{who} '{}' belongs to cluster {} but ours is {} (different cluster key files)",
-            h.name,
+            escape(&h.name),
             crate::key::hex(&h.cluster_id),
             key.id_hex()
         )));
@@ -337,7 +338,7 @@ impl ClientHandshake {
                 if !ct_eq(&p, &want) {
                     return Err(ProtocolError::Auth(format!(
                         "'{}' could not prove it holds the cluster key",
-                        server.name
+                        escape(&server.name)
                     )));
                 }
                 self.proof_checked.set(true);
@@ -436,7 +437,7 @@ impl ServerHandshake {
                 if !ct_eq(&p, &want) {
                     return Err(reject(ProtocolError::Auth(format!(
                         "'{}' could not prove it holds the cluster key (wrong key file?)",
-                        self.client.name
+                        escape(&self.client.name)
                     ))));
                 }
                 let session = Session {

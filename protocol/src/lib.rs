@@ -26,7 +26,8 @@
 //!
 //! `dial` opens a data link of any transport, both sides (`DialSpec`, `LinkRole`); `sock`
 //! sets up every transport's sockets (buffer sizes, TCP tuning, UDP sockets); `transport`
-//! holds `TransportKind` and the counters every link keeps.
+//! holds `TransportKind` and the counters every link keeps; `untrusted::escape` makes text a
+//! peer chose (names, reasons) safe to print and log.
 
 pub mod activations;
 pub mod blocking;
@@ -44,6 +45,7 @@ pub mod sock;
 pub mod tcp;
 pub mod transport;
 pub mod udp;
+pub mod untrusted;
 #[cfg(target_os = "linux")]
 pub mod uring;
 

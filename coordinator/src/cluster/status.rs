@@ -6,6 +6,7 @@
 
 use ringllm_protocol::control::{Control, NodeStatus};
 use ringllm_protocol::control_conn::{self, control_of};
+use ringllm_protocol::untrusted::escape;
 use ringllm_protocol::{ClusterKey, Role, TransportError};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -217,7 +218,8 @@ fn report(address: &str, s: &NodeStatus, rtt: Duration) -> NodeReport {
     };
     NodeReport {
         address: address.to_string(),
-        name: s.node_name.clone(),
+        // Names the nodes chose, shown on terminals: escaped (`untrusted::escape`).
+        name: escape(&s.node_name).into_owned(),
         health: health.into(),
         error: None,
         version: Some(s.version.clone()),
@@ -236,8 +238,8 @@ fn report(address: &str, s: &NodeStatus, rtt: Duration) -> NodeReport {
         tokens_per_s: Some(s.tokens_per_s),
         rtt_ms: Some(rtt.as_secs_f64() * 1e3),
         coordinator: s.coordinator.as_ref().map(|c| CoordinatorRef {
-            name: c.name.clone(),
-            address: c.address.clone(),
+            name: escape(&c.name).into_owned(),
+            address: escape(&c.address).into_owned(),
             held_s: c.held_ms as f64 / 1e3,
         }),
         bytes_in_per_s: Some(s.bytes_in_per_s),

@@ -1,5 +1,6 @@
 //! `ringllm nodes`: lists the ringllm nodes heard on the LAN by mDNS (`node --advertise`),
-//! marking with `--key` which are of that key's cluster.
+//! marking with `--key` which are of that key's cluster (those that answered its handshake).
+//! Every text in the table came from the LAN and is escaped (`discovery::Found`).
 
 use crate::cli::NodesArgs;
 use anyhow::Result;
@@ -33,10 +34,12 @@ pub fn nodes(args: NodesArgs) -> Result<ExitCode> {
     ]
     .map(String::from)];
     for f in &b.found {
-        let cluster = match f.same_cluster {
-            Some(true) => format!("{} (ours)", f.cluster),
-            Some(false) => format!("{} (other)", f.cluster),
-            None => f.cluster.clone(),
+        // With a key, "ours" only for a node that answered it (anyone can claim the hash).
+        let cluster = match (f.same_cluster, f.answered) {
+            (Some(true), Some(false)) => format!("{} (claimed, no answer)", f.cluster),
+            (Some(true), _) => format!("{} (ours)", f.cluster),
+            (Some(false), _) => format!("{} (other)", f.cluster),
+            (None, _) => f.cluster.clone(),
         };
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         rows.push([

@@ -10,6 +10,7 @@ use super::{
 };
 use ringllm_protocol::control::{Control, ErrorCode, ErrorMsg};
 use ringllm_protocol::control_conn;
+use ringllm_protocol::untrusted::escape;
 use ringllm_protocol::{Link, Role};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -39,8 +40,12 @@ pub(super) async fn connection(
             debug!("connection from {peer} closed before its handshake");
             return;
         }
+        // Anyone can cause these, as fast as they can connect: a few are logged in full,
+        // the rest counted (`refusals`).
         Some(Err(e)) => {
-            warn!("refused connection from {peer}: {e}");
+            node.refusals.refused(Some(peer.ip()), || {
+                format!("refused connection from {peer}: {e}")
+            });
             return;
         }
     };
@@ -115,7 +120,8 @@ pub(super) async fn queue_control(q: &mpsc::Sender<Outgoing>, msg: Control) {
 async fn coordinator_conn(node: Arc<Node>, link: Link, conn_id: u64) {
     let who = format!(
         "coordinator '{}' ({})",
-        link.session.peer.name, link.peer_addr
+        escape(&link.session.peer.name),
+        link.peer_addr
     );
     let named = (link.session.peer.name.clone(), link.peer_addr.clone());
     let Link { tx, mut rx, .. } = link;

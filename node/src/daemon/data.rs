@@ -6,6 +6,7 @@ use super::state::Node;
 use super::worker::Attached;
 use super::{HANDSHAKE_TIMEOUT, MAX_PAYLOAD, TAKEOVER_WAIT};
 use ringllm_protocol::dial::{self, AttachInfo, BoxLink};
+use ringllm_protocol::untrusted::escape;
 use ringllm_protocol::{QuicServer, Role, TransportError, TransportKind};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ pub(super) async fn data_conn(
     hs: ringllm_protocol::handshake::Session,
     peer: std::net::SocketAddr,
 ) {
-    let who = format!("data link from '{}' ({peer})", hs.peer.name);
+    let who = format!("data link from '{}' ({peer})", escape(&hs.peer.name));
     let uring = node.opts.transport == TransportKind::Uring;
     attach_link(node, who, move || {
         let stream = stream.into_std()?;
@@ -42,7 +43,8 @@ pub(super) async fn quic_accept_loop(node: Arc<Node>, server: QuicServer) {
             Some(None) => return,
             Some(Some(Ok(x))) => x,
             Some(Some(Err(e))) => {
-                warn!("refused QUIC connection: {e}");
+                node.refusals
+                    .refused(None, || format!("refused QUIC connection: {e}"));
                 continue;
             }
         };
@@ -50,11 +52,11 @@ pub(super) async fn quic_accept_loop(node: Arc<Node>, server: QuicServer) {
             warn!(
                 "refused QUIC connection from '{}' ({peer}): only data links use QUIC; the \
                  control connection is TCP",
-                hs.peer.name
+                escape(&hs.peer.name)
             );
             continue;
         }
-        let who = format!("data link from '{}' ({peer})", hs.peer.name);
+        let who = format!("data link from '{}' ({peer})", escape(&hs.peer.name));
         let n = Arc::clone(&node);
         tokio::spawn(async move {
             let attach = attach_link(Arc::clone(&n), who, move || {

@@ -2,6 +2,7 @@
 
 use super::connection::connection;
 use super::data::quic_accept_loop;
+use super::refusals::{self, Refusals};
 use super::state::{Node, Rates, State};
 use super::status::{probe, sample_rates};
 use super::{DaemonError, NodeOptions, SHUTDOWN_WAIT, STEP_WAIT};
@@ -81,9 +82,12 @@ pub async fn serve(
         compute: Mutex::new(Vec::new()),
         started: Instant::now(),
         rates: Mutex::new(Rates::default()),
+        refusals: Refusals::default(),
     });
     let mut tasks = JoinSet::new();
     tasks.spawn(sample_rates(Arc::clone(&node)));
+    let n = Arc::clone(&node);
+    tasks.spawn(async move { refusals::summarize(&n.refusals, n.stopped()).await });
     if let Some(q) = quic {
         tasks.spawn(quic_accept_loop(Arc::clone(&node), q));
     }

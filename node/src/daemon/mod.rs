@@ -26,7 +26,8 @@
 //! (accept, handshake, the coordinator slot, the writer), `control` (one handler per control
 //! message), `assign` and `stage` (an assignment: check, link, runner and KV, streamed tier),
 //! `data` (data links), `status` (status and stats), `state` (what the node holds),
-//! `worker` (the compute thread), `slices` (the slice cache) and `error`.
+//! `worker` (the compute thread), `slices` (the slice cache), `refusals` (refused
+//! connections, logged so that a flood costs a few lines) and `error`.
 
 mod assign;
 mod connection;
@@ -34,6 +35,7 @@ mod control;
 mod data;
 mod error;
 mod listener;
+mod refusals;
 pub mod slices;
 mod stage;
 mod state;

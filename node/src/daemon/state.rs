@@ -1,6 +1,7 @@
 //! What a node holds: its options and capabilities, the coordinator slot, the running
 //! session, the mapped model file and the sampled rates.
 
+use super::refusals::Refusals;
 use super::worker::{Attached, SessionStats};
 use super::NodeOptions;
 use ringllm_model::gguf::GgufFile;
@@ -106,6 +107,8 @@ pub(super) struct Node {
     pub(super) started: Instant,
     /// Bytes in, bytes out and tokens per second lately.
     pub(super) rates: Mutex<Rates>,
+    /// Refused connections of this interval, logged a few in full and the rest counted.
+    pub(super) refusals: Refusals,
 }
 
 impl Node {

@@ -138,7 +138,11 @@ pub const MONITOR_SILENCE: Duration = Duration::from_secs(120);
 /// A status connection (`Role::Monitor`): answers `GetStatus` (and heartbeats) until the
 /// peer closes it, goes silent or sends anything else. It never touches the coordinator slot.
 pub(super) async fn monitor_conn(node: &Arc<Node>, link: Link) {
-    let who = format!("monitor '{}' ({})", link.session.peer.name, link.peer_addr);
+    let who = format!(
+        "monitor '{}' ({})",
+        ringllm_protocol::untrusted::escape(&link.session.peer.name),
+        link.peer_addr
+    );
     debug!("{who}: connected");
     let Link { mut tx, mut rx, .. } = link;
     let mut buf = Vec::new();

@@ -85,7 +85,7 @@ fn describe(name: &str, addr: SocketAddr) -> String {
     if name.is_empty() {
         format!("{addr}")
     } else {
-        format!("'{name}' at {addr}")
+        format!("'{}' at {addr}", crate::untrusted::escape(name))
     }
 }
 

@@ -90,10 +90,11 @@ impl Ring {
             let (i, msg) = self.next_control(Duration::from_secs(10), "capabilities", &pending)?;
             match msg {
                 Control::Capabilities(c) => {
-                    // A node known only by its address (`--node`) goes by its own name.
+                    // A node known only by its address (`--node`) goes by its own name
+                    // (escaped: it is shown in tables and log lines).
                     let n = &mut self.nodes[i];
                     if n.name == n.address && !c.node_name.is_empty() {
-                        n.name = c.node_name.clone();
+                        n.name = ringllm_protocol::untrusted::escape(&c.node_name).into_owned();
                     }
                     if let Some(want) = self.nodes[i].declared {
                         if want != c.transport {
