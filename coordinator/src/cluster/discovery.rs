@@ -22,9 +22,8 @@
 
 use anyhow::{anyhow, Context, Result};
 use mdns_sd::{IfKind, ResolvedService, ServiceDaemon, ServiceEvent, ServiceInfo};
-use ringllm_protocol::control_conn;
 use ringllm_protocol::untrusted::escape;
-use ringllm_protocol::{ClusterKey, Role, TransportError};
+use ringllm_protocol::ClusterKey;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -264,20 +263,6 @@ fn dialable(addrs: &[IpAddr], port: u16) -> Vec<SocketAddr> {
     v.into_iter().map(|ip| SocketAddr::new(ip, port)).collect()
 }
 
-/// Connects to `addr` and runs the handshake as a monitor (which never claims the node)
-/// within `deadline`; returns the name the node gave (escaped). This is what makes a heard
-/// service a node: anything on the LAN can announce one, only a key holder answers this.
-pub async fn handshake_probe(
-    addr: SocketAddr,
-    key: &ClusterKey,
-    me: &str,
-    deadline: Duration,
-) -> Result<String, TransportError> {
-    let link =
-        control_conn::connect(&addr.to_string(), key, Role::Monitor, me, deadline, 1 << 10).await?;
-    Ok(escape(&link.session.peer.name).into_owned())
-}
-
 /// What one probe found.
 struct ProbeResult {
     fullname: String,
@@ -330,9 +315,10 @@ impl Prober {
         self.running += 1;
         let (key, me, tx, t0) = (self.key.clone(), self.me.clone(), self.tx.clone(), self.t0);
         self.rt.spawn(async move {
-            let outcome = handshake_probe(addr, &key, &me, PROBE_DEADLINE)
-                .await
-                .map_err(|e| e.to_string());
+            // The ring's probe: a monitor's handshake, which proves the key and never
+            // claims the node.
+            let outcome =
+                super::probe::handshake(&addr.to_string(), &key, &me, PROBE_DEADLINE).await;
             let at = t0.elapsed().as_secs_f64();
             let _ = tx.send(ProbeResult {
                 fullname,

@@ -6,6 +6,7 @@
 
 use ringllm_protocol::control_conn;
 use ringllm_protocol::frame::COORDINATOR_MAX_PAYLOAD;
+use ringllm_protocol::untrusted::escape;
 use ringllm_protocol::{ClusterKey, Role};
 use std::time::Duration;
 
@@ -23,21 +24,55 @@ pub const QUICK_PROBE_DEADLINE: Duration = Duration::from_secs(1);
 /// and this deadline is left out and taken back once it answers again.
 pub const SUSPECT_PROBE_DEADLINE: Duration = Duration::from_millis(500);
 
-/// Whether the node at `addr` finishes the handshake with `key` within `deadline`; `Err`
-/// says why not (refused, timed out, wrong key or version).
-pub async fn handshake(addr: &str, key: &ClusterKey, deadline: Duration) -> Result<(), String> {
+/// Whether the node at `addr` finishes the handshake with `key` within `deadline`, as `me`;
+/// `Ok`: the name the node gave (escaped: it came from the network). `Err` says why not
+/// (refused, timed out, wrong key or version). Discovery asks this of every service that
+/// claims the cluster; the ring asks it of nodes it is about to use or take back.
+pub async fn handshake(
+    addr: &str,
+    key: &ClusterKey,
+    me: &str,
+    deadline: Duration,
+) -> Result<String, String> {
     let link = control_conn::connect(
         addr,
         key,
         Role::Monitor,
-        "coordinator probe",
+        me,
         deadline,
         COORDINATOR_MAX_PAYLOAD,
     )
     .await
     .map_err(|e| e.to_string())?;
-    drop(link);
-    Ok(())
+    Ok(escape(&link.session.peer.name).into_owned())
+}
+
+/// [`handshake`] with every address at once, on the caller's runtime; the answers in the
+/// order of `addrs`.
+pub async fn handshake_each(
+    addrs: &[String],
+    key: &ClusterKey,
+    deadline: Duration,
+) -> Vec<Result<(), String>> {
+    let tasks: Vec<_> = addrs
+        .iter()
+        .map(|a| {
+            let (a, key) = (a.clone(), key.clone());
+            tokio::spawn(async move {
+                handshake(&a, &key, "coordinator probe", deadline)
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(
+            t.await
+                .unwrap_or_else(|e| Err(format!("the probe failed: {e}"))),
+        );
+    }
+    out
 }
 
 /// [`handshake`] with every address at once, on a runtime of its own (callers are plain
@@ -60,23 +95,7 @@ pub fn handshake_all(
             return addrs.iter().map(|_| Err(why.clone())).collect();
         }
     };
-    rt.block_on(async {
-        let tasks: Vec<_> = addrs
-            .iter()
-            .map(|a| {
-                let (a, key) = (a.clone(), key.clone());
-                tokio::spawn(async move { handshake(&a, &key, deadline).await })
-            })
-            .collect();
-        let mut out = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            out.push(
-                t.await
-                    .unwrap_or_else(|e| Err(format!("the probe failed: {e}"))),
-            );
-        }
-        out
-    })
+    rt.block_on(handshake_each(addrs, key, deadline))
 }
 
 /// A failure pinned on one node of a ring being built or running: a rebuild leaves that node

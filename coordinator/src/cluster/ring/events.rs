@@ -120,20 +120,7 @@ impl Ring {
             .map(|&i| self.nodes[i].address.clone())
             .collect();
         let key = self.key.clone();
-        let answers: Vec<Result<(), String>> = self.rt.block_on(async {
-            let tasks: Vec<_> = addrs
-                .iter()
-                .map(|a| {
-                    let (a, key) = (a.clone(), key.clone());
-                    tokio::spawn(async move { probe::handshake(&a, &key, deadline).await })
-                })
-                .collect();
-            let mut out = Vec::new();
-            for t in tasks {
-                out.push(t.await.unwrap_or_else(|e| Err(e.to_string())));
-            }
-            out
-        });
+        let answers = self.rt.block_on(probe::handshake_each(&addrs, &key, deadline));
         for (&i, r) in which.iter().zip(answers) {
             if let Err(why) = r {
                 return Err(anyhow::Error::new(NodeFault {
