@@ -551,7 +551,7 @@ pub struct KeygenArgs {
     #[arg(long, value_name = "NAME", requires = "key")]
     pub node: Option<String>,
     /// With --node: the cluster key file that certifies the node key.
-    #[arg(long)]
+    #[arg(long, requires = "node")]
     pub key: Option<PathBuf>,
 }
 

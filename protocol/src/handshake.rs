@@ -600,7 +600,7 @@ pub struct ServerHandshake {
 /// What to do after the client's first message.
 pub enum ServerStep {
     /// Send these bytes (our hello, `Ident` and proof), then wait for the client's.
-    Continue(ServerHandshake, Vec<u8>),
+    Continue(Box<ServerHandshake>, Vec<u8>),
     /// Send these bytes (a rejection) and close; the error says why.
     Refuse(Vec<u8>, ProtocolError),
 }
@@ -642,7 +642,7 @@ impl ServerHandshake {
         out.extend_from_slice(&ident_bytes);
         out.extend_from_slice(&HsMsg::Proof(proof).encode());
         Ok(ServerStep::Continue(
-            ServerHandshake {
+            Box::new(ServerHandshake {
                 key: key.clone(),
                 hello,
                 hello_bytes,
@@ -650,7 +650,7 @@ impl ServerHandshake {
                 client,
                 client_bytes: raw.to_vec(),
                 client_ident: None,
-            },
+            }),
             out,
         ))
     }

@@ -342,7 +342,7 @@ pub(crate) fn read_capped(path: &Path, max: u64) -> Result<String, ProtocolError
 }
 
 fn unhex(s: &str, max_bytes: usize) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() / 2 > max_bytes {
+    if !s.len().is_multiple_of(2) || s.len() / 2 > max_bytes {
         return None;
     }
     (0..s.len())
@@ -533,7 +533,7 @@ mod tests {
         let mut long = good.clone();
         long.push(0);
         assert!(NodeCert::decode(&long).is_err());
-        assert!(NodeCert::decode(&vec![0u8; MAX_CERT + 1]).is_err());
+        assert!(NodeCert::decode(&[0u8; MAX_CERT + 1]).is_err());
         let mut magic = good.clone();
         magic[0] = b'X';
         assert!(NodeCert::decode(&magic).is_err());

@@ -25,7 +25,7 @@ fn split_msgs(mut b: &[u8]) -> Vec<Vec<u8>> {
 
 fn expect_continue(step: ServerStep) -> (ServerHandshake, Vec<u8>) {
     match step {
-        ServerStep::Continue(hs, out) => (hs, out),
+        ServerStep::Continue(hs, out) => (*hs, out),
         ServerStep::Refuse(_, e) => panic!("server refused: {e}"),
     }
 }
@@ -428,7 +428,7 @@ fn run(
 ) -> Result<(Session, Session), (String, String)> {
     let (mut client, hello) = ClientHandshake::start(client_key, role, client_name).unwrap();
     let (server, out) = match ServerHandshake::on_hello(server_key, "srv", &hello).unwrap() {
-        ServerStep::Continue(s, out) => (s, out),
+        ServerStep::Continue(s, out) => (*s, out),
         ServerStep::Refuse(out, e) => {
             let c = client.on_hello(&out).unwrap_err();
             return Err((c.to_string(), e.to_string()));
