@@ -43,8 +43,11 @@ pub enum Command {
     Up(UpArgs),
     /// Show how a cluster would split a model, and its predicted speed, without loading it.
     Plan(PlanArgs),
-    /// Write a new random cluster key file.
+    /// Write a new random cluster key file, or (--node NAME) a node key certified by one.
     Keygen(KeygenArgs),
+    /// Revoke a node key by its name: every coordinator using the cluster key refuses it and
+    /// tells its nodes to refuse it too.
+    Revoke(RevokeArgs),
     /// List the ringllm nodes heard on the LAN (mDNS; `node --advertise`).
     Nodes(NodesArgs),
     /// What every node of a cluster is doing: layers, memory, speed, links, coordinator.
@@ -469,9 +472,14 @@ pub struct NodeArgs {
     /// Directory holding the model files.
     #[arg(long, default_value = "models")]
     pub models: PathBuf,
-    /// Name shown in logs and errors (default: host name and port).
+    /// Name shown in logs and errors (default: host name and port; with --node-key, the
+    /// name its certificate gives).
     #[arg(long)]
     pub name: Option<String>,
+    /// A node key file (`ringllm keygen --node NAME --key KEYFILE FILE`): the node proves its
+    /// certified name in every handshake, and can be revoked by it (`ringllm revoke`).
+    #[arg(long, value_name = "FILE")]
+    pub node_key: Option<PathBuf>,
     /// Transport for data links: tcp, udp (reliable UDP), quic (TLS 1.3) or uring (TCP on
     /// io_uring). udp and quic use the UDP port of the same number as --listen.
     #[arg(long, default_value = "tcp")]
@@ -542,6 +550,23 @@ pub struct KeygenArgs {
     /// Replace an existing file.
     #[arg(long)]
     pub force: bool,
+    /// Write a node key for the node NAME instead: its own key pair and a certificate signed
+    /// with the cluster key (--key), for `ringllm node --node-key FILE`. Names: letters,
+    /// digits and . _ : - (at most 64).
+    #[arg(long, value_name = "NAME", requires = "key")]
+    pub node: Option<String>,
+    /// With --node: the cluster key file that certifies the node key.
+    #[arg(long, requires = "node")]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RevokeArgs {
+    /// The node name to refuse (as given to `keygen --node`).
+    pub name: String,
+    /// The cluster key file; the list is kept beside it, in KEYFILE.revoked.
+    #[arg(long)]
+    pub key: PathBuf,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -45,6 +45,7 @@ fn main() -> ExitCode {
         cli::Command::Up(a) => commands::up::up(a),
         cli::Command::Plan(a) => commands::plan::plan(a),
         cli::Command::Keygen(a) => commands::keygen::keygen(a),
+        cli::Command::Revoke(a) => commands::keygen::revoke(a),
         cli::Command::Nodes(a) => commands::nodes::nodes(a),
         cli::Command::Status(a) => commands::status::status(a),
         cli::Command::Debug(a) => commands::debug::debug(a),

@@ -68,20 +68,30 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s.write_all(&hello).await?;
     let server_hello = read_hs(s).await?;
     if let Err(e) = hs.on_hello(&server_hello) {
-        let _ = s.write_all(&HsMsg::Reject(e.to_string()).encode()).await;
-        return Err(e.into());
+        return Err(refuse(s, e).await);
+    }
+    if hs.expects_ident() {
+        let ident = read_hs(s).await?;
+        if let Err(e) = hs.on_ident(&ident) {
+            return Err(refuse(s, e).await);
+        }
     }
     let proof = read_hs(s).await?;
     let mine = match hs.on_proof(&proof) {
         Ok(p) => p,
-        Err(e) => {
-            let _ = s.write_all(&HsMsg::Reject(e.to_string()).encode()).await;
-            return Err(e.into());
-        }
+        Err(e) => return Err(refuse(s, e).await),
     };
     s.write_all(&mine).await?;
     let verdict = read_hs(s).await?;
     Ok(hs.on_verdict(&verdict)?)
+}
+
+/// Tells the peer why we give up (unless it refused us first), and returns the error.
+async fn refuse<S: AsyncWrite + Unpin>(s: &mut S, e: ProtocolError) -> TransportError {
+    if !matches!(e, ProtocolError::Rejected(_)) {
+        let _ = s.write_all(&HsMsg::Reject(e.to_string()).encode()).await;
+    }
+    e.into()
 }
 
 /// Runs the server side of the handshake over any stream.
@@ -91,7 +101,7 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     name: &str,
 ) -> Result<crate::handshake::Session, TransportError> {
     let hello = read_hs(s).await?;
-    let hs = match ServerHandshake::on_hello(key, name, &hello)? {
+    let mut hs = match ServerHandshake::on_hello(key, name, &hello)? {
         ServerStep::Continue(hs, out) => {
             s.write_all(&out).await?;
             hs
@@ -101,18 +111,43 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(e.into());
         }
     };
-    let proof = read_hs(s).await?;
-    match hs.on_proof(&proof) {
+    let step = async {
+        if hs.expects_ident() {
+            hs.on_ident(&read_hs(s).await?)?;
+        }
+        let proof = read_hs(s).await?;
+        Ok::<_, StepError>(hs.on_proof(&proof)?)
+    };
+    match step.await {
         Ok((session, accept)) => {
             s.write_all(&accept).await?;
             Ok(session)
         }
-        Err((reject, e)) => {
+        Err(StepError::Io(e)) => Err(e),
+        Err(StepError::Refused((reject, e))) => {
             if !reject.is_empty() {
                 let _ = s.write_all(&reject).await;
             }
             Err(e.into())
         }
+    }
+}
+
+/// A server step that failed: on the stream, or refused (with the `Reject` to send).
+enum StepError {
+    Io(TransportError),
+    Refused((Vec<u8>, ProtocolError)),
+}
+
+impl From<TransportError> for StepError {
+    fn from(e: TransportError) -> StepError {
+        StepError::Io(e)
+    }
+}
+
+impl From<(Vec<u8>, ProtocolError)> for StepError {
+    fn from(r: (Vec<u8>, ProtocolError)) -> StepError {
+        StepError::Refused(r)
     }
 }
 

@@ -53,6 +53,9 @@ pub enum ProtocolError {
     /// Its text is the peer's, escaped when shown (`untrusted::escape`).
     #[error("the peer refused the connection: {}", crate::untrusted::escape(.0))]
     Rejected(String),
+    /// The peer's name is on the cluster's revocation list (`ringllm revoke`).
+    #[error("node {name:?} is revoked (its name is on the cluster's revocation list, `ringllm revoke`): it may not join; give the machine a new node key under another name, or take the name off the list")]
+    Revoked { name: String },
     /// A cluster key that cannot be read, parsed or used.
     #[error("cluster key: {0}")]
     Key(String),

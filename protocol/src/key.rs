@@ -1,17 +1,29 @@
 //! The cluster key: any non-empty file; its bytes (trailing whitespace ignored) are the key.
 //! Every link proves knowledge of it with HMAC-SHA256; the cluster id shown in logs is derived
 //! from it and reveals nothing useful about it.
+//!
+//! A `ClusterKey` also carries what a process knows of per-node identity (`ident`): its own
+//! node key, when it was started with one, and the names the cluster has revoked (loaded from
+//! `KEYFILE.revoked` beside the key file, and on a node also taken from each coordinator), so
+//! every handshake, whatever transport opens it, presents and checks them.
 
 use crate::error::ProtocolError;
+use crate::ident::{NodeIdentity, Revocations};
 use hmac::{KeyInit, Mac};
 use sha2::{Digest, Sha256};
 use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 pub type HmacSha256 = hmac::Hmac<Sha256>;
 
 #[derive(Clone)]
 pub struct ClusterKey {
     bytes: Vec<u8>,
+    /// This process's node key (`node --node-key`).
+    identity: Option<Arc<NodeIdentity>>,
+    /// Names refused in every handshake; shared by every clone, so a list a node learns from
+    /// its coordinator applies to all its links at once.
+    revoked: Arc<RwLock<Revocations>>,
 }
 
 impl std::fmt::Debug for ClusterKey {
@@ -33,7 +45,48 @@ impl ClusterKey {
         }
         Ok(ClusterKey {
             bytes: raw[..end].to_vec(),
+            identity: None,
+            revoked: Arc::default(),
         })
+    }
+
+    /// The key with this process's node key attached (`node --node-key`).
+    pub fn with_identity(mut self, id: NodeIdentity) -> ClusterKey {
+        self.identity = Some(Arc::new(id));
+        self
+    }
+
+    pub fn identity(&self) -> Option<&NodeIdentity> {
+        self.identity.as_deref()
+    }
+
+    /// A copy of the names this process refuses.
+    pub fn revoked(&self) -> Revocations {
+        self.revoked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn is_revoked(&self, name: &str) -> bool {
+        self.revoked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
+    /// Adds `more` to the names refused (by every clone of this key).
+    pub fn add_revoked(&self, more: &Revocations) -> Result<(), ProtocolError> {
+        self.revoked
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .merge(more)
+    }
+
+    /// True when this process takes part in node identities (it has a node key, or refuses
+    /// some names): then a peer that cannot present or check them is refused.
+    pub fn uses_node_keys(&self) -> bool {
+        self.identity.is_some() || !self.revoked().is_empty()
     }
 
     pub fn load(path: &Path) -> Result<ClusterKey, ProtocolError> {
@@ -44,8 +97,10 @@ impl ClusterKey {
                 path.display()
             ))
         })?;
-        ClusterKey::from_bytes(&raw)
-            .map_err(|e| ProtocolError::Key(format!("key file {}: {e}", path.display())))
+        let key = ClusterKey::from_bytes(&raw)
+            .map_err(|e| ProtocolError::Key(format!("key file {}: {e}", path.display())))?;
+        key.add_revoked(&Revocations::load(&crate::ident::revocation_path(path))?)?;
+        Ok(key)
     }
 
     /// A fresh random key as 64 hex characters and a newline.

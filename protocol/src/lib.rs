@@ -8,7 +8,8 @@
 //! * `frame`: the 40-byte data-frame header, and the payload caps, one per role.
 //! * `control`: control messages (assignments, heartbeats, errors, `Attach`).
 //! * `handshake`: the versioned, mutually authenticated handshake every connection opens with.
-//! * `key`: the cluster key. `seal`: per-frame and per-datagram authentication.
+//! * `key`: the cluster key. `ident`: node keys, their certificates, the revocation list.
+//! * `seal`: per-frame and per-datagram authentication.
 //! * `activations`: hidden states as f32, f16, bf16 or q8.
 //!
 //! The control plane runs on tokio: `control_conn` (a `transport::Link` over TCP, and the
@@ -37,6 +38,7 @@ pub mod dial;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod ident;
 pub mod key;
 pub mod kmod;
 pub mod quic;

@@ -1262,7 +1262,8 @@ proptest! {
         b.extend_from_slice(&(body.len() as u16).to_le_bytes());
         b.extend_from_slice(&body);
         let r = HsMsg::decode(&b);
-        if !(1..=4).contains(&t) {
+        // Types 1-4 since protocol 3.0; 5, `Ident`, since 3.2.
+        if !(1..=5).contains(&t) {
             prop_assert!(
                 matches!(r, Err(ProtocolError::BadField { field: "handshake message type", .. })),
                 "got {:?}", r

@@ -25,7 +25,7 @@ fn split_msgs(mut b: &[u8]) -> Vec<Vec<u8>> {
 
 fn expect_continue(step: ServerStep) -> (ServerHandshake, Vec<u8>) {
     match step {
-        ServerStep::Continue(hs, out) => (hs, out),
+        ServerStep::Continue(hs, out) => (*hs, out),
         ServerStep::Refuse(_, e) => panic!("server refused: {e}"),
     }
 }
@@ -52,15 +52,44 @@ struct Transcript {
     server: Session,
 }
 
+/// Feeds the server's first answer (hello, `Ident` when both speak node identities, proof)
+/// to the client; returns what the client sends back.
+fn client_feed(client: &mut ClientHandshake, out: &[u8]) -> Result<Vec<u8>, ProtocolError> {
+    let msgs = split_msgs(out);
+    client.on_hello(&msgs[0])?;
+    let mut at = 1;
+    if client.expects_ident() {
+        client.on_ident(&msgs[at])?;
+        at += 1;
+    }
+    assert_eq!(msgs.len(), at + 1, "server hello, ident and proof");
+    client.on_proof(&msgs[at])
+}
+
+/// Feeds the client's answer (`Ident` when expected, proof) to the server.
+#[allow(clippy::result_large_err)]
+fn server_feed(
+    mut server: ServerHandshake,
+    out: &[u8],
+) -> Result<(Session, Vec<u8>), (Vec<u8>, ProtocolError)> {
+    let msgs = split_msgs(out);
+    let mut at = 0;
+    if server.expects_ident() {
+        server.on_ident(&msgs[0])?;
+        at = 1;
+    }
+    server.on_proof(&msgs[at])
+}
+
 fn run_ok(client_key: &ClusterKey, server_key: &ClusterKey, role: Role) -> Transcript {
     let (mut client, client_hello) = ClientHandshake::start(client_key, role, "coord").unwrap();
     let (server, out) =
         expect_continue(ServerHandshake::on_hello(server_key, "node-a", &client_hello).unwrap());
-    let msgs = split_msgs(&out);
-    assert_eq!(msgs.len(), 2, "server hello and proof");
-    client.on_hello(&msgs[0]).unwrap();
-    let client_proof = client.on_proof(&msgs[1]).unwrap();
-    let (server_session, accept) = server.on_proof(&client_proof).map_err(|(_, e)| e).unwrap();
+    assert_eq!(split_msgs(&out).len(), 3, "server hello, ident and proof");
+    let client_proof = client_feed(&mut client, &out).unwrap();
+    let (server_session, accept) = server_feed(server, &client_proof)
+        .map_err(|(_, e)| e)
+        .unwrap();
     assert_eq!(HsMsg::decode(&accept).unwrap(), HsMsg::Accept);
     let client_session = client.on_verdict(&accept).unwrap();
     Transcript {
@@ -110,10 +139,8 @@ fn empty_and_long_names_work() {
     let (mut client, hello) = ClientHandshake::start(&k, Role::Upstream, "").unwrap();
     let long = "é".repeat(50);
     let (server, out) = expect_continue(ServerHandshake::on_hello(&k, &long, &hello).unwrap());
-    let msgs = split_msgs(&out);
-    client.on_hello(&msgs[0]).unwrap();
-    let proof = client.on_proof(&msgs[1]).unwrap();
-    let (ss, accept) = server.on_proof(&proof).map_err(|(_, e)| e).unwrap();
+    let proof = client_feed(&mut client, &out).unwrap();
+    let (ss, accept) = server_feed(server, &proof).map_err(|(_, e)| e).unwrap();
     let cs = client.on_verdict(&accept).unwrap();
     assert_eq!(ss.peer.name, "");
     assert_eq!(cs.peer.name, "é".repeat(32));
@@ -307,7 +334,7 @@ fn recorded_handshake_cannot_be_replayed() {
     // An eavesdropper replays the client's two messages to a fresh server.
     let (server, _) =
         expect_continue(ServerHandshake::on_hello(&k, "node-a", &t.client_hello).unwrap());
-    match server.on_proof(&t.client_proof) {
+    match server_feed(server, &t.client_proof) {
         Ok(_) => panic!("a replayed proof was accepted"),
         Err((reject, e)) => {
             assert!(matches!(e, ProtocolError::Auth(_)), "{e:?}");
@@ -343,7 +370,7 @@ fn messages_out_of_order_are_refused() {
         r.err()
     );
     // A client receiving a proof or a verdict before the server's hello.
-    let (client, _) = ClientHandshake::start(&k, Role::Coordinator, "c").unwrap();
+    let (mut client, _) = ClientHandshake::start(&k, Role::Coordinator, "c").unwrap();
     assert!(matches!(
         client.on_proof(&HsMsg::Proof([0; 32]).encode()),
         Err(ProtocolError::Handshake(_))
@@ -365,9 +392,284 @@ fn final_reject_reaches_the_client() {
     let k = key("k");
     let (mut client, hello) = ClientHandshake::start(&k, Role::Coordinator, "c").unwrap();
     let (_, out) = expect_continue(ServerHandshake::on_hello(&k, "n", &hello).unwrap());
-    let msgs = split_msgs(&out);
-    client.on_hello(&msgs[0]).unwrap();
-    client.on_proof(&msgs[1]).unwrap();
+    client_feed(&mut client, &out).unwrap();
     let r = client.on_verdict(&HsMsg::Reject("full".into()).encode());
     assert!(matches!(r, Err(ProtocolError::Rejected(m)) if m == "full"));
+}
+
+// ---- Node identities (protocol minor 2) ----
+
+use ringllm_protocol::handshake::{Ident, CAP_IDENT, MAX_IDENT_BODY};
+use ringllm_protocol::ident::{NodeCert, NodeIdentity, Revocations};
+
+fn with_id(k: &ClusterKey, name: &str) -> ClusterKey {
+    k.clone()
+        .with_identity(NodeIdentity::generate(k, name).unwrap())
+}
+
+fn revoking(k: &ClusterKey, names: &[&str]) -> ClusterKey {
+    // A fresh list: `from_bytes` gives every key its own.
+    let k2 = ClusterKey::from_bytes(b"the cluster").unwrap();
+    assert_eq!(k2.id(), k.id());
+    let mut r = Revocations::default();
+    for n in names {
+        r.insert(n).unwrap();
+    }
+    k2.add_revoked(&r).unwrap();
+    k2
+}
+
+/// Runs a whole handshake; `Err` holds the error each side saw (client, server).
+fn run(
+    client_key: &ClusterKey,
+    role: Role,
+    client_name: &str,
+    server_key: &ClusterKey,
+) -> Result<(Session, Session), (String, String)> {
+    let (mut client, hello) = ClientHandshake::start(client_key, role, client_name).unwrap();
+    let (server, out) = match ServerHandshake::on_hello(server_key, "srv", &hello).unwrap() {
+        ServerStep::Continue(s, out) => (*s, out),
+        ServerStep::Refuse(out, e) => {
+            let c = client.on_hello(&out).unwrap_err();
+            return Err((c.to_string(), e.to_string()));
+        }
+    };
+    let mine = match client_feed(&mut client, &out) {
+        Ok(m) => m,
+        Err(e) => {
+            // The client's reject reaches the server where it waits for the client's ident.
+            let reject = HsMsg::Reject(e.to_string()).encode();
+            let s = server_feed(server, &reject).map(|_| ()).unwrap_err().1;
+            return Err((e.to_string(), s.to_string()));
+        }
+    };
+    match server_feed(server, &mine) {
+        Ok((ss, accept)) => Ok((client.on_verdict(&accept).unwrap(), ss)),
+        Err((reject, e)) => {
+            let c = client.on_verdict(&reject).unwrap_err();
+            Err((c.to_string(), e.to_string()))
+        }
+    }
+}
+
+fn cluster() -> ClusterKey {
+    key("the cluster")
+}
+
+#[test]
+fn nodes_with_node_keys_learn_each_others_certified_names() {
+    let k = cluster();
+    let (a, b) = (with_id(&k, "node-a"), with_id(&k, "node-b"));
+    let (cs, ss) = run(&a, Role::Upstream, "ignored", &b).unwrap();
+    assert_eq!(cs.peer.name, "node-b");
+    assert_eq!(cs.peer_cert.as_ref().unwrap().name, "node-b");
+    assert_eq!(ss.peer.name, "node-a", "a node key sets the hello name");
+    assert_eq!(ss.peer_cert.as_ref().unwrap().name, "node-a");
+    assert_eq!(cs.session_key, ss.session_key);
+    assert_ne!(cs.peer.caps & CAP_IDENT, 0);
+    // A coordinator without a node key, and a plain shared-key pair, still get in.
+    let (cs, ss) = run(&k, Role::Coordinator, "coordinator", &a).unwrap();
+    assert!(ss.peer_cert.is_none() && cs.peer_cert.is_some());
+    let (cs, ss) = run(&k, Role::Coordinator, "coordinator", &k).unwrap();
+    assert!(ss.peer_cert.is_none() && cs.peer_cert.is_none());
+}
+
+#[test]
+fn a_revoked_node_is_refused_by_name_on_both_sides() {
+    let k = cluster();
+    let bad = with_id(&k, "bad-node");
+    // The coordinator holds the list and refuses the node it connects to.
+    let coord = revoking(&k, &["bad-node"]);
+    let (c, s) = run(&coord, Role::Coordinator, "coordinator", &bad).unwrap_err();
+    assert!(c.contains("\"bad-node\" is revoked"), "{c}");
+    assert!(s.contains("\"bad-node\" is revoked"), "{s}");
+    // A node that holds the list refuses the revoked node connecting to it.
+    let good =
+        revoking(&k, &["bad-node"]).with_identity(NodeIdentity::generate(&k, "good").unwrap());
+    let (c, s) = run(&bad, Role::Upstream, "x", &good).unwrap_err();
+    assert!(
+        c.contains("refused") && c.contains("\"bad-node\" is revoked"),
+        "{c}"
+    );
+    assert!(s.contains("\"bad-node\" is revoked"), "{s}");
+    // The name alone is refused too (the machine kept the cluster key, not its node key).
+    let (_, s) = run(&k, Role::Upstream, "bad-node", &good).unwrap_err();
+    assert!(s.contains("is revoked"), "{s}");
+}
+
+#[test]
+fn a_node_adopts_the_revocation_list_of_a_coordinator_only() {
+    let k = cluster();
+    let node = with_id(&k, "good");
+    let bad = with_id(&k, "bad-node");
+    run(&bad, Role::Upstream, "x", &node).unwrap();
+    // A monitor's list (or any non-coordinator's) would not be sent; the coordinator's is.
+    let coord = revoking(&k, &["bad-node"]);
+    run(&coord, Role::Monitor, "status", &node).unwrap();
+    assert!(!node.is_revoked("bad-node"));
+    run(&coord, Role::Coordinator, "coordinator", &node).unwrap();
+    assert!(node.is_revoked("bad-node"));
+    let (_, s) = run(&bad, Role::Upstream, "x", &node).unwrap_err();
+    assert!(s.contains("\"bad-node\" is revoked"), "{s}");
+}
+
+/// A client whose `Ident` is replaced with `ident` (its proof recomputed with the cluster
+/// key, as any key holder could): the server's verdict.
+fn server_verdict_on(ident: Ident, name: &str) -> String {
+    let k = cluster();
+    let server = with_id(&k, "srv");
+    let (mut client, hello) = ClientHandshake::start(&k, Role::Upstream, name).unwrap();
+    let (server, out) = expect_continue(ServerHandshake::on_hello(&server, "srv", &hello).unwrap());
+    client_feed(&mut client, &out).unwrap();
+    let msgs = split_msgs(&out);
+    let ident = HsMsg::Ident(Box::new(ident)).encode();
+    let proof = k.mac(&[
+        b"ringllm client proof v1\0",
+        &hello,
+        &msgs[0],
+        &msgs[1],
+        &ident,
+    ]);
+    let mut mine = ident;
+    mine.extend_from_slice(&HsMsg::Proof(proof).encode());
+    match server_feed(server, &mine) {
+        Ok(_) => "accepted".into(),
+        Err((reject, e)) => {
+            assert_eq!(reject_text(&reject), e.to_string());
+            e.to_string()
+        }
+    }
+}
+
+#[test]
+fn forged_renamed_and_copied_certificates_are_refused() {
+    let k = cluster();
+    let real = NodeIdentity::generate(&k, "node-a").unwrap();
+    let sig = [7u8; 64];
+    // Renamed: the cluster's signature no longer matches.
+    let mut renamed = real.cert.clone();
+    renamed.name = "node-z".into();
+    let e = server_verdict_on(
+        Ident {
+            cert: Some((renamed, sig)),
+            revoked: None,
+        },
+        "node-z",
+    );
+    assert!(e.contains("not signed by this cluster's key"), "{e}");
+    // Signed by another cluster's key.
+    let other = NodeIdentity::generate(&key("another"), "node-a").unwrap();
+    let e = server_verdict_on(
+        Ident {
+            cert: Some((other.cert.clone(), sig)),
+            revoked: None,
+        },
+        "node-a",
+    );
+    assert!(e.contains("issued for cluster"), "{e}");
+    // A real certificate, but the hello names someone else.
+    let e = server_verdict_on(
+        Ident {
+            cert: Some((real.cert.clone(), sig)),
+            revoked: None,
+        },
+        "node-b",
+    );
+    assert!(e.contains("calls itself \"node-b\""), "{e}");
+    // A real certificate without its node key (a bad transcript signature).
+    let e = server_verdict_on(
+        Ident {
+            cert: Some((real.cert.clone(), sig)),
+            revoked: None,
+        },
+        "node-a",
+    );
+    assert!(e.contains("not a signature by its node key"), "{e}");
+    // A signature of another handshake is refused too.
+    let replayed = real.sign(b"another handshake");
+    let e = server_verdict_on(
+        Ident {
+            cert: Some((real.cert.clone(), replayed)),
+            revoked: None,
+        },
+        "node-a",
+    );
+    assert!(e.contains("not a signature by its node key"), "{e}");
+}
+
+#[test]
+fn an_old_peer_is_told_to_upgrade_where_node_keys_are_used_and_served_where_not() {
+    let k = cluster();
+    let old_hello = |role| {
+        HsMsg::Hello(Hello {
+            major: PROTOCOL_MAJOR,
+            minor: 1,
+            caps: CAP_TCP,
+            role,
+            cluster_id: k.id(),
+            nonce: [1; 32],
+            name: "old".into(),
+        })
+        .encode()
+    };
+    // A node with a node key refuses an old client with a reject it can print.
+    let node = with_id(&k, "node-a");
+    let (out, e) = expect_refuse(
+        ServerHandshake::on_hello(&node, "n", &old_hello(Role::Coordinator)).unwrap(),
+    );
+    assert!(e.to_string().contains("without node identities"), "{e}");
+    assert!(reject_text(&out).contains("run the same ringllm release"));
+    // A shared-key node serves it as before: no ident message, the old proofs.
+    let (_, out) =
+        expect_continue(ServerHandshake::on_hello(&k, "n", &old_hello(Role::Coordinator)).unwrap());
+    assert_eq!(split_msgs(&out).len(), 2);
+    // A coordinator with a revocation list refuses an old node's hello.
+    let coord = revoking(&k, &["x"]);
+    let (mut client, _) = ClientHandshake::start(&coord, Role::Coordinator, "c").unwrap();
+    let e = client.on_hello(&old_hello(Role::Node)).unwrap_err();
+    assert!(e.to_string().contains("without node identities"), "{e}");
+}
+
+#[test]
+fn malformed_ident_messages_are_refused_before_allocating() {
+    // A header announcing more than an ident may hold is refused from the header alone.
+    let mut head = *b"RLHS\x05\x00\x00";
+    head[5..7].copy_from_slice(&((MAX_IDENT_BODY + 1) as u16).to_le_bytes());
+    assert!(matches!(
+        HsMsg::decode_header(&head),
+        Err(ProtocolError::TooLarge { .. })
+    ));
+    // Other types keep the small cap.
+    let mut hello = *b"RLHS\x01\x00\x00";
+    hello[5..7].copy_from_slice(&1025u16.to_le_bytes());
+    assert!(HsMsg::decode_header(&hello).is_err());
+    let k = cluster();
+    let id = NodeIdentity::generate(&k, "n").unwrap();
+    let mut r = Revocations::default();
+    r.insert("gone").unwrap();
+    let full = HsMsg::Ident(Box::new(Ident {
+        cert: Some((id.cert.clone(), [3; 64])),
+        revoked: Some(r),
+    }))
+    .encode();
+    assert!(matches!(HsMsg::decode(&full), Ok(HsMsg::Ident(_))));
+    // Every truncation (header length fixed up) is an error, never a panic.
+    for cut in MSG_HEADER_LEN..full.len() {
+        let mut b = full[..cut].to_vec();
+        let len = (cut - MSG_HEADER_LEN) as u16;
+        b[5..7].copy_from_slice(&len.to_le_bytes());
+        assert!(HsMsg::decode(&b).is_err(), "cut at {cut}");
+    }
+    // Unknown flags, and trailing bytes.
+    for body in [vec![4u8], vec![0u8, 0]] {
+        let mut b = b"RLHS\x05".to_vec();
+        b.extend_from_slice(&(body.len() as u16).to_le_bytes());
+        b.extend_from_slice(&body);
+        assert!(HsMsg::decode(&b).is_err(), "{body:?}");
+    }
+    // A certificate length byte past the body.
+    let mut bad = full.clone();
+    bad[MSG_HEADER_LEN + 1] = 255;
+    assert!(HsMsg::decode(&bad).is_err());
+    let _ = NodeCert::decode(&id.cert.encode()).unwrap();
 }

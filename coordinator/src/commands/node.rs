@@ -8,6 +8,7 @@ use anyhow::{anyhow, Result};
 use ringllm::cluster::discovery;
 use ringllm::engine::default_threads;
 use ringllm_node::daemon::{self, Listener, NodeOptions};
+use ringllm_protocol::ident::NodeIdentity;
 use ringllm_protocol::{sock, ClusterKey, TransportKind};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,7 +16,12 @@ use tracing::{info, warn};
 
 pub fn node(args: NodeArgs) -> Result<ExitCode> {
     let key = ClusterKey::load(&args.key)?;
-    let name = args.name.clone().unwrap_or_else(|| {
+    let key = match &args.node_key {
+        Some(path) => with_node_key(key, path, args.name.as_deref())?,
+        None => key,
+    };
+    let certified = key.identity().map(|id| id.name().to_string());
+    let name = args.name.clone().or(certified).unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "node".into());
@@ -65,6 +71,35 @@ pub fn node(args: NodeArgs) -> Result<ExitCode> {
     served?;
     eprintln!("ringllm node '{name}' stopped cleanly: links closed, exiting");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--node-key`: the node key, checked against the cluster key and `--name`.
+fn with_node_key(
+    key: ClusterKey,
+    path: &std::path::Path,
+    name: Option<&str>,
+) -> Result<ClusterKey> {
+    let id = NodeIdentity::load(path, &key)?;
+    if let Some(n) = name.filter(|n| *n != id.name()) {
+        return Err(anyhow!(
+            "--name {n:?} differs from the name {:?} the node key {} certifies (leave --name out)",
+            id.name(),
+            path.display()
+        ));
+    }
+    if key.is_revoked(id.name()) {
+        return Err(anyhow!(
+            "node {:?} is revoked (listed beside the cluster key): it may not join",
+            id.name()
+        ));
+    }
+    info!(
+        "node key {}: {:?}, serial {:016x}",
+        path.display(),
+        id.name(),
+        id.cert.serial
+    );
+    Ok(key.with_identity(id))
 }
 
 /// `--advertise`: announces the node by mDNS with what a coordinator needs to choose it.
