@@ -120,7 +120,9 @@ impl Ring {
             .map(|&i| self.nodes[i].address.clone())
             .collect();
         let key = self.key.clone();
-        let answers = self.rt.block_on(probe::handshake_each(&addrs, &key, deadline));
+        let answers = self
+            .rt
+            .block_on(probe::handshake_each(&addrs, &key, deadline));
         for (&i, r) in which.iter().zip(answers) {
             if let Err(why) = r {
                 return Err(anyhow::Error::new(NodeFault {
