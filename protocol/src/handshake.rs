@@ -30,9 +30,7 @@
 //! This module only encodes, decodes and checks; `io` runs it over a stream.
 
 use crate::error::ProtocolError;
-use crate::ident::{
-    NodeCert, Revocations, MAX_CERT, MAX_NODE_NAME as MAX_IDENT_NAME, MAX_REVOKED, SIG_LEN,
-};
+use crate::ident::{NodeCert, Revocations, MAX_CERT, MAX_NODE_NAME, MAX_REVOKED, SIG_LEN};
 use crate::key::{ct_eq, ClusterKey};
 use crate::untrusted::escape;
 
@@ -50,7 +48,7 @@ pub const MAX_BODY: usize = 1024;
 /// Largest `Ident` body: flags, a certificate with its length and signature, a full
 /// revocation list.
 pub const MAX_IDENT_BODY: usize =
-    1 + 1 + MAX_CERT + SIG_LEN + 2 + MAX_REVOKED * (1 + MAX_IDENT_NAME);
+    1 + 1 + MAX_CERT + SIG_LEN + 2 + MAX_REVOKED * (1 + MAX_NODE_NAME);
 pub const MAX_NAME: usize = 64;
 pub const MSG_HEADER_LEN: usize = 7;
 

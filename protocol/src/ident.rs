@@ -36,7 +36,9 @@ use std::path::Path;
 
 pub const CERT_MAGIC: [u8; 4] = *b"RLNC";
 pub const CERT_VERSION: u8 = 1;
-pub const MAX_NODE_NAME: usize = 64;
+/// A hello carries at most `handshake::MAX_NAME` bytes of name, and a certified name must equal
+/// its hello's: one limit.
+pub const MAX_NODE_NAME: usize = crate::handshake::MAX_NAME;
 pub const SIG_LEN: usize = 64;
 pub const PUBLIC_KEY_LEN: usize = 32;
 /// Bytes before the name: magic, version, cluster id, serial, public key, name length.
@@ -87,11 +89,14 @@ fn cluster_signing_key(key: &ClusterKey) -> Result<Ed25519KeyPair, ProtocolError
 }
 
 /// The cluster's public signing key (what a certificate is checked against).
+/// Derived once per key: every handshake that checks a certificate asks for it.
 pub fn cluster_public_key(key: &ClusterKey) -> Result<[u8; PUBLIC_KEY_LEN], ProtocolError> {
-    let kp = cluster_signing_key(key)?;
-    let mut pk = [0u8; PUBLIC_KEY_LEN];
-    pk.copy_from_slice(kp.public_key().as_ref());
-    Ok(pk)
+    key.signing_public(|| {
+        let kp = cluster_signing_key(key)?;
+        let mut pk = [0u8; PUBLIC_KEY_LEN];
+        pk.copy_from_slice(kp.public_key().as_ref());
+        Ok(pk)
+    })
 }
 
 impl NodeCert {
@@ -143,17 +148,18 @@ impl NodeCert {
         let name = std::str::from_utf8(&b[CERT_FIXED..CERT_FIXED + name_len])
             .map_err(|_| bad("the name is not UTF-8".into()))?;
         check_node_name(name).map_err(|e| bad(e.to_string()))?;
-        let arr = |r: std::ops::Range<usize>| b[r].to_vec();
+        // The length is checked above: every field is there.
+        fn take<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+            let mut a = [0u8; N];
+            a.copy_from_slice(&b[at..at + N]);
+            a
+        }
         Ok(NodeCert {
-            cluster_id: arr(5..13)
-                .try_into()
-                .map_err(|_| bad("cluster id".into()))?,
-            serial: u64::from_le_bytes(arr(13..21).try_into().map_err(|_| bad("serial".into()))?),
-            public_key: arr(21..53).try_into().map_err(|_| bad("key".into()))?,
+            cluster_id: take(b, 5),
+            serial: u64::from_le_bytes(take(b, 13)),
+            public_key: take(b, 21),
             name: name.to_string(),
-            signature: arr(b.len() - SIG_LEN..b.len())
-                .try_into()
-                .map_err(|_| bad("signature".into()))?,
+            signature: take(b, b.len() - SIG_LEN),
         })
     }
 

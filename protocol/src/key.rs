@@ -12,7 +12,7 @@ use crate::ident::{NodeIdentity, Revocations};
 use hmac::{KeyInit, Mac};
 use sha2::{Digest, Sha256};
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 pub type HmacSha256 = hmac::Hmac<Sha256>;
 
@@ -24,6 +24,9 @@ pub struct ClusterKey {
     /// Names refused in every handshake; shared by every clone, so a list a node learns from
     /// its coordinator applies to all its links at once.
     revoked: Arc<RwLock<Revocations>>,
+    /// The cluster's public signing key, derived from the key once (`ident::cluster_public_key`
+    /// runs on every handshake that checks a certificate).
+    signing_public: Arc<OnceLock<[u8; 32]>>,
 }
 
 impl std::fmt::Debug for ClusterKey {
@@ -47,6 +50,7 @@ impl ClusterKey {
             bytes: raw[..end].to_vec(),
             identity: None,
             revoked: Arc::default(),
+            signing_public: Arc::default(),
         })
     }
 
@@ -60,19 +64,17 @@ impl ClusterKey {
         self.identity.as_deref()
     }
 
+    fn list(&self) -> RwLockReadGuard<'_, Revocations> {
+        self.revoked.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A copy of the names this process refuses.
     pub fn revoked(&self) -> Revocations {
-        self.revoked
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.list().clone()
     }
 
     pub fn is_revoked(&self, name: &str) -> bool {
-        self.revoked
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(name)
+        self.list().contains(name)
     }
 
     /// Adds `more` to the names refused (by every clone of this key).
@@ -86,7 +88,19 @@ impl ClusterKey {
     /// True when this process takes part in node identities (it has a node key, or refuses
     /// some names): then a peer that cannot present or check them is refused.
     pub fn uses_node_keys(&self) -> bool {
-        self.identity.is_some() || !self.revoked().is_empty()
+        self.identity.is_some() || !self.list().is_empty()
+    }
+
+    /// `derive()` once per key (and its clones), then the value it gave.
+    pub(crate) fn signing_public(
+        &self,
+        derive: impl FnOnce() -> Result<[u8; 32], ProtocolError>,
+    ) -> Result<[u8; 32], ProtocolError> {
+        if let Some(pk) = self.signing_public.get() {
+            return Ok(*pk);
+        }
+        let pk = derive()?;
+        Ok(*self.signing_public.get_or_init(|| pk))
     }
 
     pub fn load(path: &Path) -> Result<ClusterKey, ProtocolError> {

@@ -19,7 +19,7 @@ import pytest
 from support.mdns_spoof import Spoofer, announcement, node_txt
 from support.netns import Netns, netns_available, wait_port
 from support.paths import KEY, MODELS, SMOL, model_path, ringllm_bin
-from test_discovery_netns import discovery_hash, enable_multicast
+from test_discovery_netns import discovery_hash, enable_multicast, wait_all_heard
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
 
@@ -53,11 +53,7 @@ def lan():
             for h in REAL:
                 wait_port(net, "master", net.addr(h), PORT, timeout=20)
             # Both nodes have probed their names and announce themselves (a second or so).
-            deadline = time.monotonic() + 20
-            while True:
-                r = net.run("master", [ringllm_bin(), "nodes", "--json", "--wait", "1.5"], timeout=30)
-                if sum(f'"name": "{h}"' in r.stdout for h in REAL) == 2 or time.monotonic() > deadline:
-                    break
+            wait_all_heard(net, want=len(REAL))
             yield net, discovery_hash(KEY)
         finally:
             for p in procs:

@@ -221,7 +221,7 @@ impl Browse {
 /// How long a candidate has to answer the handshake: a node on a LAN answers in
 /// milliseconds; a spoofed address (a dead host, a program that accepts and says nothing)
 /// never does.
-pub const PROBE_DEADLINE: Duration = Duration::from_secs(1);
+pub const PROBE_DEADLINE: Duration = super::probe::QUICK_PROBE_DEADLINE;
 /// Most addresses kept per instance name.
 const MAX_CANDIDATES: usize = 8;
 /// Most instance names one browse tracks (far more than it reports, so a flood of fakes
