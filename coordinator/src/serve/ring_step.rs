@@ -113,7 +113,20 @@ impl RingStepper {
                 self.probing = Some(p);
                 return false;
             }
-            let back = p.join().unwrap_or_default();
+            // A ring rebuilt meanwhile (after a failure) may already hold these nodes: only
+            // those still missing are taken back, or a working ring would be torn down for
+            // nothing.
+            let back: Vec<String> = p
+                .join()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|n| {
+                    self.missing.iter().any(|m| {
+                        m.strip_prefix(n.as_str())
+                            .is_some_and(|r| r.starts_with(" ("))
+                    })
+                })
+                .collect();
             return self.take_back(&back);
         }
         if self.missing.is_empty()
