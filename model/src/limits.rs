@@ -74,10 +74,12 @@ pub fn available_memory() -> Option<u64> {
     budget(None)
 }
 
-/// A node's memory budget: the smallest of `cap` (`ringllm node --memory`, less what this
+/// A node's memory budget (after the allocator's free blocks go back to the system): the
+/// smallest of `cap` (`ringllm node --memory`, less what this
 /// process already holds), the machine's available memory (MemAvailable) and the headroom
 /// under its cgroup limits (`limit − usage`, v1 and v2). `None` when none is known.
 pub fn budget(cap: Option<u64>) -> Option<u64> {
+    crate::sys::release_free_memory();
     let (_, avail) = crate::sys::memory();
     let machine = (avail > 0).then_some(avail);
     let flag = cap.map(|c| c.saturating_sub(crate::sys::rss_bytes()));
@@ -186,7 +188,24 @@ impl Cgroup {
         })
     }
 
-    /// `limit − usage` of this process's group and every group above it up to the mount
+    /// The group's inactive file pages from `memory.stat` (v1 counts its sub-groups under
+    /// `total_inactive_file`; v2's `inactive_file` includes them), 0 when unreadable.
+    fn inactive_file(self, fs: &dyn CgroupFs, dir: &std::path::Path) -> u64 {
+        let key = match self {
+            Cgroup::V1 => "total_inactive_file",
+            Cgroup::V2 => "inactive_file",
+        };
+        fs.read(&dir.join("memory.stat"))
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    (k == key).then(|| v.trim().parse::<u64>().ok())?
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    /// `limit − (usage − inactive file pages)` of this process's group and every group above it up to the mount
     /// point, the smallest; `None` when no group on the way has a limit.
     fn headroom(self, fs: &dyn CgroupFs, proc_cgroup: &str, mountinfo: &str) -> Option<u64> {
         let path = self.group_path(proc_cgroup)?;
@@ -216,7 +235,11 @@ impl Cgroup {
                     .read(&dir.join(usage_file))
                     .and_then(|t| t.trim().parse::<u64>().ok())
                     .unwrap_or(0);
-                let room = limit.saturating_sub(used);
+                // Page cache nobody has touched lately (a slice file written, or read once
+                // to check it) is charged to the group but goes first under pressure: it
+                // is room, as the kernel's own "working set" counts it.
+                let idle = self.inactive_file(fs, &dir).min(used);
+                let room = limit.saturating_sub(used - idle);
                 best = Some(best.map_or(room, |b| b.min(room)));
             }
             if dir == mount || !dir.pop() || !dir.starts_with(&mount) {
@@ -417,6 +440,25 @@ mod tests {
             Cgroup::V1.headroom(&fs, V1_GROUPS, V1_MOUNTS),
             Some(100_000_000)
         );
+        // v1 credits the hierarchical inactive file pages, not the group's own line.
+        fs.0.insert(
+            format!("{m}/jobs/node1/memory.stat").into(),
+            "inactive_file 1\ntotal_inactive_file 5000000\n".into(),
+        );
+        assert_eq!(
+            Cgroup::V1.headroom(&fs, V1_GROUPS, V1_MOUNTS),
+            Some(100_000_000)
+        );
+        fs.0.insert(
+            format!("{m}/jobs/memory.stat").into(),
+            "total_inactive_file 50000000\n".into(),
+        );
+        assert_eq!(
+            Cgroup::V1.headroom(&fs, V1_GROUPS, V1_MOUNTS),
+            Some(150_000_000)
+        );
+        fs.0.remove(std::path::Path::new(&format!("{m}/jobs/memory.stat")));
+        fs.0.remove(std::path::Path::new(&format!("{m}/jobs/node1/memory.stat")));
         // Usage over the limit (page cache charged before the limit was lowered) is 0.
         fs.0.insert(
             format!("{m}/jobs/node1/memory.usage_in_bytes").into(),
@@ -440,6 +482,22 @@ mod tests {
         ]);
         assert_eq!(Cgroup::V2.headroom(&fs, groups, mounts), Some(1 << 30));
         assert_eq!(Cgroup::V1.headroom(&fs, groups, mounts), None);
+        // Inactive page cache charged to the group is room; active pages (the weights in
+        // use) are not, and a stat claiming more than the usage credits the usage alone.
+        let mut fs = fs;
+        fs.0.insert(
+            format!("{g}/memory.stat").into(),
+            "anon 800000000\nactive_file 100000000\ninactive_file 268435456\n".into(),
+        );
+        assert_eq!(
+            Cgroup::V2.headroom(&fs, groups, mounts),
+            Some((1 << 30) + (256 << 20))
+        );
+        fs.0.insert(
+            format!("{g}/memory.stat").into(),
+            "inactive_file 99999999999\n".into(),
+        );
+        assert_eq!(Cgroup::V2.headroom(&fs, groups, mounts), Some(2 << 30));
         // A container sees its own group as the mount's root.
         let inner =
             "30 23 0:26 /system.slice/node.service /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";

@@ -393,7 +393,12 @@ fn start_worker(
     };
     let thread = std::thread::Builder::new()
         .name(format!("compute-{}", a.session))
-        .spawn(move || worker.run(attach_rx))
+        .spawn(move || {
+            worker.run(attach_rx);
+            // The session's scratch, caches and weights are gone: what the allocator kept of
+            // them goes back to the system, so the node at rest holds what it uses.
+            ringllm_model::sys::release_free_memory();
+        })
         .map_err(AssignError::Thread)?;
     node.add_compute_thread(thread);
     Ok(SessionHandle {

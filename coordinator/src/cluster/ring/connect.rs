@@ -85,6 +85,9 @@ impl Ring {
     /// each node's transport against what the cluster declared.
     fn gather_capabilities(&mut self) -> Result<()> {
         let mut have = vec![false; self.nodes.len()];
+        // Every node started with another transport than the cluster declares, named in
+        // the cluster's order once all have answered (not whichever answered first).
+        let mut wrong_transport = Vec::new();
         while have.iter().any(|h| !h) {
             let pending: Vec<usize> = (0..have.len()).filter(|&i| !have[i]).collect();
             let (i, msg) = self.next_control(Duration::from_secs(10), "capabilities", &pending)?;
@@ -96,19 +99,11 @@ impl Ring {
                     if n.name == n.address && !c.node_name.is_empty() {
                         n.name = ringllm_protocol::untrusted::escape(&c.node_name).into_owned();
                     }
-                    if let Some(want) = self.nodes[i].declared {
-                        if want != c.transport {
-                            return Err(self.fault(
-                                i,
-                                format!(
-                                    "{}: the cluster says its links use {want}, but the node \
-                                     was started with --transport {} (restart it with \
-                                     --transport {want}, or change the cluster file)",
-                                    self.who(i),
-                                    c.transport
-                                ),
-                            ));
-                        }
+                    if self.nodes[i]
+                        .declared
+                        .is_some_and(|want| want != c.transport)
+                    {
+                        wrong_transport.push(i);
                     }
                     self.nodes[i].caps = c;
                     have[i] = true;
@@ -128,7 +123,24 @@ impl Ring {
                 }
             }
         }
-        Ok(())
+        wrong_transport.sort_unstable();
+        let lines: Vec<String> = wrong_transport
+            .iter()
+            .filter_map(|&i| {
+                let want = self.nodes[i].declared?;
+                Some(format!(
+                    "{}: the cluster says its links use {want}, but the node was started with \
+                     --transport {} (restart it with --transport {want}, or change the cluster \
+                     file)",
+                    self.who(i),
+                    self.nodes[i].caps.transport
+                ))
+            })
+            .collect();
+        match wrong_transport.first() {
+            Some(&first) => Err(self.fault(first, lines.join("\n"))),
+            None => Ok(()),
+        }
     }
 
     /// The coordinator dials each node's transport: kmod needs the module here too.
