@@ -7,7 +7,12 @@ set -u
 role=$1
 me=10.77.0.$role
 peer=10.77.0.$((3 - role))
-model=/models/smollm2-135m-instruct-q4_1.gguf
+# The ring's model and the bench's iterations come from the kernel command line
+# (kmod/test-qemu --quick: a small synthetic model and 20 iterations).
+arg() { sed -n "s/.*ringllm.$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
+model=/models/$(arg model)
+[ "$model" = /models/ ] && model=/models/smollm2-135m-instruct-q4_1.gguf
+iterations=$(arg bench_iterations)
 prompt="The three primary colors are"
 gen="--temp 0 -n 8 --threads 1 -c 128"
 export RUST_BACKTRACE=1
@@ -21,7 +26,8 @@ fail() {
     fi
     exit 1
 }
-ok() { echo "KMOD-OK $*"; }
+# Each check with the guest's uptime, so a slow step shows in the log.
+ok() { echo "KMOD-OK $* [$(cut -d' ' -f1 /proc/uptime) s]"; }
 # The module-wide counter NAME from /proc/ringllm.
 counter() { awk -v k="$1" '$1 == k { print $2 }' /proc/ringllm; }
 # Sends a word to the other guest's cue port (retrying until it listens).
@@ -87,7 +93,7 @@ cat /tmp/dev.out
 grep -q "test result: ok. 5 passed" /tmp/dev.out || fail "kmod_device did not run all five"
 ok "kmod_device: $(grep 'test result' /tmp/dev.out)"
 
-# 3. A two-node ring of SmolLM2, one node per guest, the coordinator here: the same tokens
+# 3. A two-node ring (SmolLM2, or with --quick a small synthetic llama), one node per guest, the coordinator here: the same tokens
 #    and bit-identical logits as the single process.
 ringllm run -m "$model" -p "$prompt" $gen --json --logits-out /tmp/single.f32 > /tmp/single.json 2> /tmp/single.err \
     || { cat /tmp/single.err; fail "single process"; }
@@ -118,12 +124,12 @@ wait $node 2> /dev/null
 #    `ringllm.bench_rounds=N` on the kernel command line (kmod/test-qemu --bench-rounds N)
 #    repeats it, for figures less at the mercy of a busy host.
 wait_tcp "$peer" 7000
-rounds=$(sed -n 's/.*ringllm.bench_rounds=\([0-9]*\).*/\1/p' /proc/cmdline)
+rounds=$(arg bench_rounds)
 r=0
 while [ $r -lt "${rounds:-1}" ]; do
     r=$((r + 1))
     ringllm bench --transports --peer "$peer:7000" --transport tcp,udp,kmod --sizes 2560,16384,1048576 \
-        --iterations 200 > /tmp/bench.md 2> /tmp/bench.err \
+        --iterations "${iterations:-200}" > /tmp/bench.md 2> /tmp/bench.err \
         || { cat /tmp/bench.err; fail "bench --transports"; }
     echo "bench round $r"
     cat /tmp/bench.md

@@ -4,5 +4,4 @@
 
 pub mod daemon;
 
-#[cfg(feature = "test-util")]
 pub mod test_util;

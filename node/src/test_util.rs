@@ -1,4 +1,4 @@
-//! An in-process node harness for tests (feature `test-util`): nodes served by
+//! An in-process node harness for tests: nodes served by
 //! [`daemon::serve`] on `127.0.0.1:0` in the test's own process, over real sockets, and
 //! stopped through their shutdown future, no signal and no `kill`.
 //!
