@@ -74,12 +74,10 @@ pub fn available_memory() -> Option<u64> {
     budget(None)
 }
 
-/// A node's memory budget (after the allocator's free blocks go back to the system): the
-/// smallest of `cap` (`ringllm node --memory`, less what this
+/// A node's memory budget: the smallest of `cap` (`ringllm node --memory`, less what this
 /// process already holds), the machine's available memory (MemAvailable) and the headroom
 /// under its cgroup limits (`limit − usage`, v1 and v2). `None` when none is known.
 pub fn budget(cap: Option<u64>) -> Option<u64> {
-    crate::sys::release_free_memory();
     let (_, avail) = crate::sys::memory();
     let machine = (avail > 0).then_some(avail);
     let flag = cap.map(|c| c.saturating_sub(crate::sys::rss_bytes()));
@@ -205,8 +203,8 @@ impl Cgroup {
             .unwrap_or(0)
     }
 
-    /// `limit − (usage − inactive file pages)` of this process's group and every group above it up to the mount
-    /// point, the smallest; `None` when no group on the way has a limit.
+    /// `limit − (usage − inactive file pages)` of this process's group and every group above
+    /// it up to the mount point, the smallest; `None` when no group on the way has a limit.
     fn headroom(self, fs: &dyn CgroupFs, proc_cgroup: &str, mountinfo: &str) -> Option<u64> {
         let path = self.group_path(proc_cgroup)?;
         let (root, mount) = self.mount(mountinfo).unwrap_or_else(|| {

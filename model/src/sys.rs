@@ -21,7 +21,9 @@ pub fn memory() -> (u64, u64) {
 /// Gives memory the allocator holds but no longer uses back to the system. glibc keeps freed
 /// blocks (a finished session's scratch buffers, tens of MiB) in its arenas, where they stay
 /// resident and charged to the process's cgroup: a node would report that much less room to
-/// the next coordinator, and refuse an assignment it has room for. Elsewhere a no-op.
+/// the next coordinator, and refuse an assignment it has room for. Called where memory was
+/// given up or is about to be checked (a session's end, a hello, an assignment), not on every
+/// budget reading: it takes each arena's lock in turn. Elsewhere than glibc a no-op.
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers; it only walks the allocator's own free lists.

@@ -79,6 +79,9 @@ pub(super) fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
         source,
     };
     limits::check("threads", s.threads, limits::MAX_THREADS).map_err(limit)?;
+    // A session that ended a moment ago may not have given its memory back yet (its compute
+    // thread does, as it ends): what the allocator holds unused goes back before the check.
+    ringllm_model::sys::release_free_memory();
     limits::check_memory_within(s.cap, what, runner_need).map_err(limit)?;
     let streamer = streamed_tier(s, &all, runner_need)?;
     let mut loaded = load_windows(s, &windows, streamer)?;

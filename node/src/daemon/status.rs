@@ -45,6 +45,8 @@ pub(super) async fn probe(opts: &NodeOptions) -> Result<Capabilities, DaemonErro
         Some((name, gpu_speed)) => (name, gpu_speed),
         None => ("cpu".to_string(), speed),
     };
+    // Memory a finished session's scratch left in the allocator counts as room.
+    sys::release_free_memory();
     let (total, avail) = sys::memory();
     // What the planner may use here: --memory, MemAvailable and the cgroup limits, whichever
     // is smallest.

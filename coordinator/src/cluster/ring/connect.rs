@@ -85,9 +85,6 @@ impl Ring {
     /// each node's transport against what the cluster declared.
     fn gather_capabilities(&mut self) -> Result<()> {
         let mut have = vec![false; self.nodes.len()];
-        // Every node started with another transport than the cluster declares, named in
-        // the cluster's order once all have answered (not whichever answered first).
-        let mut wrong_transport = Vec::new();
         while have.iter().any(|h| !h) {
             let pending: Vec<usize> = (0..have.len()).filter(|&i| !have[i]).collect();
             let (i, msg) = self.next_control(Duration::from_secs(10), "capabilities", &pending)?;
@@ -98,12 +95,6 @@ impl Ring {
                     let n = &mut self.nodes[i];
                     if n.name == n.address && !c.node_name.is_empty() {
                         n.name = ringllm_protocol::untrusted::escape(&c.node_name).into_owned();
-                    }
-                    if self.nodes[i]
-                        .declared
-                        .is_some_and(|want| want != c.transport)
-                    {
-                        wrong_transport.push(i);
                     }
                     self.nodes[i].caps = c;
                     have[i] = true;
@@ -123,8 +114,15 @@ impl Ring {
                 }
             }
         }
-        wrong_transport.sort_unstable();
-        let lines: Vec<String> = wrong_transport
+        // Every node started with another transport than the cluster declares, named in the
+        // cluster's order once all have answered (not whichever answered first).
+        let wrong: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| {
+                let n = &self.nodes[i];
+                n.declared.is_some_and(|want| want != n.caps.transport)
+            })
+            .collect();
+        let lines: Vec<String> = wrong
             .iter()
             .filter_map(|&i| {
                 let want = self.nodes[i].declared?;
@@ -137,7 +135,7 @@ impl Ring {
                 ))
             })
             .collect();
-        match wrong_transport.first() {
+        match wrong.first() {
             Some(&first) => Err(self.fault(first, lines.join("\n"))),
             None => Ok(()),
         }
