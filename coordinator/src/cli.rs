@@ -671,8 +671,8 @@ pub enum DebugCommand {
         #[arg(long)]
         bos: bool,
     },
-    /// Write a synthetic random-weight model: a small one (--arch llama|gemma3|qwen2|qwen3|gemma4) or a real-size
-    /// shape (--shape tiny|llama3-1b|llama3-8b|gemma3-1b|qwen2-7b), streamed to the file.
+    /// Write a synthetic random-weight model, streamed to the file: a small one of an
+    /// architecture (--arch) or a published model's real-size shape (--shape).
     Synth(SynthArgs),
     /// A TCP proxy that delays every chunk by a fixed time (tests add link latency with it).
     DelayProxy {
@@ -714,7 +714,9 @@ pub struct SynthArgs {
     /// every tensor kind of the family.
     #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
     pub arch: Option<String>,
-    /// Real-size shape (the published model's hyper-parameters).
+    /// Real-size shape (the published model's hyper-parameters): tiny, llama3-1b, llama3-8b,
+    /// gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, qwen3-14b, qwen3-32b, gemma4-tiny,
+    /// gemma4-e2b, gemma4-e4b, gemma4-31b, phi3-mini, gemma2-9b, mistral-small-3.
     #[arg(long)]
     pub shape: Option<String>,
     /// Weight type: one type (q8_0, q4_k, q3_k, iq4_nl, f16...) or, with --shape, one of
