@@ -714,9 +714,8 @@ pub struct SynthArgs {
     /// every tensor kind of the family.
     #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
     pub arch: Option<String>,
-    /// Real-size shape (the published model's hyper-parameters): tiny, llama3-1b, llama3-8b,
-    /// gemma3-1b, qwen2-7b, qwen3-0.6b, qwen3-8b, qwen3-14b, qwen3-32b, gemma4-tiny,
-    /// gemma4-e2b, gemma4-e4b, gemma4-31b, phi3-mini, gemma2-9b, mistral-small-3.
+    /// Real-size shape (the published model's hyper-parameters), e.g. qwen3-8b; an unknown
+    /// name is refused with the list of known ones.
     #[arg(long)]
     pub shape: Option<String>,
     /// Weight type: one type (q8_0, q4_k, q3_k, iq4_nl, f16...) or, with --shape, one of
