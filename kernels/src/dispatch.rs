@@ -51,6 +51,20 @@ pub type GemmFn = fn(
     out_stride: usize,
 );
 
+/// `n_w` weight rows (the o-th at `w[o * w_stride..]`) against `n_a` Q8_K activation rows (the
+/// c-th at `a[c * a_stride..]`): `store(c, o0, values)` receives the results of activation
+/// row `c` against weight rows `o0..o0 + values.len()`. The K-quants' prefill shape.
+pub type KGemmFn = fn(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    n_w: usize,
+    a: &[u8],
+    a_stride: usize,
+    n_a: usize,
+    store: &mut dyn FnMut(usize, usize, &[f32]),
+);
+
 /// Instruction set a kernel table was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -107,6 +121,10 @@ pub struct TypeKernels {
     /// `gemm` over weights repacked into panels (`crate::repack`): `w` starts at a panel and
     /// `n_w` is a whole number of panels. The same bits as `gemm`.
     pub gemm_packed: Option<GemmFn>,
+    /// Weight rows against a batch of Q8_K rows through tiles of unpacked rows
+    /// (`crate::ktile`), where the ISA has it: the K-quants' prefill. The bits of `vec_dot`
+    /// (and of the scalar reference) for every pair.
+    pub kgemm: Option<KGemmFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {
@@ -118,6 +136,7 @@ impl std::fmt::Debug for TypeKernels {
             .field("tiled", &self.vec_dot_multi.is_some())
             .field("gemm", &self.gemm.is_some())
             .field("gemm_packed", &self.gemm_packed.is_some())
+            .field("kgemm", &self.kgemm.is_some())
             .finish()
     }
 }

@@ -8,6 +8,7 @@
 pub mod bandwidth;
 pub mod dispatch;
 pub mod gemm;
+pub mod ktile;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

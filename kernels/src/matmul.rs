@@ -426,6 +426,26 @@ fn rows_times_acts(
         "matmul: repacked {} rows reached a kernel that reads rows",
         w.ty
     );
+    if let Some(f) = k.kgemm.filter(|_| n_rows > SMALL_BATCH) {
+        // K-quant prefill: the chunk's rows unpacked once into tiles, each tile against
+        // every activation row (`crate::ktile`). The reference's bits, as every other path.
+        let ws = &w.data[rows.start * rb..rows.end * rb];
+        f(
+            n_in,
+            ws,
+            rb,
+            rows.len(),
+            a,
+            a_stride,
+            n_rows,
+            &mut |c, o0, v| {
+                let at = c * n_out + rows.start + o0;
+                // SAFETY: output rows `rows` of every activation row belong to this chunk.
+                unsafe { out.slice(at..at + v.len()) }.copy_from_slice(v);
+            },
+        );
+        return;
+    }
     if n_rows <= SMALL_BATCH {
         match k.vec_dot_tile {
             Some(f) if rows.len() <= MAX_CHUNK => {

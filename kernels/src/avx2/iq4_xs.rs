@@ -7,7 +7,7 @@
 //! every form and level gives the reference's bits.
 
 use super::q8_0::nibbles;
-use super::q8_k::{f16_to_f32, prefetch_ahead};
+use super::q8_k::{f16_to_f32, hsum_epi32, prefetch_ahead};
 use crate::quants::iq4_nl::KVALUES;
 use crate::quants::iq4_xs::{BLOCK_BYTES as WB, QS as WQS, SCALES_H, SCALES_L};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, QS};
@@ -89,16 +89,6 @@ fn scaled_dot(w: __m256i, a: __m256i, scale: __m256i) -> __m256i {
     _mm256_madd_epi16(p, scale)
 }
 
-/// Sum of the eight i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-    _mm_cvtsi128_si32(s)
-}
-
 /// One weight row against `R` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
@@ -122,7 +112,7 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
         }
         for r in 0..R {
             let ad = q8::d_of(&a[r][i]);
-            sum[r] += ad * d * hsum_i32(acc[r]) as f32;
+            sum[r] += ad * d * hsum_epi32(acc[r]) as f32;
         }
     }
     sum
@@ -192,7 +182,7 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
         }
         for r in 0..R {
             let ad = q8::d_of(&a[r][i]);
-            sum[r] += ad * d * hsum_i32(fold(acc[r])) as f32;
+            sum[r] += ad * d * hsum_epi32(fold(acc[r])) as f32;
         }
     }
     sum

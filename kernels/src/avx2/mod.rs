@@ -11,6 +11,7 @@ mod float;
 pub mod gemm512;
 mod iq4_nl;
 mod iq4_xs;
+mod kgemm;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -80,6 +81,7 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
             }
         };
     }
+    entry.kgemm = kgemm_for(entry.ty, KLevel::Vnni(v));
     match entry.ty {
         GgmlType::Q4_0 => level!(q4_0::Q4_0),
         GgmlType::Q4_1 => level!(q4_1::Q4_1),
@@ -96,6 +98,7 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
 pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
     specialize_vnni(entry, v);
     entry.isa = Isa::Avx512;
+    entry.kgemm = kgemm_for(entry.ty, KLevel::Avx512);
     entry.gemm = match entry.ty {
         GgmlType::Q4_0 => Some(gemm512::gemm::<q4_0::Q4_0>),
         GgmlType::Q4_1 => Some(gemm512::gemm::<q4_1::Q4_1>),
@@ -191,6 +194,44 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.vec_dot = iq4_xs::vec_dot;
             entry.vec_dot_multi = Some(iq4_xs::vec_dot_multi);
         }
+    }
+    // The K-quants' prefill through tiles of unpacked rows; IQ4_XS's codes (up to 241) would
+    // saturate `maddubs`, so it waits for `vpdpbusd`.
+    entry.kgemm = kgemm_for(entry.ty, KLevel::Avx2);
+}
+
+/// Which K-quant GEMM a table level takes.
+#[derive(Clone, Copy)]
+enum KLevel {
+    Avx2,
+    Vnni(Vnni),
+    Avx512,
+}
+
+fn kgemm_for(ty: GgmlType, level: KLevel) -> Option<crate::dispatch::KGemmFn> {
+    use crate::ktile::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
+    macro_rules! pick {
+        ($f:ident) => {
+            match ty {
+                GgmlType::Q4_K => Some($f::<Q4K>),
+                GgmlType::Q5_K => Some($f::<Q5K>),
+                GgmlType::Q6_K => Some($f::<Q6K>),
+                GgmlType::Q3_K => Some($f::<Q3K>),
+                GgmlType::Q2_K => Some($f::<Q2K>),
+                GgmlType::IQ4_XS => Some($f::<Iq4Xs>),
+                _ => None,
+            }
+        };
+    }
+    use kgemm::{
+        avx512vnni::kgemm as k512vl, avxvnni::kgemm as kavx, kgemm512, plain::kgemm as k2,
+    };
+    match level {
+        KLevel::Avx2 if ty == GgmlType::IQ4_XS => None,
+        KLevel::Avx2 => pick!(k2),
+        KLevel::Vnni(Vnni::Avx) => pick!(kavx),
+        KLevel::Vnni(Vnni::Avx512) => pick!(k512vl),
+        KLevel::Avx512 => pick!(kgemm512),
     }
 }
 

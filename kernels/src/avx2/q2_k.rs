@@ -4,8 +4,8 @@
 //! reference's own float expression, so every form here (and the AVX-512 rows) equals
 //! `quants::q2_k::vec_dot` bit for bit.
 
-use super::q3_k::{crumb, halves, hsum_epi32, pair_mask};
-use super::q8_k::{f16_to_f32, load16, load32, prefetch_ahead};
+use super::q3_k::{crumb, halves, pair_mask};
+use super::q8_k::{f16_to_f32, hsum_epi32, load16, load32, prefetch_ahead};
 use crate::quants::q2_k::{BLOCK_BYTES as WB, D, QS as WQS, SCALES};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
 use std::arch::x86_64::*;

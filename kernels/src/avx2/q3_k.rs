@@ -5,7 +5,7 @@
 //! i32 and scaled with the reference's own float expression, so every form here (and the
 //! AVX-512 rows) equals `quants::q3_k::vec_dot` bit for bit.
 
-use super::q8_k::{f16_to_f32, load32, prefetch_ahead};
+use super::q8_k::{f16_to_f32, hsum_epi32, load32, prefetch_ahead};
 use crate::quants::q3_k::{unpack_scales_words, BLOCK_BYTES as WB, D, HMASK, QS as WQS, SCALES};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
 use std::arch::x86_64::*;
@@ -73,15 +73,6 @@ pub(super) fn halves(s16: __m256i) -> [__m256i; 2] {
         _mm256_permute2x128_si256::<0x00>(s16, s16),
         _mm256_permute2x128_si256::<0x11>(s16, s16),
     ]
-}
-
-/// Sum of the eight i32 lanes (exact: the block sums cannot overflow).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
 
 pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {

@@ -2,7 +2,9 @@
 //! signed activations, `madd` with the sub-block scale, one FMA per block; the mins are
 //! applied through the activations' `bsums` (one `madd` per block), as ggml does.
 
-use super::q8_k::{f16_to_f32, hsum_ps, load32, prefetch_ahead, quarters, store_scaled_u8_minus};
+use super::q8_k::{
+    f16_to_f32, hsum2_epi32, load32, prefetch_ahead, quarters, store_scaled_u8_minus,
+};
 use crate::quants::q4_k::{unpack_scales, unpack_scales_words, BLOCK_BYTES as WB, SCALES};
 use crate::quants::q8_k::{
     self as q8, blocks, check_dequantize, check_dot, check_dot_multi, BSUMS, QS,
@@ -102,7 +104,7 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
     }
     let m4 = _mm256_set1_epi8(0x0f);
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut sum = [0f32; R];
     for (i, wb) in w.iter().enumerate() {
         prefetch_ahead(wb);
         let d = f16_to_f32(wb[0], wb[1]);
@@ -136,19 +138,11 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
             let ab = &a[r][i];
             let ad = q8::d_of(ab);
             let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ad * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(-(ad * dmin)),
-                _mm256_cvtepi32_ps(summ),
-                acc[r],
-            );
+            let (si, sm) = hsum2_epi32(sumi[r], summ);
+            sum[r] += ad * d * si as f32 - ad * dmin * sm as f32;
         }
     }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
-    out
+    sum
 }
 
 /// Two 256-bit halves as one 512-bit register (`lo` in bits 0..256).
@@ -176,7 +170,7 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     }
     let m4 = _mm256_set1_epi8(0x0f);
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut sum = [0f32; R];
     for (i, wb) in w.iter().enumerate() {
         // Decode and small batches stream the weights from memory.
         prefetch_ahead(wb);
@@ -210,23 +204,11 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
             let ab = &a[r][i];
             let ad = q8::d_of(ab);
             let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(ad * d),
-                _mm256_cvtepi32_ps(fold(sumi[r])),
-                acc[r],
-            );
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(-(ad * dmin)),
-                _mm256_cvtepi32_ps(summ),
-                acc[r],
-            );
+            let (si, sm) = hsum2_epi32(fold(sumi[r]), summ);
+            sum[r] += ad * d * si as f32 - ad * dmin * sm as f32;
         }
     }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
-    out
+    sum
 }
 
 super::q8_k::multi512!(WB, AB);
@@ -243,6 +225,17 @@ mod tests {
             &[0, 2],
             (reference::dequantize, reference::vec_dot),
             (dequantize, vec_dot, vec_dot_multi),
+        );
+    }
+
+    #[test]
+    fn dot_gives_the_reference_bits() {
+        // Each block's integer sums reduced exactly, then the reference's float steps.
+        super::super::q8_k::tests::check_exact(
+            WB,
+            &[0, 2],
+            reference::vec_dot,
+            (vec_dot, vec_dot_multi),
         );
     }
 

@@ -3,7 +3,9 @@
 //! offset is taken out once per block through the activations' `bsums`
 //! (`Σ sc·(q−32)·a = Σ sc·q·a − 32·Σ sc·bsum`).
 
-use super::q8_k::{f16_to_f32, hsum_ps, load16, load32, prefetch_ahead, quarters, store_scaled_i8};
+use super::q8_k::{
+    f16_to_f32, hsum_epi32, load16, load32, prefetch_ahead, quarters, store_scaled_i8,
+};
 use crate::quants::q6_k::{BLOCK_BYTES as WB, D, QH, SCALES};
 use crate::quants::q8_k::{
     self as q8, blocks, check_dequantize, check_dot, check_dot_multi, BSUMS, QS,
@@ -118,7 +120,7 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
     for row in a {
         assert!(row.len() >= w.len());
     }
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut sum = [0f32; R];
     for (i, wb) in w.iter().enumerate() {
         prefetch_ahead(wb);
         let d = f16_to_f32(wb[D], wb[D + 1]);
@@ -141,18 +143,10 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
             let ab = &a[r][i];
             let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
             let s = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32::<5>(offset));
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(q8::d_of(ab) * d),
-                _mm256_cvtepi32_ps(s),
-                acc[r],
-            );
+            sum[r] += q8::d_of(ab) * d * hsum_epi32(s) as f32;
         }
     }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
-    out
+    sum
 }
 
 /// `dot_rows` with AVX-512 (BW): two 32-level pieces (four 16-element sub-blocks) per
@@ -164,7 +158,7 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     for row in a {
         assert!(row.len() >= w.len());
     }
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut sum = [0f32; R];
     for (i, wb) in w.iter().enumerate() {
         // Decode and small batches stream the weights from memory.
         prefetch_ahead(wb);
@@ -194,18 +188,10 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
             let ab = &a[r][i];
             let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
             let s = _mm256_sub_epi32(fold(sumi[r]), _mm256_slli_epi32::<5>(offset));
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_set1_ps(q8::d_of(ab) * d),
-                _mm256_cvtepi32_ps(s),
-                acc[r],
-            );
+            sum[r] += q8::d_of(ab) * d * hsum_epi32(s) as f32;
         }
     }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        out[r] = hsum_ps(acc[r]);
-    }
-    out
+    sum
 }
 
 super::q8_k::multi512!(WB, AB);
@@ -222,6 +208,17 @@ mod tests {
             &[D],
             (reference::dequantize, reference::vec_dot),
             (dequantize, vec_dot, vec_dot_multi),
+        );
+    }
+
+    #[test]
+    fn dot_gives_the_reference_bits() {
+        // Each block's integer sums reduced exactly, then the reference's float steps.
+        super::super::q8_k::tests::check_exact(
+            WB,
+            &[D],
+            reference::vec_dot,
+            (vec_dot, vec_dot_multi),
         );
     }
 

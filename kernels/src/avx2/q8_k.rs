@@ -114,13 +114,24 @@ pub(super) fn prefetch_ahead<const B: usize>(block: &[u8; B]) {
     }
 }
 
-/// Sum of the 8 lanes.
+/// Sum of the eight i32 lanes (exact: a block's sums cannot overflow).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+pub(super) fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+}
+
+/// The lane sums of `a` and of `b`, reduced together (exact, as `hsum_epi32`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum2_epi32(a: __m256i, b: __m256i) -> (i32, i32) {
+    // a0+a1 a2+a3 b0+b1 b2+b3 | a4+a5 a6+a7 b4+b5 b6+b7
+    let h = _mm256_hadd_epi32(a, b);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
 }
 
 /// Dequantize whole Q8_K blocks (`y = d * q`, as the reference).

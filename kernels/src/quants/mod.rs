@@ -37,6 +37,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
                 vec_dot_tile: None,
                 gemm: None,
                 gemm_packed: None,
+                kgemm: None,
             }
         };
     }
@@ -53,6 +54,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_tile: None,
             gemm: None,
             gemm_packed: None,
+            kgemm: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -66,6 +68,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_tile: None,
             gemm: None,
             gemm_packed: None,
+            kgemm: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -79,6 +82,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             vec_dot_tile: None,
             gemm: None,
             gemm_packed: None,
+            kgemm: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),
