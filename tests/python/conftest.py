@@ -2,9 +2,20 @@
 (paths, running the binary, nodes, the server, cgroup caps, comparisons, namespaces) are in
 support/; markers and options are in pytest.ini at the repository's root."""
 
-import pytest
+import os
 
-from support.paths import ringllm_bin
+# NumPy's OpenBLAS on one thread, set before anything imports NumPy. The reference's products
+# are small (a few to a few hundred rows), and on a 2-core machine that is busy with something
+# else (CI builds the aarch64 cross binary and runs the QEMU guests beside pytest) OpenBLAS's
+# second thread spins waiting for a core: test_reference_selftest.py took 41-70 s with two
+# threads and 25 s with one, its Gemma greedy test 10-18 s and 3 s (2026-12-06, Zen 4, one
+# core busy). The results are the same bits (checked: SmolLM2's logits and hidden states over
+# 65 tokens, with and without 8-bit activations, at one and two threads).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from support.paths import ringllm_bin  # noqa: E402
 
 
 @pytest.fixture(scope="session")
