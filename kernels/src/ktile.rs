@@ -49,6 +49,8 @@ pub trait KQuant {
     const SUB: usize;
     /// `sumi = S` and `summ = C` (mins) rather than `sumi = S − C` (a bias).
     const HAS_MIN: bool;
+    /// The bias (`value = code − BIAS`; 0 for the formats with mins).
+    const BIAS: u8;
     /// The codes of a block's 4-element groups (little-endian bytes: byte e of the array is
     /// element e). The scalar form: the GEMM kernels bring their own SIMD one.
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]);
@@ -93,6 +95,7 @@ impl KQuant for Q4K {
     const BLOCK: usize = 144;
     const SUB: usize = 32;
     const HAS_MIN: bool = true;
+    const BIAS: u8 = 0;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         for (g, c) in codes.iter_mut().enumerate() {
             *c = nibbles_k(b, 16, g);
@@ -109,6 +112,7 @@ impl KQuant for Q5K {
     const BLOCK: usize = 176;
     const SUB: usize = 32;
     const HAS_MIN: bool = true;
+    const BIAS: u8 = 0;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // qh at 16, qs at 48; the fifth bit of element 64k + 32h + i is bit 2k + h of qh[i].
         for (g, c) in codes.iter_mut().enumerate() {
@@ -129,6 +133,7 @@ impl KQuant for Q6K {
     const BLOCK: usize = 210;
     const SUB: usize = 16;
     const HAS_MIN: bool = false;
+    const BIAS: u8 = 32;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // Element 128h + 32k + l: low nibble or high nibble (k ≥ 2) of ql[64h + 32(k%2) + l],
         // top bits 2k, 2k+1 of qh[128 + 32h + l]; value = code − 32.
@@ -156,6 +161,7 @@ impl KQuant for Q3K {
     const BLOCK: usize = 110;
     const SUB: usize = 16;
     const HAS_MIN: bool = false;
+    const BIAS: u8 = 4;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // Element e = 128h + 32k + i: bits 2k.. of qs[32 + 32h + i], the third bit is bit
         // e / 32 of hmask[i]; value = code − 4.
@@ -181,6 +187,7 @@ impl KQuant for Q2K {
     const BLOCK: usize = 84;
     const SUB: usize = 16;
     const HAS_MIN: bool = true;
+    const BIAS: u8 = 0;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         for (g, c) in codes.iter_mut().enumerate() {
             let e = 4 * g;
@@ -202,6 +209,7 @@ impl KQuant for Iq4Xs {
     const BLOCK: usize = 136;
     const SUB: usize = 32;
     const HAS_MIN: bool = false;
+    const BIAS: u8 = 128;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // Sub-block ib: elements j < 16 are the low nibbles of qs[16 ib + j], the rest the
         // high nibbles of qs[16 ib + j − 16]; value = KVALUES[nibble] = code − 128.
@@ -254,7 +262,10 @@ impl KTile {
     ///
     /// # Panics
     /// When `rows > ROWS` or `w` does not hold the rows.
-    /// `codes` is `T::codes` or a SIMD form of it.
+    /// `codes` is `T::codes` or a SIMD form of it. `signed`: the codes of a format with a
+    /// bias are stored as the values themselves (`code − BIAS`, which fits an i8 for every
+    /// format here) and its block-sum factors are zero, for kernels whose dot product is
+    /// signed × signed (NEON `sdot`): then `sumi = S` with no correction.
     pub fn build<T: KQuant>(
         &mut self,
         w: &[u8],
@@ -262,7 +273,9 @@ impl KTile {
         rows: usize,
         nb: usize,
         codes_of: fn(&[u8], &mut [u32; GROUPS]),
+        signed: bool,
     ) {
+        let unbias = signed && !T::HAS_MIN && T::BIAS != 0;
         assert!(rows <= ROWS, "KTile: {rows} rows, at most {ROWS}");
         assert!(
             rows == 0 || w.len() >= (rows - 1) * stride + nb * T::BLOCK,
@@ -286,7 +299,16 @@ impl KTile {
                     let at = r * stride + i * T::BLOCK;
                     let b = &w[at..at + T::BLOCK];
                     codes_of(b, &mut codes);
-                    T::scales(b, &mut sc, &mut coef)
+                    let dd = T::scales(b, &mut sc, &mut coef);
+                    if unbias {
+                        for c in codes.iter_mut() {
+                            *c = u32::from_le_bytes(
+                                c.to_le_bytes().map(|v| v.wrapping_sub(T::BIAS)),
+                            );
+                        }
+                        coef.fill(0);
+                    }
+                    dd
                 } else {
                     codes.fill(0);
                     sc.fill(0);
@@ -321,7 +343,7 @@ mod tests {
     /// Σ over blocks of the reference float steps on the tile's integers, written out in
     /// scalar: equal to the reference `vec_dot` bit for bit (this checks the unpacking;
     /// the SIMD kernels are checked against the reference directly).
-    fn tile_dot<T: KQuant>(t: &KTile, r: usize, a: &[u8]) -> f32 {
+    fn tile_dot<T: KQuant>(t: &KTile, r: usize, a: &[u8], signed: bool) -> f32 {
         let mut sum = 0f32;
         for i in 0..t.nb {
             let ab: &[u8; q8_k::BLOCK_BYTES] = a
@@ -334,7 +356,12 @@ mod tests {
                 for g in j * T::SUB / 4..(j + 1) * T::SUB / 4 {
                     let c = t.codes[(i * GROUPS + g) * ROWS + r].to_le_bytes();
                     for (k, &v) in c.iter().enumerate() {
-                        raw += i32::from(v) * q8_k::q_of(ab, 4 * g + k);
+                        let v = if signed {
+                            i32::from(v as i8)
+                        } else {
+                            i32::from(v)
+                        };
+                        raw += v * q8_k::q_of(ab, 4 * g + k);
                     }
                 }
                 s += t.sc[(i * t.nsub + j) * ROWS + r] * raw;
@@ -373,21 +400,17 @@ mod tests {
             .collect();
         q8_k::quantize(&x, &mut a);
         let mut t = KTile::default();
-        t.build::<T>(&w, nb * T::BLOCK, rows, nb, T::codes);
-        for r in 0..rows {
-            let want = reference(
-                nb * QK_K,
-                &w[r * nb * T::BLOCK..(r + 1) * nb * T::BLOCK],
-                &a,
-            );
-            assert_eq!(
-                tile_dot::<T>(&t, r, &a).to_bits(),
-                want.to_bits(),
-                "row {r}"
-            );
-        }
-        for r in rows..ROWS {
-            assert_eq!(tile_dot::<T>(&t, r, &a), 0.0, "padding row {r}");
+        for signed in [false, true] {
+            t.build::<T>(&w, nb * T::BLOCK, rows, nb, T::codes, signed);
+            for r in 0..rows {
+                let row = &w[r * nb * T::BLOCK..(r + 1) * nb * T::BLOCK];
+                let want = reference(nb * QK_K, row, &a);
+                let got = tile_dot::<T>(&t, r, &a, signed);
+                assert_eq!(got.to_bits(), want.to_bits(), "row {r}, signed {signed}");
+            }
+            for r in rows..ROWS {
+                assert_eq!(tile_dot::<T>(&t, r, &a, signed), 0.0, "padding row {r}");
+            }
         }
     }
 

@@ -229,8 +229,9 @@ fn batched_matmul_equals_row_by_row() {
     let pool = ThreadPool::new(2);
     let mut acts = ActBuffer::new();
     for ty in weight_types() {
-        // 640 columns: 20 legacy blocks (an even count), 2.5 K-blocks where K-quants skip.
-        for n in [640usize, 2048 + 32] {
+        // 640 columns: 20 legacy blocks (an even count), 2.5 K-blocks where K-quants skip;
+        // 2048: 8 K-blocks (the K-quants' tiles: 37 rows are two whole tiles and a part).
+        for n in [640usize, 2048, 2048 + 32] {
             if ty.row_bytes(n).is_none() {
                 continue;
             }
@@ -273,6 +274,15 @@ fn batched_matmul_equals_row_by_row() {
                             (g - want).abs() <= 1e-5 * scale.max(1.0),
                             "{ty} n={n}: row {r} col {o}: {g} vs reference {want}"
                         );
+                        // Every K-quant kernel reduces each block's integers exactly and then
+                        // takes the reference's float steps: the reference's bits.
+                        if at == GgmlType::Q8_K {
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{ty} n={n}: row {r} col {o}: {g} vs reference {want}"
+                            );
+                        }
                     }
                 }
             }

@@ -193,6 +193,20 @@ fn check(
     nb
 }
 
+/// Asks for weight rows `rows` (each `len` bytes, `stride` apart) in L2: the next tile's
+/// rows arrive while this tile meets every activation row (its unpacking otherwise waits on
+/// memory at each block).
+#[inline]
+fn prefetch_rows(w: &[u8], stride: usize, rows: std::ops::Range<usize>, len: usize) {
+    for r in rows {
+        let row = &w[r * stride..r * stride + len];
+        for line in row.chunks(64) {
+            // SAFETY: a prefetch of an address inside `w`; SSE is part of x86_64.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+        }
+    }
+}
+
 /// The i32 at `p` (unaligned).
 #[inline(always)]
 unsafe fn i32_at(p: *const u8) -> i32 {
@@ -298,7 +312,20 @@ pub(super) fn kgemm512<T: SimdCodes>(
     TILE.with_borrow_mut(|t| {
         for o0 in (0..n_w).step_by(ROWS) {
             let rows = (n_w - o0).min(ROWS);
-            t.build::<T>(&w[o0 * w_stride..], w_stride, rows, nb, T::simd_codes);
+            t.build::<T>(
+                &w[o0 * w_stride..],
+                w_stride,
+                rows,
+                nb,
+                T::simd_codes,
+                false,
+            );
+            prefetch_rows(
+                w,
+                w_stride,
+                o0 + ROWS..n_w.min(o0 + 2 * ROWS),
+                nb * T::BLOCK,
+            );
             let mut c = 0;
             macro_rules! step {
                 ($cols:literal) => {{
@@ -425,7 +452,20 @@ macro_rules! kgemm256 {
             TILE.with_borrow_mut(|t| {
                 for o0 in (0..n_w).step_by(ROWS) {
                     let rows = (n_w - o0).min(ROWS);
-                    t.build::<T>(&w[o0 * w_stride..], w_stride, rows, nb, T::simd_codes);
+                    t.build::<T>(
+                        &w[o0 * w_stride..],
+                        w_stride,
+                        rows,
+                        nb,
+                        T::simd_codes,
+                        false,
+                    );
+                    prefetch_rows(
+                        w,
+                        w_stride,
+                        o0 + ROWS..n_w.min(o0 + 2 * ROWS),
+                        nb * T::BLOCK,
+                    );
                     for half in 0..(rows + 7) / 8 {
                         let live = (rows - 8 * half).min(8);
                         let mut c = 0;

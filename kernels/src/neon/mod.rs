@@ -20,6 +20,7 @@ mod float;
 mod gemm;
 mod iq4_nl;
 mod iq4_xs;
+mod kgemm;
 pub mod ops;
 mod q2_k;
 mod q3_k;
@@ -238,6 +239,18 @@ pub fn specialize(entry: &mut TypeKernels) {
 pub fn specialize_dotprod(entry: &mut TypeKernels) {
     entry.isa = Isa::NeonDotprod;
     set_level::<Sdot>(entry);
+    // The K-quants' prefill through tiles of unpacked rows (`sdot` keeps each row in its lane;
+    // the baseline's widening multiplies mix rows, so it keeps the row kernels).
+    use crate::ktile::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
+    entry.kgemm = match entry.ty {
+        GgmlType::Q4_K => Some(kgemm::kgemm::<Q4K>),
+        GgmlType::Q5_K => Some(kgemm::kgemm::<Q5K>),
+        GgmlType::Q6_K => Some(kgemm::kgemm::<Q6K>),
+        GgmlType::Q3_K => Some(kgemm::kgemm::<Q3K>),
+        GgmlType::Q2_K => Some(kgemm::kgemm::<Q2K>),
+        GgmlType::IQ4_XS => Some(kgemm::kgemm::<Iq4Xs>),
+        _ => None,
+    };
 }
 
 /// The i8mm level: the dotprod table plus the `smmla` prefill GEMM of the 32-element formats.
