@@ -108,10 +108,13 @@ def check_tensor(reader_tensor, model_path, ringllm_bin, workdir):
     return None
 
 
-def check(model_path, ringllm_bin, names=None, verbose=False):
+def check(model_path, ringllm_bin, names=None, verbose=False, reader=None):
     """Compares our dequantization with gguf's for the selected tensors of `model_path`.
-    Returns a list of mismatch descriptions (empty when everything is bit-identical)."""
-    reader = GGUFReader(str(model_path))
+    Returns a list of mismatch descriptions (empty when everything is bit-identical).
+    `reader`: gguf's GGUFReader of that file when the caller has one already (parsing a
+    262k-token vocabulary takes seconds)."""
+    if reader is None:
+        reader = GGUFReader(str(model_path))
     tensors = {t.name: t for t in reader.tensors}
     names = list(names) if names is not None else select_tensors(reader)
     problems = []

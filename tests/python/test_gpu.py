@@ -30,7 +30,7 @@ import pytest
 
 import reference
 from support.cli import forward_dump, run
-from support.compare import rel_l2
+from support.compare import ref_model, rel_l2
 from support.nodes import free_port, wait_port
 from support.paths import GEMMA, KEY, MODELS, SMOL, model_path, ringllm_bin
 
@@ -99,7 +99,7 @@ def test_gpu_forward_matches_float_reference(name, tmp_path):
     carry their biases, so with biases it names them qkv_bias)."""
     path = model_path(name)
     toks = PROMPTS[name]
-    m = reference.load(str(path))
+    m = ref_model(path)
     ref_steps = {}
     ref, hid = reference.forward(m, toks, steps=ref_steps)
     out = tmp_path / "gpu"

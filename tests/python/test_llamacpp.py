@@ -11,6 +11,7 @@ import reference
 import numpy as np
 
 from support.cli import forward_dump, run
+from support.compare import ref_model
 from support.paths import FIXTURES, GEMMA, SMOL, load_fixture, model_path
 
 MODELS = [GEMMA.name, SMOL.name]
@@ -72,22 +73,34 @@ def test_greedy_continuations_follow_llama_cpp(name, tmp_path):
     print(f"{name}: llama.cpp's greedy token is our argmax at {agree} of {total} steps")
 
 
-def _our_ppl(path, ctx, chunks=None):
-    args = ["perplexity", "-m", path, "-f", FIXTURES / "texts" / "perplexity.txt", "--ctx", str(ctx),
-            "--threads", "2"]
-    if chunks:
-        args += ["--chunks", str(chunks)]
-    r = run(args)
-    m = re.search(r"^Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)$", r.stdout.strip().splitlines()[-1])
-    assert m, f"last line is not the final estimate: {r.stdout!r}"
-    return float(m.group(1)), float(m.group(2))
+_ppl_runs = {}
+
+
+def _our_ppl(path, ctx):
+    """Our perplexity of the whole text at `ctx`: (PPL, its error estimate, the running PPL after
+    each chunk). Run once per model and context and shared by the two comparisons below: each
+    chunk is scored on its own from position 0, so the running PPL after chunk k is what a run
+    over the first k chunks (`--chunks k`) reports as its final estimate (the NumPy comparison
+    used such a run of 2 chunks: the same tokens computed a second time)."""
+    key = (str(path), ctx)
+    if key not in _ppl_runs:
+        r = run(["perplexity", "-m", path, "-f", FIXTURES / "texts" / "perplexity.txt", "--ctx", str(ctx),
+                 "--threads", "2"])
+        lines = r.stdout.strip().splitlines()
+        m = re.search(r"^Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)$", lines[-1])
+        assert m, f"last line is not the final estimate: {r.stdout!r}"
+        # The running estimates, "[1]32.7500,[2]28.9303,...", go to stderr as llama.cpp's do.
+        running = [float(v) for v in re.findall(r"\[\d+\]([0-9.]+),", r.stderr)]
+        assert running and running[-1] == float(m.group(1)), f"running estimates: {r.stderr!r}"
+        _ppl_runs[key] = (float(m.group(1)), float(m.group(2)), running)
+    return _ppl_runs[key]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_perplexity_matches_llama_cpp(name):
     fx = load_fixture("perplexity-llamacpp.json")[name][0]
-    ppl, err = _our_ppl(model_path(name), fx["ctx"])
+    ppl, err, _ = _our_ppl(model_path(name), fx["ctx"])
     assert abs(ppl - fx["ppl"]) / fx["ppl"] < PPL_REL_LLAMACPP, f"ours {ppl} vs llama.cpp {fx['ppl']}"
     assert abs(err - fx["err"]) / fx["err"] < 0.05, f"error estimate {err} vs llama.cpp {fx['err']}"
 
@@ -100,8 +113,8 @@ def test_perplexity_matches_numpy_reference(name, tmp_path):
     f = tmp_path / "t.json"
     f.write_text(json.dumps([text]))
     tokens = json.loads(run(["debug", "tokenize", "-m", path, "--texts", f, "--bos"]).stdout)[0]
-    m = reference.load(str(path))
+    m = ref_model(path)
     chunks = 2
     ref_ppl, _ = reference.perplexity(m, tokens, 128, n_chunks=chunks)
-    ppl, _ = _our_ppl(path, 128, chunks)
+    ppl = _our_ppl(path, 128)[2][chunks - 1]
     assert abs(ppl - ref_ppl) / ref_ppl < PPL_REL_REFERENCE, f"ours {ppl} vs reference {ref_ppl}"

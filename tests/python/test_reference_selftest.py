@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import reference  # noqa: E402
+from support.compare import ref_model  # noqa: E402
 
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "models"
 GEMMA = MODELS / "gemma-3-270m-q4_k_m.gguf"
@@ -32,7 +33,7 @@ SMOL_PARIS = 7042
 def _load(p):
     if not p.exists():
         pytest.fail(f"{p} is missing: run scripts/fetch-models")
-    return reference.load(str(p))
+    return ref_model(p)  # shared with the other files that read the two models
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ Two comparisons, each with its budget stated here (`compare`):
   within HIDDEN_REL, logits within LOGIT_REL.
 """
 
+import os
+
 import numpy as np
 
 import reference
@@ -24,15 +26,23 @@ QUANT_LOGIT_REL = 0.08
 HIDDEN_REL = 0.05
 LOGIT_REL = 0.08
 
-_cache = {}
+_models = {}
 
 
 def ref_model(path):
-    key = str(path)
-    if key not in _cache:
-        _cache.clear()  # one big model in memory at a time
-        _cache[key] = reference.load(str(path))
-    return _cache[key]
+    """The reference's Model of one of the two test models in models/ (not of a synthetic
+    model in a temporary directory), loaded once for the whole session and shared by every test
+    that reads it (test_dequant, test_forward, test_gpu, test_llamacpp, test_reference_selftest).
+    Loading is slow: gguf's GGUFReader takes about 10 s to parse Gemma's 262k-token vocabulary
+    and 3 s SmolLM2's, and the first forward pass widens the weights to float64 (8 s and 3 s),
+    which each of those files did again. The Model keeps its float64 weights: both models'
+    together are 3.0 GiB (4.2 GiB of RSS with the parsed files), what test_reference_selftest
+    held at once before anyway. A test that changes an attribute of the Model puts it back
+    (test_sliding_window)."""
+    key = os.path.realpath(path)
+    if key not in _models:
+        _models[key] = reference.load(key)
+    return _models[key]
 
 
 def rel_l2(a, b):
