@@ -51,6 +51,8 @@ pub trait KQuant {
     const HAS_MIN: bool;
     /// The bias (`value = code − BIAS`; 0 for the formats with mins).
     const BIAS: u8;
+    /// The largest code.
+    const MAX_CODE: u32;
     /// The codes of a block's 4-element groups (little-endian bytes: byte e of the array is
     /// element e). The scalar form: the GEMM kernels bring their own SIMD one.
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]);
@@ -96,6 +98,7 @@ impl KQuant for Q4K {
     const SUB: usize = 32;
     const HAS_MIN: bool = true;
     const BIAS: u8 = 0;
+    const MAX_CODE: u32 = 15;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         for (g, c) in codes.iter_mut().enumerate() {
             *c = nibbles_k(b, 16, g);
@@ -113,6 +116,7 @@ impl KQuant for Q5K {
     const SUB: usize = 32;
     const HAS_MIN: bool = true;
     const BIAS: u8 = 0;
+    const MAX_CODE: u32 = 31;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // qh at 16, qs at 48; the fifth bit of element 64k + 32h + i is bit 2k + h of qh[i].
         for (g, c) in codes.iter_mut().enumerate() {
@@ -134,6 +138,7 @@ impl KQuant for Q6K {
     const SUB: usize = 16;
     const HAS_MIN: bool = false;
     const BIAS: u8 = 32;
+    const MAX_CODE: u32 = 63;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // Element 128h + 32k + l: low nibble or high nibble (k ≥ 2) of ql[64h + 32(k%2) + l],
         // top bits 2k, 2k+1 of qh[128 + 32h + l]; value = code − 32.
@@ -162,6 +167,7 @@ impl KQuant for Q3K {
     const SUB: usize = 16;
     const HAS_MIN: bool = false;
     const BIAS: u8 = 4;
+    const MAX_CODE: u32 = 7;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // Element e = 128h + 32k + i: bits 2k.. of qs[32 + 32h + i], the third bit is bit
         // e / 32 of hmask[i]; value = code − 4.
@@ -188,6 +194,7 @@ impl KQuant for Q2K {
     const SUB: usize = 16;
     const HAS_MIN: bool = true;
     const BIAS: u8 = 0;
+    const MAX_CODE: u32 = 3;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         for (g, c) in codes.iter_mut().enumerate() {
             let e = 4 * g;
@@ -210,6 +217,7 @@ impl KQuant for Iq4Xs {
     const SUB: usize = 32;
     const HAS_MIN: bool = false;
     const BIAS: u8 = 128;
+    const MAX_CODE: u32 = 241;
     fn codes(b: &[u8], codes: &mut [u32; GROUPS]) {
         // Sub-block ib: elements j < 16 are the low nibbles of qs[16 ib + j], the rest the
         // high nibbles of qs[16 ib + j − 16]; value = KVALUES[nibble] = code − 128.

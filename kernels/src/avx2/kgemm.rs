@@ -354,8 +354,14 @@ pub(super) fn kgemm512<T: SimdCodes>(
 }
 
 /// The integer dot step of the 256-bit kernel: `acc + Σ u·s` per i32 lane (four u8 × i8).
+/// Groups of 4 codes whose `maddubs` pairs add up in i16 without overflow: each pair is at
+/// most 2 · MAX_CODE · 128 in magnitude (8 groups for Q4_K, 2 for Q6_K).
+const fn i16_groups(max_code: u32) -> usize {
+    (32767 / (2 * 128 * max_code)) as usize
+}
+
 macro_rules! kgemm256 {
-    ($feat:literal, $avail:path, $dot:path, $name:ident) => {
+    ($feat:literal, $avail:path, $dot:path, $name:ident, $plain:literal) => {
         /// 8 rows of `t` (`half` 0 or 1) against `C` activation rows, 256 bits wide.
         ///
         /// # Safety
@@ -378,12 +384,34 @@ macro_rules! kgemm256 {
                 let mut s1 = [_mm256_setzero_si256(); C];
                 for j in 0..nsub {
                     let mut raw = [_mm256_setzero_si256(); C];
-                    for k in 0..per_sub {
-                        let g = j * per_sub + k;
-                        let w = unsafe { _mm256_loadu_si256(codes.add(g * ROWS).cast()) };
-                        for c in 0..C {
-                            let q = unsafe { i32_at(blk.add(c * stride + QS + 4 * g)) };
-                            raw[c] = $dot(raw[c], w, _mm256_set1_epi32(q));
+                    if $plain {
+                        // Without VNNI: the `maddubs` pairs of several groups added in i16
+                        // (exact: `i16_groups`), widened by one `madd` per run.
+                        let run = i16_groups(T::MAX_CODE).clamp(1, per_sub);
+                        let ones = _mm256_set1_epi16(1);
+                        for k0 in (0..per_sub).step_by(run) {
+                            let mut p16 = [_mm256_setzero_si256(); C];
+                            for k in k0..(k0 + run).min(per_sub) {
+                                let g = j * per_sub + k;
+                                let w = unsafe { _mm256_loadu_si256(codes.add(g * ROWS).cast()) };
+                                for c in 0..C {
+                                    let q = unsafe { i32_at(blk.add(c * stride + QS + 4 * g)) };
+                                    let p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(q));
+                                    p16[c] = _mm256_add_epi16(p16[c], p);
+                                }
+                            }
+                            for c in 0..C {
+                                raw[c] = _mm256_add_epi32(raw[c], _mm256_madd_epi16(p16[c], ones));
+                            }
+                        }
+                    } else {
+                        for k in 0..per_sub {
+                            let g = j * per_sub + k;
+                            let w = unsafe { _mm256_loadu_si256(codes.add(g * ROWS).cast()) };
+                            for c in 0..C {
+                                let q = unsafe { i32_at(blk.add(c * stride + QS + 4 * g)) };
+                                raw[c] = $dot(raw[c], w, _mm256_set1_epi32(q));
+                            }
                         }
                     }
                     let sv = unsafe {
@@ -528,7 +556,13 @@ fn dot_avx512vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
 
 pub(super) mod plain {
     use super::*;
-    kgemm256!("avx2,fma,f16c", crate::avx2::available, dot_avx2, kgemm);
+    kgemm256!(
+        "avx2,fma,f16c",
+        crate::avx2::available,
+        dot_avx2,
+        kgemm,
+        true
+    );
 }
 
 pub(super) mod avxvnni {
@@ -537,7 +571,8 @@ pub(super) mod avxvnni {
         "avx2,fma,f16c,avxvnni",
         crate::avx2::available_avxvnni,
         dot_avxvnni,
-        kgemm
+        kgemm,
+        false
     );
 }
 
@@ -547,7 +582,8 @@ pub(super) mod avx512vnni {
         "avx2,fma,f16c,avx512vnni,avx512vl",
         crate::avx2::available_avx512vnni,
         dot_avx512vnni,
-        kgemm
+        kgemm,
+        false
     );
 }
 
@@ -572,6 +608,9 @@ mod tests {
             let (n_w, n_a) = (21, 13);
             let ws = nb * T::BLOCK + 3;
             let mut w: Vec<u8> = (0..n_w * ws).map(|_| rng.random()).collect();
+            // Row 0 at every code's maximum and activation row 0 at -128 throughout: the
+            // largest sums the i16 runs and the i32 lanes meet.
+            w[..nb * T::BLOCK].fill(0xff);
             for r in 0..n_w {
                 for b in w[r * ws..r * ws + nb * T::BLOCK].chunks_exact_mut(T::BLOCK) {
                     for &o in f16s {
@@ -584,7 +623,7 @@ mod tests {
             let mut a = vec![0u8; n_a * as_];
             for c in 0..n_a {
                 let x: Vec<f32> = (0..n)
-                    .map(|_| match rng.random_range(0..4) {
+                    .map(|_| match if c == 0 { 1 } else { rng.random_range(0..4) } {
                         0 => 4.0,
                         1 => -4.0,
                         _ => rng.random_range(-4.0f32..4.0),
