@@ -166,6 +166,7 @@ thread_local! {
 }
 
 /// Checks the shapes of a `kgemm` call; returns the blocks per row.
+#[allow(clippy::too_many_arguments)]
 fn check(
     name: &str,
     n: usize,
@@ -227,6 +228,7 @@ unsafe fn f32_at(p: *const u8) -> f32 {
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI available; each of the `C` rows holds `t.nb` Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile512<T: KQuant, const C: usize>(
     t: &KTile,
     a: *const u8,
@@ -238,19 +240,24 @@ unsafe fn tile512<T: KQuant, const C: usize>(
     for i in 0..t.nb {
         // SAFETY (every pointer below): block i of the tile's buffers (built for `t.nb`
         // blocks) and of each activation row (caller).
+        // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
         let codes = unsafe { t.codes.as_ptr().add(i * GROUPS * ROWS) };
+        // SAFETY: block i of the first activation row (the caller's rows hold `t.nb` blocks).
         let blk = unsafe { a.add(i * AB) };
         let mut s1 = [_mm512_setzero_si512(); C];
         for j in 0..nsub {
             let mut raw = [_mm512_setzero_si512(); C];
             for k in 0..per_sub {
                 let g = j * per_sub + k;
+                // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                 let w = unsafe { _mm512_loadu_si512(codes.add(g * ROWS).cast()) };
                 for c in 0..C {
+                    // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
                     let q = unsafe { i32_at(blk.add(c * stride + QS + 4 * g)) };
                     raw[c] = _mm512_dpbusd_epi32(raw[c], w, _mm512_set1_epi32(q));
                 }
             }
+            // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
             let sv = unsafe { _mm512_loadu_si512(t.sc.as_ptr().add((i * nsub + j) * ROWS).cast()) };
             for c in 0..C {
                 s1[c] = _mm512_add_epi32(s1[c], _mm512_mullo_epi32(raw[c], sv));
@@ -259,15 +266,20 @@ unsafe fn tile512<T: KQuant, const C: usize>(
         let mut corr = [_mm512_setzero_si512(); C];
         for p in 0..PAIRS {
             let cv =
+                // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                 unsafe { _mm512_loadu_si512(t.coef.as_ptr().add((i * PAIRS + p) * ROWS).cast()) };
             for c in 0..C {
+                // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
                 let bs = unsafe { i32_at(blk.add(c * stride + BSUMS + 4 * p)) };
                 corr[c] = _mm512_dpwssd_epi32(corr[c], cv, _mm512_set1_epi32(bs));
             }
         }
+        // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
         let d = unsafe { _mm512_loadu_ps(t.d.as_ptr().add(i * ROWS)) };
+        // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
         let dmin = unsafe { _mm512_loadu_ps(t.dmin.as_ptr().add(i * ROWS)) };
         for c in 0..C {
+            // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
             let ad = _mm512_set1_ps(unsafe { f32_at(blk.add(c * stride)) });
             let x = if T::HAS_MIN {
                 _mm512_sub_ps(
@@ -287,6 +299,7 @@ unsafe fn tile512<T: KQuant, const C: usize>(
 }
 
 /// `TypeKernels::kgemm` with AVX-512: tiles of 16 rows against 8 activation rows at a time.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn kgemm512<T: SimdCodes>(
     n: usize,
     w: &[u8],
@@ -332,6 +345,7 @@ pub(super) fn kgemm512<T: SimdCodes>(
                     // SAFETY: detection found the features (the table installs this only
                     // then); rows c..c + $cols hold `nb` blocks (checked above).
                     let acc =
+                        // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                         unsafe { tile512::<T, $cols>(t, a.as_ptr().add(c * a_stride), a_stride) };
                     for (k, v) in acc.iter().enumerate() {
                         // SAFETY: a register of 16 f32 is 16 f32.
@@ -367,6 +381,7 @@ macro_rules! kgemm256 {
         /// # Safety
         /// The features available; each of the `C` rows holds `t.nb` Q8_K blocks.
         #[target_feature(enable = $feat)]
+        #[allow(clippy::needless_range_loop)]
         unsafe fn tile256<T: KQuant, const C: usize>(
             t: &KTile,
             half: usize,
@@ -379,7 +394,9 @@ macro_rules! kgemm256 {
             let mut acc = [_mm256_setzero_ps(); C];
             for i in 0..t.nb {
                 // SAFETY (every pointer below): as `tile512`.
+                // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                 let codes = unsafe { t.codes.as_ptr().add(i * GROUPS * ROWS + h) };
+                // SAFETY: block i of the first activation row (the caller's rows hold `t.nb` blocks).
                 let blk = unsafe { a.add(i * AB) };
                 let mut s1 = [_mm256_setzero_si256(); C];
                 for j in 0..nsub {
@@ -393,8 +410,10 @@ macro_rules! kgemm256 {
                             let mut p16 = [_mm256_setzero_si256(); C];
                             for k in k0..(k0 + run).min(per_sub) {
                                 let g = j * per_sub + k;
+                                // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                                 let w = unsafe { _mm256_loadu_si256(codes.add(g * ROWS).cast()) };
                                 for c in 0..C {
+                                    // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
                                     let q = unsafe { i32_at(blk.add(c * stride + QS + 4 * g)) };
                                     let p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(q));
                                     p16[c] = _mm256_add_epi16(p16[c], p);
@@ -407,13 +426,16 @@ macro_rules! kgemm256 {
                     } else {
                         for k in 0..per_sub {
                             let g = j * per_sub + k;
+                            // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                             let w = unsafe { _mm256_loadu_si256(codes.add(g * ROWS).cast()) };
                             for c in 0..C {
+                                // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
                                 let q = unsafe { i32_at(blk.add(c * stride + QS + 4 * g)) };
                                 raw[c] = $dot(raw[c], w, _mm256_set1_epi32(q));
                             }
                         }
                     }
+                    // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                     let sv = unsafe {
                         _mm256_loadu_si256(t.sc.as_ptr().add((i * nsub + j) * ROWS + h).cast())
                     };
@@ -423,18 +445,23 @@ macro_rules! kgemm256 {
                 }
                 let mut corr = [_mm256_setzero_si256(); C];
                 for p in 0..PAIRS {
+                    // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                     let cv = unsafe {
                         _mm256_loadu_si256(t.coef.as_ptr().add((i * PAIRS + p) * ROWS + h).cast())
                     };
                     for c in 0..C {
+                        // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
                         let bs = unsafe { i32_at(blk.add(c * stride + BSUMS + 4 * p)) };
                         corr[c] =
                             _mm256_add_epi32(corr[c], _mm256_madd_epi16(cv, _mm256_set1_epi32(bs)));
                     }
                 }
+                // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                 let d = unsafe { _mm256_loadu_ps(t.d.as_ptr().add(i * ROWS + h)) };
+                // SAFETY: inside block i of the tile's buffers, which hold `t.nb` blocks.
                 let dmin = unsafe { _mm256_loadu_ps(t.dmin.as_ptr().add(i * ROWS + h)) };
                 for c in 0..C {
+                    // SAFETY: inside block i of activation row c (the caller's rows hold `t.nb` blocks).
                     let ad = _mm256_set1_ps(unsafe { f32_at(blk.add(c * stride)) });
                     let x = if T::HAS_MIN {
                         _mm256_sub_ps(
@@ -455,6 +482,7 @@ macro_rules! kgemm256 {
 
         /// `TypeKernels::kgemm` on 256-bit registers: each half of a 16-row tile against 4
         /// activation rows at a time.
+        #[allow(clippy::too_many_arguments)]
         pub(in crate::avx2) fn $name<T: SimdCodes>(
             n: usize,
             w: &[u8],
@@ -494,7 +522,7 @@ macro_rules! kgemm256 {
                         o0 + ROWS..n_w.min(o0 + 2 * ROWS),
                         nb * T::BLOCK,
                     );
-                    for half in 0..(rows + 7) / 8 {
+                    for half in 0..rows.div_ceil(8) {
                         let live = (rows - 8 * half).min(8);
                         let mut c = 0;
                         macro_rules! step {
@@ -511,6 +539,7 @@ macro_rules! kgemm256 {
                                 for (k, v) in acc.iter().enumerate() {
                                     // SAFETY: a register of 8 f32 is 8 f32.
                                     let out =
+                                        // SAFETY: a register of f32 lanes has the layout of the array.
                                         unsafe { std::mem::transmute::<__m256, [f32; 8]>(*v) };
                                     store(c + k, o0 + 8 * half, &out[..live]);
                                 }
@@ -654,12 +683,24 @@ mod tests {
 
     fn check_all(table: [Option<KGemmFn>; 6]) {
         let [a, b, c, d, e, f] = table;
-        a.map(|k| check::<Q4K>(k, &[0, 2], q4_k::vec_dot));
-        b.map(|k| check::<Q5K>(k, &[0, 2], q5_k::vec_dot));
-        c.map(|k| check::<Q6K>(k, &[208], q6_k::vec_dot));
-        d.map(|k| check::<Q3K>(k, &[108], q3_k::vec_dot));
-        e.map(|k| check::<Q2K>(k, &[80, 82], q2_k::vec_dot));
-        f.map(|k| check::<Iq4Xs>(k, &[0], iq4_xs::vec_dot));
+        if let Some(k) = a {
+            check::<Q4K>(k, &[0, 2], q4_k::vec_dot);
+        }
+        if let Some(k) = b {
+            check::<Q5K>(k, &[0, 2], q5_k::vec_dot);
+        }
+        if let Some(k) = c {
+            check::<Q6K>(k, &[208], q6_k::vec_dot);
+        }
+        if let Some(k) = d {
+            check::<Q3K>(k, &[108], q3_k::vec_dot);
+        }
+        if let Some(k) = e {
+            check::<Q2K>(k, &[80, 82], q2_k::vec_dot);
+        }
+        if let Some(k) = f {
+            check::<Iq4Xs>(k, &[0], iq4_xs::vec_dot);
+        }
     }
 
     fn check_codes<T: SimdCodes>() {

@@ -3,7 +3,8 @@
 //! applied through the activations' `bsums` (one `madd` per block), as ggml does.
 
 use super::q8_k::{
-    f16_to_f32, hsum2_epi32, load32, prefetch_ahead, quarters, store_scaled_u8_minus,
+    add_in_order, f16_to_f32, hsum2_epi32, hsum4_epi32, load32, prefetch_ahead, quarters,
+    store_scaled_u8_minus,
 };
 use crate::quants::q4_k::{unpack_scales, unpack_scales_words, BLOCK_BYTES as WB, SCALES};
 use crate::quants::q8_k::{
@@ -56,8 +57,84 @@ pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot(n, w, WB, a);
     debug_assert!(super::available());
     // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and F16C.
-    let [r] = unsafe { dot_rows::<1>(blocks::<WB>(w, nb), [blocks::<AB>(a, nb)]) };
-    r
+    unsafe { dot_one(blocks::<WB>(w, nb), blocks::<AB>(a, nb)) }
+}
+
+/// One block's exact integers against one activation block: the lanes of `Σ sc·q·a` and of
+/// the mins against the block sums; and the block's d and dmin.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, __m256i, f32, f32) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    let (sc, m) = unpack_scales_words(&scale_bytes(wb));
+    let sc = u64::from(sc[0]) | (u64::from(sc[1]) << 32);
+    let m = u64::from(m[0]) | (u64::from(m[1]) << 32);
+    let mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi64_si128(m as i64), dup));
+    let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+    let mut sumi = _mm256_setzero_si256();
+    for g in 0..4 {
+        let bits = load32(&wb[WQS + 32 * g..]);
+        let lo = _mm256_and_si256(bits, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+        let pl = _mm256_madd_epi16(
+            _mm256_shuffle_epi8(scales, scale_mask(2 * g)),
+            _mm256_maddubs_epi16(lo, load32(&ab[QS + 64 * g..])),
+        );
+        let ph = _mm256_madd_epi16(
+            _mm256_shuffle_epi8(scales, scale_mask(2 * g + 1)),
+            _mm256_maddubs_epi16(hi, load32(&ab[QS + 64 * g + 32..])),
+        );
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+    }
+    let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
+    (
+        sumi,
+        summ,
+        f16_to_f32(wb[0], wb[1]),
+        f16_to_f32(wb[2], wb[3]),
+    )
+}
+
+/// The decode dot (one weight row, one activation row): blocks in fours, their integers
+/// reduced together and their float terms computed in the lanes of one register, then
+/// added in block order. The reference's steps, block by block: `dot_rows`'s bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
+    assert!(a.len() >= w.len());
+    let mut sum = 0f32;
+    let mut i = 0;
+    while i + 4 <= w.len() {
+        let mut si = [_mm256_setzero_si256(); 4];
+        let mut sm = [_mm256_setzero_si256(); 4];
+        let (mut d, mut dmin, mut ad) = ([0f32; 4], [0f32; 4], [0f32; 4]);
+        for b in 0..4 {
+            prefetch_ahead(&w[i + b]);
+            (si[b], sm[b], d[b], dmin[b]) = block_ints(&w[i + b], &a[i + b]);
+            ad[b] = q8::d_of(&a[i + b]);
+        }
+        // SAFETY: four floats each.
+        let (d, dmin, ad) = unsafe {
+            (
+                _mm_loadu_ps(d.as_ptr()),
+                _mm_loadu_ps(dmin.as_ptr()),
+                _mm_loadu_ps(ad.as_ptr()),
+            )
+        };
+        let t = _mm_sub_ps(
+            _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si))),
+            _mm_mul_ps(_mm_mul_ps(ad, dmin), _mm_cvtepi32_ps(hsum4_epi32(sm))),
+        );
+        sum = add_in_order(sum, t);
+        i += 4;
+    }
+    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
+        let (si, sm, d, dmin) = block_ints(wb, ab);
+        let (si, sm) = hsum2_epi32(si, sm);
+        let ad = q8::d_of(ab);
+        sum += ad * d * si as f32 - ad * dmin * sm as f32;
+    }
+    sum
 }
 
 pub(super) fn vec_dot_multi(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {

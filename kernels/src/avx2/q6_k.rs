@@ -4,7 +4,8 @@
 //! (`Σ sc·(q−32)·a = Σ sc·q·a − 32·Σ sc·bsum`).
 
 use super::q8_k::{
-    f16_to_f32, hsum_epi32, load16, load32, prefetch_ahead, quarters, store_scaled_i8,
+    add_in_order, f16_to_f32, hsum4_epi32, hsum_epi32, load16, load32, prefetch_ahead, quarters,
+    store_scaled_i8,
 };
 use crate::quants::q6_k::{BLOCK_BYTES as WB, D, QH, SCALES};
 use crate::quants::q8_k::{
@@ -75,8 +76,56 @@ pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot(n, w, WB, a);
     debug_assert!(super::available());
     // SAFETY: installed by `specialize` only after `available()` found AVX2, FMA and F16C.
-    let [r] = unsafe { dot_rows::<1>(blocks::<WB>(w, nb), [blocks::<AB>(a, nb)]) };
-    r
+    unsafe { dot_one(blocks::<WB>(w, nb), blocks::<AB>(a, nb)) }
+}
+
+/// One block's exact integers (the lanes of `Σ sc·(q − 32)·a`) and its d.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, f32) {
+    let scales = load16(&wb[SCALES..]);
+    let sc16 = _mm256_cvtepi8_epi16(scales);
+    let mut sumi = _mm256_setzero_si256();
+    for h in 0..2 {
+        let q = levels(wb, h);
+        for (k, qk) in q.into_iter().enumerate() {
+            let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_pair_mask(8 * h + 2 * k)));
+            let a8 = load32(&ab[QS + 128 * h + 32 * k..]);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s, _mm256_maddubs_epi16(qk, a8)));
+        }
+    }
+    let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
+    (
+        _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(offset)),
+        f16_to_f32(wb[D], wb[D + 1]),
+    )
+}
+
+/// The decode dot, blocks in fours as Q4_K's `dot_one`: `dot_rows`'s bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
+    assert!(a.len() >= w.len());
+    let mut sum = 0f32;
+    let mut i = 0;
+    while i + 4 <= w.len() {
+        let mut si = [_mm256_setzero_si256(); 4];
+        let (mut d, mut ad) = ([0f32; 4], [0f32; 4]);
+        for b in 0..4 {
+            prefetch_ahead(&w[i + b]);
+            (si[b], d[b]) = block_ints(&w[i + b], &a[i + b]);
+            ad[b] = q8::d_of(&a[i + b]);
+        }
+        // SAFETY: four floats each.
+        let (d, ad) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(ad.as_ptr())) };
+        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
+        sum = add_in_order(sum, t);
+        i += 4;
+    }
+    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
+        let (si, d) = block_ints(wb, ab);
+        sum += q8::d_of(ab) * d * hsum_epi32(si) as f32;
+    }
+    sum
 }
 
 pub(super) fn vec_dot_multi(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {

@@ -134,6 +134,30 @@ pub(super) fn hsum2_epi32(a: __m256i, b: __m256i) -> (i32, i32) {
     (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
 }
 
+/// Lane b of the result is the sum of `v[b]`'s lanes (exact, as `hsum_epi32`): four blocks'
+/// integers reduced together at about the price of one.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn hsum4_epi32(v: [__m256i; 4]) -> __m128i {
+    let a = _mm256_hadd_epi32(v[0], v[1]);
+    let b = _mm256_hadd_epi32(v[2], v[3]);
+    let c = _mm256_hadd_epi32(a, b);
+    _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c))
+}
+
+/// Adds the four lanes of `t` to `sum` in lane order: four blocks' float terms, computed
+/// in one register, summed in block order as the reference does.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn add_in_order(mut sum: f32, t: __m128) -> f32 {
+    // SAFETY: a register of four f32 is four f32.
+    let t = unsafe { std::mem::transmute::<__m128, [f32; 4]>(t) };
+    for v in t {
+        sum += v;
+    }
+    sum
+}
+
 /// Dequantize whole Q8_K blocks (`y = d * q`, as the reference).
 pub(super) fn dequantize(src: &[u8], dst: &mut [f32]) {
     let nb = check_dequantize(src, BLOCK_BYTES, dst);
