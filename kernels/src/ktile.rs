@@ -31,7 +31,7 @@
 //! reference `vec_dot` (and of every decode kernel, which does the same) for every pair.
 
 use crate::quants::q8_k::f16_at;
-use crate::quants::{iq4_nl, iq4_xs, q3_k, q4_k};
+use crate::quants::{iq4_nl, iq4_xs, q3_k, q4_k, q8_k};
 use crate::types::QK_K;
 
 /// Weight rows per tile: the i32 lanes of a 512-bit register.
@@ -245,6 +245,38 @@ impl KQuant for Iq4Xs {
     }
 }
 
+/// Checks the shapes of a `kgemm` call (`n` columns, `n_w` weight rows of `wb`-byte blocks,
+/// `n_a` Q8_K rows); returns the blocks per row.
+#[allow(clippy::too_many_arguments)]
+pub fn check_shapes(
+    name: &str,
+    n: usize,
+    wb: usize,
+    w_len: usize,
+    w_stride: usize,
+    n_w: usize,
+    a_len: usize,
+    a_stride: usize,
+    n_a: usize,
+) -> usize {
+    assert!(
+        n.is_multiple_of(QK_K),
+        "{name}: {n} columns is not whole blocks"
+    );
+    let nb = n / QK_K;
+    assert!(
+        n_w == 0 || (w_stride >= nb * wb && w_len >= (n_w - 1) * w_stride + nb * wb),
+        "{name}: {n_w} weight rows of {nb} blocks do not fit in {w_len} bytes"
+    );
+    assert!(
+        n_a == 0
+            || (a_stride >= nb * q8_k::BLOCK_BYTES
+                && a_len >= (n_a - 1) * a_stride + nb * q8_k::BLOCK_BYTES),
+        "{name}: {n_a} activation rows of {nb} blocks do not fit in {a_len} bytes"
+    );
+    nb
+}
+
 /// Up to `ROWS` weight rows unpacked (see the module docs). Owned per thread and reused:
 /// once grown to the widest matrix, building a tile allocates nothing.
 #[derive(Default, Debug)]
@@ -337,6 +369,98 @@ impl KTile {
                 self.d[i * ROWS + r] = d;
                 self.dmin[i * ROWS + r] = dmin;
             }
+        }
+    }
+}
+
+/// The test every `kgemm` kernel passes (`avx2/kgemm.rs`, `neon/kgemm.rs`).
+#[cfg(test)]
+pub(crate) mod test_util {
+    use super::*;
+    use crate::dispatch::KGemmFn;
+    use crate::quants::q8_k::{self, BLOCK_BYTES as AB};
+    use crate::quants::{iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    type Dot = fn(usize, &[u8], &[u8]) -> f32;
+
+    /// `f` against the reference dot for every pair, bit for bit: random blocks (every bit
+    /// pattern of levels and scales), activation rows with extreme quants, 21 weight rows
+    /// (a whole tile and a partial one) by `n_a` activation rows, a row
+    /// stride longer than a row.
+    fn check<T: KQuant>(f: KGemmFn, f16s: &[usize], reference: Dot, n_a: usize) {
+        let mut rng = StdRng::seed_from_u64(T::BLOCK as u64 + 11);
+        for nb in [1, 3] {
+            let n = nb * QK_K;
+            let n_w = 21;
+            let ws = nb * T::BLOCK + 3;
+            let mut w: Vec<u8> = (0..n_w * ws).map(|_| rng.random()).collect();
+            // Row 0 at every code's maximum and activation row 0 at -128 throughout: the
+            // largest sums the i16 runs and the i32 lanes meet.
+            w[..nb * T::BLOCK].fill(0xff);
+            for r in 0..n_w {
+                for b in w[r * ws..r * ws + nb * T::BLOCK].chunks_exact_mut(T::BLOCK) {
+                    for &o in f16s {
+                        let v = half::f16::from_f32(rng.random_range(-2.0f32..2.0));
+                        b[o..o + 2].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+            let as_ = nb * AB + 5;
+            let mut a = vec![0u8; n_a * as_];
+            for c in 0..n_a {
+                let x: Vec<f32> = (0..n)
+                    .map(|_| match if c == 0 { 1 } else { rng.random_range(0..4) } {
+                        0 => 4.0,
+                        1 => -4.0,
+                        _ => rng.random_range(-4.0f32..4.0),
+                    })
+                    .collect();
+                q8_k::quantize(&x, &mut a[c * as_..c * as_ + nb * AB]);
+            }
+            let mut got = vec![f32::NAN; n_a * n_w];
+            f(n, &w, ws, n_w, &a, as_, n_a, &mut |c, o0, v| {
+                got[c * n_w + o0..c * n_w + o0 + v.len()].copy_from_slice(v)
+            });
+            for c in 0..n_a {
+                for o in 0..n_w {
+                    let want = reference(
+                        n,
+                        &w[o * ws..o * ws + nb * T::BLOCK],
+                        &a[c * as_..c * as_ + nb * AB],
+                    );
+                    assert_eq!(
+                        got[c * n_w + o].to_bits(),
+                        want.to_bits(),
+                        "{nb} blocks, weight row {o}, activation row {c}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// `table`: the kernels of Q4_K, Q5_K, Q6_K, Q3_K, Q2_K and IQ4_XS (`None`: not at this
+    /// level); `n_a` activation rows.
+    pub(crate) fn check_all(table: [Option<KGemmFn>; 6], n_a: usize) {
+        let [a, b, c, d, e, f] = table;
+        if let Some(k) = a {
+            check::<Q4K>(k, &[0, 2], q4_k::vec_dot, n_a);
+        }
+        if let Some(k) = b {
+            check::<Q5K>(k, &[0, 2], q5_k::vec_dot, n_a);
+        }
+        if let Some(k) = c {
+            check::<Q6K>(k, &[208], q6_k::vec_dot, n_a);
+        }
+        if let Some(k) = d {
+            check::<Q3K>(k, &[108], q3_k::vec_dot, n_a);
+        }
+        if let Some(k) = e {
+            check::<Q2K>(k, &[80, 82], q2_k::vec_dot, n_a);
+        }
+        if let Some(k) = f {
+            check::<Iq4Xs>(k, &[0], iq4_xs::vec_dot, n_a);
         }
     }
 }

@@ -9,7 +9,9 @@
 //! (multiplies, a subtraction, an add: no FMA). Every result has the bits of the reference
 //! `vec_dot`.
 
-use crate::ktile::{Iq4Xs, KQuant, KTile, GROUPS, PAIRS, Q2K, Q3K, Q4K, Q5K, Q6K, ROWS};
+use crate::ktile::{
+    check_shapes, Iq4Xs, KQuant, KTile, GROUPS, PAIRS, Q2K, Q3K, Q4K, Q5K, Q6K, ROWS,
+};
 use crate::quants::iq4_nl::KVALUES;
 use crate::quants::q8_k::{BLOCK_BYTES as AB, BSUMS, QS};
 use crate::types::QK_K;
@@ -165,35 +167,6 @@ thread_local! {
     static TILE: RefCell<KTile> = RefCell::new(KTile::default());
 }
 
-/// Checks the shapes of a `kgemm` call; returns the blocks per row.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    name: &str,
-    n: usize,
-    wb: usize,
-    w_len: usize,
-    w_stride: usize,
-    n_w: usize,
-    a_len: usize,
-    a_stride: usize,
-    n_a: usize,
-) -> usize {
-    assert!(
-        n.is_multiple_of(QK_K),
-        "{name}: {n} columns is not whole blocks"
-    );
-    let nb = n / QK_K;
-    assert!(
-        n_w == 0 || (w_stride >= nb * wb && w_len >= (n_w - 1) * w_stride + nb * wb),
-        "{name}: {n_w} weight rows of {nb} blocks do not fit in {w_len} bytes"
-    );
-    assert!(
-        n_a == 0 || (a_stride >= nb * AB && a_len >= (n_a - 1) * a_stride + nb * AB),
-        "{name}: {n_a} activation rows of {nb} blocks do not fit in {a_len} bytes"
-    );
-    nb
-}
-
 /// Asks for weight rows `rows` (each `len` bytes, `stride` apart) in L2: the next tile's
 /// rows arrive while this tile meets every activation row (its unpacking otherwise waits on
 /// memory at each block).
@@ -310,7 +283,7 @@ pub(super) fn kgemm512<T: SimdCodes>(
     n_a: usize,
     store: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    let nb = check(
+    let nb = check_shapes(
         "kgemm512",
         n,
         T::BLOCK,
@@ -493,7 +466,7 @@ macro_rules! kgemm256 {
             n_a: usize,
             store: &mut dyn FnMut(usize, usize, &[f32]),
         ) {
-            let nb = check(
+            let nb = check_shapes(
                 stringify!($name),
                 n,
                 T::BLOCK,
@@ -620,88 +593,9 @@ pub(super) mod avx512vnni {
 mod tests {
     use super::*;
     use crate::dispatch::KGemmFn;
-    use crate::quants::{iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
+    use crate::ktile::test_util::check_all;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-
-    type Dot = fn(usize, &[u8], &[u8]) -> f32;
-
-    /// `f` against the reference dot for every pair, bit for bit: random blocks (every bit
-    /// pattern of levels and scales), activation rows with extreme quants, 21 weight rows
-    /// (a whole tile and a partial one) by 13 activation rows (every column step), a row
-    /// stride longer than a row.
-    fn check<T: SimdCodes>(f: KGemmFn, f16s: &[usize], reference: Dot) {
-        let mut rng = StdRng::seed_from_u64(T::BLOCK as u64 + 11);
-        for nb in [1, 3] {
-            let n = nb * QK_K;
-            let (n_w, n_a) = (21, 13);
-            let ws = nb * T::BLOCK + 3;
-            let mut w: Vec<u8> = (0..n_w * ws).map(|_| rng.random()).collect();
-            // Row 0 at every code's maximum and activation row 0 at -128 throughout: the
-            // largest sums the i16 runs and the i32 lanes meet.
-            w[..nb * T::BLOCK].fill(0xff);
-            for r in 0..n_w {
-                for b in w[r * ws..r * ws + nb * T::BLOCK].chunks_exact_mut(T::BLOCK) {
-                    for &o in f16s {
-                        let v = half::f16::from_f32(rng.random_range(-2.0f32..2.0));
-                        b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-                    }
-                }
-            }
-            let as_ = nb * AB + 5;
-            let mut a = vec![0u8; n_a * as_];
-            for c in 0..n_a {
-                let x: Vec<f32> = (0..n)
-                    .map(|_| match if c == 0 { 1 } else { rng.random_range(0..4) } {
-                        0 => 4.0,
-                        1 => -4.0,
-                        _ => rng.random_range(-4.0f32..4.0),
-                    })
-                    .collect();
-                q8_k::quantize(&x, &mut a[c * as_..c * as_ + nb * AB]);
-            }
-            let mut got = vec![f32::NAN; n_a * n_w];
-            f(n, &w, ws, n_w, &a, as_, n_a, &mut |c, o0, v| {
-                got[c * n_w + o0..c * n_w + o0 + v.len()].copy_from_slice(v)
-            });
-            for c in 0..n_a {
-                for o in 0..n_w {
-                    let want = reference(
-                        n,
-                        &w[o * ws..o * ws + nb * T::BLOCK],
-                        &a[c * as_..c * as_ + nb * AB],
-                    );
-                    assert_eq!(
-                        got[c * n_w + o].to_bits(),
-                        want.to_bits(),
-                        "{nb} blocks, weight row {o}, activation row {c}"
-                    );
-                }
-            }
-        }
-    }
-
-    fn check_all(table: [Option<KGemmFn>; 6]) {
-        let [a, b, c, d, e, f] = table;
-        if let Some(k) = a {
-            check::<Q4K>(k, &[0, 2], q4_k::vec_dot);
-        }
-        if let Some(k) = b {
-            check::<Q5K>(k, &[0, 2], q5_k::vec_dot);
-        }
-        if let Some(k) = c {
-            check::<Q6K>(k, &[208], q6_k::vec_dot);
-        }
-        if let Some(k) = d {
-            check::<Q3K>(k, &[108], q3_k::vec_dot);
-        }
-        if let Some(k) = e {
-            check::<Q2K>(k, &[80, 82], q2_k::vec_dot);
-        }
-        if let Some(k) = f {
-            check::<Iq4Xs>(k, &[0], iq4_xs::vec_dot);
-        }
-    }
 
     fn check_codes<T: SimdCodes>() {
         let mut rng = StdRng::seed_from_u64(T::BLOCK as u64 + 5);
@@ -732,14 +626,15 @@ mod tests {
         if !super::super::gemm512::available() {
             return;
         }
-        check_all([
-            Some(kgemm512::<Q4K>),
-            Some(kgemm512::<Q5K>),
-            Some(kgemm512::<Q6K>),
-            Some(kgemm512::<Q3K>),
-            Some(kgemm512::<Q2K>),
-            Some(kgemm512::<Iq4Xs>),
-        ]);
+        let k = [
+            kgemm512::<Q4K> as KGemmFn,
+            kgemm512::<Q5K>,
+            kgemm512::<Q6K>,
+            kgemm512::<Q3K>,
+            kgemm512::<Q2K>,
+            kgemm512::<Iq4Xs>,
+        ];
+        check_all(k.map(Some), 13);
     }
 
     #[test]
@@ -747,14 +642,17 @@ mod tests {
         if !super::super::available() {
             return;
         }
-        check_all([
-            Some(plain::kgemm::<Q4K>),
-            Some(plain::kgemm::<Q5K>),
-            Some(plain::kgemm::<Q6K>),
-            Some(plain::kgemm::<Q3K>),
-            Some(plain::kgemm::<Q2K>),
-            None,
-        ]);
+        check_all(
+            [
+                Some(plain::kgemm::<Q4K>),
+                Some(plain::kgemm::<Q5K>),
+                Some(plain::kgemm::<Q6K>),
+                Some(plain::kgemm::<Q3K>),
+                Some(plain::kgemm::<Q2K>),
+                None,
+            ],
+            13,
+        );
     }
 
     #[test]
@@ -778,6 +676,6 @@ mod tests {
             ],
             None => return,
         };
-        check_all(k.map(Some));
+        check_all(k.map(Some), 13);
     }
 }

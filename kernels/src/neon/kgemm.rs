@@ -147,20 +147,16 @@ pub(super) fn kgemm<T: KQuant>(
     n_a: usize,
     store: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    assert!(
-        n.is_multiple_of(QK_K),
-        "kgemm: {n} columns is not whole blocks"
-    );
-    let nb = n / QK_K;
-    assert!(
-        n_w == 0 || (w_stride >= nb * T::BLOCK && w.len() >= (n_w - 1) * w_stride + nb * T::BLOCK),
-        "kgemm: {n_w} weight rows of {nb} blocks do not fit in {} bytes",
-        w.len()
-    );
-    assert!(
-        n_a == 0 || (a_stride >= nb * AB && a.len() >= (n_a - 1) * a_stride + nb * AB),
-        "kgemm: {n_a} activation rows of {nb} blocks do not fit in {} bytes",
-        a.len()
+    let nb = crate::ktile::check_shapes(
+        "kgemm",
+        n,
+        T::BLOCK,
+        w.len(),
+        w_stride,
+        n_w,
+        a.len(),
+        a_stride,
+        n_a,
     );
     debug_assert!(super::available_dotprod());
     TILE.with_borrow_mut(|t| {
@@ -199,72 +195,22 @@ pub(super) fn kgemm<T: KQuant>(
 mod tests {
     use super::*;
     use crate::dispatch::KGemmFn;
+    use crate::ktile::test_util::check_all;
     use crate::ktile::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
-    use crate::quants::{iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    /// `f` against the reference dot for every pair, bit for bit (as the AVX2 test): random
-    /// blocks, extreme activations, 21 weight rows by 5 activation rows.
-    fn check<T: KQuant>(f: KGemmFn, f16s: &[usize], reference: fn(usize, &[u8], &[u8]) -> f32) {
-        let mut rng = StdRng::seed_from_u64(T::BLOCK as u64 + 11);
-        for nb in [1, 2] {
-            let n = nb * QK_K;
-            let (n_w, n_a) = (21, 5);
-            let ws = nb * T::BLOCK + 3;
-            let mut w: Vec<u8> = (0..n_w * ws).map(|_| rng.random()).collect();
-            for r in 0..n_w {
-                for b in w[r * ws..r * ws + nb * T::BLOCK].chunks_exact_mut(T::BLOCK) {
-                    for &o in f16s {
-                        let v = half::f16::from_f32(rng.random_range(-2.0f32..2.0));
-                        b[o..o + 2].copy_from_slice(&v.to_le_bytes());
-                    }
-                }
-            }
-            let as_ = nb * AB + 5;
-            let mut a = vec![0u8; n_a * as_];
-            for c in 0..n_a {
-                let x: Vec<f32> = (0..n)
-                    .map(|_| match rng.random_range(0..4) {
-                        0 => 4.0,
-                        1 => -4.0,
-                        _ => rng.random_range(-4.0f32..4.0),
-                    })
-                    .collect();
-                q8_k::quantize(&x, &mut a[c * as_..c * as_ + nb * AB]);
-            }
-            let mut got = vec![f32::NAN; n_a * n_w];
-            f(n, &w, ws, n_w, &a, as_, n_a, &mut |c, o0, v| {
-                got[c * n_w + o0..c * n_w + o0 + v.len()].copy_from_slice(v)
-            });
-            for c in 0..n_a {
-                for o in 0..n_w {
-                    let want = reference(
-                        n,
-                        &w[o * ws..o * ws + nb * T::BLOCK],
-                        &a[c * as_..c * as_ + nb * AB],
-                    );
-                    assert_eq!(
-                        got[c * n_w + o].to_bits(),
-                        want.to_bits(),
-                        "{} {nb} blocks, weight row {o}, activation row {c}",
-                        std::any::type_name::<T>()
-                    );
-                }
-            }
-        }
-    }
 
     #[test]
     fn dotprod_gives_the_reference_bits() {
         if !super::super::available_dotprod() {
             return;
         }
-        check::<Q4K>(kgemm::<Q4K>, &[0, 2], q4_k::vec_dot);
-        check::<Q5K>(kgemm::<Q5K>, &[0, 2], q5_k::vec_dot);
-        check::<Q6K>(kgemm::<Q6K>, &[208], q6_k::vec_dot);
-        check::<Q3K>(kgemm::<Q3K>, &[108], q3_k::vec_dot);
-        check::<Q2K>(kgemm::<Q2K>, &[80, 82], q2_k::vec_dot);
-        check::<Iq4Xs>(kgemm::<Iq4Xs>, &[0], iq4_xs::vec_dot);
+        let k = [
+            kgemm::<Q4K> as KGemmFn,
+            kgemm::<Q5K>,
+            kgemm::<Q6K>,
+            kgemm::<Q3K>,
+            kgemm::<Q2K>,
+            kgemm::<Iq4Xs>,
+        ];
+        check_all(k.map(Some), 5);
     }
 }
