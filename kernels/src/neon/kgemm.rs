@@ -8,11 +8,11 @@
 //! lanes are multiplied by the rows' scales (`mla`); per block the reference's float steps,
 //! lane by lane, in block order (no fused multiply-add): the reference `vec_dot`'s bits.
 
+use super::{Dot, Sdot};
 use crate::ktile::{KQuant, KTile, GROUPS, PAIRS, ROWS};
 use crate::quants::q8_k::{BLOCK_BYTES as AB, BSUMS, QS};
 use crate::types::QK_K;
 use core::arch::aarch64::*;
-use core::arch::asm;
 use std::cell::RefCell;
 
 thread_local! {
@@ -24,24 +24,6 @@ thread_local! {
 const L: usize = 4;
 /// Registers per tile.
 const V: usize = ROWS / L;
-
-/// `acc + Σ x·y` per i32 lane, four i8 products each.
-#[inline]
-#[target_feature(enable = "dotprod")]
-fn sdot(mut acc: int32x4_t, x: int8x16_t, y: int8x16_t) -> int32x4_t {
-    // SAFETY: `sdot` reads and writes registers only; this function is compiled (and only
-    // called) with FEAT_DotProd.
-    unsafe {
-        asm!(
-            "sdot {0:v}.4s, {1:v}.16b, {2:v}.16b",
-            inout(vreg) acc,
-            in(vreg) x,
-            in(vreg) y,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    acc
-}
 
 /// The 16 rows of `t` against `C` activation rows (`a` at the first, `stride` apart):
 /// per activation row, four registers of four rows' results.
@@ -74,7 +56,8 @@ unsafe fn tile<T: KQuant, const C: usize>(
                 for c in 0..C {
                     let q = unsafe { vld1q_dup_s32(blk.add(c * stride + QS + 4 * g).cast()) };
                     for v in 0..V {
-                        raw[c][v] = sdot(raw[c][v], w[v], vreinterpretq_s8_s32(q));
+                        // SAFETY: this kernel runs only where FEAT_DotProd was detected.
+                        raw[c][v] = unsafe { Sdot::dot(raw[c][v], w[v], vreinterpretq_s8_s32(q)) };
                     }
                 }
             }
