@@ -7,10 +7,12 @@
 //! every form and level gives the reference's bits.
 
 use super::q8_0::nibbles;
-use super::q8_k::{f16_to_f32, hsum_epi32, prefetch_ahead};
+use super::q8_k::{
+    act_d4, add_in_order, f16_to_f32, f16x4, hsum4_epi32, hsum_epi32, prefetch_ahead,
+};
 use crate::quants::iq4_nl::KVALUES;
 use crate::quants::iq4_xs::{BLOCK_BYTES as WB, QS as WQS, SCALES_H, SCALES_L};
-use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, QS};
+use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
 use std::arch::x86_64::*;
 
 const AB: usize = q8::BLOCK_BYTES;
@@ -188,6 +190,102 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     sum
 }
 
+/// One block's exact integer `Σ ls·w·a` in eight i32 lanes, 512 bits wide with VNNI: the
+/// codebook biased by +128 (unsigned, 1..241) so `vpdpbusd` takes four products a step; each
+/// 128-bit lane of the accumulator gathers one sub-block (low nibbles then high against the
+/// activations' matching 16-byte quarters, paired by `vshufi64x2`), `vpmulld` applies the
+/// scales, and the bias comes out through the block sums (`128 · Σ ls·bsum`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn block_ints512(wb: &[u8; WB], ab: &[u8; AB], table: __m512i, idx: &[__m512i; 2]) -> __m256i {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let ls16 = _mm256_castsi256_si128(block_scales(wb));
+    let ls32 = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(ls16));
+    let mut total = _mm512_setzero_si512();
+    for h in 0..2 {
+        // SAFETY: 64 bytes of indices and 128 activation quants lie inside the blocks.
+        let (bits, a0, a1) = unsafe {
+            (
+                _mm512_loadu_si512(wb[WQS + 64 * h..].as_ptr().cast()),
+                _mm512_loadu_si512(ab[QS + 128 * h..].as_ptr().cast()),
+                _mm512_loadu_si512(ab[QS + 128 * h + 64..].as_ptr().cast()),
+            )
+        };
+        let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(bits, m4));
+        let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4));
+        // Sub-block k of this half: its first 16 activations in lane k of `alo`, the rest in `ahi`.
+        let alo = _mm512_shuffle_i64x2::<0x88>(a0, a1);
+        let ahi = _mm512_shuffle_i64x2::<0xdd>(a0, a1);
+        let acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo);
+        let acc = _mm512_dpbusd_epi32(acc, hi, ahi);
+        let sc = _mm512_permutexvar_epi32(idx[h], ls32);
+        total = _mm512_add_epi32(total, _mm512_mullo_epi32(acc, sc));
+    }
+    let lspairs = _mm256_set_m128i(
+        _mm_unpackhi_epi16(ls16, ls16),
+        _mm_unpacklo_epi16(ls16, ls16),
+    );
+    let bias = _mm256_madd_epi16(lspairs, super::q8_k::load32(&ab[BSUMS..]));
+    _mm256_sub_epi32(super::q4_k::fold(total), _mm256_slli_epi32::<7>(bias))
+}
+
+/// The decode dot with `block_ints512`, blocks in fours as Q4_K's: the reference's bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
+    assert!(a.len() >= w.len());
+    let table = _mm512_xor_si512(
+        _mm512_broadcast_i32x4(_mm256_castsi256_si128(codebook())),
+        _mm512_set1_epi8(-128),
+    );
+    let quad = |k: i32| {
+        _mm512_setr_epi32(
+            k,
+            k,
+            k,
+            k,
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 1,
+            k + 2,
+            k + 2,
+            k + 2,
+            k + 2,
+            k + 3,
+            k + 3,
+            k + 3,
+            k + 3,
+        )
+    };
+    let idx = [quad(0), quad(4)];
+    let mut sum = 0f32;
+    let mut i = 0;
+    while i + 4 <= w.len() {
+        let mut si = [_mm256_setzero_si256(); 4];
+        for b in 0..4 {
+            prefetch_ahead(&w[i + b]);
+            si[b] = block_ints512(&w[i + b], &a[i + b], table, &idx);
+        }
+        let (d, ad) = (f16x4(&w[i..], 0), act_d4(&a[i..]));
+        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
+        sum = add_in_order(sum, t);
+        i += 4;
+    }
+    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
+        let si = block_ints512(wb, ab, table, &idx);
+        sum += q8::d_of(ab) * f16_to_f32(wb[0], wb[1]) * hsum_epi32(si) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot512(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot(n, w, WB, a);
+    debug_assert!(super::gemm512::available());
+    // SAFETY: installed by `specialize512` only after `gemm512::available()` found AVX-512
+    // F/BW/VL and VNNI.
+    unsafe { dot_one512(blocks::<WB>(w, nb), blocks::<AB>(a, nb)) }
+}
+
 super::q8_k::multi512!(WB, AB);
 
 #[cfg(test)]
@@ -252,6 +350,15 @@ mod tests {
                     *want,
                     "{nb} blocks, row {r}"
                 );
+            }
+            if wide {
+                for (r, want) in want.iter().enumerate() {
+                    assert_eq!(
+                        vec_dot512(n, &w, row(r)).to_bits(),
+                        *want,
+                        "512-bit dot, {nb} blocks, row {r}"
+                    );
+                }
             }
             for k in 0..=rows {
                 let mut out = vec![0f32; k];

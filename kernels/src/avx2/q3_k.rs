@@ -5,21 +5,40 @@
 //! i32 and scaled with the reference's own float expression, so every form here (and the
 //! AVX-512 rows) equals `quants::q3_k::vec_dot` bit for bit.
 
-use super::q8_k::{f16_to_f32, hsum_epi32, load32, prefetch_ahead};
-use crate::quants::q3_k::{unpack_scales_words, BLOCK_BYTES as WB, D, HMASK, QS as WQS, SCALES};
+use super::q8_k::{
+    act_d4, add_in_order, f16_to_f32, f16x4, hsum4_epi32, hsum_epi32, load32, prefetch_ahead,
+};
+use crate::quants::q3_k::{BLOCK_BYTES as WB, D, HMASK, QS as WQS, SCALES};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
 use std::arch::x86_64::*;
 
 const AB: usize = q8::BLOCK_BYTES;
 
-/// The sixteen signed scales `s − 32` of a block as bytes.
+/// The sixteen signed scales `s − 32` of a block as bytes, unpacked in one register: the low
+/// nibbles from bytes 0..8 (scales 0..8, then their high nibbles for 8..16), the two high bits
+/// of scale `j` from byte `8 + j % 4` shifted right by `2 (j / 4)` (one variable dword shift).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales(b: &[u8; WB]) -> __m128i {
-    let mut s = [0u8; 12];
-    s.copy_from_slice(&b[SCALES..SCALES + 12]);
-    let w = unpack_scales_words(&s);
-    let v = _mm_setr_epi32(w[0] as i32, w[1] as i32, w[2] as i32, w[3] as i32);
+    // The 16 bytes ending with the block: two of `qs`, the 12 scale bytes, then `d`.
+    const AT: usize = WB - 16;
+    const _: () = assert!(SCALES == AT + 2 && SCALES + 12 <= WB);
+    // SAFETY: bytes AT..WB lie inside the block.
+    let x = unsafe { _mm_loadu_si128(b[AT..].as_ptr().cast()) };
+    let m4 = _mm_set1_epi8(0x0f);
+    let s = _mm_srli_si128::<2>(x);
+    let low = _mm_and_si128(_mm_unpacklo_epi64(s, _mm_srli_epi16::<4>(s)), m4);
+    let c = _mm_shuffle_epi8(
+        x,
+        _mm_setr_epi8(
+            10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13,
+        ),
+    );
+    let two = _mm_and_si128(
+        _mm_srlv_epi32(c, _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3),
+    );
+    let v = _mm_or_si128(low, _mm_slli_epi16::<4>(two));
     _mm_sub_epi8(v, _mm_set1_epi8(32))
 }
 
@@ -187,6 +206,82 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     sum
 }
 
+/// One block's exact integers (the lanes of `Σ s·(q − 4)·a`) for the decode dot, 512 bits
+/// wide: crumbs `2p, 2p + 1` of a half in one register (their activations are contiguous),
+/// each 256-bit half shifted by its own count (`vpsrlvw`/`vpsllvw`, the third bit likewise),
+/// the scales spread by `vpermw`, `vpdpwssd` taking the scale product and the sum in one step.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn block_ints512(wb: &[u8; WB], ab: &[u8; AB], idx: &[__m512i; 4]) -> __m256i {
+    let halves16 =
+        |lo: i16, hi: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi));
+    let three = _mm512_set1_epi8(3);
+    let four = _mm512_set1_epi8(4);
+    let sc16 = _mm256_cvtepi8_epi16(scales(wb));
+    let sc = _mm512_castsi256_si512(sc16);
+    // SAFETY: the 32 bytes of `hmask` lie inside the block.
+    let hm = _mm512_broadcast_i64x4(load32(&wb[HMASK..]));
+    let mut acc = _mm512_setzero_si512();
+    for h in 0..2 {
+        let bits = _mm512_broadcast_i64x4(load32(&wb[WQS + 32 * h..]));
+        for p in 0..2 {
+            // Crumb k = 2p + half; its third bit is hmask bit 4h + k, moved to bit 2.
+            let crumbs = _mm512_and_si512(
+                _mm512_srlv_epi16(bits, halves16(4 * p as i16, 4 * p as i16 + 2)),
+                three,
+            );
+            let b0 = (4 * h + 2 * p) as i16;
+            let third = if b0 < 2 {
+                _mm512_sllv_epi16(hm, halves16(2 - b0, 1 - b0))
+            } else {
+                _mm512_srlv_epi16(hm, halves16(b0 - 2, b0 - 1))
+            };
+            let q = _mm512_or_si512(crumbs, _mm512_and_si512(third, four));
+            let at = QS + 128 * h + 64 * p;
+            // SAFETY: 64 activation quants lie inside the block.
+            let a8 = unsafe { _mm512_loadu_si512(ab[at..].as_ptr().cast()) };
+            let s = _mm512_permutexvar_epi16(idx[2 * h + p], sc);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q, a8), s);
+        }
+    }
+    let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
+    _mm256_sub_epi32(super::q4_k::fold(acc), _mm256_slli_epi32::<2>(offset))
+}
+
+/// The decode dot with `block_ints512`, blocks in fours as Q4_K's: the reference's bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
+    use super::q6_k::quad_index;
+    assert!(a.len() >= w.len());
+    let idx = [quad_index(0), quad_index(4), quad_index(8), quad_index(12)];
+    let mut sum = 0f32;
+    let mut i = 0;
+    while i + 4 <= w.len() {
+        let mut si = [_mm256_setzero_si256(); 4];
+        for b in 0..4 {
+            prefetch_ahead(&w[i + b]);
+            si[b] = block_ints512(&w[i + b], &a[i + b], &idx);
+        }
+        let (d, ad) = (f16x4(&w[i..], D), act_d4(&a[i..]));
+        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
+        sum = add_in_order(sum, t);
+        i += 4;
+    }
+    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
+        let si = block_ints512(wb, ab, &idx);
+        sum += q8::d_of(ab) * f16_to_f32(wb[D], wb[D + 1]) * hsum_epi32(si) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot512(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot(n, w, WB, a);
+    debug_assert!(super::gemm512::available());
+    // SAFETY: installed by `specialize512` only after `gemm512::available()` found AVX-512
+    // F/BW/VL and VNNI.
+    unsafe { dot_one512(blocks::<WB>(w, nb), blocks::<AB>(a, nb)) }
+}
+
 super::q8_k::multi512!(WB, AB);
 
 #[cfg(test)]
@@ -201,6 +296,39 @@ mod tests {
             &[D],
             reference::vec_dot,
             (vec_dot, vec_dot_multi),
+        );
+    }
+
+    #[test]
+    fn scale_unpacking_matches_the_reference() {
+        if !super::super::available() {
+            return;
+        }
+        let mut b = [0u8; WB];
+        for seed in 0u32..256 {
+            for (k, v) in b.iter_mut().enumerate() {
+                *v = (seed.wrapping_mul(2_654_435_761).rotate_left(k as u32 * 3) >> 5) as u8;
+            }
+            // SAFETY: AVX2 is available (checked).
+            let v = unsafe { scales(&b) };
+            let mut got = [0i8; 16];
+            // SAFETY: `got` holds 16 bytes.
+            unsafe { _mm_storeu_si128(got.as_mut_ptr().cast(), v) };
+            assert_eq!(got, reference::scales(&b), "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn avx512_dot_gives_the_reference_bits() {
+        if !super::super::gemm512::available() {
+            eprintln!("SKIPPED avx512_dot_gives_the_reference_bits: no AVX-512 F/BW/VL/VNNI");
+            return;
+        }
+        super::super::q8_k::tests::check_exact(
+            WB,
+            &[D],
+            reference::vec_dot,
+            (vec_dot512, vec_dot_multi512),
         );
     }
 

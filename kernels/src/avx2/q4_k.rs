@@ -3,8 +3,8 @@
 //! applied through the activations' `bsums` (one `madd` per block), as ggml does.
 
 use super::q8_k::{
-    add_in_order, f16_to_f32, hsum2_epi32, hsum4_epi32, load32, prefetch_ahead, quarters,
-    store_scaled_u8_minus,
+    act_d4, add_in_order, f16_to_f32, f16x4, hsum2_epi32, hsum4_epi32, load32, prefetch_ahead,
+    quarters, store_scaled_u8_minus,
 };
 use crate::quants::q4_k::{unpack_scales, unpack_scales_words, BLOCK_BYTES as WB, SCALES};
 use crate::quants::q8_k::{
@@ -64,7 +64,7 @@ pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// the mins against the block sums; and the block's d and dmin.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, __m256i, f32, f32) {
+fn block_ints(wb: &[u8; WB], ab: &[u8; AB], masks: &[__m256i; 8]) -> (__m256i, __m256i, f32, f32) {
     let m4 = _mm256_set1_epi8(0x0f);
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let (sc, m) = unpack_scales_words(&scale_bytes(wb));
@@ -78,11 +78,11 @@ fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, __m256i, f32, f32) {
         let lo = _mm256_and_si256(bits, m4);
         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
         let pl = _mm256_madd_epi16(
-            _mm256_shuffle_epi8(scales, scale_mask(2 * g)),
+            _mm256_shuffle_epi8(scales, masks[2 * g]),
             _mm256_maddubs_epi16(lo, load32(&ab[QS + 64 * g..])),
         );
         let ph = _mm256_madd_epi16(
-            _mm256_shuffle_epi8(scales, scale_mask(2 * g + 1)),
+            _mm256_shuffle_epi8(scales, masks[2 * g + 1]),
             _mm256_maddubs_epi16(hi, load32(&ab[QS + 64 * g + 32..])),
         );
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
@@ -102,25 +102,18 @@ fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, __m256i, f32, f32) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
     assert!(a.len() >= w.len());
+    let masks = scale_masks();
     let mut sum = 0f32;
     let mut i = 0;
     while i + 4 <= w.len() {
         let mut si = [_mm256_setzero_si256(); 4];
         let mut sm = [_mm256_setzero_si256(); 4];
-        let (mut d, mut dmin, mut ad) = ([0f32; 4], [0f32; 4], [0f32; 4]);
         for b in 0..4 {
             prefetch_ahead(&w[i + b]);
-            (si[b], sm[b], d[b], dmin[b]) = block_ints(&w[i + b], &a[i + b]);
-            ad[b] = q8::d_of(&a[i + b]);
+            (si[b], sm[b], _, _) = block_ints(&w[i + b], &a[i + b], &masks);
         }
-        // SAFETY: four floats each.
-        let (d, dmin, ad) = unsafe {
-            (
-                _mm_loadu_ps(d.as_ptr()),
-                _mm_loadu_ps(dmin.as_ptr()),
-                _mm_loadu_ps(ad.as_ptr()),
-            )
-        };
+        let (d, dmin) = (f16x4(&w[i..], 0), f16x4(&w[i..], 2));
+        let ad = act_d4(&a[i..]);
         let t = _mm_sub_ps(
             _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si))),
             _mm_mul_ps(_mm_mul_ps(ad, dmin), _mm_cvtepi32_ps(hsum4_epi32(sm))),
@@ -129,7 +122,7 @@ unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
         i += 4;
     }
     for (wb, ab) in w[i..].iter().zip(&a[i..]) {
-        let (si, sm, d, dmin) = block_ints(wb, ab);
+        let (si, sm, d, dmin) = block_ints(wb, ab, &masks);
         let (si, sm) = hsum2_epi32(si, sm);
         let ad = q8::d_of(ab);
         sum += ad * d * si as f32 - ad * dmin * sm as f32;
@@ -161,6 +154,19 @@ pub(super) fn vec_dot_multi(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: 
         let [v] = unsafe { dot_rows::<1>(w, [row(r)]) };
         out[r] = v;
     }
+}
+
+/// The eight `scale_mask`s, hidden from the compiler's shuffle lowering: with a known
+/// constant it turns each `vpshufb` into a shift and a broadcast, two instructions for one.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_masks() -> [__m256i; 8] {
+    std::array::from_fn(|j| {
+        let mut m = scale_mask(j);
+        // SAFETY: an empty asm block that only claims to change the register.
+        unsafe { std::arch::asm!("/* {0} */", inout(ymm_reg) m, options(pure, nomem, nostack)) };
+        m
+    })
 }
 
 /// Shuffle mask broadcasting i16 lane `j` of a 128-bit lane to all eight.

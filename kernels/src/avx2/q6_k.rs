@@ -3,9 +3,10 @@
 //! offset is taken out once per block through the activations' `bsums`
 //! (`Σ sc·(q−32)·a = Σ sc·q·a − 32·Σ sc·bsum`).
 
+use super::q4_k::fold;
 use super::q8_k::{
-    add_in_order, f16_to_f32, hsum4_epi32, hsum_epi32, load16, load32, prefetch_ahead, quarters,
-    store_scaled_i8,
+    act_d4, add_in_order, f16_to_f32, f16x4, hsum4_epi32, hsum_epi32, load16, load32,
+    prefetch_ahead, quarters, store_scaled_i8,
 };
 use crate::quants::q6_k::{BLOCK_BYTES as WB, D, QH, SCALES};
 use crate::quants::q8_k::{
@@ -109,14 +110,11 @@ unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
     let mut i = 0;
     while i + 4 <= w.len() {
         let mut si = [_mm256_setzero_si256(); 4];
-        let (mut d, mut ad) = ([0f32; 4], [0f32; 4]);
         for b in 0..4 {
             prefetch_ahead(&w[i + b]);
-            (si[b], d[b]) = block_ints(&w[i + b], &a[i + b]);
-            ad[b] = q8::d_of(&a[i + b]);
+            (si[b], _) = block_ints(&w[i + b], &a[i + b]);
         }
-        // SAFETY: four floats each.
-        let (d, ad) = unsafe { (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(ad.as_ptr())) };
+        let (d, ad) = (f16x4(&w[i..], D), act_d4(&a[i..]));
         let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
         sum = add_in_order(sum, t);
         i += 4;
@@ -203,7 +201,7 @@ unsafe fn dot_rows<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32;
 /// bit-identical to the decode kernel.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f32; R] {
-    use super::q4_k::{fold, join};
+    use super::q4_k::join;
     for row in a {
         assert!(row.len() >= w.len());
     }
@@ -243,6 +241,108 @@ unsafe fn dot_rows512<const R: usize>(w: &[[u8; WB]], a: [&[[u8; AB]]; R]) -> [f
     sum
 }
 
+/// `block_ints` 512 bits wide for the decode dot: levels 0,1 and 2,3 of each half in one
+/// register each (their activations are contiguous), the high bits shifted per half by
+/// `vpsllvw`/`vpsrlvw`, the scales spread by `vpermw` and `vpdpwssd` taking the scale product
+/// and the sum in one step. The same exact integers as `block_ints`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn block_ints512(wb: &[u8; WB], ab: &[u8; AB], idx: &[__m512i; 4]) -> __m256i {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let top = _mm512_set1_epi8(0x30);
+    // Per 256-bit half: level 0 takes qh << 4, level 1 qh << 2; level 2 qh, level 3 qh >> 2.
+    let shl = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+    let shr = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+    let scales = load16(&wb[SCALES..]);
+    let sc16 = _mm256_cvtepi8_epi16(scales);
+    let sc = _mm512_castsi256_si512(sc16);
+    let mut acc = _mm512_setzero_si512();
+    for h in 0..2 {
+        // SAFETY: 64 bytes of `ql`, 32 of `qh` and 128 activation quants lie inside the blocks.
+        let (b, hb, a01, a23) = unsafe {
+            (
+                _mm512_loadu_si512(wb[64 * h..].as_ptr().cast()),
+                _mm512_broadcast_i64x4(load32(&wb[QH + 32 * h..])),
+                _mm512_loadu_si512(ab[QS + 128 * h..].as_ptr().cast()),
+                _mm512_loadu_si512(ab[QS + 128 * h + 64..].as_ptr().cast()),
+            )
+        };
+        let q01 = _mm512_or_si512(
+            _mm512_and_si512(b, m4),
+            _mm512_and_si512(_mm512_sllv_epi16(hb, shl), top),
+        );
+        let q23 = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(b), m4),
+            _mm512_and_si512(_mm512_srlv_epi16(hb, shr), top),
+        );
+        let s01 = _mm512_permutexvar_epi16(idx[2 * h], sc);
+        let s23 = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q01, a01), s01);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q23, a23), s23);
+    }
+    let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
+    _mm256_sub_epi32(fold(acc), _mm256_slli_epi32::<5>(offset))
+}
+
+/// Indices for `vpermw`: i16 lanes `8k..8k + 8` take scale `first + k` (four sub-blocks of 16).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) fn quad_index(first: i16) -> __m512i {
+    let lo = _mm256_setr_epi16(
+        first,
+        first,
+        first,
+        first,
+        first,
+        first,
+        first,
+        first,
+        first + 1,
+        first + 1,
+        first + 1,
+        first + 1,
+        first + 1,
+        first + 1,
+        first + 1,
+        first + 1,
+    );
+    let hi = _mm256_add_epi16(lo, _mm256_set1_epi16(2));
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// `dot_one` with `block_ints512`: the same integers, the same float steps, the same bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
+    assert!(a.len() >= w.len());
+    let idx = [quad_index(0), quad_index(4), quad_index(8), quad_index(12)];
+    let mut sum = 0f32;
+    let mut i = 0;
+    while i + 4 <= w.len() {
+        let mut si = [_mm256_setzero_si256(); 4];
+        for b in 0..4 {
+            prefetch_ahead(&w[i + b]);
+            si[b] = block_ints512(&w[i + b], &a[i + b], &idx);
+        }
+        let (d, ad) = (f16x4(&w[i..], D), act_d4(&a[i..]));
+        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
+        sum = add_in_order(sum, t);
+        i += 4;
+    }
+    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
+        let si = block_ints512(wb, ab, &idx);
+        sum += q8::d_of(ab) * f16_to_f32(wb[D], wb[D + 1]) * hsum_epi32(si) as f32;
+    }
+    sum
+}
+
+pub(super) fn vec_dot512(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot(n, w, WB, a);
+    debug_assert!(super::gemm512::available());
+    // SAFETY: installed by `specialize512` only after `gemm512::available()` found AVX-512
+    // F/BW/VL and VNNI.
+    unsafe { dot_one512(blocks::<WB>(w, nb), blocks::<AB>(a, nb)) }
+}
+
 super::q8_k::multi512!(WB, AB);
 
 #[cfg(test)]
@@ -268,6 +368,20 @@ mod tests {
             &[D],
             reference::vec_dot,
             (vec_dot, vec_dot_multi),
+        );
+    }
+
+    #[test]
+    fn avx512_dot_gives_the_reference_bits() {
+        if !super::super::gemm512::available() {
+            eprintln!("SKIPPED avx512_dot_gives_the_reference_bits: no AVX-512 F/BW/VL/VNNI");
+            return;
+        }
+        super::super::q8_k::tests::check_exact(
+            WB,
+            &[D],
+            reference::vec_dot,
+            (vec_dot512, vec_dot_multi512),
         );
     }
 

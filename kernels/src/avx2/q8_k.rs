@@ -94,10 +94,14 @@ pub(super) fn f16_to_f32(lo: u8, hi: u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
 }
 
-/// How far ahead of the block being decoded the weight stream is prefetched. Decode is
-/// bandwidth-bound and the hardware prefetcher alone left a Q4_K row stream at ~60% of the
-/// single-core read bandwidth; 2 KiB ahead reaches it (more did not help).
-const PREFETCH_DISTANCE: usize = 2048;
+/// How far ahead of the block being decoded the weight stream is prefetched; 0: not at all.
+/// An earlier machine's hardware prefetcher alone left a Q4_K row stream at ~60% of the
+/// single-core read bandwidth, and 2 KiB ahead reached it. On the Zen 4 EPYC of 2026-12-07
+/// software prefetching only cost: one thread streaming 512 MiB read 26 GB/s without it and
+/// 21-24 GB/s with it 1-16 KiB ahead, and qwen3-8b Q4_K_M decoded 4.12 / 6.99 tok/s (1 / 2
+/// threads) without it against 3.95 / 6.68 with 2 KiB (IQ4_XS gained 4.06 -> 4.29 at one
+/// thread, Q3_K_M was level). Off, until a machine shows it helps.
+const PREFETCH_DISTANCE: usize = 0;
 
 /// Prefetches (into L1) the cache lines `PREFETCH_DISTANCE` bytes past `block`: one per
 /// 64 bytes of block, so a stream of consecutive blocks touches every line ahead of use.
@@ -106,6 +110,9 @@ const PREFETCH_DISTANCE: usize = 2048;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn prefetch_ahead<const B: usize>(block: &[u8; B]) {
+    if PREFETCH_DISTANCE == 0 {
+        return;
+    }
     let p = block.as_ptr().wrapping_add(PREFETCH_DISTANCE);
     let mut off = 0;
     while off < B {
@@ -143,6 +150,31 @@ pub(super) fn hsum4_epi32(v: [__m256i; 4]) -> __m128i {
     let b = _mm256_hadd_epi32(v[2], v[3]);
     let c = _mm256_hadd_epi32(a, b);
     _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c))
+}
+
+/// Four f16 values (little-endian byte pairs at `off` of four blocks) as four f32 lanes: one
+/// conversion from a register built in integer registers (four scalar stores read back as one
+/// vector would stall on store forwarding).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn f16x4<const B: usize>(blocks: &[[u8; B]], off: usize) -> __m128 {
+    let mut bits = 0u64;
+    for (k, b) in blocks[..4].iter().enumerate() {
+        bits |= u64::from(u16::from_le_bytes([b[off], b[off + 1]])) << (16 * k);
+    }
+    _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64))
+}
+
+/// The scales `d` of four activation blocks as four f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn act_d4(a: &[[u8; BLOCK_BYTES]]) -> __m128 {
+    _mm_setr_ps(
+        crate::quants::q8_k::d_of(&a[0]),
+        crate::quants::q8_k::d_of(&a[1]),
+        crate::quants::q8_k::d_of(&a[2]),
+        crate::quants::q8_k::d_of(&a[3]),
+    )
 }
 
 /// Adds the four lanes of `t` to `sum` in lane order: four blocks' float terms, computed
