@@ -12,6 +12,7 @@ pub mod gemm512;
 mod iq4_nl;
 mod iq4_xs;
 mod kgemm;
+mod kquant;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -171,16 +172,20 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.quantize = q8_0::quantize_q8_1;
         }
         GgmlType::Q4_K => {
+            // Weights are quantized by `convert` and `debug synth`: the reference's bytes.
+            entry.quantize = kquant::quantize_q4_k;
             entry.dequantize = q4_k::dequantize;
             entry.vec_dot = q4_k::vec_dot;
             entry.vec_dot_multi = Some(q4_k::vec_dot_multi);
         }
         GgmlType::Q5_K => {
+            entry.quantize = kquant::quantize_q5_k;
             entry.dequantize = q5_k::dequantize;
             entry.vec_dot = q5_k::vec_dot;
             entry.vec_dot_multi = Some(q5_k::vec_dot_multi);
         }
         GgmlType::Q6_K => {
+            entry.quantize = kquant::quantize_q6_k;
             entry.dequantize = q6_k::dequantize;
             entry.vec_dot = q6_k::vec_dot;
             entry.vec_dot_multi = Some(q6_k::vec_dot_multi);
@@ -198,6 +203,7 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.vec_dot_multi = Some(q2_k::vec_dot_multi);
         }
         GgmlType::Q3_K => {
+            entry.quantize = kquant::quantize_q3_k;
             entry.vec_dot = q3_k::vec_dot;
             entry.vec_dot_multi = Some(q3_k::vec_dot_multi);
         }

@@ -18,9 +18,26 @@ pub fn round_away(v: f32) -> f32 {
     v.round()
 }
 
-/// ggml's `nearest_int`: round half to even.
+/// ggml's `nearest_int`: round half to even. Below 2²² in magnitude it is ggml's own trick
+/// (add 1.5·2²³, where the float's unit is 1, and read the integer off the mantissa): the
+/// quantizers call this for every weight and every search step, and `round_ties_even` is a
+/// call into libm on an x86_64 built without SSE4.1. Larger values, infinities and NaN take
+/// `round_ties_even` (NaN gives 0).
 #[inline]
 pub fn nearest_int(v: f32) -> i32 {
+    if v.abs() < 4_194_303.0 {
+        let t = v + 12_582_912.0;
+        (t.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+    } else {
+        nearest_int_far(v)
+    }
+}
+
+/// `nearest_int` outside ±2²²: out of line, so the compiler cannot evaluate it (a libm call)
+/// on every value and select, which it does with `round_ties_even` inlined into the branch.
+#[cold]
+#[inline(never)]
+fn nearest_int_far(v: f32) -> i32 {
     v.round_ties_even() as i32
 }
 
@@ -68,4 +85,61 @@ pub fn check_blocks(src_len: usize, dst_len: usize, qk: usize, size: usize) -> u
         nb * size
     );
     nb
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nearest_int;
+
+    #[test]
+    fn nearest_int_rounds_half_to_even_everywhere() {
+        let mut xs = vec![
+            0.0f32,
+            -0.0,
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            -2.5,
+            0.49999997,
+            -0.49999997,
+            4_194_302.5,
+            -4_194_302.5,
+            4_194_303.0,
+            4_194_304.5,
+            -4_194_304.5,
+            1e9,
+            -1e9,
+            8_388_609.0,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+        ];
+        // Every half-integer and its neighbours up to ±300, and a sweep of bit patterns.
+        for k in -600..=600 {
+            let h = k as f32 * 0.5;
+            xs.extend([
+                h,
+                f32::from_bits(h.to_bits() + 1),
+                f32::from_bits(h.to_bits().max(1) - 1),
+            ]);
+        }
+        let mut bits = 0x0123_4567u32;
+        for _ in 0..200_000 {
+            bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            xs.push(f32::from_bits(bits));
+        }
+        for x in xs {
+            assert_eq!(
+                nearest_int(x),
+                x.round_ties_even() as i32,
+                "{x} ({:#x})",
+                x.to_bits()
+            );
+        }
+    }
 }

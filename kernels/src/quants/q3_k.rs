@@ -12,7 +12,6 @@
 //! once: `ad·d·sumi`.
 
 use crate::quants::q2_k::pack_levels;
-use crate::quants::q6_k::fit_symmetric;
 use crate::quants::q8_k::{
     self, blocks, check_dequantize, check_dot, check_quantize, f16_at, nearest_int,
 };
@@ -103,6 +102,11 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// with l in −4..4 (Q6_K's grid search); the 16 scales to 6 bits against f16 `d` (the largest
 /// magnitude maps to −32); then every level re-fitted to the rounded scales.
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    quantize_with(src, dst, super::q6_k::fit_sym16_reference);
+}
+
+/// `quantize` with the scale search `fit` (the reference's or a SIMD one giving its bits).
+pub(crate) fn quantize_with(src: &[f32], dst: &mut [u8], fit: super::q6_k::FitSym16) {
     let nb = check_quantize(src, dst, BLOCK_BYTES);
     for (x, b) in src
         .chunks_exact(QK_K)
@@ -110,10 +114,9 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
         .take(nb)
     {
         let mut l = [4u8; QK_K];
-        let mut fitted = [0f32; 16];
+        let fitted = fit(x, 4, &mut l);
         let mut max_scale = 0f32;
-        for (j, s) in fitted.iter_mut().enumerate() {
-            *s = fit_symmetric(&x[16 * j..16 * j + 16], 4, &mut l[16 * j..16 * j + 16]);
+        for s in &fitted {
             if s.abs() > max_scale.abs() {
                 max_scale = *s;
             }

@@ -77,6 +77,78 @@ pub(crate) fn scale_bytes(b: &[u8]) -> [u8; 12] {
     s
 }
 
+/// What `fit_scale_min` computes of a sub-block before its search (shared with the 8-lane
+/// search in `avx2::kquant`, which must start from the same floats).
+pub(crate) struct FitStart {
+    pub lo: f32,
+    pub hi: f32,
+    pub sum_w: f32,
+    pub sum_x: f32,
+}
+
+/// The sub-block's range and weighted sums; `Err(())` when it has no range (all values equal,
+/// or NaN), where the fit is `fit_degenerate`.
+#[allow(clippy::result_unit_err)]
+pub(crate) fn fit_start(x: &[f32], w: &[f32]) -> Result<FitStart, ()> {
+    let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v)).min(0.0);
+    let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    // Also catches NaN input (every comparison false).
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
+        return Err(());
+    }
+    let sum_w: f32 = w.iter().sum();
+    let sum_x: f32 = x.iter().zip(w).map(|(v, wt)| v * wt).sum();
+    Ok(FitStart {
+        lo,
+        hi,
+        sum_w,
+        sum_x,
+    })
+}
+
+/// The fit of a sub-block without a range: every level 0, scale 0, min `-lo`.
+pub(crate) fn fit_degenerate(x: &[f32]) -> (f32, f32) {
+    let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v)).min(0.0);
+    (0.0, -lo)
+}
+
+/// Fits the eight 32-value sub-blocks of a block (values `x`, weights `w`) with `nmax`,
+/// `rmin`, `nstep` (rdelta 0.1): writes the levels into `l`, returns the scales and mins.
+pub(crate) type Fit8 = fn(
+    x: &[f32],
+    w: &[f32; QK_K],
+    nmax: u8,
+    rmin: f32,
+    nstep: u32,
+    l: &mut [u8; QK_K],
+) -> ([f32; 8], [f32; 8]);
+
+/// `Fit8` by `fit_scale_min`, sub-block by sub-block: the reference.
+pub(crate) fn fit8_reference(
+    x: &[f32],
+    w: &[f32; QK_K],
+    nmax: u8,
+    rmin: f32,
+    nstep: u32,
+    l: &mut [u8; QK_K],
+) -> ([f32; 8], [f32; 8]) {
+    let mut scales = [0f32; 8];
+    let mut mins = [0f32; 8];
+    for j in 0..8 {
+        let r = 32 * j..32 * j + 32;
+        (scales[j], mins[j]) = fit_scale_min(
+            &x[r.clone()],
+            &w[r.clone()],
+            nmax,
+            rmin,
+            0.1,
+            nstep,
+            &mut l[r],
+        );
+    }
+    (scales, mins)
+}
+
 /// Fits `x ≈ scale * q - min` with integer `q` in `0..=nmax` and `min >= 0`, minimising the
 /// `w`-weighted squared error (the search of ggml's `make_qkx2_quants`): starting from the
 /// plain min/max grid, tries `nstep + 1` slightly different grids `(nmax + rmin + rdelta·k) /
@@ -96,13 +168,16 @@ pub(crate) fn fit_scale_min(
         n <= 32 && w.len() == n && q.len() == n,
         "fit_scale_min: bad lengths"
     );
-    let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v)).min(0.0);
-    let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    // Also catches NaN input (every comparison false).
-    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
+    let Ok(FitStart {
+        lo,
+        hi,
+        sum_w,
+        sum_x,
+    }) = fit_start(x, w)
+    else {
         q.fill(0);
-        return (0.0, -lo);
-    }
+        return fit_degenerate(x);
+    };
     let top = i32::from(nmax);
     let grid = |iscale: f32, out: &mut [u8]| {
         for (o, &v) in out.iter_mut().zip(x) {
@@ -119,8 +194,6 @@ pub(crate) fn fit_scale_min(
             })
             .sum()
     };
-    let sum_w: f32 = w.iter().sum();
-    let sum_x: f32 = x.iter().zip(w).map(|(v, wt)| v * wt).sum();
     let range = hi - lo;
     let mut best_scale = range / f32::from(nmax);
     let mut best_offset = lo;
@@ -189,20 +262,15 @@ pub(crate) fn quantize_levels(
     x: &[f32],
     nmax: u8,
     l: &mut [u8; QK_K],
+    fit8: Fit8,
 ) -> (f16, f16, [u8; 8], [u8; 8]) {
     let av = (x.iter().map(|v| v * v).sum::<f32>() / QK_K as f32).sqrt();
     let (rmin, nstep) = if nmax == 15 { (-1.0, 20) } else { (-0.5, 15) };
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let mut w = [0f32; 32];
-    for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
-        for (wt, v) in w.iter_mut().zip(xs) {
-            *wt = av + v.abs();
-        }
-        (scales[j], mins[j]) =
-            fit_scale_min(xs, &w, nmax, rmin, 0.1, nstep, &mut l[32 * j..32 * j + 32]);
+    let mut w = [0f32; QK_K];
+    for (wt, v) in w.iter_mut().zip(x) {
+        *wt = av + v.abs();
     }
+    let (scales, mins) = fit8(x, &w, nmax, rmin, nstep, l);
     let (d, dmin, sc, m) = quantize_scales(&scales, &mins);
     // Re-fit the levels to the rounded scales.
     let (df, dminf) = (d.to_f32(), dmin.to_f32());
@@ -242,6 +310,11 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 }
 
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    quantize_with(src, dst, fit8_reference);
+}
+
+/// `quantize` with the scale search `fit8` (the reference's or a SIMD one giving its bits).
+pub(crate) fn quantize_with(src: &[f32], dst: &mut [u8], fit8: Fit8) {
     let nb = check_quantize(src, dst, BLOCK_BYTES);
     for (x, b) in src
         .chunks_exact(QK_K)
@@ -249,7 +322,7 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
         .take(nb)
     {
         let mut l = [0u8; QK_K];
-        let (d, dmin, sc, m) = quantize_levels(x, 15, &mut l);
+        let (d, dmin, sc, m) = quantize_levels(x, 15, &mut l, fit8);
         b[0..2].copy_from_slice(&d.to_le_bytes());
         b[2..4].copy_from_slice(&dmin.to_le_bytes());
         b[SCALES..SCALES + 12].copy_from_slice(&pack_scales(&sc, &m));

@@ -53,6 +53,11 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 }
 
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    quantize_with(src, dst, super::q4_k::fit8_reference);
+}
+
+/// `quantize` with the scale search `fit8` (the reference's or a SIMD one giving its bits).
+pub(crate) fn quantize_with(src: &[f32], dst: &mut [u8], fit8: super::q4_k::Fit8) {
     let nb = check_quantize(src, dst, BLOCK_BYTES);
     for (x, b) in src
         .chunks_exact(QK_K)
@@ -60,7 +65,7 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
         .take(nb)
     {
         let mut l = [0u8; QK_K];
-        let (d, dmin, sc, m) = quantize_levels(x, 31, &mut l);
+        let (d, dmin, sc, m) = quantize_levels(x, 31, &mut l, fit8);
         b[0..2].copy_from_slice(&d.to_le_bytes());
         b[2..4].copy_from_slice(&dmin.to_le_bytes());
         b[SCALES..SCALES + 12].copy_from_slice(&pack_scales(&sc, &m));

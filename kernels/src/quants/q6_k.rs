@@ -40,12 +40,9 @@ fn scale(b: &[u8], j: usize) -> i8 {
     b[SCALES + j] as i8
 }
 
-/// Fits `x ≈ scale * l` with integer `l` in `-nmax..nmax`, weighting each value by `x²` (the
-/// search of ggml's `make_qx_quants`): the value of largest magnitude maps to `-nmax` (the
-/// end with room), then 18 nearby grids are tried and the least-squares scale of the best
-/// kept. Writes `l + nmax` into `q` and returns the scale (negative when that value is
-/// positive).
-pub(crate) fn fit_symmetric(x: &[f32], nmax: i32, q: &mut [u8]) -> f32 {
+/// The largest magnitude of a sub-block and the signed value holding it (the first, on a
+/// tie; NaN never counts), where `fit_symmetric` starts.
+pub(crate) fn sym_start(x: &[f32]) -> (f32, f32) {
     let mut amax = 0f32;
     let mut max = 0f32;
     for &v in x {
@@ -54,6 +51,27 @@ pub(crate) fn fit_symmetric(x: &[f32], nmax: i32, q: &mut [u8]) -> f32 {
             max = v;
         }
     }
+    (amax, max)
+}
+
+/// Fits the sixteen 16-value sub-blocks of a block with `fit_symmetric` (grid `-nmax..nmax`):
+/// writes the levels (`+ nmax`) into `l`, returns the scales.
+pub(crate) type FitSym16 = fn(x: &[f32], nmax: i32, l: &mut [u8; QK_K]) -> [f32; 16];
+
+/// `FitSym16` by `fit_symmetric`, sub-block by sub-block: the reference.
+pub(crate) fn fit_sym16_reference(x: &[f32], nmax: i32, l: &mut [u8; QK_K]) -> [f32; 16] {
+    std::array::from_fn(|j| {
+        fit_symmetric(&x[16 * j..16 * j + 16], nmax, &mut l[16 * j..16 * j + 16])
+    })
+}
+
+/// Fits `x ≈ scale * l` with integer `l` in `-nmax..nmax`, weighting each value by `x²` (the
+/// search of ggml's `make_qx_quants`): the value of largest magnitude maps to `-nmax` (the
+/// end with room), then 18 nearby grids are tried and the least-squares scale of the best
+/// kept. Writes `l + nmax` into `q` and returns the scale (negative when that value is
+/// positive).
+pub(crate) fn fit_symmetric(x: &[f32], nmax: i32, q: &mut [u8]) -> f32 {
+    let (amax, max) = sym_start(x);
     if amax < 1e-15 {
         q.fill(nmax as u8);
         return 0.0;
@@ -105,6 +123,11 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 }
 
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    quantize_with(src, dst, fit_sym16_reference);
+}
+
+/// `quantize` with the scale search `fit` (the reference's or a SIMD one giving its bits).
+pub(crate) fn quantize_with(src: &[f32], dst: &mut [u8], fit: FitSym16) {
     let nb = check_quantize(src, dst, BLOCK_BYTES);
     for (x, b) in src
         .chunks_exact(QK_K)
@@ -112,10 +135,9 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
         .take(nb)
     {
         let mut l = [0u8; QK_K];
-        let mut scales = [0f32; 16];
+        let scales = fit(x, 32, &mut l);
         let mut max_scale = 0f32;
-        for (j, s) in scales.iter_mut().enumerate() {
-            *s = fit_symmetric(&x[16 * j..16 * j + 16], 32, &mut l[16 * j..16 * j + 16]);
+        for s in &scales {
             if s.abs() > max_scale.abs() {
                 max_scale = *s;
             }

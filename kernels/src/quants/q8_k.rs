@@ -100,12 +100,7 @@ pub(crate) fn check_quantize(src: &[f32], dst: &[u8], block_bytes: usize) -> usi
     nb
 }
 
-/// Round half to even, as ggml's `nearest_int` (which adds 1.5·2²³ under the default
-/// rounding mode) and as `_mm256_cvtps_epi32`.
-#[inline]
-pub(crate) fn nearest_int(x: f32) -> i32 {
-    x.round_ties_even() as i32
-}
+pub(crate) use super::common::nearest_int;
 
 /// Little-endian f16 at `b[off..off + 2]`, widened.
 #[inline]
