@@ -32,7 +32,7 @@ mod tests;
 /// Why a checkpoint could not be converted; each names the file, key or tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -87,7 +87,7 @@ pub enum ConvertError {
     Unused { tensor: String, arch: &'static str },
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("writing {}: {source}", path.display())]
+    #[error("writing {}", path.display())]
     Output {
         path: PathBuf,
         source: std::io::Error,
