@@ -7,9 +7,7 @@
 //! every form and level gives the reference's bits.
 
 use super::q8_0::nibbles;
-use super::q8_k::{
-    act_d4, add_in_order, f16_to_f32, f16x4, hsum4_epi32, hsum_epi32, prefetch_ahead,
-};
+use super::q8_k::{f16_to_f32, hsum_epi32, prefetch_ahead};
 use crate::quants::iq4_nl::KVALUES;
 use crate::quants::iq4_xs::{BLOCK_BYTES as WB, QS as WQS, SCALES_H, SCALES_L};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
@@ -232,7 +230,6 @@ fn block_ints512(wb: &[u8; WB], ab: &[u8; AB], table: __m512i, idx: &[__m512i; 2
 /// The decode dot with `block_ints512`, blocks in fours as Q4_K's: the reference's bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
-    assert!(a.len() >= w.len());
     let table = _mm512_xor_si512(
         _mm512_broadcast_i32x4(_mm256_castsi256_si128(codebook())),
         _mm512_set1_epi8(-128),
@@ -258,24 +255,7 @@ unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
         )
     };
     let idx = [quad(0), quad(4)];
-    let mut sum = 0f32;
-    let mut i = 0;
-    while i + 4 <= w.len() {
-        let mut si = [_mm256_setzero_si256(); 4];
-        for b in 0..4 {
-            prefetch_ahead(&w[i + b]);
-            si[b] = block_ints512(&w[i + b], &a[i + b], table, &idx);
-        }
-        let (d, ad) = (f16x4(&w[i..], 0), act_d4(&a[i..]));
-        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
-        sum = add_in_order(sum, t);
-        i += 4;
-    }
-    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
-        let si = block_ints512(wb, ab, table, &idx);
-        sum += q8::d_of(ab) * f16_to_f32(wb[0], wb[1]) * hsum_epi32(si) as f32;
-    }
-    sum
+    super::q8_k::dot_in_fours!(w, a, 0, |wb, ab| block_ints512(wb, ab, table, &idx))
 }
 
 pub(super) fn vec_dot512(n: usize, w: &[u8], a: &[u8]) -> f32 {

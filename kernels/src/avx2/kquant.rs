@@ -8,7 +8,7 @@
 //! and the bytes `ringllm convert` writes, are the reference's on every machine; the lanes
 //! only do eight searches in the time of one.
 
-use crate::quants::q4_k::{fit_degenerate, fit_start, FitStart};
+use crate::quants::q4_k::{fit_start, FitStart};
 use crate::types::QK_K;
 use std::arch::x86_64::*;
 
@@ -58,7 +58,7 @@ fn fit8_avx2(
     let mut degenerate = [None; 8];
     for j in 0..8 {
         let r = 32 * j..32 * j + 32;
-        match fit_start(&x[r.clone()], &w[r.clone()]) {
+        match fit_start(&x[r.clone()], &w[r]) {
             Ok(FitStart {
                 lo,
                 hi,
@@ -70,10 +70,10 @@ fn fit8_avx2(
                 start[2][j] = sum_w;
                 start[3][j] = sum_x;
             }
-            Err(()) => {
+            Err(lo) => {
                 // A harmless range for the lane's arithmetic; its result is replaced below.
                 start[1][j] = 1.0;
-                degenerate[j] = Some(fit_degenerate(&x[r]));
+                degenerate[j] = Some((0.0, -lo));
             }
         }
     }

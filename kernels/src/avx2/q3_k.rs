@@ -5,9 +5,7 @@
 //! i32 and scaled with the reference's own float expression, so every form here (and the
 //! AVX-512 rows) equals `quants::q3_k::vec_dot` bit for bit.
 
-use super::q8_k::{
-    act_d4, add_in_order, f16_to_f32, f16x4, hsum4_epi32, hsum_epi32, load32, prefetch_ahead,
-};
+use super::q8_k::{f16_to_f32, hsum_epi32, load32, prefetch_ahead};
 use crate::quants::q3_k::{BLOCK_BYTES as WB, D, HMASK, QS as WQS, SCALES};
 use crate::quants::q8_k::{self as q8, blocks, check_dot, check_dot_multi, BSUMS, QS};
 use std::arch::x86_64::*;
@@ -252,26 +250,8 @@ fn block_ints512(wb: &[u8; WB], ab: &[u8; AB], idx: &[__m512i; 4]) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
     use super::q6_k::quad_index;
-    assert!(a.len() >= w.len());
     let idx = [quad_index(0), quad_index(4), quad_index(8), quad_index(12)];
-    let mut sum = 0f32;
-    let mut i = 0;
-    while i + 4 <= w.len() {
-        let mut si = [_mm256_setzero_si256(); 4];
-        for b in 0..4 {
-            prefetch_ahead(&w[i + b]);
-            si[b] = block_ints512(&w[i + b], &a[i + b], &idx);
-        }
-        let (d, ad) = (f16x4(&w[i..], D), act_d4(&a[i..]));
-        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
-        sum = add_in_order(sum, t);
-        i += 4;
-    }
-    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
-        let si = block_ints512(wb, ab, &idx);
-        sum += q8::d_of(ab) * f16_to_f32(wb[D], wb[D + 1]) * hsum_epi32(si) as f32;
-    }
-    sum
+    super::q8_k::dot_in_fours!(w, a, D, |wb, ab| block_ints512(wb, ab, &idx))
 }
 
 pub(super) fn vec_dot512(n: usize, w: &[u8], a: &[u8]) -> f32 {

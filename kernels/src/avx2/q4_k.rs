@@ -61,10 +61,10 @@ pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// One block's exact integers against one activation block: the lanes of `Σ sc·q·a` and of
-/// the mins against the block sums; and the block's d and dmin.
+/// the mins against the block sums.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_ints(wb: &[u8; WB], ab: &[u8; AB], masks: &[__m256i; 8]) -> (__m256i, __m256i, f32, f32) {
+fn block_ints(wb: &[u8; WB], ab: &[u8; AB], masks: &[__m256i; 8]) -> (__m256i, __m256i) {
     let m4 = _mm256_set1_epi8(0x0f);
     let dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let (sc, m) = unpack_scales_words(&scale_bytes(wb));
@@ -87,13 +87,7 @@ fn block_ints(wb: &[u8; WB], ab: &[u8; AB], masks: &[__m256i; 8]) -> (__m256i, _
         );
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
     }
-    let summ = _mm256_madd_epi16(mins16, load32(&ab[BSUMS..]));
-    (
-        sumi,
-        summ,
-        f16_to_f32(wb[0], wb[1]),
-        f16_to_f32(wb[2], wb[3]),
-    )
+    (sumi, _mm256_madd_epi16(mins16, load32(&ab[BSUMS..])))
 }
 
 /// The decode dot (one weight row, one activation row): blocks in fours, their integers
@@ -110,7 +104,7 @@ unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
         let mut sm = [_mm256_setzero_si256(); 4];
         for b in 0..4 {
             prefetch_ahead(&w[i + b]);
-            (si[b], sm[b], _, _) = block_ints(&w[i + b], &a[i + b], &masks);
+            (si[b], sm[b]) = block_ints(&w[i + b], &a[i + b], &masks);
         }
         let (d, dmin) = (f16x4(&w[i..], 0), f16x4(&w[i..], 2));
         let ad = act_d4(&a[i..]);
@@ -122,8 +116,9 @@ unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
         i += 4;
     }
     for (wb, ab) in w[i..].iter().zip(&a[i..]) {
-        let (si, sm, d, dmin) = block_ints(wb, ab, &masks);
+        let (si, sm) = block_ints(wb, ab, &masks);
         let (si, sm) = hsum2_epi32(si, sm);
+        let (d, dmin) = (f16_to_f32(wb[0], wb[1]), f16_to_f32(wb[2], wb[3]));
         let ad = q8::d_of(ab);
         sum += ad * d * si as f32 - ad * dmin * sm as f32;
     }

@@ -5,8 +5,7 @@
 
 use super::q4_k::fold;
 use super::q8_k::{
-    act_d4, add_in_order, f16_to_f32, f16x4, hsum4_epi32, hsum_epi32, load16, load32,
-    prefetch_ahead, quarters, store_scaled_i8,
+    f16_to_f32, hsum_epi32, load16, load32, prefetch_ahead, quarters, store_scaled_i8,
 };
 use crate::quants::q6_k::{BLOCK_BYTES as WB, D, QH, SCALES};
 use crate::quants::q8_k::{
@@ -80,10 +79,10 @@ pub(super) fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     unsafe { dot_one(blocks::<WB>(w, nb), blocks::<AB>(a, nb)) }
 }
 
-/// One block's exact integers (the lanes of `Σ sc·(q − 32)·a`) and its d.
+/// One block's exact integers: the lanes of `Σ sc·(q − 32)·a`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, f32) {
+fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> __m256i {
     let scales = load16(&wb[SCALES..]);
     let sc16 = _mm256_cvtepi8_epi16(scales);
     let mut sumi = _mm256_setzero_si256();
@@ -96,34 +95,13 @@ fn block_ints(wb: &[u8; WB], ab: &[u8; AB]) -> (__m256i, f32) {
         }
     }
     let offset = _mm256_madd_epi16(sc16, load32(&ab[BSUMS..]));
-    (
-        _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(offset)),
-        f16_to_f32(wb[D], wb[D + 1]),
-    )
+    _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(offset))
 }
 
 /// The decode dot, blocks in fours as Q4_K's `dot_one`: `dot_rows`'s bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_one(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
-    assert!(a.len() >= w.len());
-    let mut sum = 0f32;
-    let mut i = 0;
-    while i + 4 <= w.len() {
-        let mut si = [_mm256_setzero_si256(); 4];
-        for b in 0..4 {
-            prefetch_ahead(&w[i + b]);
-            (si[b], _) = block_ints(&w[i + b], &a[i + b]);
-        }
-        let (d, ad) = (f16x4(&w[i..], D), act_d4(&a[i..]));
-        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
-        sum = add_in_order(sum, t);
-        i += 4;
-    }
-    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
-        let (si, d) = block_ints(wb, ab);
-        sum += q8::d_of(ab) * d * hsum_epi32(si) as f32;
-    }
-    sum
+    super::q8_k::dot_in_fours!(w, a, D, block_ints)
 }
 
 pub(super) fn vec_dot_multi(n: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
@@ -313,26 +291,8 @@ pub(super) fn quad_index(first: i16) -> __m512i {
 /// `dot_one` with `block_ints512`: the same integers, the same float steps, the same bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn dot_one512(w: &[[u8; WB]], a: &[[u8; AB]]) -> f32 {
-    assert!(a.len() >= w.len());
     let idx = [quad_index(0), quad_index(4), quad_index(8), quad_index(12)];
-    let mut sum = 0f32;
-    let mut i = 0;
-    while i + 4 <= w.len() {
-        let mut si = [_mm256_setzero_si256(); 4];
-        for b in 0..4 {
-            prefetch_ahead(&w[i + b]);
-            si[b] = block_ints512(&w[i + b], &a[i + b], &idx);
-        }
-        let (d, ad) = (f16x4(&w[i..], D), act_d4(&a[i..]));
-        let t = _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(hsum4_epi32(si)));
-        sum = add_in_order(sum, t);
-        i += 4;
-    }
-    for (wb, ab) in w[i..].iter().zip(&a[i..]) {
-        let si = block_ints512(wb, ab, &idx);
-        sum += q8::d_of(ab) * f16_to_f32(wb[D], wb[D + 1]) * hsum_epi32(si) as f32;
-    }
-    sum
+    super::q8_k::dot_in_fours!(w, a, D, |wb, ab| block_ints512(wb, ab, &idx))
 }
 
 pub(super) fn vec_dot512(n: usize, w: &[u8], a: &[u8]) -> f32 {

@@ -299,6 +299,42 @@ unsafe fn quantize_block(x: &[f32], b: &mut [u8]) {
     b[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }
 
+/// The decode dot of a format with one f16 scale per block (at byte `$d`), given the block's
+/// exact integer lanes by `$ints(weight block, activation block)`: blocks in fours, their
+/// integers reduced together (`hsum4_epi32`) and their float terms `ad · d · sumi` in the
+/// lanes of one register, added in block order; the reference's steps, so its bits. A macro,
+/// so the integer step inlines at the caller's kernel level.
+macro_rules! dot_in_fours {
+    ($w:expr, $a:expr, $d:expr, $ints:expr) => {{
+        let (w, a) = ($w, $a);
+        assert!(a.len() >= w.len());
+        let ints = $ints;
+        let mut sum = 0f32;
+        let mut i = 0;
+        while i + 4 <= w.len() {
+            let mut si = [_mm256_setzero_si256(); 4];
+            for b in 0..4 {
+                super::q8_k::prefetch_ahead(&w[i + b]);
+                si[b] = ints(&w[i + b], &a[i + b]);
+            }
+            let d = super::q8_k::f16x4(&w[i..], $d);
+            let ad = super::q8_k::act_d4(&a[i..]);
+            let t = _mm_mul_ps(
+                _mm_mul_ps(ad, d),
+                _mm_cvtepi32_ps(super::q8_k::hsum4_epi32(si)),
+            );
+            sum = super::q8_k::add_in_order(sum, t);
+            i += 4;
+        }
+        for (wb, ab) in w[i..].iter().zip(&a[i..]) {
+            let d = super::q8_k::f16_to_f32(wb[$d], wb[$d + 1]);
+            sum += crate::quants::q8_k::d_of(ab) * d * super::q8_k::hsum_epi32(ints(wb, ab)) as f32;
+        }
+        sum
+    }};
+}
+pub(super) use dot_in_fours;
+
 /// `vec_dot_multi512`: `vec_dot_multi` through the file's `dot_rows512::<R>`, 8 activation
 /// rows at a time, then 4, then 1 (the avx512 level: installed only once AVX-512 F/BW/VL were
 /// detected). One definition for every K-quant file that has a `dot_rows512`.

@@ -86,15 +86,14 @@ pub(crate) struct FitStart {
     pub sum_x: f32,
 }
 
-/// The sub-block's range and weighted sums; `Err(())` when it has no range (all values equal,
-/// or NaN), where the fit is `fit_degenerate`.
-#[allow(clippy::result_unit_err)]
-pub(crate) fn fit_start(x: &[f32], w: &[f32]) -> Result<FitStart, ()> {
+/// The sub-block's range and weighted sums; `Err(lo)` when it has no range (all values
+/// equal, or NaN): then every level is 0, the scale 0 and the min `-lo`.
+pub(crate) fn fit_start(x: &[f32], w: &[f32]) -> Result<FitStart, f32> {
     let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v)).min(0.0);
     let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     // Also catches NaN input (every comparison false).
     if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
-        return Err(());
+        return Err(lo);
     }
     let sum_w: f32 = w.iter().sum();
     let sum_x: f32 = x.iter().zip(w).map(|(v, wt)| v * wt).sum();
@@ -104,12 +103,6 @@ pub(crate) fn fit_start(x: &[f32], w: &[f32]) -> Result<FitStart, ()> {
         sum_w,
         sum_x,
     })
-}
-
-/// The fit of a sub-block without a range: every level 0, scale 0, min `-lo`.
-pub(crate) fn fit_degenerate(x: &[f32]) -> (f32, f32) {
-    let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v)).min(0.0);
-    (0.0, -lo)
 }
 
 /// Fits the eight 32-value sub-blocks of a block (values `x`, weights `w`) with `nmax`,
@@ -168,15 +161,17 @@ pub(crate) fn fit_scale_min(
         n <= 32 && w.len() == n && q.len() == n,
         "fit_scale_min: bad lengths"
     );
-    let Ok(FitStart {
+    let FitStart {
         lo,
         hi,
         sum_w,
         sum_x,
-    }) = fit_start(x, w)
-    else {
-        q.fill(0);
-        return fit_degenerate(x);
+    } = match fit_start(x, w) {
+        Ok(start) => start,
+        Err(lo) => {
+            q.fill(0);
+            return (0.0, -lo);
+        }
     };
     let top = i32::from(nmax);
     let grid = |iscale: f32, out: &mut [u8]| {
