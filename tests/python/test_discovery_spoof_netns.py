@@ -159,7 +159,9 @@ def test_three_hundred_fake_services_do_not_crowd_out_the_real_nodes(lan):
     # run did not test the crowding.
     left = re.search(r"left out (\d+) that claimed cluster", out)
     assert left and int(left.group(1)) >= 150, out
-    if "ringllm services heard; listing 256" in out:
-        assert "302 ringllm services heard; listing 256" in out, out
+    capped = re.search(r"(\d+) ringllm services heard; listing 256", out)
+    if capped:
+        # Past the cap the count is whatever multicast delivered (285 in one loaded CI run).
+        assert 256 < int(capped.group(1)) <= 302, out
         assert int(left.group(1)) == 254, out
     print(f"fakes heard and left out: {left.group(1)}")
