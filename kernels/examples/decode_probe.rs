@@ -2,10 +2,14 @@
 //! blocks (real scales), in cache (512 KiB, repeated) and from DRAM (`MB`, default 256), next
 //! to the read bandwidth probe `ringllm bench` uses for its roofline. Nanoseconds a block in
 //! cache is the kernel's compute cost; the DRAM figure is what decode sees. A measuring aid
-//! (docs/speed.md), not a test. `RINGLLM_ISA` picks the kernel level.
+//! (docs/speed.md), not a test. `RINGLLM_ISA` picks the kernel level. Through `matmul` on one
+//! thread, so the activation's quantization is in the figure (one row: small); formats with a
+//! repacked layout are measured in both.
 //!
 //!     cargo run --release -p ringllm-kernels --example decode_probe -- [TYPE] [MB]
-use ringllm_kernels::{bandwidth, kernels, GgmlType, ThreadPool};
+use ringllm_kernels::{
+    bandwidth, kernels, matmul, repack, ActBuffer, GgmlType, QMatrix, ThreadPool,
+};
 use std::time::Instant;
 
 fn main() {
@@ -62,22 +66,41 @@ fn main() {
     let buf = vec![1u8; big_mb << 20];
     let bw = bandwidth::read_bandwidth(&pool, &buf, 3);
     drop(buf);
-    for (label, bytes, reps) in [("L2", 512usize << 10, 2000usize), ("DRAM", big_mb << 20, 6)] {
+    // The repacked layout too, where this level's kernels read one (`run`'s default).
+    let layouts: &[bool] = if repack::available(ty) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for (label, bytes, reps, panels) in
+        [("L2", 512usize << 10, 2000usize), ("DRAM", big_mb << 20, 6)]
+            .into_iter()
+            .flat_map(|(l, b, r)| layouts.iter().map(move |&p| (l, b, r, p)))
+    {
         let (w, rows) = make(bytes);
+        let (w, rows) = if panels {
+            let rows = rows - rows % repack::ALIGN;
+            let mut p = vec![0u8; rows * rb];
+            repack::repack(ty, n_in, rows, &w[..rows * rb], &mut p);
+            (p, rows)
+        } else {
+            (w, rows)
+        };
+        let m = QMatrix {
+            ty,
+            n_in,
+            n_out: rows,
+            data: &w,
+            packed: panels,
+        };
+        let mut acts = ActBuffer::new();
         let mut out = vec![0f32; rows];
         let mut best = f64::MAX;
         for _ in 0..reps.max(3) {
             let t = Instant::now();
             let it = if label == "L2" { 50 } else { 1 };
             for _ in 0..it {
-                match k.vec_dot_rows {
-                    Some(f) => f(n_in, &w, rb, &a, &mut out),
-                    None => {
-                        for (r, o) in out.iter_mut().enumerate() {
-                            *o = (k.vec_dot)(n_in, &w[r * rb..(r + 1) * rb], &a);
-                        }
-                    }
-                }
+                matmul(&pool, &m, &x, 1, &mut out, &mut acts);
             }
             best = best.min(t.elapsed().as_secs_f64() / it as f64);
             std::hint::black_box(&out);
@@ -85,8 +108,9 @@ fn main() {
         let gbs = (rows * rb) as f64 / best / 1e9;
         let blocks = (rows * rb / ty.type_size()) as f64;
         println!(
-            "{} {label}: {:.2} GB/s  {:.2} ns/block  (read bw {:.2} GB/s, ratio {:.2})",
+            "{}{} {label}: {:.2} GB/s  {:.2} ns/block  (read bw {:.2} GB/s, ratio {:.2})",
             ty.name(),
+            if panels { " panels" } else { "" },
             gbs,
             best * 1e9 / blocks,
             bw / 1e9,

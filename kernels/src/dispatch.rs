@@ -65,6 +65,11 @@ pub type KGemmFn = fn(
     store: &mut dyn FnMut(usize, usize, &[f32]),
 );
 
+/// Whole K-quant panels (`crate::repack::KPANEL` rows each, repacked; `w` starts at a panel)
+/// of `n` columns against one activation row `a`: `out[o]` for each row of the panels
+/// (`out.len()` a multiple of the panel's rows).
+pub type PanelDotFn = fn(n: usize, w: &[u8], a: &[u8], out: &mut [f32]);
+
 /// Instruction set a kernel table was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -125,6 +130,10 @@ pub struct TypeKernels {
     /// (`crate::ktile`), where the ISA has it: the K-quants' prefill. The bits of `vec_dot`
     /// (and of the scalar reference) for every pair.
     pub kgemm: Option<KGemmFn>,
+    /// Decode over weights repacked into K-quant panels (`crate::repack`, `KPANEL` rows
+    /// interleaved): whole panels against one activation row, each panel's rows in the lanes
+    /// of one register. The bits of `vec_dot` for every row.
+    pub dot_panels: Option<PanelDotFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {
@@ -137,6 +146,7 @@ impl std::fmt::Debug for TypeKernels {
             .field("gemm", &self.gemm.is_some())
             .field("gemm_packed", &self.gemm_packed.is_some())
             .field("kgemm", &self.kgemm.is_some())
+            .field("dot_panels", &self.dot_panels.is_some())
             .finish()
     }
 }

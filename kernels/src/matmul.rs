@@ -10,7 +10,7 @@
 use crate::dispatch::{kernels, TypeKernels};
 use crate::gemm::GemmActs;
 use crate::pool::{Chunks, SharedMut, ThreadPool};
-use crate::repack::PANEL;
+use crate::repack::ALIGN;
 use crate::types::GgmlType;
 
 /// A weight matrix in a GGUF block format: `n_out` rows of `n_in` elements.
@@ -270,10 +270,10 @@ pub fn matmul_many(
     for (slot, job) in parts.iter_mut().zip(jobs.iter_mut()) {
         // Every job starts on a panel boundary of the pool's row space, and chunks are whole
         // panels, so a chunk never splits a repacked panel (the gap rows are skipped).
-        total = total.next_multiple_of(PANEL);
+        total = total.next_multiple_of(ALIGN);
         let k = kernels(job.w.ty);
         assert!(
-            !job.w.packed || (k.gemm_packed.is_some() && k.gemm.is_some()),
+            !job.w.packed || crate::repack::available(job.w.ty),
             "matmul: {} weights are repacked but this CPU's table has no kernel for panels",
             job.w.ty
         );
@@ -297,8 +297,8 @@ pub fn matmul_many(
         total += job.w.n_out;
     }
     let chunk = (total / (pool.n_threads() * 16))
-        .clamp(PANEL, MAX_CHUNK)
-        .next_multiple_of(PANEL);
+        .clamp(ALIGN, MAX_CHUNK)
+        .next_multiple_of(ALIGN);
     let chunks = Chunks::new(total, chunk);
     pool.run(&|_| {
         let mut tile = [0f32; TILE];
@@ -336,10 +336,74 @@ pub fn matmul_many(
     });
 }
 
+thread_local! {
+    /// A chunk of repacked rows back in the GGUF layout, for the kernels that read rows.
+    static ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Weight rows `rows` of `w` against all `n_rows` activation rows.
 #[allow(clippy::too_many_arguments)]
 fn rows_times_acts(
     w: QMatrix,
+    k: &TypeKernels,
+    a: &[u8],
+    a_stride: usize,
+    g: Option<&GemmActs>,
+    n_rows: usize,
+    rows: std::ops::Range<usize>,
+    out: SharedMut<f32>,
+    tile: &mut [f32; TILE],
+) {
+    let rb = w.row_bytes();
+    let Some(dot_panels) = k.dot_panels.filter(|_| w.packed) else {
+        let ws = &w.data[rows.start * rb..rows.end * rb];
+        return rows_times_acts_in(w, ws, k, a, a_stride, g, n_rows, rows, out, tile);
+    };
+    assert!(
+        rows.start.is_multiple_of(ALIGN),
+        "matmul: a chunk of repacked rows starts inside a panel"
+    );
+    let mp = rows
+        .end
+        .min(crate::repack::packed_rows(w.ty, w.n_out))
+        .saturating_sub(rows.start);
+    if n_rows == 1 {
+        // Decode: the chunk's whole panels in the panel kernel, rows after the matrix's last
+        // panel (in the GGUF layout) in the row kernels.
+        // SAFETY: output rows `rows` belong to this chunk alone.
+        let o = unsafe { out.slice(rows.clone()) };
+        if mp > 0 {
+            dot_panels(
+                w.n_in,
+                &w.data[rows.start * rb..(rows.start + mp) * rb],
+                a,
+                &mut o[..mp],
+            );
+        }
+        let tail = rows.start + mp..rows.end;
+        if !tail.is_empty() {
+            let ws = &w.data[tail.start * rb..tail.end * rb];
+            let rows_w = QMatrix { packed: false, ..w };
+            rows_times_acts_in(rows_w, ws, k, a, a_stride, g, 1, tail, out, tile);
+        }
+        return;
+    }
+    // A batch: the chunk's rows back in the GGUF layout once, then the batch kernels (the
+    // copy is a small part of a batch's work per row; decode never takes this path).
+    ROWS.with_borrow_mut(|buf| {
+        buf.resize(rows.len() * rb, 0);
+        crate::repack::unpack_rows(w.ty, w.n_in, w.n_out, w.data, rows.clone(), buf);
+        let rows_w = QMatrix { packed: false, ..w };
+        rows_times_acts_in(rows_w, buf, k, a, a_stride, g, n_rows, rows, out, tile);
+    });
+}
+
+/// Weight rows `rows` of `w`, whose bytes are `ws` (in the GGUF layout unless `w.packed` and
+/// the kernel reads panels), against all `n_rows` activation rows.
+#[allow(clippy::too_many_arguments)]
+fn rows_times_acts_in(
+    w: QMatrix,
+    ws: &[u8],
     k: &TypeKernels,
     a: &[u8],
     a_stride: usize,
@@ -357,10 +421,10 @@ fn rows_times_acts(
         // SAFETY: output rows `rows` belong to this chunk alone.
         let o = unsafe { out.slice(rows.clone()) };
         match k.vec_dot_rows {
-            Some(f) => f(n_in, &w.data[rows.start * rb..rows.end * rb], rb, a, o),
+            Some(f) => f(n_in, ws, rb, a, o),
             None => {
-                for (ov, r) in o.iter_mut().zip(rows) {
-                    *ov = (k.vec_dot)(n_in, &w.data[r * rb..(r + 1) * rb], a);
+                for (ov, wrow) in o.iter_mut().zip(ws.chunks_exact(rb)) {
+                    *ov = (k.vec_dot)(n_in, wrow, a);
                 }
             }
         }
@@ -371,19 +435,18 @@ fn rows_times_acts(
             // Prefill and batched decode: slabs of `SMALL_BATCH` activation rows against the
             // chunk's weight rows in register tiles; the chunk's weights stay in L1/L2 across
             // slabs. Bit-identical to the decode kernel for every pair.
-            let ws = &w.data[rows.start * rb..rows.end * rb];
             let m = rows.len();
             // Repacked rows: the whole panels through the panel kernel, the rows after the
             // last panel (in the GGUF layout) through `f`.
             let (fp, mp) = match (w.packed, k.gemm_packed) {
                 (true, Some(fp)) => {
                     assert!(
-                        rows.start.is_multiple_of(PANEL),
+                        rows.start.is_multiple_of(ALIGN),
                         "matmul: a chunk of repacked rows starts inside a panel"
                     );
                     let mp = rows
                         .end
-                        .min(crate::repack::packed_rows(n_out))
+                        .min(crate::repack::packed_rows(w.ty, n_out))
                         .saturating_sub(rows.start);
                     (Some(fp), mp)
                 }
@@ -429,7 +492,6 @@ fn rows_times_acts(
     if let Some(f) = k.kgemm.filter(|_| n_rows > SMALL_BATCH) {
         // K-quant prefill: the chunk's rows unpacked once into tiles, each tile against
         // every activation row (`crate::ktile`). The reference's bits, as every other path.
-        let ws = &w.data[rows.start * rb..rows.end * rb];
         f(
             n_in,
             ws,
@@ -451,7 +513,6 @@ fn rows_times_acts(
             Some(f) if rows.len() <= MAX_CHUNK => {
                 // A few activation rows: 2 × 2 tiles share each weight block's unpacking and
                 // each activation block's load; bit-identical to the single-row decode kernel.
-                let ws = &w.data[rows.start * rb..rows.end * rb];
                 let m = rows.len();
                 let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
                 f(
@@ -479,7 +540,6 @@ fn rows_times_acts(
             // activation row over this chunk of weight rows. The chunk is small enough to stay
             // in L1/L2 after the first pass, so the weights still stream from memory once, and
             // every row's result is bit-identical to its single-row decode.
-            let ws = &w.data[rows.start * rb..rows.end * rb];
             for r in 0..n_rows {
                 // SAFETY: output rows `rows` of activation row r belong to this chunk alone.
                 let o = unsafe { out.slice(r * n_out + rows.start..r * n_out + rows.end) };
@@ -498,7 +558,7 @@ fn rows_times_acts(
         let nr = (n_rows - r0).min(TILE);
         let arows = &a[r0 * a_stride..(r0 + nr) * a_stride];
         for o in rows.clone() {
-            let wrow = &w.data[o * rb..(o + 1) * rb];
+            let wrow = &ws[(o - rows.start) * rb..(o - rows.start + 1) * rb];
             match k.vec_dot_multi {
                 Some(multi) if nr > 1 => multi(n_in, wrow, arows, a_stride, &mut tile[..nr]),
                 _ => {

@@ -1,5 +1,5 @@
-//! Weights repacked at load into panels of `PANEL` rows, the layout `TypeKernels::gemm_packed`
-//! reads.
+//! Weights repacked at load into panels of rows, the layouts `TypeKernels::gemm_packed` (the
+//! 32-element formats) and `TypeKernels::dot_panels` (Q4_K) read.
 //!
 //! A GEMM register tile takes `PANEL` weight rows at once. In the GGUF layout it gathers their
 //! blocks from `PANEL` places, and it converts each row's f16 scales on its own. In a panel the
@@ -15,6 +15,19 @@
 //! ```
 //!
 //! The tile converts the 8 scales with one instruction and reads one run instead of `PANEL`.
+//!
+//! A Q4_K panel holds `KPANEL` rows for the decode kernel, which keeps one row in each lane
+//! of a register: one instruction multiplies four weights of every row by the same four
+//! activations, and the rows' scales are unpacked and converted together. Block `i` of the
+//! panel's rows is one run of `KPANEL * 144` bytes:
+//!
+//! ```text
+//!   d:      16 f16      row 0 .. row 15
+//!   dmin:   16 f16      likewise
+//!   scales: 12 × 16 B   byte k of the 12 packed scale bytes, row 0 .. row 15
+//!   qs:     32 × 64 B   bytes 4j..4j+4 of the 128 nibble bytes, row 0 .. row 15
+//! ```
+//!
 //! Nothing is converted or widened, so a panel holds exactly the bytes of its rows: a matrix
 //! repacked takes the bytes it took mapped, and row `r`'s panel starts at byte `r * row_bytes`
 //! as row `r` did. Rows past the last whole panel stay in the GGUF layout. The kernels read
@@ -22,11 +35,20 @@
 
 use crate::types::GgmlType;
 
-/// Rows per panel: the GEMM tile's weight rows.
+/// Rows per panel of the 32-element formats: the GEMM tile's weight rows.
 pub const PANEL: usize = 4;
 
+/// Rows per Q4_K panel: the decode kernel's lanes (16 of 32 bits in a 512-bit register).
+pub const KPANEL: usize = 16;
+
+/// The row every matmul job and chunk starts on: a multiple of every layout's panel, so a
+/// chunk never splits one.
+pub const ALIGN: usize = 16;
+
+const _: () = assert!(ALIGN.is_multiple_of(PANEL) && ALIGN.is_multiple_of(KPANEL));
+
 /// Bytes of a block's header (the f16 scale, then for Q4_1/Q5_1 the f16 min) for the formats
-/// with a panel layout; `None` for the others.
+/// with a 4-row panel layout; `None` for the others.
 pub fn header_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => Some(2),
@@ -35,15 +57,173 @@ pub fn header_bytes(ty: GgmlType) -> Option<usize> {
     }
 }
 
+/// Rows in one panel of `ty`'s layout; `None` when `ty` has none.
+pub fn panel_rows(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_K => Some(KPANEL),
+        _ => header_bytes(ty).map(|_| PANEL),
+    }
+}
+
 /// True when matrices of `ty` can be repacked here: the format has a panel layout and this
 /// CPU's kernel table has a kernel that reads it.
 pub fn available(ty: GgmlType) -> bool {
-    header_bytes(ty).is_some() && crate::kernels(ty).gemm_packed.is_some()
+    let k = crate::kernels(ty);
+    match ty {
+        GgmlType::Q4_K => k.dot_panels.is_some(),
+        _ => header_bytes(ty).is_some() && k.gemm_packed.is_some(),
+    }
 }
 
-/// Rows of a matrix of `n_out` rows that lie in whole panels.
-pub fn packed_rows(n_out: usize) -> usize {
-    n_out - n_out % PANEL
+/// Rows of a matrix of `n_out` rows of `ty` that lie in whole panels (none without a layout).
+pub fn packed_rows(ty: GgmlType, n_out: usize) -> usize {
+    panel_rows(ty).map_or(0, |p| n_out - n_out % p)
+}
+
+/// Copies the first `n_out` rows of a `ty` matrix (`n_in` columns) from the GGUF layout in
+/// `src` to the panel layout in `dst` (the same length: `n_out * row_bytes`).
+///
+/// # Panics
+/// When `ty` has no panel layout, or the slices do not hold the rows.
+pub fn repack(ty: GgmlType, n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
+    if ty == GgmlType::Q4_K {
+        return kpanel::repack(n_in, n_out, src, dst);
+    }
+    repack_legacy(ty, n_in, n_out, src, dst);
+}
+
+/// Row `row` of a matrix repacked by `repack`, back in the GGUF layout (`row_bytes` bytes).
+///
+/// # Panics
+/// As `repack`; also when `row >= n_out` or `out` is shorter than a row.
+pub fn unpack_row(
+    ty: GgmlType,
+    n_in: usize,
+    n_out: usize,
+    packed: &[u8],
+    row: usize,
+    out: &mut [u8],
+) {
+    if ty == GgmlType::Q4_K {
+        return kpanel::unpack_rows(n_in, n_out, packed, row..row + 1, out);
+    }
+    unpack_row_legacy(ty, n_in, n_out, packed, row, out);
+}
+
+/// Rows `rows` of a matrix repacked by `repack`, back in the GGUF layout, one after another
+/// in `out` (`rows.len() * row_bytes` bytes).
+///
+/// # Panics
+/// As `unpack_row`, for every row of `rows`.
+pub fn unpack_rows(
+    ty: GgmlType,
+    n_in: usize,
+    n_out: usize,
+    packed: &[u8],
+    rows: std::ops::Range<usize>,
+    out: &mut [u8],
+) {
+    if ty == GgmlType::Q4_K {
+        return kpanel::unpack_rows(n_in, n_out, packed, rows, out);
+    }
+    let rb = ty.row_bytes(n_in).unwrap_or(0);
+    for (k, r) in rows.enumerate() {
+        unpack_row_legacy(ty, n_in, n_out, packed, r, &mut out[k * rb..(k + 1) * rb]);
+    }
+}
+
+/// The Q4_K panel layout (see the module's description).
+pub mod kpanel {
+    use super::KPANEL;
+    use crate::types::GgmlType;
+
+    /// Bytes of one Q4_K block.
+    const BB: usize = 144;
+    /// Bytes of block `i` of a panel's rows.
+    pub const GROUP: usize = KPANEL * BB;
+    /// Offsets inside a group: the f16 `d`s, the f16 `dmin`s, the transposed scale bytes and
+    /// the nibble runs.
+    pub const D: usize = 0;
+    pub const DMIN: usize = 2 * KPANEL;
+    pub const SCALES: usize = 4 * KPANEL;
+    pub const QS: usize = SCALES + 12 * KPANEL;
+    const _: () = assert!(QS + 128 * KPANEL == GROUP);
+
+    fn row_bytes(n_in: usize, n_out: usize, len: usize) -> usize {
+        let rb = GgmlType::Q4_K
+            .row_bytes(n_in)
+            .unwrap_or_else(|| panic!("repack: {n_in} columns is not whole Q4_K blocks"));
+        assert!(
+            n_out.checked_mul(rb).is_some_and(|b| b <= len),
+            "repack: {n_out} rows of {rb} bytes do not fit in {len}"
+        );
+        rb
+    }
+
+    /// Block `b` (the GGUF bytes) of row `o` of a panel into `group`, or back when `back`.
+    #[inline]
+    fn shuffle(group: &mut [u8], o: usize, b: &mut [u8], back: bool) {
+        let mut go = |g: usize, at: usize, n: usize| {
+            if back {
+                b[at..at + n].copy_from_slice(&group[g..g + n]);
+            } else {
+                group[g..g + n].copy_from_slice(&b[at..at + n]);
+            }
+        };
+        go(D + 2 * o, 0, 2);
+        go(DMIN + 2 * o, 2, 2);
+        for k in 0..12 {
+            go(SCALES + KPANEL * k + o, 4 + k, 1);
+        }
+        for j in 0..32 {
+            go(QS + 4 * KPANEL * j + 4 * o, 16 + 4 * j, 4);
+        }
+    }
+
+    pub(super) fn repack(n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
+        let rb = row_bytes(n_in, n_out, src.len());
+        assert!(dst.len() >= n_out * rb, "repack: destination too short");
+        let full = n_out - n_out % KPANEL;
+        let mut block = [0u8; BB];
+        for p in (0..full).step_by(KPANEL) {
+            let panel = &mut dst[p * rb..(p + KPANEL) * rb];
+            for o in 0..KPANEL {
+                let row = &src[(p + o) * rb..(p + o + 1) * rb];
+                for (i, b) in row.chunks_exact(BB).enumerate() {
+                    block.copy_from_slice(b);
+                    shuffle(&mut panel[i * GROUP..(i + 1) * GROUP], o, &mut block, false);
+                }
+            }
+        }
+        dst[full * rb..n_out * rb].copy_from_slice(&src[full * rb..n_out * rb]);
+    }
+
+    pub(super) fn unpack_rows(
+        n_in: usize,
+        n_out: usize,
+        packed: &[u8],
+        rows: std::ops::Range<usize>,
+        out: &mut [u8],
+    ) {
+        let rb = row_bytes(n_in, n_out, packed.len());
+        assert!(rows.end <= n_out, "unpack_row: rows {rows:?} of {n_out}");
+        let full = n_out - n_out % KPANEL;
+        for (k, r) in rows.enumerate() {
+            let out = &mut out[k * rb..(k + 1) * rb];
+            if r >= full {
+                out.copy_from_slice(&packed[r * rb..(r + 1) * rb]);
+                continue;
+            }
+            let p = r - r % KPANEL;
+            let panel = &packed[p * rb..(p + KPANEL) * rb];
+            let mut group = [0u8; GROUP];
+            for (i, b) in out.chunks_exact_mut(BB).enumerate() {
+                // `shuffle` reads the group when going back; a copy keeps `packed` shared.
+                group.copy_from_slice(&panel[i * GROUP..(i + 1) * GROUP]);
+                shuffle(&mut group, r % KPANEL, b, true);
+            }
+        }
+    }
 }
 
 /// The geometry of one matrix: block bytes, header bytes, blocks per row, row bytes.
@@ -91,15 +271,11 @@ fn place(g: &Geometry, o: usize, i: usize) -> (Option<usize>, usize) {
     }
 }
 
-/// Copies the first `n_out` rows of a `ty` matrix (`n_in` columns) from the GGUF layout in
-/// `src` to the panel layout in `dst` (the same length: `n_out * row_bytes`).
-///
-/// # Panics
-/// When `ty` has no panel layout, or the slices do not hold the rows.
-pub fn repack(ty: GgmlType, n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
+/// `repack` for the 4-row layout.
+fn repack_legacy(ty: GgmlType, n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
     let g = geometry(ty, n_in, n_out, src.len());
     assert!(dst.len() >= n_out * g.rb, "repack: destination too short");
-    let full = packed_rows(n_out);
+    let full = n_out - n_out % PANEL;
     let rest = g.bb - g.h;
     for p in (0..full).step_by(PANEL) {
         let panel = &mut dst[p * g.rb..(p + PANEL) * g.rb];
@@ -123,11 +299,8 @@ pub fn repack(ty: GgmlType, n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8
     dst[full * g.rb..n_out * g.rb].copy_from_slice(&src[full * g.rb..n_out * g.rb]);
 }
 
-/// Row `row` of a matrix repacked by `repack`, back in the GGUF layout (`row_bytes` bytes).
-///
-/// # Panics
-/// As `repack`; also when `row >= n_out` or `out` is shorter than a row.
-pub fn unpack_row(
+/// `unpack_row` for the 4-row layout.
+fn unpack_row_legacy(
     ty: GgmlType,
     n_in: usize,
     n_out: usize,
@@ -138,7 +311,7 @@ pub fn unpack_row(
     let g = geometry(ty, n_in, n_out, packed.len());
     assert!(row < n_out, "unpack_row: row {row} of {n_out}");
     let out = &mut out[..g.rb];
-    if row >= packed_rows(n_out) {
+    if row >= n_out - n_out % PANEL {
         out.copy_from_slice(&packed[row * g.rb..(row + 1) * g.rb]);
         return;
     }
@@ -185,10 +358,12 @@ mod tests {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q8_0,
+            GgmlType::Q4_K,
         ] {
+            let panel = panel_rows(ty).unwrap();
             for nb in [1usize, 2, 3, 6, 7] {
-                for n_out in [1usize, 3, 4, 5, 8, 11] {
-                    let n_in = nb * 32;
+                for n_out in [1usize, 3, 4, 5, 8, 11, 16, 19, 35] {
+                    let n_in = nb * ty.block_size();
                     let rb = ty.row_bytes(n_in).unwrap();
                     let src = bytes(n_out * rb, (nb * 31 + n_out) as u64);
                     let mut dst = vec![0u8; src.len()];
@@ -201,7 +376,7 @@ mod tests {
                         a, b,
                         "{ty} {nb} blocks {n_out} rows: bytes are not a permutation"
                     );
-                    if n_out >= PANEL && nb >= 2 {
+                    if n_out >= panel && (nb >= 2 || ty == GgmlType::Q4_K) {
                         assert_ne!(src, dst, "{ty} {nb} blocks {n_out} rows: nothing moved");
                     }
                     let mut row = vec![0u8; rb];
@@ -209,6 +384,9 @@ mod tests {
                         unpack_row(ty, n_in, n_out, &dst, r, &mut row);
                         assert_eq!(row, src[r * rb..(r + 1) * rb], "{ty} {nb} blocks row {r}");
                     }
+                    let mut all = vec![0u8; src.len()];
+                    unpack_rows(ty, n_in, n_out, &dst, 0..n_out, &mut all);
+                    assert_eq!(all, src, "{ty} {nb} blocks: unpack_rows");
                 }
             }
         }
@@ -243,12 +421,41 @@ mod tests {
     }
 
     #[test]
+    fn a_q4_k_group_holds_each_field_of_sixteen_rows_together() {
+        // Row o's block: every byte is o, but the f16 d is (o, 0x3c) and dmin (o, 0x40).
+        let mut src = Vec::new();
+        for o in 0..KPANEL as u8 {
+            let mut b = [o; 144];
+            b[1] = 0x3c;
+            b[3] = 0x40;
+            src.extend_from_slice(&b);
+        }
+        let mut dst = vec![0u8; src.len()];
+        repack(GgmlType::Q4_K, 256, KPANEL, &src, &mut dst);
+        for o in 0..KPANEL {
+            assert_eq!(dst[kpanel::D + 2 * o..][..2], [o as u8, 0x3c]);
+            assert_eq!(dst[kpanel::DMIN + 2 * o..][..2], [o as u8, 0x40]);
+            for k in 0..12 {
+                assert_eq!(dst[kpanel::SCALES + KPANEL * k + o], o as u8);
+            }
+            for j in 0..32 {
+                assert_eq!(
+                    dst[kpanel::QS + 4 * KPANEL * j + 4 * o..][..4],
+                    [o as u8; 4]
+                );
+            }
+        }
+    }
+
+    #[test]
     fn formats_without_a_layout_are_refused() {
-        assert_eq!(header_bytes(GgmlType::Q4_K), None);
+        assert_eq!(header_bytes(GgmlType::Q6_K), None);
+        assert_eq!(panel_rows(GgmlType::Q6_K), None);
+        assert_eq!(packed_rows(GgmlType::Q6_K, 64), 0);
         assert!(!available(GgmlType::Q6_K));
         let err = std::panic::catch_unwind(|| {
-            let mut d = vec![0u8; 144];
-            repack(GgmlType::Q4_K, 256, 1, &[0u8; 144], &mut d);
+            let mut d = vec![0u8; 210];
+            repack(GgmlType::Q6_K, 256, 1, &[0u8; 210], &mut d);
         });
         assert!(err.is_err());
     }

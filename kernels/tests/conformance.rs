@@ -308,9 +308,15 @@ fn repacked_matrices_give_the_same_bits() {
     let pool = ThreadPool::new(2);
     let mut acts = ActBuffer::new();
     for ty in packable {
-        for n in [640usize, 96] {
-            // 37 rows: 9 panels and a tail row; 6 rows: one panel and two tail rows.
-            for n_out in [37usize, 6, 4] {
+        let widths: &[usize] = if ty.block_size() == 256 {
+            &[768, 256]
+        } else {
+            &[640, 96]
+        };
+        for &n in widths {
+            // 37 rows: 9 panels of 4 and a tail row, or 2 of 16 and 5; 6 rows: one panel of
+            // 4 and two tail rows, or all tail; 16 and 4: whole panels of one layout.
+            for n_out in [37usize, 6, 4, 16] {
                 let mut w = Vec::new();
                 for _ in 0..n_out {
                     w.extend(quantize(ty, &normal(&mut rng, n)));

@@ -531,7 +531,7 @@ impl<'a> Loader<'a> {
             at = part.end;
             let panels = self.repack
                 && repack::available(t.ty)
-                && rows >= repack::PANEL
+                && repack::panel_rows(t.ty).is_some_and(|p| rows >= p)
                 && row_bytes.is_some();
             let packed = if streamed {
                 None
@@ -587,7 +587,7 @@ impl<'a> Loader<'a> {
         let rb = src.len() / n_out.max(1);
         let step = (REPACK_STEP_BYTES / rb.max(1))
             .max(1)
-            .next_multiple_of(repack::PANEL);
+            .next_multiple_of(repack::ALIGN);
         let mut r = 0;
         while r < n_out {
             let end = if n_out - r <= step { n_out } else { r + step };

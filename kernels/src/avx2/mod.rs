@@ -18,6 +18,7 @@ mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
+mod q4_k_panel;
 mod q5_0;
 mod q5_1;
 mod q5_k;
@@ -91,6 +92,12 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q8_0 => level!(q8_0::Q8_0),
         GgmlType::Q8_1 => level!(q8_0::Q8_1),
         GgmlType::IQ4_NL => level!(iq4_nl::Iq4Nl),
+        GgmlType::Q4_K => {
+            entry.dot_panels = Some(match v {
+                Vnni::Avx => q4_k_panel::avxvnni::dot_panels,
+                Vnni::Avx512 => q4_k_panel::avx512vnni::dot_panels,
+            })
+        }
         _ => {}
     }
 }
@@ -129,7 +136,10 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::F32 => float512_entry::<float::F32>(entry),
         GgmlType::F16 => float512_entry::<float::F16>(entry),
         GgmlType::BF16 => float512_entry::<float::BF16>(entry),
-        GgmlType::Q4_K => entry.vec_dot_multi = Some(q4_k::vec_dot_multi512),
+        GgmlType::Q4_K => {
+            entry.vec_dot_multi = Some(q4_k::vec_dot_multi512);
+            entry.dot_panels = Some(q4_k_panel::dot_panels512);
+        }
         GgmlType::Q5_K => entry.vec_dot_multi = Some(q5_k::vec_dot_multi512),
         GgmlType::Q6_K => {
             entry.vec_dot = q6_k::vec_dot512;
@@ -177,6 +187,7 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.dequantize = q4_k::dequantize;
             entry.vec_dot = q4_k::vec_dot;
             entry.vec_dot_multi = Some(q4_k::vec_dot_multi);
+            entry.dot_panels = Some(q4_k_panel::plain::dot_panels);
         }
         GgmlType::Q5_K => {
             entry.quantize = kquant::quantize_q5_k;

@@ -38,6 +38,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
                 gemm: None,
                 gemm_packed: None,
                 kgemm: None,
+                dot_panels: None,
             }
         };
     }
@@ -55,6 +56,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             gemm: None,
             gemm_packed: None,
             kgemm: None,
+            dot_panels: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -69,6 +71,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             gemm: None,
             gemm_packed: None,
             kgemm: None,
+            dot_panels: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -83,6 +86,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             gemm: None,
             gemm_packed: None,
             kgemm: None,
+            dot_panels: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),
