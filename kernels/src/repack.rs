@@ -160,38 +160,29 @@ pub mod kpanel {
         rb
     }
 
-    /// Block `b` (the GGUF bytes) of row `o` of a panel into `group`, or back when `back`.
+    /// Where the bytes of row `o`'s block lie in its group: (group offset, block offset,
+    /// length) for the `d`, the `dmin`, each scale byte and each 4-byte nibble run.
     #[inline]
-    fn shuffle(group: &mut [u8], o: usize, b: &mut [u8], back: bool) {
-        let mut go = |g: usize, at: usize, n: usize| {
-            if back {
-                b[at..at + n].copy_from_slice(&group[g..g + n]);
-            } else {
-                group[g..g + n].copy_from_slice(&b[at..at + n]);
-            }
-        };
-        go(D + 2 * o, 0, 2);
-        go(DMIN + 2 * o, 2, 2);
-        for k in 0..12 {
-            go(SCALES + KPANEL * k + o, 4 + k, 1);
-        }
-        for j in 0..32 {
-            go(QS + 4 * KPANEL * j + 4 * o, 16 + 4 * j, 4);
-        }
+    fn fields(o: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        [(D + 2 * o, 0, 2), (DMIN + 2 * o, 2, 2)]
+            .into_iter()
+            .chain((0..12).map(move |k| (SCALES + KPANEL * k + o, 4 + k, 1)))
+            .chain((0..32).map(move |j| (QS + 4 * KPANEL * j + 4 * o, 16 + 4 * j, 4)))
     }
 
     pub(super) fn repack(n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
         let rb = row_bytes(n_in, n_out, src.len());
         assert!(dst.len() >= n_out * rb, "repack: destination too short");
         let full = n_out - n_out % KPANEL;
-        let mut block = [0u8; BB];
         for p in (0..full).step_by(KPANEL) {
             let panel = &mut dst[p * rb..(p + KPANEL) * rb];
             for o in 0..KPANEL {
                 let row = &src[(p + o) * rb..(p + o + 1) * rb];
                 for (i, b) in row.chunks_exact(BB).enumerate() {
-                    block.copy_from_slice(b);
-                    shuffle(&mut panel[i * GROUP..(i + 1) * GROUP], o, &mut block, false);
+                    let group = &mut panel[i * GROUP..(i + 1) * GROUP];
+                    for (g, at, n) in fields(o) {
+                        group[g..g + n].copy_from_slice(&b[at..at + n]);
+                    }
                 }
             }
         }
@@ -216,11 +207,71 @@ pub mod kpanel {
             }
             let p = r - r % KPANEL;
             let panel = &packed[p * rb..(p + KPANEL) * rb];
-            let mut group = [0u8; GROUP];
             for (i, b) in out.chunks_exact_mut(BB).enumerate() {
-                // `shuffle` reads the group when going back; a copy keeps `packed` shared.
-                group.copy_from_slice(&panel[i * GROUP..(i + 1) * GROUP]);
-                shuffle(&mut group, r % KPANEL, b, true);
+                let group = &panel[i * GROUP..(i + 1) * GROUP];
+                for (g, at, n) in fields(r % KPANEL) {
+                    b[at..at + n].copy_from_slice(&group[g..g + n]);
+                }
+            }
+        }
+    }
+
+    /// The panel kernel `f` against the reference: every row of two panels of random Q4_K
+    /// weights (real scales, random codes and 6-bit scale bytes, extreme activations
+    /// included) gives the reference `vec_dot`'s bits.
+    #[cfg(test)]
+    pub(crate) fn check_dot_panels(f: crate::dispatch::PanelDotFn, name: &str) {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(44);
+        for nb in [1usize, 3, 16] {
+            let n = nb * crate::types::QK_K;
+            let rows = 2 * KPANEL;
+            let mut w = Vec::new();
+            for r in 0..rows {
+                let x: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                let mut b = vec![0u8; crate::types::GgmlType::Q4_K.row_bytes(n).unwrap()];
+                crate::quants::q4_k::quantize(&x, &mut b);
+                if r % 3 == 1 {
+                    // Random scale bytes and codes: every 6-bit scale and min, every nibble.
+                    for blk in b.chunks_exact_mut(144) {
+                        for v in &mut blk[4..] {
+                            *v = rng.random();
+                        }
+                    }
+                }
+                w.extend(b);
+            }
+            for case in 0..3 {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| match case {
+                        0 => rng.random_range(-1.0f32..1.0),
+                        // Activations at -128 and 127 once quantized (Q8_K's scale is -128 / the
+                        // value of largest magnitude): the largest sums.
+                        1 => {
+                            if i % 2 == 0 {
+                                1.0
+                            } else {
+                                -1.0
+                            }
+                        }
+                        _ => 1.0,
+                    })
+                    .collect();
+                let mut a = vec![0u8; nb * crate::quants::q8_k::BLOCK_BYTES];
+                crate::quants::q8_k::quantize(&x, &mut a);
+                let mut p = vec![0u8; w.len()];
+                super::repack(crate::types::GgmlType::Q4_K, n, rows, &w, &mut p);
+                let mut out = vec![0f32; rows];
+                f(n, &p, &a, &mut out);
+                let rb = w.len() / rows;
+                for (r, &got) in out.iter().enumerate() {
+                    let want = crate::quants::q4_k::vec_dot(n, &w[r * rb..(r + 1) * rb], &a);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{name}: {nb} blocks, case {case}, row {r}: {got} vs {want}"
+                    );
+                }
             }
         }
     }

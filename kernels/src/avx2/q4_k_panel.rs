@@ -297,70 +297,7 @@ pub(super) mod avx512vnni {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::dispatch::PanelDotFn;
-    use crate::quants::q4_k as reference;
-    use crate::repack::{repack, KPANEL};
-    use crate::types::GgmlType;
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    /// Every row of `panels` rows of random Q4_K weights (real scales, random codes and
-    /// 6-bit scale bytes, extreme activations included) against the reference `vec_dot`,
-    /// bit for bit.
-    fn check(f: PanelDotFn, name: &str) {
-        let mut rng = StdRng::seed_from_u64(44);
-        for nb in [1usize, 3, 16] {
-            let n = nb * QK_K;
-            let rows = 2 * KPANEL;
-            let mut w = Vec::new();
-            for r in 0..rows {
-                let x: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-                let mut b = vec![0u8; GgmlType::Q4_K.row_bytes(n).unwrap()];
-                reference::quantize(&x, &mut b);
-                if r % 3 == 1 {
-                    // Random scale bytes and codes: every 6-bit scale and min, every nibble.
-                    for blk in b.chunks_exact_mut(144) {
-                        for v in &mut blk[4..] {
-                            *v = rng.random();
-                        }
-                    }
-                }
-                w.extend(b);
-            }
-            for case in 0..3 {
-                let x: Vec<f32> = (0..n)
-                    .map(|i| match case {
-                        0 => rng.random_range(-1.0f32..1.0),
-                        // Every activation at ±127 after quantizing: the largest sums.
-                        1 => {
-                            if i % 2 == 0 {
-                                1.0
-                            } else {
-                                -1.0
-                            }
-                        }
-                        _ => 1.0,
-                    })
-                    .collect();
-                let mut a = vec![0u8; nb * AB];
-                crate::quants::q8_k::quantize(&x, &mut a);
-                let mut p = vec![0u8; w.len()];
-                repack(GgmlType::Q4_K, n, rows, &w, &mut p);
-                let mut out = vec![0f32; rows];
-                f(n, &p, &a, &mut out);
-                let rb = w.len() / rows;
-                for (r, &got) in out.iter().enumerate() {
-                    let want = reference::vec_dot(n, &w[r * rb..(r + 1) * rb], &a);
-                    assert_eq!(
-                        got.to_bits(),
-                        want.to_bits(),
-                        "{name}: {nb} blocks, case {case}, row {r}: {got} vs {want}"
-                    );
-                }
-            }
-        }
-    }
+    use crate::repack::kpanel::check_dot_panels as check;
 
     #[test]
     fn every_level_gives_the_reference_bits() {
@@ -368,15 +305,15 @@ mod tests {
             eprintln!("SKIPPED q4_k_panel: no AVX2 here");
             return;
         }
-        check(plain::dot_panels, "avx2");
+        check(super::plain::dot_panels, "avx2");
         if super::super::available_avxvnni() {
-            check(avxvnni::dot_panels, "avx-vnni");
+            check(super::avxvnni::dot_panels, "avx-vnni");
         }
         if super::super::available_avx512vnni() {
-            check(avx512vnni::dot_panels, "avx512vnni-256");
+            check(super::avx512vnni::dot_panels, "avx512vnni-256");
         }
         if super::super::gemm512::available() && super::super::available_avx512vnni() {
-            check(dot_panels512, "avx512");
+            check(super::dot_panels512, "avx512");
         }
     }
 }

@@ -27,6 +27,7 @@ mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
+mod q4_k_panel;
 mod q5_0;
 mod q5_1;
 mod q5_k;
@@ -242,6 +243,10 @@ pub fn specialize_dotprod(entry: &mut TypeKernels) {
     // The K-quants' prefill through tiles of unpacked rows (`sdot` keeps each row in its lane;
     // the baseline's widening multiplies mix rows, so it keeps the row kernels).
     use crate::ktile::{Iq4Xs, Q2K, Q3K, Q4K, Q5K, Q6K};
+    // Q4_K's decode over repacked panels: `sdot` keeps each row's products in its lane.
+    if entry.ty == GgmlType::Q4_K {
+        entry.dot_panels = Some(q4_k_panel::dot_panels);
+    }
     entry.kgemm = match entry.ty {
         GgmlType::Q4_K => Some(kgemm::kgemm::<Q4K>),
         GgmlType::Q5_K => Some(kgemm::kgemm::<Q5K>),
