@@ -160,14 +160,44 @@ pub mod kpanel {
         rb
     }
 
-    /// Where the bytes of row `o`'s block lie in its group: (group offset, block offset,
-    /// length) for the `d`, the `dmin`, each scale byte and each 4-byte nibble run.
+    /// Row `o`'s block `b` (the GGUF bytes) into its panel's `group`.
     #[inline]
-    fn fields(o: usize) -> impl Iterator<Item = (usize, usize, usize)> {
-        [(D + 2 * o, 0, 2), (DMIN + 2 * o, 2, 2)]
-            .into_iter()
-            .chain((0..12).map(move |k| (SCALES + KPANEL * k + o, 4 + k, 1)))
-            .chain((0..32).map(move |j| (QS + 4 * KPANEL * j + 4 * o, 16 + 4 * j, 4)))
+    fn put(group: &mut [u8; GROUP], o: usize, b: &[u8; BB]) {
+        group[D + 2 * o..D + 2 * o + 2].copy_from_slice(&b[0..2]);
+        group[DMIN + 2 * o..DMIN + 2 * o + 2].copy_from_slice(&b[2..4]);
+        for k in 0..12 {
+            group[SCALES + KPANEL * k + o] = b[4 + k];
+        }
+        for j in 0..32 {
+            let at = QS + 4 * KPANEL * j + 4 * o;
+            group[at..at + 4].copy_from_slice(&b[16 + 4 * j..20 + 4 * j]);
+        }
+    }
+
+    /// Row `o`'s block back from its panel's `group` into `b`.
+    #[inline]
+    fn get(group: &[u8; GROUP], o: usize, b: &mut [u8; BB]) {
+        b[0..2].copy_from_slice(&group[D + 2 * o..D + 2 * o + 2]);
+        b[2..4].copy_from_slice(&group[DMIN + 2 * o..DMIN + 2 * o + 2]);
+        for k in 0..12 {
+            b[4 + k] = group[SCALES + KPANEL * k + o];
+        }
+        for j in 0..32 {
+            let at = QS + 4 * KPANEL * j + 4 * o;
+            b[16 + 4 * j..20 + 4 * j].copy_from_slice(&group[at..at + 4]);
+        }
+    }
+
+    /// `s` as consecutive arrays of `N` bytes (its length is a multiple of `N`).
+    fn arrays<const N: usize>(s: &[u8]) -> impl Iterator<Item = &[u8; N]> {
+        s.chunks_exact(N)
+            .map(|c| c.try_into().unwrap_or_else(|_| unreachable!()))
+    }
+
+    /// As `arrays`, mutable.
+    fn arrays_mut<const N: usize>(s: &mut [u8]) -> impl Iterator<Item = &mut [u8; N]> {
+        s.chunks_exact_mut(N)
+            .map(|c| c.try_into().unwrap_or_else(|_| unreachable!()))
     }
 
     pub(super) fn repack(n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
@@ -178,11 +208,8 @@ pub mod kpanel {
             let panel = &mut dst[p * rb..(p + KPANEL) * rb];
             for o in 0..KPANEL {
                 let row = &src[(p + o) * rb..(p + o + 1) * rb];
-                for (i, b) in row.chunks_exact(BB).enumerate() {
-                    let group = &mut panel[i * GROUP..(i + 1) * GROUP];
-                    for (g, at, n) in fields(o) {
-                        group[g..g + n].copy_from_slice(&b[at..at + n]);
-                    }
+                for (group, b) in arrays_mut::<GROUP>(panel).zip(arrays::<BB>(row)) {
+                    put(group, o, b);
                 }
             }
         }
@@ -207,11 +234,8 @@ pub mod kpanel {
             }
             let p = r - r % KPANEL;
             let panel = &packed[p * rb..(p + KPANEL) * rb];
-            for (i, b) in out.chunks_exact_mut(BB).enumerate() {
-                let group = &panel[i * GROUP..(i + 1) * GROUP];
-                for (g, at, n) in fields(r % KPANEL) {
-                    b[at..at + n].copy_from_slice(&group[g..g + n]);
-                }
+            for (b, group) in arrays_mut::<BB>(out).zip(arrays::<GROUP>(panel)) {
+                get(group, r % KPANEL, b);
             }
         }
     }
