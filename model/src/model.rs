@@ -417,6 +417,28 @@ impl Model {
 /// Bytes of a matrix repacked between releases of its mapped pages.
 const REPACK_STEP_BYTES: usize = 4 << 20;
 
+/// Asks the kernel to back the fresh, untouched buffer `v` with transparent huge pages
+/// (Linux, THP in `madvise` mode or `always`). Filling 4.7 GB of repacked weights one 4 KiB
+/// page fault at a time spent 6 of the 11 s of qwen3-8b Q4_K_M's load clearing pages in the
+/// kernel. Advice only: where it is refused the buffer works as before.
+fn huge_pages(v: &mut [u8]) {
+    const HUGE: usize = 2 << 20;
+    #[cfg(target_os = "linux")]
+    if v.len() >= 2 * HUGE {
+        let start = (v.as_mut_ptr() as usize).next_multiple_of(4096);
+        let end = v.as_mut_ptr() as usize + v.len();
+        let len = (end - start) & !4095;
+        // SAFETY: the range lies inside `v`'s allocation; MADV_HUGEPAGE changes how later
+        // faults are served, never the contents.
+        let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "madvise(HUGEPAGE)");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (v, HUGE);
+}
+
 struct Loader<'a> {
     file: &'a GgufFile,
     hp: &'a Hparams,
@@ -581,6 +603,7 @@ impl<'a> Loader<'a> {
         // the caller checked that it holds exactly `n_out` rows of `n_in`.
         let src = &self.file.bytes()[range.clone()];
         let mut dst = vec![0u8; src.len()];
+        huge_pages(&mut dst);
         // A few MiB of rows at a time, each run's mapped pages released before the next is
         // read: the resident total never holds a large matrix twice (a 178 MB head was +103
         // MB of peak RSS repacked whole).
