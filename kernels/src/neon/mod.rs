@@ -21,6 +21,7 @@ mod gemm;
 mod iq4_nl;
 mod iq4_xs;
 mod kgemm;
+mod kquant;
 pub mod ops;
 mod q2_k;
 mod q3_k;
@@ -303,6 +304,15 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q3_K => q8_k::entry::<q3_k::Q3K, D>(entry),
         GgmlType::IQ4_NL => q8_0::entry::<iq4_nl::Iq4Nl, D>(entry),
         GgmlType::IQ4_XS => q8_k::entry::<iq4_xs::Iq4Xs, D>(entry),
+    }
+    // The weight quantizers' scale searches, eight sub-blocks at a time (`ringllm convert`):
+    // the reference's bytes.
+    match entry.ty {
+        GgmlType::Q4_K => entry.quantize = kquant::quantize_q4_k,
+        GgmlType::Q5_K => entry.quantize = kquant::quantize_q5_k,
+        GgmlType::Q6_K => entry.quantize = kquant::quantize_q6_k,
+        GgmlType::Q3_K => entry.quantize = kquant::quantize_q3_k,
+        _ => {}
     }
 }
 
