@@ -384,10 +384,74 @@ pub(super) fn dequantize<F: FloatFormat>(src: &[u8], dst: &mut [f32]) {
     (F::REFERENCE)(&src[body * F::WIDTH..], &mut dst[body..]);
 }
 
+/// f32 to f16 with F16C, eight at a time, rounding to nearest even: the reference's bits
+/// (`half`, which uses the same instruction where the CPU has it), NaN, infinities and
+/// subnormals included. `ringllm convert --type f16` and the f16 KV cache use it.
+pub(super) fn quantize_f16(src: &[f32], dst: &mut [u8]) {
+    let n = src.len().min(dst.len() / 2);
+    let body = n - n % 8;
+    debug_assert!(super::available());
+    // SAFETY: the CPU has F16C (installed only after detection).
+    unsafe { quantize_f16_f16c(&src[..body], &mut dst[..2 * body]) };
+    crate::quants::float::quantize_f16(&src[body..n], &mut dst[2 * body..2 * n]);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_f16_f16c(src: &[f32], dst: &mut [u8]) {
+    for (x, y) in src.chunks_exact(8).zip(dst.chunks_exact_mut(16)) {
+        // SAFETY: `x` holds 8 f32 and `y` 16 bytes.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr()));
+            _mm_storeu_si128(y.as_mut_ptr().cast(), h);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::GgmlType;
+
+    #[test]
+    fn f16_conversion_gives_the_reference_bits() {
+        if !super::super::available() {
+            return;
+        }
+        let mut x: Vec<f32> = [
+            0.0,
+            -0.0,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7fc0_1234),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            65504.0,
+            65520.0,
+            1e9,
+            6.0e-8,
+            2.9e-8,
+            3.0e-8,
+            1e-12,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            -(1.0 + 1.0 / 2048.0),
+        ]
+        .to_vec();
+        let mut seed = 9u64;
+        for _ in 0..10_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x.push(f32::from_bits((seed >> 32) as u32));
+        }
+        let mut want = vec![0u8; 2 * x.len()];
+        let mut got = vec![1u8; 2 * x.len()];
+        crate::quants::float::quantize_f16(&x, &mut want);
+        quantize_f16(&x, &mut got);
+        for (i, (g, w)) in got.chunks(2).zip(want.chunks(2)).enumerate() {
+            assert_eq!(g, w, "value {i}: {:e} ({:#x})", x[i], x[i].to_bits());
+        }
+    }
 
     /// Every level this CPU has: multi-row and single dots give the same bits, and both are
     /// within 1e-5 of the scalar reference.

@@ -165,7 +165,10 @@ pub fn specialize(entry: &mut TypeKernels) {
     match entry.ty {
         // 32-element block formats and floats (q4_0.rs … q8_0.rs, float.rs).
         GgmlType::F32 => float_entry::<float::F32>(entry),
-        GgmlType::F16 => float_entry::<float::F16>(entry),
+        GgmlType::F16 => {
+            float_entry::<float::F16>(entry);
+            entry.quantize = float::quantize_f16;
+        }
         GgmlType::BF16 => float_entry::<float::BF16>(entry),
         GgmlType::Q4_0 => legacy_entry::<q4_0::Q4_0>(entry),
         GgmlType::Q4_1 => legacy_entry::<q4_1::Q4_1>(entry),
