@@ -417,6 +417,9 @@ impl Model {
 /// Bytes of a matrix repacked between releases of its mapped pages.
 const REPACK_STEP_BYTES: usize = 4 << 20;
 
+/// Most threads a matrix is repacked on at load.
+const MAX_REPACK_THREADS: usize = 8;
+
 /// Asks the kernel to back the fresh, untouched buffer `v` with transparent huge pages
 /// (Linux, THP in `madvise` mode or `always`). Filling 4.7 GB of repacked weights one 4 KiB
 /// page fault at a time spent 6 of the 11 s of qwen3-8b Q4_K_M's load clearing pages in the
@@ -611,17 +614,47 @@ impl<'a> Loader<'a> {
         let step = (REPACK_STEP_BYTES / rb.max(1))
             .max(1)
             .next_multiple_of(repack::ALIGN);
-        let mut r = 0;
-        while r < n_out {
-            let end = if n_out - r <= step { n_out } else { r + step };
+        let steps: Vec<(usize, usize)> = (0..n_out)
+            .step_by(step)
+            .map(|r| (r, (r + step).min(n_out)))
+            .collect();
+        let file = self.file;
+        // One run of rows: repacked (or copied), then its mapped pages released.
+        let run = |(r, end): (usize, usize), out: &mut [u8]| {
             let (a, b) = (r * rb, end * rb);
             if panels {
-                repack::repack(ty, n_in, end - r, &src[a..b], &mut dst[a..b]);
+                repack::repack(ty, n_in, end - r, &src[a..b], out);
             } else {
-                dst[a..b].copy_from_slice(&src[a..b]);
+                out.copy_from_slice(&src[a..b]);
             }
-            self.file.release(range.start + a..range.start + b);
-            r = end;
+            file.release(range.start + a..range.start + b);
+        };
+        // Large matrices on every core: the copy and the kernel's clearing of the fresh pages
+        // (which happens on the thread that first writes them) split between the threads.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_REPACK_THREADS)
+            .min(steps.len());
+        if threads <= 1 {
+            for &(r, end) in &steps {
+                run((r, end), &mut dst[r * rb..end * rb]);
+            }
+        } else {
+            let per = steps.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                let mut rest: &mut [u8] = &mut dst;
+                for group in steps.chunks(per) {
+                    let (first, last) = (group[0].0, group[group.len() - 1].1);
+                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut((last - first) * rb);
+                    rest = tail;
+                    let run = &run;
+                    scope.spawn(move || {
+                        for &(r, end) in group {
+                            run((r, end), &mut mine[(r - first) * rb..(end - first) * rb]);
+                        }
+                    });
+                }
+            });
         }
         let p = Packed(Arc::new(dst), panels);
         self.packed.borrow_mut().push((range.start, p.clone()));
