@@ -240,6 +240,30 @@ pub mod kpanel {
         }
     }
 
+    /// Checks a `dot_panels` call: `out` is whole panels, `w` holds them at `n` columns, `a`
+    /// one Q8_K row of `n`. Returns the blocks per row.
+    pub(crate) fn check_shapes(n: usize, w: &[u8], a: &[u8], out: &[f32]) -> usize {
+        assert!(
+            n.is_multiple_of(crate::types::QK_K),
+            "dot_panels: {n} columns"
+        );
+        let nb = n / crate::types::QK_K;
+        assert!(
+            out.len().is_multiple_of(KPANEL),
+            "dot_panels: {} rows is not whole panels",
+            out.len()
+        );
+        assert!(
+            w.len() >= out.len() / KPANEL * nb * GROUP,
+            "dot_panels: weights too short"
+        );
+        assert!(
+            a.len() >= nb * crate::quants::q8_k::BLOCK_BYTES,
+            "dot_panels: activations too short"
+        );
+        nb
+    }
+
     /// The panel kernel `f` against the reference: every row of two panels of random Q4_K
     /// weights (real scales, random codes and 6-bit scale bytes, extreme activations
     /// included) gives the reference `vec_dot`'s bits.

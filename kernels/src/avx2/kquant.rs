@@ -8,7 +8,7 @@
 //! and the bytes `ringllm convert` writes, are the reference's on every machine; the lanes
 //! only do eight searches in the time of one.
 
-use crate::quants::q4_k::{fit_start, FitStart};
+use crate::quants::q4_k::{lanes8, Lanes8};
 use crate::types::QK_K;
 use std::arch::x86_64::*;
 
@@ -44,39 +44,13 @@ fn fit8_avx2(
     l: &mut [u8; QK_K],
 ) -> ([f32; 8], [f32; 8]) {
     const RDELTA: f32 = 0.1;
-    // Element i of every sub-block, transposed: xt[i] lane j = x[32 j + i].
-    let mut xt = [[0f32; 8]; 32];
-    let mut wt = [[0f32; 8]; 32];
-    for j in 0..8 {
-        for i in 0..32 {
-            xt[i][j] = x[32 * j + i];
-            wt[i][j] = w[32 * j + i];
-        }
-    }
-    // The reference's start, lane by lane; lanes without a range are finished here.
-    let mut start = [[0f32; 8]; 4];
-    let mut degenerate = [None; 8];
-    for j in 0..8 {
-        let r = 32 * j..32 * j + 32;
-        match fit_start(&x[r.clone()], &w[r]) {
-            Ok(FitStart {
-                lo,
-                hi,
-                sum_w,
-                sum_x,
-            }) => {
-                start[0][j] = lo;
-                start[1][j] = hi;
-                start[2][j] = sum_w;
-                start[3][j] = sum_x;
-            }
-            Err(lo) => {
-                // A harmless range for the lane's arithmetic; its result is replaced below.
-                start[1][j] = 1.0;
-                degenerate[j] = Some((0.0, -lo));
-            }
-        }
-    }
+    // The transposed sub-blocks and each lane's start (the reference's, lane by lane).
+    let Lanes8 {
+        xt,
+        wt,
+        start,
+        degenerate,
+    } = lanes8(x, w);
     let load = |v: &[f32; 8]| {
         // SAFETY: eight floats.
         unsafe { _mm256_loadu_ps(v.as_ptr()) }
@@ -285,85 +259,16 @@ fn fit_sym8(x: &[f32], nmax: i32) -> ([f32; 8], [u8; 128]) {
 
 #[cfg(test)]
 mod tests {
-    use crate::quants::{q3_k, q4_k, q5_k, q6_k};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    /// Rows with every kind of sub-block the search meets: normal values, heavy tails, all
-    /// positive (the offset clamp), constant (no range), a single outlier, exact zeros, tiny
-    /// and huge magnitudes, NaN: the bytes equal the reference quantizer's.
     #[test]
     fn quantizers_give_the_reference_bytes() {
         if !super::super::available() {
             return;
         }
-        let mut rng = StdRng::seed_from_u64(5);
-        let n = 64 * crate::QK_K;
-        let mut x = vec![0f32; n];
-        for (k, v) in x.iter_mut().enumerate() {
-            let sub = (k / 32) % 11;
-            let u: f32 = rng.random_range(-1.0..1.0);
-            *v = match sub {
-                0 => u,
-                1 => u * u * u * 40.0,
-                2 => u.abs() + 0.25,
-                3 => 0.75,
-                4 => {
-                    if k % 32 == 7 {
-                        9.0
-                    } else {
-                        u * 0.01
-                    }
-                }
-                5 => 0.0,
-                6 => u * 1e-30,
-                7 => u * 1e30,
-                8 => {
-                    if k % 32 == 3 {
-                        f32::NAN
-                    } else {
-                        u
-                    }
-                }
-                9 => -u.abs() - 1.0,
-                _ => (u * 8.0).round() / 8.0,
-            };
-        }
-        type Quantize = fn(&[f32], &mut [u8]);
-        let cases: [(&str, Quantize, Quantize, usize); 4] = [
-            (
-                "Q4_K",
-                q4_k::quantize,
-                super::quantize_q4_k,
-                q4_k::BLOCK_BYTES,
-            ),
-            (
-                "Q5_K",
-                q5_k::quantize,
-                super::quantize_q5_k,
-                q5_k::BLOCK_BYTES,
-            ),
-            (
-                "Q6_K",
-                q6_k::quantize,
-                super::quantize_q6_k,
-                q6_k::BLOCK_BYTES,
-            ),
-            (
-                "Q3_K",
-                q3_k::quantize,
-                super::quantize_q3_k,
-                q3_k::BLOCK_BYTES,
-            ),
-        ];
-        for (name, reference, ours, size) in cases {
-            let mut want = vec![0u8; n / crate::QK_K * size];
-            let mut got = want.clone();
-            reference(&x, &mut want);
-            ours(&x, &mut got);
-            for (b, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
-                assert_eq!(g, w, "{name} block {b}");
-            }
-        }
+        crate::quants::tests::check_kquant_quantizers([
+            super::quantize_q4_k,
+            super::quantize_q5_k,
+            super::quantize_q6_k,
+            super::quantize_q3_k,
+        ]);
     }
 }

@@ -12,28 +12,11 @@
 use crate::quants::q8_k::{self as q8, QS};
 use crate::repack::kpanel::{D, DMIN, GROUP, QS as PQS, SCALES};
 use crate::repack::KPANEL;
-use crate::types::QK_K;
 use std::arch::x86_64::*;
 
 const AB: usize = q8::BLOCK_BYTES;
 
-/// Checks the shapes (the panels hold `out.len()` rows of `n` columns, `a` one activation
-/// row) and gives the blocks per row.
-fn check(n: usize, w: &[u8], a: &[u8], out: &[f32]) -> usize {
-    assert!(n.is_multiple_of(QK_K), "dot_panels: {n} columns");
-    let nb = n / QK_K;
-    assert!(
-        out.len().is_multiple_of(KPANEL),
-        "dot_panels: {} rows is not whole panels",
-        out.len()
-    );
-    assert!(
-        w.len() >= out.len() / KPANEL * nb * GROUP,
-        "dot_panels: weights too short"
-    );
-    assert!(a.len() >= nb * AB, "dot_panels: activations too short");
-    nb
-}
+use crate::repack::kpanel::check_shapes as check;
 
 /// The 6-bit scales and mins of block `j` (0..8) of 16 rows, as u8 lanes, from the 12
 /// transposed scale bytes `s` (ggml's `get_scale_min_k4`, 16 rows at a time).

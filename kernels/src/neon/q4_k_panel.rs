@@ -13,23 +13,12 @@ use super::{f16x4, Dot, Sdot};
 use crate::quants::q8_k::{self as q8, QS};
 use crate::repack::kpanel::{D, DMIN, GROUP, QS as PQS, SCALES};
 use crate::repack::KPANEL;
-use crate::types::QK_K;
 use core::arch::aarch64::*;
 
 const AB: usize = q8::BLOCK_BYTES;
 
 pub(super) fn dot_panels(n: usize, w: &[u8], a: &[u8], out: &mut [f32]) {
-    assert!(n.is_multiple_of(QK_K), "dot_panels: {n} columns");
-    let nb = n / QK_K;
-    assert!(
-        out.len().is_multiple_of(KPANEL),
-        "dot_panels: {} rows is not whole panels",
-        out.len()
-    );
-    assert!(
-        w.len() >= out.len() / KPANEL * nb * GROUP,
-        "dot_panels: weights too short"
-    );
+    let nb = crate::repack::kpanel::check_shapes(n, w, a, out);
     let a = q8::blocks::<AB>(a, nb);
     debug_assert!(Sdot::available());
     for (p, o) in out.chunks_exact_mut(KPANEL).enumerate() {

@@ -104,3 +104,64 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
         GgmlType::IQ4_XS => entry!(iq4_xs),
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// The K-quant quantizers `ours` (Q4_K, Q5_K, Q6_K, Q3_K) against the reference, on rows
+    /// with every kind of sub-block the search meets: normal values, heavy tails, all
+    /// positive (the offset clamp), constant (no range), a single outlier, exact zeros, tiny
+    /// and huge magnitudes, NaN: the bytes must be the reference quantizer's.
+    pub(crate) fn check_kquant_quantizers(ours: [crate::dispatch::QuantizeFn; 4]) {
+        use crate::quants::{q3_k, q4_k, q5_k, q6_k};
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(5);
+        let n = 64 * crate::QK_K;
+        let mut x = vec![0f32; n];
+        for (k, v) in x.iter_mut().enumerate() {
+            let sub = (k / 32) % 11;
+            let u: f32 = rng.random_range(-1.0..1.0);
+            *v = match sub {
+                0 => u,
+                1 => u * u * u * 40.0,
+                2 => u.abs() + 0.25,
+                3 => 0.75,
+                4 => {
+                    if k % 32 == 7 {
+                        9.0
+                    } else {
+                        u * 0.01
+                    }
+                }
+                5 => 0.0,
+                6 => u * 1e-30,
+                7 => u * 1e30,
+                8 => {
+                    if k % 32 == 3 {
+                        f32::NAN
+                    } else {
+                        u
+                    }
+                }
+                9 => -u.abs() - 1.0,
+                _ => (u * 8.0).round() / 8.0,
+            };
+        }
+        type Quantize = fn(&[f32], &mut [u8]);
+        let cases: [(&str, Quantize, Quantize, usize); 4] = [
+            ("Q4_K", q4_k::quantize, ours[0], q4_k::BLOCK_BYTES),
+            ("Q5_K", q5_k::quantize, ours[1], q5_k::BLOCK_BYTES),
+            ("Q6_K", q6_k::quantize, ours[2], q6_k::BLOCK_BYTES),
+            ("Q3_K", q3_k::quantize, ours[3], q3_k::BLOCK_BYTES),
+        ];
+        for (name, reference, ours, size) in cases {
+            let mut want = vec![0u8; n / crate::QK_K * size];
+            let mut got = want.clone();
+            reference(&x, &mut want);
+            ours(&x, &mut got);
+            for (b, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
+                assert_eq!(g, w, "{name} block {b}");
+            }
+        }
+    }
+}

@@ -116,6 +116,51 @@ pub(crate) type Fit8 = fn(
     l: &mut [u8; QK_K],
 ) -> ([f32; 8], [f32; 8]);
 
+/// The eight sub-blocks of `x` and `w` transposed for the lane-parallel searches (element i
+/// of every sub-block together: `xt[i][j] = x[32 j + i]`), with each lane's start: `[lo, hi,
+/// sum_w, sum_x]` by lane, and for a lane without a range the (scale, min) it ends with
+/// (its start then holds a harmless range, and its result is replaced).
+pub(crate) struct Lanes8 {
+    pub xt: [[f32; 8]; 32],
+    pub wt: [[f32; 8]; 32],
+    pub start: [[f32; 8]; 4],
+    pub degenerate: [Option<(f32, f32)>; 8],
+}
+
+pub(crate) fn lanes8(x: &[f32], w: &[f32; QK_K]) -> Lanes8 {
+    let mut t = Lanes8 {
+        xt: [[0f32; 8]; 32],
+        wt: [[0f32; 8]; 32],
+        start: [[0f32; 8]; 4],
+        degenerate: [None; 8],
+    };
+    for j in 0..8 {
+        for i in 0..32 {
+            t.xt[i][j] = x[32 * j + i];
+            t.wt[i][j] = w[32 * j + i];
+        }
+        let r = 32 * j..32 * j + 32;
+        match fit_start(&x[r.clone()], &w[r]) {
+            Ok(FitStart {
+                lo,
+                hi,
+                sum_w,
+                sum_x,
+            }) => {
+                t.start[0][j] = lo;
+                t.start[1][j] = hi;
+                t.start[2][j] = sum_w;
+                t.start[3][j] = sum_x;
+            }
+            Err(lo) => {
+                t.start[1][j] = 1.0;
+                t.degenerate[j] = Some((0.0, -lo));
+            }
+        }
+    }
+    t
+}
+
 /// `Fit8` by `fit_scale_min`, sub-block by sub-block: the reference.
 pub(crate) fn fit8_reference(
     x: &[f32],
