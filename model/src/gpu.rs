@@ -566,7 +566,9 @@ fn encode_step(
         | Step::RopeQ(_)
         | Step::SharedAttention { .. }
         | Step::PerLayerInput
-        | Step::OutScale => {
+        | Step::OutScale
+        | Step::Router
+        | Step::Experts(_) => {
             return Err(ModelError::UnsupportedStep {
                 step: step.name(),
                 layer: i,
@@ -697,5 +699,7 @@ fn supports(step: Step) -> bool {
         | Step::SharedAttention { .. }
         | Step::PerLayerInput
         | Step::OutScale => false,
+        // Mixture-of-experts layers: not on the GPU yet.
+        Step::Router | Step::Experts(_) => false,
     }
 }

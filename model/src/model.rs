@@ -62,9 +62,14 @@ pub struct Layer {
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// The feed-forward's gate, up and down projections. In a mixture-of-experts layer
+    /// (`router` set) each holds every expert's matrix stacked, expert `e`'s rows being
+    /// `e·rows..(e+1)·rows` ([`Model::expert`]).
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
+    /// The mixture-of-experts router, one row per expert.
+    pub router: Option<Weight>,
     pub post_ffw_norm: Option<Vec<f32>>,
     /// Per-layer embedding input (Gemma 4): gate `[d → ple]`, projection `[ple → d]`, norm.
     pub ple_gate: Option<Weight>,
@@ -85,14 +90,29 @@ impl Layer {
         ]
         .into_iter()
         .chain([Some(&self.gate), Some(&self.up), Some(&self.down)])
+        .chain([self.router.as_ref()])
         .chain([self.ple_gate.as_ref(), self.ple_proj.as_ref()])
         .flatten()
         .collect()
     }
 
-    /// Bytes of weight matrices (what one decoded token reads).
+    /// Bytes of weight matrices (what the layer holds; what one decoded token reads unless it
+    /// is a mixture of experts, [`Layer::active_bytes`]).
     pub fn weight_bytes(&self) -> usize {
         self.matrices().iter().map(|w| w.bytes()).sum()
+    }
+
+    /// Bytes of weights one decoded token reads: every matrix, but of a mixture of experts
+    /// only the `n_used` of `n_expert` experts the router picks.
+    pub fn active_bytes(&self, hp: &Hparams) -> usize {
+        let all = self.weight_bytes();
+        match (&self.router, hp.moe) {
+            (Some(_), Some(m)) => {
+                let experts = self.gate.bytes() + self.up.bytes() + self.down.bytes();
+                all - experts + experts / m.n_expert * m.n_used
+            }
+            _ => all,
+        }
     }
 }
 
@@ -356,6 +376,24 @@ impl Model {
         }
     }
 
+    /// Expert `e`'s matrix of the stacked `w` (`rows` rows per expert: `d_ff_exp` for gate
+    /// and up, `d_model` for down), read from `layer` when streamed.
+    pub fn expert<'a>(
+        &'a self,
+        w: &'a Weight,
+        e: usize,
+        rows: usize,
+        layer: Option<&'a LayerGuard<'a>>,
+    ) -> QMatrix<'a> {
+        let m = self.matrix_in(w, layer);
+        let span = rows * m.row_bytes();
+        QMatrix {
+            n_out: rows,
+            data: &m.data[e * span..(e + 1) * span],
+            ..m
+        }
+    }
+
     /// Every weight matrix loaded: the layers', then the embedding and the head (a tied pair
     /// appears twice).
     fn weights(&self) -> impl Iterator<Item = &Weight> {
@@ -407,7 +445,7 @@ impl Model {
     /// Bytes of weights read per decoded token by the loaded part of the model (every layer
     /// matrix plus the output head; one embedding row is negligible).
     pub fn weight_bytes_per_token(&self) -> usize {
-        let layers: usize = self.layers.iter().map(Layer::weight_bytes).sum();
+        let layers: usize = self.layers.iter().map(|l| l.active_bytes(&self.hp)).sum();
         // Gemma 4's per-layer input projection is read whole for every token.
         let ple = self.ple.as_ref().map_or(0, |p| p.model_proj.bytes());
         layers + ple + self.output.as_ref().map_or(0, |w| w.bytes())
@@ -583,6 +621,64 @@ impl<'a> Loader<'a> {
         Ok(out)
     }
 
+    /// A stack of `n_expert` matrices of `n_out` rows of `n_in` (GGUF dims `[n_in, n_out,
+    /// n_expert]`) as one weight of `n_expert · n_out` rows; repacked only when every expert
+    /// is whole panels, so that no panel spans two experts.
+    fn stacked(
+        &self,
+        kind: TensorKind,
+        layer: Option<usize>,
+        n_in: u64,
+        n_out: u64,
+        n_expert: u64,
+    ) -> Result<Weight, ModelError> {
+        let t = self.info(kind, layer)?;
+        if t.dims != [n_in, n_out, n_expert] {
+            return Err(ModelError::BadShape {
+                name: t.name.clone(),
+                expected: vec![n_in, n_out, n_expert],
+                found: t.dims.clone(),
+            });
+        }
+        if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+            return Err(ModelError::BadType {
+                name: t.name.clone(),
+                ty: t.ty,
+                why: "an activation format, not a weight format",
+            });
+        }
+        let (n_in, rows) = (n_in as usize, (n_out * n_expert) as usize);
+        let start = t.offset as usize;
+        let range = start..start + t.size as usize;
+        if t.ty.row_bytes(n_in).and_then(|rb| rb.checked_mul(rows)) != Some(range.len()) {
+            return Err(ModelError::BadShape {
+                name: t.name.clone(),
+                expected: vec![n_in as u64, n_out, n_expert],
+                found: t.dims.clone(),
+            });
+        }
+        let streamed = self.streamed_layer.is_some();
+        let panels = self.repack
+            && repack::available(t.ty)
+            && repack::panel_rows(t.ty).is_some_and(|p| n_out as usize % p == 0);
+        let packed = if streamed {
+            None
+        } else if panels || self.own {
+            Some(self.repacked(t.ty, n_in, rows, range.clone(), panels))
+        } else {
+            None
+        };
+        Ok(Weight {
+            name: t.name.clone(),
+            ty: t.ty,
+            n_in,
+            n_out: rows,
+            range,
+            packed,
+            streamed,
+        })
+    }
+
     /// The matrix at `range` of the file copied into owned memory, repacked into panels when
     /// `panels`, once per tensor; its mapped pages are released, so the resident total does
     /// not grow.
@@ -727,14 +823,26 @@ impl<'a> Loader<'a> {
                 opt_mat(TensorKind::AttnV, d, kv)?,
             )
         };
-        let (gate, up) = if recipe.needs(TensorKind::FfnGateUp) {
-            let [gate, up] = self.matrix_views(TensorKind::FfnGateUp, l, d, [ff, ff])?;
-            (gate, up)
-        } else {
-            (
+        let (gate, up, down, router) = match hp.moe {
+            Some(m) if recipe.needs(TensorKind::FfnGateInp) => {
+                let (e, fe) = (m.n_expert as u64, m.d_ff_exp as u64);
+                (
+                    self.stacked(TensorKind::FfnGateExps, l, d, fe, e)?,
+                    self.stacked(TensorKind::FfnUpExps, l, d, fe, e)?,
+                    self.stacked(TensorKind::FfnDownExps, l, fe, d, e)?,
+                    Some(self.matrix(TensorKind::FfnGateInp, l, d, e)?),
+                )
+            }
+            _ if recipe.needs(TensorKind::FfnGateUp) => {
+                let [gate, up] = self.matrix_views(TensorKind::FfnGateUp, l, d, [ff, ff])?;
+                (gate, up, self.matrix(TensorKind::FfnDown, l, ff, d)?, None)
+            }
+            _ => (
                 self.matrix(TensorKind::FfnGate, l, d, ff)?,
                 self.matrix(TensorKind::FfnUp, l, d, ff)?,
-            )
+                self.matrix(TensorKind::FfnDown, l, ff, d)?,
+                None,
+            ),
         };
         Ok(Layer {
             attn_norm: self.vector(TensorKind::AttnNorm, l, d)?,
@@ -751,7 +859,8 @@ impl<'a> Loader<'a> {
             ffn_norm: self.vector(TensorKind::FfnNorm, l, d)?,
             gate,
             up,
-            down: self.matrix(TensorKind::FfnDown, l, ff, d)?,
+            down,
+            router,
             post_ffw_norm: opt_vec(TensorKind::PostFfwNorm, d)?,
             ple_gate: opt_mat(TensorKind::PerLayerInpGate, d, ple)?,
             ple_proj: opt_mat(TensorKind::PerLayerProj, ple, d)?,

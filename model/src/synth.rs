@@ -45,6 +45,8 @@ pub enum SynthArch {
     Phi3,
     Gemma2,
     Mistral3,
+    /// Qwen3-MoE: Qwen3's attention, a mixture-of-experts feed-forward (`SynthSpec::experts`).
+    Qwen3Moe,
 }
 
 impl SynthArch {
@@ -58,6 +60,7 @@ impl SynthArch {
         SynthArch::Phi3,
         SynthArch::Gemma2,
         SynthArch::Mistral3,
+        SynthArch::Qwen3Moe,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
@@ -76,6 +79,7 @@ impl SynthArch {
             SynthArch::Phi3 => "phi3",
             SynthArch::Gemma2 => "gemma2",
             SynthArch::Mistral3 => "mistral3",
+            SynthArch::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -91,14 +95,17 @@ impl SynthArch {
 
     /// Layers have an RMSNorm per head of Q and K (`attn_q_norm`, `attn_k_norm`).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, SynthArch::Gemma3 | SynthArch::Qwen3)
+        matches!(
+            self,
+            SynthArch::Gemma3 | SynthArch::Qwen3 | SynthArch::Qwen3Moe
+        )
     }
 
     /// The tokenizer of the small model (`--arch`): a SentencePiece vocabulary unless the
     /// family's files carry another kind.
     pub fn small_vocab(self) -> (VocabKind, u32) {
         match self {
-            SynthArch::Qwen3 => (VocabKind::Qwen3, 1280),
+            SynthArch::Qwen3 | SynthArch::Qwen3Moe => (VocabKind::Qwen3, 1280),
             SynthArch::Gemma2 => (VocabKind::Gemma, 512),
             SynthArch::Mistral3 => (VocabKind::Tekken, 2048),
             _ => (VocabKind::Spm, 512),
@@ -128,6 +135,9 @@ pub struct SynthSpec {
     /// Llama only: no `output.weight`, the head reuses `token_embd.weight`. Gemma 3 is
     /// always tied.
     pub tied_embeddings: bool,
+    /// A mixture-of-experts feed-forward: (experts, experts used per token); each expert's
+    /// width is `d_ff`.
+    pub experts: Option<(u32, u32)>,
 }
 
 impl SynthSpec {
@@ -150,6 +160,7 @@ impl SynthSpec {
                 ctx: 256,
                 sliding_window: 8,
                 tied_embeddings: true,
+                experts: None,
             };
         }
         SynthSpec {
@@ -161,7 +172,7 @@ impl SynthSpec {
             n_head: 4,
             n_head_kv: 2,
             head_dim: 64,
-            d_ff: 512,
+            d_ff: if arch == SynthArch::Qwen3Moe { 256 } else { 512 },
             vocab: arch.small_vocab().1,
             ctx: 256,
             sliding_window: if arch == SynthArch::Phi3 {
@@ -170,6 +181,9 @@ impl SynthSpec {
                 8
             },
             tied_embeddings: matches!(arch, SynthArch::Gemma3 | SynthArch::Gemma2),
+            // 8 experts, 3 per token (an odd k, so the renormalization is not a pair's), each
+            // 256 wide: rows of whole K-quant blocks, whole 16-row panels.
+            experts: (arch == SynthArch::Qwen3Moe).then_some((8, 3)),
         }
     }
 
@@ -196,6 +210,8 @@ impl SynthSpec {
             SynthArch::Phi3 => 6,
             SynthArch::Gemma2 => 11,
             SynthArch::Mistral3 => 9,
+            // The router and three stacked expert tensors in place of gate, up and down.
+            SynthArch::Qwen3Moe => 12,
         };
         // Phi-3's two LongRoPE factor tensors are global.
         let rope = if self.arch == SynthArch::Phi3 { 2 } else { 0 };
@@ -275,6 +291,10 @@ impl SynthSpec {
 /// enough to bend the scores and logits of a small random model (about 4 and 9 at most), so a
 /// forward pass that skipped either would not pass the tests.
 pub const SMALL_SOFTCAPS: (f32, f32) = (2.0, 6.0);
+
+/// The small mixture-of-experts models' router weights over a plain matrix's (router logits
+/// of standard deviation about 4 instead of 1).
+const ROUTER_GAIN: f32 = 4.0;
 
 /// Specials plus byte tokens.
 const N_FIXED_TOKENS: u32 = 3 + 256;
@@ -388,7 +408,18 @@ impl Gen {
 
     /// `n_rows` rows of `row_len` values ~ N(0, 1/√row_len), encoded as `ty`.
     fn matrix(&mut self, row_len: u32, n_rows: u32, ty: GgmlType) -> Result<Vec<u8>, GgufError> {
-        let scale = 1.0 / (row_len as f32).sqrt();
+        self.matrix_gain(row_len, n_rows, ty, 1.0)
+    }
+
+    /// [`Gen::matrix`] with every value times `gain`.
+    fn matrix_gain(
+        &mut self,
+        row_len: u32,
+        n_rows: u32,
+        ty: GgmlType,
+        gain: f32,
+    ) -> Result<Vec<u8>, GgufError> {
+        let scale = gain / (row_len as f32).sqrt();
         let n = row_len as usize * n_rows as usize;
         let src: Vec<f32> = (0..n).map(|_| self.normal() * scale).collect();
         let bytes = ty
@@ -429,6 +460,8 @@ pub(crate) struct ArchMeta {
     pub rms_eps: f32,
     /// Attention and final logit soft-caps (Gemma 2).
     pub softcaps: Option<(f32, f32)>,
+    /// Experts, experts used per token, one expert's width.
+    pub experts: Option<(u32, u32, u32)>,
 }
 
 /// Adds `m`'s keys to `w`.
@@ -453,7 +486,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
         SynthArch::Gemma3 => {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
-        SynthArch::Qwen2 | SynthArch::Qwen3 => {}
+        SynthArch::Qwen2 | SynthArch::Qwen3 | SynthArch::Qwen3Moe => {}
         // Its own keys come with the model (`gemma4::Gemma4Model::add_meta`).
         SynthArch::Gemma4 => {}
         SynthArch::Phi3 => {
@@ -467,6 +500,11 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
     if let Some((attn, fin)) = m.softcaps {
         w.add(&k(MetaKey::AttnLogitSoftcapping), Value::F32(attn));
         w.add(&k(MetaKey::FinalLogitSoftcapping), Value::F32(fin));
+    }
+    if let Some((n, used, ff)) = m.experts {
+        w.add(&k(MetaKey::ExpertCount), Value::U32(n));
+        w.add(&k(MetaKey::ExpertUsedCount), Value::U32(used));
+        w.add(&k(MetaKey::ExpertFeedForwardLength), Value::U32(ff));
     }
 }
 
@@ -507,7 +545,11 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
         SynthArch::Gemma2 => (10000.0, 1e-6),
         SynthArch::Mistral3 => (1e9, 1e-5),
-        SynthArch::Gemma3 | SynthArch::Qwen2 | SynthArch::Qwen3 | SynthArch::Gemma4 => (1e6, 1e-6),
+        SynthArch::Gemma3
+        | SynthArch::Qwen2
+        | SynthArch::Qwen3
+        | SynthArch::Gemma4
+        | SynthArch::Qwen3Moe => (1e6, 1e-6),
     };
     add_arch_meta(
         &mut w,
@@ -525,6 +567,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             rope_base,
             rms_eps,
             softcaps: s.arch.softcaps().map(|_| SMALL_SOFTCAPS),
+            experts: s.experts.map(|(n, used)| (n, used, s.d_ff)),
         },
     );
 
@@ -567,30 +610,49 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         }
         return Ok(w.to_bytes());
     }
-    let mut matrix = |w: &mut GgufWriter, name: &str, row_len: u32, n_rows: u32| {
-        let ty = matrix_type(s.weight_type, row_len);
-        let data = g.matrix(row_len, n_rows, ty)?;
-        w.add_tensor(name, &[row_len.into(), n_rows.into()], ty, data)
+    // A matrix `[row_len, rows...]` in the spec's type (`None`), or in a given type with its
+    // values multiplied by a gain.
+    let mut tensor = |w: &mut GgufWriter, name: &str, dims: &[u32], ty: Option<(GgmlType, f32)>| {
+        let (ty, gain) = ty.unwrap_or_else(|| (matrix_type(s.weight_type, dims[0]), 1.0));
+        let data = g.matrix_gain(dims[0], dims[1..].iter().product(), ty, gain)?;
+        let dims: Vec<u64> = dims.iter().map(|&x| x.into()).collect();
+        w.add_tensor(name, &dims, ty, data)
     };
-    matrix(&mut w, "token_embd.weight", d, s.vocab)?;
+    tensor(&mut w, "token_embd.weight", &[d, s.vocab], None)?;
     let mut norms: Vec<(String, u32)> = Vec::new();
     let mut biases: Vec<(String, u32)> = Vec::new();
     for il in 0..s.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}.weight");
         if s.arch == SynthArch::Phi3 {
             // Fused, as Phi-3 files hold them: rows [q | k | v] and [gate | up].
-            matrix(&mut w, &b("attn_qkv"), d, q + 2 * kv)?;
-            matrix(&mut w, &b("attn_output"), q, d)?;
-            matrix(&mut w, &b("ffn_up"), d, 2 * s.d_ff)?;
-            matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+            tensor(&mut w, &b("attn_qkv"), &[d, q + 2 * kv], None)?;
+            tensor(&mut w, &b("attn_output"), &[q, d], None)?;
+            tensor(&mut w, &b("ffn_up"), &[d, 2 * s.d_ff], None)?;
+            tensor(&mut w, &b("ffn_down"), &[s.d_ff, d], None)?;
+        } else if let Some((ne, _)) = s.experts {
+            tensor(&mut w, &b("attn_q"), &[d, q], None)?;
+            tensor(&mut w, &b("attn_k"), &[d, kv], None)?;
+            tensor(&mut w, &b("attn_v"), &[d, kv], None)?;
+            tensor(&mut w, &b("attn_output"), &[q, d], None)?;
+            // The router stays F32, as llama.cpp's quantizer leaves it, and is ROUTER_GAIN times
+            // a plain matrix: decisive enough that 8-bit activation rounding (ours and
+            // llama.cpp's) rarely swaps the last picked expert with the first unpicked one.
+            tensor(&mut w, &b("ffn_gate_inp"), &[d, ne], Some((GgmlType::F32, ROUTER_GAIN)))?;
+            for (name, row_len, rows) in [
+                ("ffn_gate_exps", d, s.d_ff),
+                ("ffn_up_exps", d, s.d_ff),
+                ("ffn_down_exps", s.d_ff, d),
+            ] {
+                tensor(&mut w, &b(name), &[row_len, rows, ne], None)?;
+            }
         } else {
-            matrix(&mut w, &b("attn_q"), d, q)?;
-            matrix(&mut w, &b("attn_k"), d, kv)?;
-            matrix(&mut w, &b("attn_v"), d, kv)?;
-            matrix(&mut w, &b("attn_output"), q, d)?;
-            matrix(&mut w, &b("ffn_gate"), d, s.d_ff)?;
-            matrix(&mut w, &b("ffn_up"), d, s.d_ff)?;
-            matrix(&mut w, &b("ffn_down"), s.d_ff, d)?;
+            tensor(&mut w, &b("attn_q"), &[d, q], None)?;
+            tensor(&mut w, &b("attn_k"), &[d, kv], None)?;
+            tensor(&mut w, &b("attn_v"), &[d, kv], None)?;
+            tensor(&mut w, &b("attn_output"), &[q, d], None)?;
+            tensor(&mut w, &b("ffn_gate"), &[d, s.d_ff], None)?;
+            tensor(&mut w, &b("ffn_up"), &[d, s.d_ff], None)?;
+            tensor(&mut w, &b("ffn_down"), &[s.d_ff, d], None)?;
         }
         norms.push((b("attn_norm"), d));
         norms.push((b("ffn_norm"), d));
@@ -610,7 +672,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         }
     }
     if !s.is_tied() {
-        matrix(&mut w, "output.weight", d, s.vocab)?;
+        tensor(&mut w, "output.weight", &[d, s.vocab], None)?;
     }
     norms.push(("output_norm.weight".to_string(), d));
     for (name, n) in norms {

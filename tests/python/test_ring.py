@@ -49,16 +49,18 @@ def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, 
             assert f"node{i + 1}" in err
 
 
-# The small synthetic models of issue 28's architectures (`debug synth --arch`): 2 layers each.
-SYNTH_RING_ARCHS = ["qwen3", "gemma2", "mistral3"]
+# The small synthetic models of issue 28's and issue 30's architectures (`debug synth --arch`):
+# 2 layers each. Qwen3-MoE also in Q4_K, whose experts run from repacked panels.
+SYNTH_RING_ARCHS = [("qwen3", "q8_0"), ("gemma2", "q8_0"), ("mistral3", "q8_0"), ("qwen3moe", "q8_0"),
+                    ("qwen3moe", "q4_k")]
 
 
-@pytest.mark.parametrize("arch", SYNTH_RING_ARCHS)
-def test_ring_over_a_synthetic_architecture_is_bit_identical(arch, tmp_path):
+@pytest.mark.parametrize("arch,ty", SYNTH_RING_ARCHS)
+def test_ring_over_a_synthetic_architecture_is_bit_identical(arch, ty, tmp_path):
     """A ring of 1 and 2 nodes (a layer each) over the small model of each new architecture:
     the same ids and the same logits, bit for bit, as the single process."""
     model = tmp_path / f"{arch}.gguf"
-    ringllm(["debug", "synth", "--arch", arch, "--type", "q8_0", "--seed", "5", "-o", model])
+    ringllm(["debug", "synth", "--arch", arch, "--type", ty, "--seed", "5", "-o", model])
     prompt = "the model said it would make the water"
     want, want_logits, _ = single(model, prompt, tmp_path)
     assert len(want["token_ids"]) >= 1

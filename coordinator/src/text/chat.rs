@@ -130,7 +130,7 @@ pub fn fit_context<E>(
 }
 
 /// The built-in template of `arch`'s family for a model file without one, if its vocabulary
-/// has the family's markup tokens: Gemma 2 and 3 → `gemma`, Qwen2 and Qwen3 → `chatml`, Llama → `llama3` (a
+/// has the family's markup tokens: Gemma 2 and 3 → `gemma`, Qwen2, Qwen3 and Qwen3-MoE → `chatml`, Llama → `llama3` (a
 /// Llama 3 vocabulary) or `chatml` (one with `<|im_start|>`, as SmolLM's). `None`: no family
 /// template fits (Llama 2, Mistral: pick one with --template).
 pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
@@ -140,7 +140,7 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
         Arch::Gemma3 | Arch::Gemma2 => {
             (has("<start_of_turn>") && has("<end_of_turn>")).then_some("gemma")
         }
-        Arch::Qwen2 | Arch::Qwen3 => chatml.then_some("chatml"),
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => chatml.then_some("chatml"),
         Arch::Llama | Arch::Mistral3 if has("<|start_header_id|>") && has("<|eot_id|>") => {
             Some("llama3")
         }

@@ -12,6 +12,7 @@ mod mistral3;
 mod phi3;
 mod qwen2;
 mod qwen3;
+mod qwen3moe;
 pub mod recipe;
 
 use crate::error::ModelError;
@@ -43,6 +44,9 @@ pub enum Arch {
     Gemma2,
     /// Mistral 3 (Mistral Small 3.x): the Llama block under its own name.
     Mistral3,
+    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): the Qwen3 block with a mixture-of-experts
+    /// feed-forward (softmax router, top-k, weights renormalized).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -57,6 +61,7 @@ impl Arch {
             "phi3" => Some(Arch::Phi3),
             "gemma2" => Some(Arch::Gemma2),
             "mistral3" => Some(Arch::Mistral3),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
             _ => None,
         }
     }
@@ -71,11 +76,13 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Gemma2 => "gemma2",
             Arch::Mistral3 => "mistral3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
     pub const SUPPORTED: &'static [&'static str] = &[
         "llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3",
+        "qwen3moe",
     ];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
@@ -89,6 +96,7 @@ impl Arch {
             Arch::Phi3 => phi3::apply(hp, md),
             Arch::Gemma2 => gemma2::apply(hp, md),
             Arch::Mistral3 => mistral3::apply(hp, md),
+            Arch::Qwen3Moe => qwen3moe::apply(hp, md),
         }
     }
 }
@@ -126,6 +134,16 @@ pub enum MetaKey {
     RopeScalingAttnFactor,
     AttnLogitSoftcapping,
     AttnTemperatureScale,
+    /// Experts per mixture-of-experts layer.
+    ExpertCount,
+    /// Experts the router picks per token.
+    ExpertUsedCount,
+    /// One expert's feed-forward width.
+    ExpertFeedForwardLength,
+    /// Multiplier of the routing weights (0 or 1: none).
+    ExpertWeightsScale,
+    /// The picked experts' weights renormalized to sum to 1.
+    ExpertWeightsNorm,
 }
 
 impl MetaKey {
@@ -159,6 +177,11 @@ impl MetaKey {
             MetaKey::RopeScalingAttnFactor => "rope.scaling.attn_factor",
             MetaKey::AttnLogitSoftcapping => "attn_logit_softcapping",
             MetaKey::AttnTemperatureScale => "attention.temperature_scale",
+            MetaKey::ExpertCount => "expert_count",
+            MetaKey::ExpertUsedCount => "expert_used_count",
+            MetaKey::ExpertFeedForwardLength => "expert_feed_forward_length",
+            MetaKey::ExpertWeightsScale => "expert_weights_scale",
+            MetaKey::ExpertWeightsNorm => "expert_weights_norm",
         }
     }
 
@@ -225,6 +248,14 @@ pub enum TensorKind {
     RopeFactorsLong,
     /// LongRoPE frequency divisors for contexts within the original one.
     RopeFactorsShort,
+    /// The router of a mixture-of-experts layer: one row per expert, `[d, n_expert]`.
+    FfnGateInp,
+    /// Every expert's gate projection stacked, `[d, ff_exp, n_expert]`.
+    FfnGateExps,
+    /// Every expert's up projection stacked, `[d, ff_exp, n_expert]`.
+    FfnUpExps,
+    /// Every expert's down projection stacked, `[ff_exp, d, n_expert]`.
+    FfnDownExps,
 }
 
 impl TensorKind {
@@ -258,6 +289,10 @@ impl TensorKind {
             TensorKind::FfnGateUp => "ffn_up",
             TensorKind::RopeFactorsLong => "rope_factors_long",
             TensorKind::RopeFactorsShort => "rope_factors_short",
+            TensorKind::FfnGateInp => "ffn_gate_inp",
+            TensorKind::FfnGateExps => "ffn_gate_exps",
+            TensorKind::FfnUpExps => "ffn_up_exps",
+            TensorKind::FfnDownExps => "ffn_down_exps",
         }
     }
 
@@ -379,6 +414,74 @@ pub struct Hparams {
     /// A layer may lack its V projection, V then being its K (Gemma 4): the loader sets
     /// [`LayerShape::v_from_k`] from the tensors present.
     pub v_proj_optional: bool,
+    /// The feed-forward is a mixture of experts (`{arch}.expert_count` > 0).
+    pub moe: Option<MoeParams>,
+}
+
+/// How a mixture-of-experts feed-forward routes a token (llama.cpp's `build_moe_ffn` with a
+/// softmax gate).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeParams {
+    /// Experts per layer.
+    pub n_expert: usize,
+    /// Experts each token goes through (top-k of the router's softmax).
+    pub n_used: usize,
+    /// Feed-forward width of one expert.
+    pub d_ff_exp: usize,
+    /// The k picked probabilities divided by their sum (Qwen3-MoE, Mixtral).
+    pub norm_weights: bool,
+    /// Multiplier of the routing weights (1: none).
+    pub weights_scale: f32,
+}
+
+/// The most experts a layer may declare (the router's row count).
+pub const MAX_EXPERTS: usize = 1024;
+
+impl MoeParams {
+    /// Reads the expert keys of `arch`: `None` when the file has no experts.
+    fn from_metadata(
+        md: &Metadata,
+        arch: &'static str,
+        d_ff: usize,
+    ) -> Result<Option<MoeParams>, ModelError> {
+        let k = |key: MetaKey| key.of(arch);
+        let n_expert = md.opt_u32(&k(MetaKey::ExpertCount))?.unwrap_or(0) as usize;
+        if n_expert == 0 {
+            return Ok(None);
+        }
+        let bad = |why: String| Err(ModelError::BadHparams { arch, why });
+        let n_used = md.opt_u32(&k(MetaKey::ExpertUsedCount))?.unwrap_or(0) as usize;
+        if n_expert > MAX_EXPERTS || n_used == 0 || n_used > n_expert {
+            return bad(format!(
+                "{} {n_expert} and {} {n_used}: need 1 <= used <= count <= {MAX_EXPERTS}",
+                k(MetaKey::ExpertCount),
+                k(MetaKey::ExpertUsedCount)
+            ));
+        }
+        // llama.cpp's default when the width is not given: the dense width shared by k.
+        let d_ff_exp = match md.opt_u32(&k(MetaKey::ExpertFeedForwardLength))? {
+            Some(v) => v as usize,
+            None => d_ff / n_used,
+        };
+        if d_ff_exp == 0 {
+            return bad(format!("{} is 0", k(MetaKey::ExpertFeedForwardLength)));
+        }
+        let weights_scale = match md.opt_f32(&k(MetaKey::ExpertWeightsScale))? {
+            None => 1.0,
+            Some(s) if s == 0.0 => 1.0,
+            Some(s) if s.is_finite() && s > 0.0 => s,
+            Some(s) => return bad(format!("{} {s}", k(MetaKey::ExpertWeightsScale))),
+        };
+        Ok(Some(MoeParams {
+            n_expert,
+            n_used,
+            d_ff_exp,
+            // Qwen3-MoE and Mixtral always renormalize (llama.cpp passes `true` for both);
+            // an architecture whose files carry `expert_weights_norm` reads it in its file.
+            norm_weights: true,
+            weights_scale,
+        }))
+    }
 }
 
 /// One layer's shape where it may differ from the model's scalar hyper-parameters.
@@ -510,6 +613,7 @@ impl Hparams {
             rope_attn_factor: 1.0,
             attn_logit_softcap: None,
             v_proj_optional: false,
+            moe: MoeParams::from_metadata(md, a, d_ff)?,
         };
         if ff_per_layer.is_some() || kv_per_layer.is_some() {
             let base = hp.layer_shape(0);

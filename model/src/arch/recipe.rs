@@ -79,6 +79,14 @@ pub enum Step {
     /// `gate, up = xn · Wgate_up` from one fused matrix (Phi-3's `ffn_up`, rows `[gate | up]`),
     /// split into two views at load and run as `GateUp`; named `gate_up` like it.
     GateUpFused,
+    /// The mixture-of-experts router: `p = softmax(xn · Wrouter)` per row, the `k` largest
+    /// picked (ties to the lower expert index), their weights `p / Σp` when the model
+    /// renormalizes, times its weight scale. Writes the picks, which no buffer shows.
+    Router,
+    /// `o = Σ_j w_j · Wdown[e_j] · (act(Wgate[e_j] · xn) ⊙ Wup[e_j] · xn)` over each row's
+    /// picked experts, summed in increasing expert index (so a row's sum is the same in any
+    /// batch).
+    Experts(FfnAct),
 }
 
 /// The buffers of a batch a step reads or writes, `[n × width]` each.
@@ -154,6 +162,8 @@ impl Step {
             Step::OutScale => "out_scale",
             Step::QkvFused => "qkv",
             Step::GateUpFused => "gate_up",
+            Step::Router => "router",
+            Step::Experts(_) => "experts",
         }
     }
 
@@ -192,6 +202,8 @@ impl Step {
             Step::OutScale => &[T::LayerOutScale],
             Step::QkvFused => &[T::AttnQkv],
             Step::GateUpFused => &[T::FfnGateUp],
+            Step::Router => &[T::FfnGateInp],
+            Step::Experts(_) => &[T::FfnGateExps, T::FfnUpExps, T::FfnDownExps],
         }
     }
 
@@ -202,7 +214,8 @@ impl Step {
             Step::QkvProj | Step::QkvBias | Step::QkvFused => &[Buf::Q, Buf::K, Buf::V],
             Step::QkNorm | Step::Rope(_) => &[Buf::Q, Buf::K],
             Step::Attention { .. } => &[Buf::Att],
-            Step::AttnOut | Step::FfnDown => &[Buf::O],
+            Step::AttnOut | Step::FfnDown | Step::Experts(_) => &[Buf::O],
+            Step::Router => &[],
             Step::AttnResidual { .. } | Step::FfnResidual { .. } => &[Buf::X],
             Step::GateUp | Step::GateUpFused => &[Buf::Gate, Buf::Up],
             Step::Glu(_) => &[Buf::Gate],
@@ -310,17 +323,23 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
             post_norm: hp.sandwich_norms,
         },
         Step::FfnNorm,
-        if hp.fused_proj {
-            Step::GateUpFused
-        } else {
-            Step::GateUp
-        },
-        Step::Glu(hp.ffn_act),
-        Step::FfnDown,
-        Step::FfnResidual {
-            post_norm: hp.sandwich_norms,
-        },
     ]);
+    if hp.moe.is_some() {
+        steps.extend([Step::Router, Step::Experts(hp.ffn_act)]);
+    } else {
+        steps.extend([
+            if hp.fused_proj {
+                Step::GateUpFused
+            } else {
+                Step::GateUp
+            },
+            Step::Glu(hp.ffn_act),
+            Step::FfnDown,
+        ]);
+    }
+    steps.push(Step::FfnResidual {
+        post_norm: hp.sandwich_norms,
+    });
     if hp.ple_dim > 0 {
         steps.push(Step::PerLayerInput);
     }
@@ -373,6 +392,7 @@ mod tests {
             rope_attn_factor: 1.0,
             attn_logit_softcap: None,
             v_proj_optional: false,
+            moe: None,
         }
     }
 
@@ -457,6 +477,35 @@ mod tests {
         }
         assert_eq!(Step::QkvFused.outputs(), Step::QkvProj.outputs());
         assert_eq!(Step::GateUpFused.outputs(), Step::GateUp.outputs());
+    }
+
+    #[test]
+    fn a_mixture_of_experts_replaces_the_dense_feed_forward() {
+        let mut h = hp(Arch::Qwen3Moe);
+        h.moe = Some(crate::arch::MoeParams {
+            n_expert: 8,
+            n_used: 2,
+            d_ff_exp: 32,
+            norm_weights: true,
+            weights_scale: 1.0,
+        });
+        let r = build(&h, 0);
+        assert_eq!(
+            r.describe(),
+            "attn_norm → qkv → rope → attention → attn_out → attn_residual → ffn_norm → \
+             router → experts → ffn_residual"
+        );
+        for k in [
+            TensorKind::FfnGateInp,
+            TensorKind::FfnGateExps,
+            TensorKind::FfnUpExps,
+            TensorKind::FfnDownExps,
+        ] {
+            assert!(r.needs(k), "{k:?}");
+        }
+        for k in [TensorKind::FfnGate, TensorKind::FfnUp, TensorKind::FfnDown] {
+            assert!(!r.needs(k), "{k:?}");
+        }
     }
 
     #[test]

@@ -147,6 +147,8 @@ impl Runner {
                     &mut s.o[..n * d],
                     &mut s.acts,
                 ),
+                Step::Router => super::moe::router(pool, m, l, buf, s, n),
+                Step::Experts(act) => super::moe::experts(pool, m, l, buf, act, s, n),
                 Step::FfnResidual { post_norm } => {
                     let w = if post_norm {
                         l.post_ffw_norm.as_deref()
@@ -372,7 +374,7 @@ pub(super) fn add_rows(
 }
 
 /// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
-fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], glu: fn(&mut [f32], &[f32])) {
+pub(super) fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], glu: fn(&mut [f32], &[f32])) {
     const CHUNK: usize = 4096;
     let g = SharedMut::new(gate);
     pool.for_ranges(g.len(), CHUNK, &|range| {

@@ -10,6 +10,7 @@
 
 mod attention;
 mod layer;
+mod moe;
 mod ple;
 mod skip;
 
@@ -101,6 +102,8 @@ struct Scratch {
     /// The position of each row of the batch.
     pos: Vec<usize>,
     acts: ActBuffer,
+    /// A mixture-of-experts layer's routing and per-expert buffers.
+    moe: moe::MoeScratch,
 }
 
 pub struct Runner {
@@ -141,7 +144,8 @@ impl Runner {
             + ((hp.rope_dim + hp.rope_dim_local) / 2) as u64 * 8
             + 8
             // Quantized activations: at most 4 bytes per value whatever the block format.
-            + widest * 4;
+            + widest * 4
+            + moe::MoeScratch::bytes_per_row(hp.moe, hp.d_model);
         mb.saturating_mul(per_token).saturating_add(
             (threads.max(1) as u64).saturating_mul(ATT_HEADS as u64 * max_ctx.max(1) as u64 * 4),
         )
@@ -179,6 +183,7 @@ impl Runner {
             rope_global: vec![(0.0, 0.0); mb * (hp.rope_dim / 2)],
             pos: vec![0; mb],
             acts,
+            moe: moe::MoeScratch::new(hp.moe, hp.d_model, mb),
         };
         let mut inv_freq_local = ops::rope_inv_freq(hp.rope_base_local, hp.rope_dim_local);
         let mut inv_freq_global = ops::rope_inv_freq(hp.rope_base, hp.rope_dim);

@@ -473,7 +473,32 @@ pub const SHAPES: &[Shape] = &[
         tied: false,
         vocab_kind: VocabKind::Tekken,
     },
+    // Qwen/Qwen3-30B-A3B: 128 experts of width 768 (moe_intermediate_size), 8 per token;
+    // `d_ff` is its config's intermediate_size, which the file carries but no layer uses.
+    Shape {
+        name: "qwen3-30b-a3b",
+        source: "Qwen/Qwen3-30B-A3B",
+        arch: SynthArch::Qwen3Moe,
+        n_layer: 48,
+        d_model: 2048,
+        n_head: 32,
+        n_head_kv: 4,
+        head_dim: 128,
+        d_ff: 6144,
+        vocab: 151_936,
+        ctx: 40_960,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-6,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
 ];
+
+/// The mixture-of-experts shapes' experts: (shape, experts, used per token, expert width).
+const EXPERTS: &[(&str, u32, u32, u32)] = &[("qwen3-30b-a3b", 128, 8, 768)];
 
 /// The shape called `name`.
 pub fn shape(name: &str) -> Option<&'static Shape> {
@@ -486,6 +511,14 @@ pub fn shape_names() -> Vec<&'static str> {
 }
 
 impl Shape {
+    /// (experts, experts used per token, one expert's width) of a mixture-of-experts shape.
+    pub fn experts(&self) -> Option<(u32, u32, u32)> {
+        EXPERTS
+            .iter()
+            .find(|e| e.0 == self.name)
+            .map(|&(_, n, used, ff)| (n, used, ff))
+    }
+
     /// Llama 3 RoPE divisors for each of the `head_dim / 2` rotated frequency pairs.
     pub fn rope_freqs(&self) -> Option<Vec<f32>> {
         let r = self.rope_scaling?;

@@ -187,6 +187,32 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             vector(&mut out, TensorKind::PostAttnNorm, l, d, Fill::Norm);
         }
         vector(&mut out, TensorKind::FfnNorm, l, d, Fill::Norm);
+        if let Some((ne, _, fe)) = s.experts() {
+            // The router in F32 (llama.cpp's quantizer leaves `ffn_gate_inp` alone); the
+            // experts stacked, typed as their dense counterparts.
+            out.push(Planned {
+                name: TensorKind::FfnGateInp.gguf_name(Some(il as usize)),
+                dims: vec![d.into(), ne.into()],
+                ty: GgmlType::F32,
+                fill: Fill::Matrix,
+            });
+            for (kind, dense, row_len, rows) in [
+                (TensorKind::FfnGateExps, TensorKind::FfnGate, d, fe),
+                (TensorKind::FfnUpExps, TensorKind::FfnUp, d, fe),
+                (TensorKind::FfnDownExps, TensorKind::FfnDown, fe, d),
+            ] {
+                let ty = spec
+                    .mix
+                    .matrix_type(dense, il, s.n_layer, row_len, s.tied, n_gqa);
+                out.push(Planned {
+                    name: kind.gguf_name(Some(il as usize)),
+                    dims: vec![row_len.into(), rows.into(), ne.into()],
+                    ty,
+                    fill: Fill::Matrix,
+                });
+            }
+            continue;
+        }
         if fused {
             matrix(&mut out, TensorKind::FfnGateUp, l, 2 * s.d_ff, d);
         } else {
@@ -242,6 +268,7 @@ fn header(spec: &ShapeSpec, tensors: &[Planned]) -> Result<GgufWriter, GgufError
             rope_base: s.rope_base,
             rms_eps: s.rms_eps,
             softcaps: s.arch.softcaps(),
+            experts: s.experts(),
         },
     );
     if let Some(g) = super::gemma4::Gemma4Model::of_shape(s) {

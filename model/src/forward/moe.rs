@@ -1,0 +1,273 @@
+//! A mixture-of-experts feed-forward on the CPU (`Step::Router`, `Step::Experts`).
+//!
+//! The router picks each row's experts; the batch's rows are then grouped by expert (a
+//! counting sort), and each expert that has rows runs as one batched product over them:
+//! gather the rows of `xn`, gate and up in one pass of the pool, the GLU, down, and each
+//! result added into its row of `o` with the row's routing weight. Decode is the same with
+//! one row per picked expert, so only the picked experts' weights are read. The experts are
+//! visited in increasing index whatever the batch, and the matrix kernels give a row the same
+//! bits in any batch, so a row's output does not depend on the rows it was batched with (the
+//! ring and the single process agree bit for bit, prefill and decode too).
+
+use super::layer::glu_parallel;
+use super::Scratch;
+use crate::arch::{FfnAct, MoeParams};
+use crate::model::{Layer, Model};
+use crate::stream::LayerGuard;
+use ringllm_kernels::matmul::{matmul, matmul_many, MatJob};
+use ringllm_kernels::ops;
+use ringllm_kernels::ThreadPool;
+
+/// The smallest sum of picked probabilities a renormalization divides by (llama.cpp clamps
+/// the sum at the smallest normal f16 the same way).
+const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+
+/// The scratch of the mixture-of-experts steps, sized for `max_batch` rows.
+#[derive(Default)]
+pub(super) struct MoeScratch {
+    /// Router logits, then probabilities: `[n × n_expert]`.
+    probs: Vec<f32>,
+    /// Each row's picks `(expert, weight)`, `[n × n_used]`, in the order picked.
+    picks: Vec<(u32, f32)>,
+    /// Rows per expert, then the start of each expert's run in `order`: `n_expert + 1`.
+    starts: Vec<usize>,
+    /// `(row, weight)` grouped by expert.
+    order: Vec<(u32, f32)>,
+    /// One expert's gathered input rows `[rows × d]`, its gate and up `[rows × d_ff_exp]`,
+    /// its output `[rows × d]`.
+    x: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl MoeScratch {
+    pub(super) fn new(m: Option<MoeParams>, d: usize, max_batch: usize) -> MoeScratch {
+        let Some(m) = m else {
+            return MoeScratch::default();
+        };
+        MoeScratch {
+            probs: vec![0.0; max_batch * m.n_expert],
+            picks: vec![(0, 0.0); max_batch * m.n_used],
+            starts: vec![0; m.n_expert + 1],
+            order: vec![(0, 0.0); max_batch * m.n_used],
+            x: vec![0.0; max_batch * d],
+            gate: vec![0.0; max_batch * m.d_ff_exp],
+            up: vec![0.0; max_batch * m.d_ff_exp],
+            out: vec![0.0; max_batch * d],
+        }
+    }
+
+    /// Bytes `new` allocates per row of the batch.
+    pub(super) fn bytes_per_row(m: Option<MoeParams>, d: usize) -> u64 {
+        m.map_or(0, |m| {
+            (4 * m.n_expert + 16 * m.n_used + 8 * d + 8 * m.d_ff_exp) as u64 + 8
+        })
+    }
+}
+
+/// Picks `k` experts from the router probabilities `p` (largest first, ties to the lower
+/// index) and their weights into `picks`: the probabilities, renormalized to sum to one when
+/// the model says so, times its weight scale.
+pub fn route(p: &[f32], m: &MoeParams, picks: &mut [(u32, f32)]) {
+    let k = m.n_used;
+    for j in 0..k {
+        // The best expert not yet picked: k is small (2 to 8), a scan per pick is enough.
+        let mut best: Option<usize> = None;
+        for (e, &v) in p.iter().enumerate() {
+            if picks[..j].iter().any(|&(q, _)| q as usize == e) {
+                continue;
+            }
+            if best.is_none_or(|b| v > p[b]) {
+                best = Some(e);
+            }
+        }
+        let e = best.unwrap_or(0);
+        picks[j] = (e as u32, p[e]);
+    }
+    if m.norm_weights {
+        let sum: f32 = picks[..k].iter().map(|&(_, w)| w).sum();
+        let inv = sum.max(MIN_WEIGHT_SUM);
+        for pk in picks[..k].iter_mut() {
+            pk.1 /= inv;
+        }
+    }
+    if m.weights_scale != 1.0 {
+        for pk in picks[..k].iter_mut() {
+            pk.1 *= m.weights_scale;
+        }
+    }
+}
+
+/// `Step::Router`: the picks of each of the `n` rows of `xn`.
+pub(super) fn router(
+    pool: &ThreadPool,
+    m: &Model,
+    l: &Layer,
+    buf: Option<&LayerGuard<'_>>,
+    s: &mut Scratch,
+    n: usize,
+) {
+    let (Some(moe), Some(w)) = (m.hp.moe, &l.router) else {
+        return;
+    };
+    let (d, ne, k) = (m.hp.d_model, moe.n_expert, moe.n_used);
+    let ms = &mut s.moe;
+    matmul(
+        pool,
+        &m.matrix_in(w, buf),
+        &s.xn[..n * d],
+        n,
+        &mut ms.probs[..n * ne],
+        &mut s.acts,
+    );
+    for r in 0..n {
+        let p = &mut ms.probs[r * ne..(r + 1) * ne];
+        ops::softmax(p);
+        route(p, &moe, &mut ms.picks[r * k..(r + 1) * k]);
+    }
+}
+
+/// `Step::Experts`: `o` of the `n` rows from their picks (`router` ran first).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn experts(
+    pool: &ThreadPool,
+    m: &Model,
+    l: &Layer,
+    buf: Option<&LayerGuard<'_>>,
+    act: FfnAct,
+    s: &mut Scratch,
+    n: usize,
+) {
+    let Some(moe) = m.hp.moe else { return };
+    let (d, ne, k, ff) = (m.hp.d_model, moe.n_expert, moe.n_used, moe.d_ff_exp);
+    let ms = &mut s.moe;
+    // Group the rows by expert: count, prefix sums, place (rows stay in increasing order
+    // within an expert).
+    ms.starts.iter_mut().for_each(|c| *c = 0);
+    for &(e, _) in &ms.picks[..n * k] {
+        ms.starts[e as usize + 1] += 1;
+    }
+    for e in 0..ne {
+        ms.starts[e + 1] += ms.starts[e];
+    }
+    {
+        let mut at = ms.starts.clone();
+        for r in 0..n {
+            for &(e, w) in &ms.picks[r * k..(r + 1) * k] {
+                let slot = &mut at[e as usize];
+                ms.order[*slot] = (r as u32, w);
+                *slot += 1;
+            }
+        }
+    }
+    let glu: fn(&mut [f32], &[f32]) = match act {
+        FfnAct::Silu => ops::glu_silu,
+        FfnAct::GeluTanh => ops::glu_gelu_tanh,
+    };
+    let o = &mut s.o[..n * d];
+    o.iter_mut().for_each(|v| *v = 0.0);
+    for e in 0..ne {
+        let run = ms.starts[e]..ms.starts[e + 1];
+        let c = run.len();
+        if c == 0 {
+            continue;
+        }
+        for (i, &(r, _)) in ms.order[run.clone()].iter().enumerate() {
+            let r = r as usize;
+            ms.x[i * d..(i + 1) * d].copy_from_slice(&s.xn[r * d..(r + 1) * d]);
+        }
+        matmul_many(
+            pool,
+            &mut [
+                MatJob {
+                    w: m.expert(&l.gate, e, ff, buf),
+                    out: &mut ms.gate[..c * ff],
+                },
+                MatJob {
+                    w: m.expert(&l.up, e, ff, buf),
+                    out: &mut ms.up[..c * ff],
+                },
+            ],
+            &ms.x[..c * d],
+            c,
+            &mut s.acts,
+        );
+        glu_parallel(pool, &mut ms.gate[..c * ff], &ms.up[..c * ff], glu);
+        matmul(
+            pool,
+            &m.expert(&l.down, e, d, buf),
+            &ms.gate[..c * ff],
+            c,
+            &mut ms.out[..c * d],
+            &mut s.acts,
+        );
+        for (i, &(r, w)) in ms.order[run].iter().enumerate() {
+            let r = r as usize;
+            for (dst, &y) in o[r * d..(r + 1) * d]
+                .iter_mut()
+                .zip(&ms.out[i * d..(i + 1) * d])
+            {
+                *dst += w * y;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(n_expert: usize, n_used: usize, norm: bool, scale: f32) -> MoeParams {
+        MoeParams {
+            n_expert,
+            n_used,
+            d_ff_exp: 16,
+            norm_weights: norm,
+            weights_scale: scale,
+        }
+    }
+
+    /// The picks against a float64 sort of the same probabilities.
+    #[test]
+    fn route_picks_the_largest_and_renormalizes_as_float64_does() {
+        let mut seed = 7u64;
+        for case in 0..200 {
+            let ne = 2 + case % 30;
+            let k = 1 + case % ne.min(8);
+            let mut p: Vec<f32> = (0..ne)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((seed >> 33) as f32 / (1u64 << 31) as f32) * 8.0 - 4.0
+                })
+                .collect();
+            ops::softmax(&mut p);
+            let m = params(ne, k, case % 2 == 0, if case % 3 == 0 { 2.5 } else { 1.0 });
+            let mut picks = vec![(0u32, 0f32); k];
+            route(&p, &m, &mut picks);
+            let mut idx: Vec<usize> = (0..ne).collect();
+            idx.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap().then(a.cmp(&b)));
+            let want: Vec<usize> = idx[..k].to_vec();
+            let got: Vec<usize> = picks.iter().map(|&(e, _)| e as usize).collect();
+            assert_eq!(got, want, "case {case}");
+            let sum: f64 = want.iter().map(|&e| p[e] as f64).sum();
+            for (&(e, w), &i) in picks.iter().zip(&want) {
+                let mut x = p[i] as f64;
+                if m.norm_weights {
+                    x /= sum;
+                }
+                x *= m.weights_scale as f64;
+                assert!((w as f64 - x).abs() <= 1e-6 * x.abs().max(1e-3), "case {case} e {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_expert() {
+        let p = [0.1, 0.3, 0.3, 0.3];
+        let mut picks = [(9u32, 0f32); 2];
+        route(&p, &params(4, 2, true, 1.0), &mut picks);
+        assert_eq!([picks[0].0, picks[1].0], [1, 2]);
+        assert_eq!(picks[0].1, 0.5);
+    }
+}
