@@ -47,6 +47,8 @@ pub enum SynthArch {
     Mistral3,
     /// Qwen3-MoE: Qwen3's attention, a mixture-of-experts feed-forward (`SynthSpec::experts`).
     Qwen3Moe,
+    /// Mixtral: a `llama` file whose feed-forward is a mixture of experts (`--arch mixtral`).
+    Mixtral,
 }
 
 impl SynthArch {
@@ -61,11 +63,21 @@ impl SynthArch {
         SynthArch::Gemma2,
         SynthArch::Mistral3,
         SynthArch::Qwen3Moe,
+        SynthArch::Mixtral,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
     pub fn from_name(name: &str) -> Option<SynthArch> {
-        Self::SMALL.iter().copied().find(|a| a.name() == name)
+        Self::SMALL.iter().copied().find(|a| a.cli_name() == name)
+    }
+
+    /// The name `debug synth --arch` takes: the GGUF name, but `mixtral` for a `llama` file
+    /// with experts.
+    pub fn cli_name(self) -> &'static str {
+        match self {
+            SynthArch::Mixtral => "mixtral",
+            a => a.name(),
+        }
     }
 
     /// The GGUF architecture name (`general.architecture` and the key prefix).
@@ -80,6 +92,7 @@ impl SynthArch {
             SynthArch::Gemma2 => "gemma2",
             SynthArch::Mistral3 => "mistral3",
             SynthArch::Qwen3Moe => "qwen3moe",
+            SynthArch::Mixtral => "llama",
         }
     }
 
@@ -172,7 +185,11 @@ impl SynthSpec {
             n_head: 4,
             n_head_kv: 2,
             head_dim: 64,
-            d_ff: if arch == SynthArch::Qwen3Moe { 256 } else { 512 },
+            d_ff: if matches!(arch, SynthArch::Qwen3Moe | SynthArch::Mixtral) {
+                256
+            } else {
+                512
+            },
             vocab: arch.small_vocab().1,
             ctx: 256,
             sliding_window: if arch == SynthArch::Phi3 {
@@ -183,7 +200,12 @@ impl SynthSpec {
             tied_embeddings: matches!(arch, SynthArch::Gemma3 | SynthArch::Gemma2),
             // 8 experts, 3 per token (an odd k, so the renormalization is not a pair's), each
             // 256 wide: rows of whole K-quant blocks, whole 16-row panels.
-            experts: (arch == SynthArch::Qwen3Moe).then_some((8, 3)),
+            experts: match arch {
+                SynthArch::Qwen3Moe => Some((8, 3)),
+                // Mixtral's own counts: 8 experts, 2 per token.
+                SynthArch::Mixtral => Some((8, 2)),
+                _ => None,
+            },
         }
     }
 
@@ -212,6 +234,7 @@ impl SynthSpec {
             SynthArch::Mistral3 => 9,
             // The router and three stacked expert tensors in place of gate, up and down.
             SynthArch::Qwen3Moe => 12,
+            SynthArch::Mixtral => 10,
         };
         // Phi-3's two LongRoPE factor tensors are global.
         let rope = if self.arch == SynthArch::Phi3 { 2 } else { 0 };
@@ -479,7 +502,7 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
     w.add(&k(MetaKey::RopeFreqBase), Value::F32(m.rope_base));
     w.add(&k(MetaKey::RmsEpsilon), Value::F32(m.rms_eps));
     match m.arch {
-        SynthArch::Llama | SynthArch::Mistral3 => {
+        SynthArch::Llama | SynthArch::Mistral3 | SynthArch::Mixtral => {
             w.add(&k(MetaKey::RopeDimensionCount), Value::U32(m.head_dim));
             w.add(&k(MetaKey::VocabSize), Value::U32(m.vocab));
         }
@@ -543,6 +566,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     w.add("general.quantization_version", Value::U32(2));
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
+        SynthArch::Mixtral => (1e6, 1e-5),
         SynthArch::Gemma2 => (10000.0, 1e-6),
         SynthArch::Mistral3 => (1e9, 1e-5),
         SynthArch::Gemma3

@@ -79,8 +79,12 @@ pub fn headroom(available: u64) -> u64 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelCost {
     pub n_layer: usize,
-    /// Per layer: bytes of weights (also the bytes read per decoded token).
+    /// Per layer: bytes of weights (what the layer's stage holds).
     pub layer_weight_bytes: Vec<u64>,
+    /// Per layer: bytes of weights one decoded token reads, where it differs from
+    /// `layer_weight_bytes` (a mixture of experts reads only the picked experts); empty: the
+    /// same.
+    pub layer_active_bytes: Vec<u64>,
     /// Per layer: one KV cache's bytes at the configured context.
     pub layer_kv_bytes: Vec<u64>,
     /// KV caches every stage keeps: serving's `--parallel`, else 1 (0 is taken as 1).
@@ -367,8 +371,9 @@ struct Sizes<'a> {
     model: &'a ModelCost,
     stages: &'a [StageInput],
     head: HeadPlace,
-    /// Prefix sums of the layers' weights and KV bytes.
+    /// Prefix sums of the layers' weights, of the weights a token reads, and of KV bytes.
     pw: Vec<u64>,
+    pa: Vec<u64>,
     pkv: Vec<u64>,
     slots: usize,
     /// `cut[e]`: a stage may start or end before layer `e` (no layer from `e` on reads the KV
@@ -383,6 +388,11 @@ impl<'a> Sizes<'a> {
             stages,
             head,
             pw: prefix(&model.layer_weight_bytes),
+            pa: if model.layer_active_bytes.len() == model.layer_weight_bytes.len() {
+                prefix(&model.layer_active_bytes)
+            } else {
+                prefix(&model.layer_weight_bytes)
+            },
             pkv: prefix(&model.layer_kv_bytes),
             slots: model.slots.max(1),
             cut: cuts(model),
@@ -438,8 +448,13 @@ impl<'a> Sizes<'a> {
         )
     }
 
+    /// Bytes of weights a decoded token reads in the layers `r`.
+    fn active(&self, r: &Range<usize>) -> u64 {
+        self.pa[r.end] - self.pa[r.start]
+    }
+
     fn compute(&self, i: usize, r: &Range<usize>) -> f64 {
-        self.weights(r).saturating_add(self.head_mem(i)) as f64 / speed(self.stages[i].bytes_per_s)
+        self.active(r).saturating_add(self.head_mem(i)) as f64 / speed(self.stages[i].bytes_per_s)
     }
 }
 
@@ -626,10 +641,16 @@ fn check_input(model: &ModelCost, stages: &[StageInput]) -> Result<(), PlanError
     if n == 0 {
         return bad("the model has no layers".to_string());
     }
-    if model.layer_weight_bytes.len() != n || model.layer_kv_bytes.len() != n {
+    let active = model.layer_active_bytes.len();
+    if model.layer_weight_bytes.len() != n
+        || model.layer_kv_bytes.len() != n
+        || (active != 0 && active != n)
+    {
         return bad(format!(
-            "the model has {n} layers but sizes for {} (weights) and {} (KV)",
+            "the model has {n} layers but sizes for {} (weights), {} (weights read per token) \
+             and {} (KV)",
             model.layer_weight_bytes.len(),
+            active,
             model.layer_kv_bytes.len()
         ));
     }

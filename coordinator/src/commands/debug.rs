@@ -226,7 +226,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         }
         let name = arch.as_deref().unwrap_or("");
         let Some(arch) = SynthArch::from_name(name) else {
-            let known: Vec<&str> = SynthArch::SMALL.iter().map(|a| a.name()).collect();
+            let known: Vec<&str> = SynthArch::SMALL.iter().map(|a| a.cli_name()).collect();
             bail!("--arch must be one of {}, not '{name}'", known.join(", "));
         };
         let ty = ty.ok_or_else(|| anyhow!("--type is required with --arch"))?;

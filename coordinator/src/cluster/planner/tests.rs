@@ -10,6 +10,7 @@ fn model(n: usize, w: u64, kv: u64) -> ModelCost {
     ModelCost {
         n_layer: n,
         layer_weight_bytes: vec![w; n],
+        layer_active_bytes: Vec::new(),
         layer_kv_bytes: vec![kv; n],
         head_bytes: 8 * MIB,
         embedding_bytes: 8 * MIB,
@@ -408,6 +409,7 @@ fn prediction_arithmetic() {
     let m = ModelCost {
         n_layer: 4,
         layer_weight_bytes: vec![1_000_000; 4],
+        layer_active_bytes: Vec::new(),
         layer_kv_bytes: vec![0; 4],
         head_bytes: 1_000_000,
         embedding_bytes: 1_000_000,
@@ -456,6 +458,18 @@ fn prediction_arithmetic() {
         "{}",
         p.predicted_s_per_token
     );
+    // Mixture-of-experts layers of 16 MB of which a token reads 1 MB: each stage's compute is
+    // its active bytes (2 ms, as the dense 1 MB layers), its memory the whole layers.
+    let mut moe = m.clone();
+    moe.layer_weight_bytes = vec![16_000_000; 4];
+    moe.layer_active_bytes = vec![1_000_000; 4];
+    let p = plan(&moe, &coord(), &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+    assert!(close(p.stages[0].compute_s, 0.002) && close(p.stages[1].compute_s, 0.002));
+    assert_eq!(p.stages[0].weight_bytes, 32_000_000);
+    // Read-per-token sizes for the wrong number of layers are refused by name.
+    moe.layer_active_bytes.pop();
+    let e = plan(&moe, &coord(), &[stage("a", GIB, 1e9)]).unwrap_err();
+    assert!(e.to_string().contains("weights read per token"), "{e}");
 }
 
 #[test]

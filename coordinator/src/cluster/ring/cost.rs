@@ -29,6 +29,11 @@ pub fn model_cost(
         ));
     }
     let layer_weight_bytes: Vec<u64> = m.layers.iter().map(|l| l.weight_bytes() as u64).collect();
+    let layer_active_bytes: Vec<u64> = m
+        .layers
+        .iter()
+        .map(|l| l.active_bytes(&hp) as u64)
+        .collect();
     let layer_kv_bytes = (0..hp.n_layer)
         .map(|il| KvCache::bytes_for(&hp, il..il + 1, ctx, max_batch, kv) as u64)
         .collect();
@@ -49,6 +54,7 @@ pub fn model_cost(
         ModelCost {
             n_layer: hp.n_layer,
             layer_weight_bytes,
+            layer_active_bytes,
             layer_kv_bytes,
             head_bytes: head + 4 * hp.d_model as u64,
             embedding_bytes: embd,
@@ -139,7 +145,12 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<ModelSpeed> {
             stream: None,
         },
     )?);
-    let layer_bytes: usize = model.layers.iter().map(|l| l.weight_bytes()).sum();
+    // Bytes a decoded token reads (a mixture of experts: its picked experts only).
+    let layer_bytes: usize = model
+        .layers
+        .iter()
+        .map(|l| l.active_bytes(&model.hp))
+        .sum();
     let head_bytes = model.output.as_ref().map_or(0, |w| w.bytes());
     let d = hp.d_model;
     let mut runner = ringllm_model::Runner::new(Arc::clone(&model), threads, 1, 64);
