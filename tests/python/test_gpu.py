@@ -328,3 +328,16 @@ def test_gpu_refuses_gemma4_steps_by_name(tmp_path):
     assert r.returncode != 0, r.stdout
     assert "cannot run step 'v_norm' of layer 0" in r.stderr, r.stderr
     forward_dump(f, [1, 5, 6], tmp_path / "cpu", "--threads", "1")
+
+
+def test_gpu_refuses_a_mixture_of_experts_by_name(tmp_path):
+    """The mixture-of-experts steps have no GPU kernels yet: a Qwen3-MoE model is refused when
+    the backend opens, naming the router step, and the CPU runs it."""
+    f = tmp_path / "qwen3moe.gguf"
+    subprocess.run([str(ringllm_bin()), "debug", "synth", "--arch", "qwen3moe", "--type", "q8_0", "--seed", "3",
+                    "-o", str(f)], check=True, capture_output=True)
+    r = subprocess.run([str(ringllm_bin()), "debug", "forward", "-m", str(f), "--tokens", "1,5,6", "--dump",
+                        str(tmp_path / "gpu"), "--backend", "gpu"], capture_output=True, text=True, env=ENV)
+    assert r.returncode != 0, r.stdout
+    assert "cannot run step 'router' of layer 0" in r.stderr, r.stderr
+    forward_dump(f, [1, 5, 6], tmp_path / "cpu", "--threads", "1")
