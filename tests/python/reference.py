@@ -29,6 +29,8 @@ Architectures:
                    K (`attn_q_norm`, `attn_k_norm`, HF Qwen3Attention's q_norm/k_norm) before
                    RoPE; head size `attention.key_length` (128, not d/n_head); tied head on the
                    small sizes.
+  qwen3moe         (Qwen3-30B-A3B, Qwen3-235B-A22B) the qwen3 layer whose FFN is the
+                   mixture of experts below.
   gemma4           the dense Gemma 4 sizes: reference_gemma4.py (per-layer head sizes, shared-KV
                    layers, V-norm and V from K, proportional RoPE, per-layer embeddings, layer
                    output scale, attention scale 1, final logit soft-capping).
@@ -51,6 +53,18 @@ Architectures:
                    `attn_logit_softcapping` (default 50), logits soft-capped by
                    `final_logit_softcapping` (default 30); tied output embedding.
 
+Mixture of experts (qwen3moe; `llama` files with `llama.expert_count` > 0: Mixtral), as
+llama.cpp's build_moe_ffn runs it for these two architectures. Per token, on the FFN input xn:
+router logits W_router·xn (`ffn_gate_inp`, E = `expert_count` rows), p = softmax(logits), the k =
+`expert_used_count` experts of largest p (ties: the lower expert index first; llama.cpp's
+std::sort leaves ties unspecified), weights w = p[picked] / max(Σ p[picked], 2^-14) (both
+architectures renormalize: llama.cpp passes norm_w = true and reads neither
+`expert_weights_norm` nor `expert_weights_scale` for them, so neither key is applied), and the
+output Σ_j w_j · W_down[e_j]·(silu(W_gate[e_j]·xn) ⊙ W_up[e_j]·xn) with the stacked
+`ffn_{gate,up,down}_exps` tensors (numpy shapes [E, n_out, n_in], each expert a contiguous
+matrix). No shared expert, no biases. Every expert matmul rounds its input rows like any
+other matmul with act_quant (the format of the stacked tensor's type).
+
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
   reference.py MODEL --perplexity TOKENS.json --ctx N [--chunks N]
@@ -68,7 +82,12 @@ from gguf.quants import dequantize
 
 import reference_gemma4
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3",
+                   "qwen3moe")
+# Architectures whose FFN may be a mixture of experts (see the module docstring).
+MOE_ARCHS = ("qwen3moe", "llama")
+# llama.cpp clamps the sum of the picked experts' probabilities to the smallest normal f16.
+MOE_WEIGHTS_SUM_MIN = 6.103515625e-5
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,15 +101,23 @@ def _field_value(field):
         return None
 
 
+def _dequantize_rows(data, ttype, name, shape):
+    """Dequantizes `data` (a GGUFReader tensor's bytes or values, any number of leading axes)
+    row by row over its flattened rows to float32 of `shape` (numpy order)."""
+    data = np.asarray(data)
+    rows = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data
+    d = np.asarray(dequantize(rows, ttype), dtype=np.float32)
+    if d.size != int(np.prod(shape)):
+        raise ValueError(f"{name}: dequantized {d.size} values, expected shape {shape}")
+    return d.reshape(shape)
+
+
 def dequantize_tensor(t):
     """Dequantized float32 array of a GGUFReader tensor, in row-major [n_rows, row_len]
-    (more generally the reverse of the ggml shape; 1-D tensors stay 1-D)."""
-    d = dequantize(t.data, t.tensor_type)
+    (more generally the reverse of the ggml shape: [n_expert, n_out, n_in] for a stacked expert
+    tensor; 1-D tensors stay 1-D)."""
     shape = tuple(int(x) for x in reversed([int(s) for s in t.shape]))
-    d = np.asarray(d, dtype=np.float32)
-    if d.size != int(np.prod(shape)):
-        raise ValueError(f"{t.name}: dequantized {d.size} values, expected shape {shape}")
-    return d.reshape(shape)
+    return _dequantize_rows(t.data, t.tensor_type, t.name, shape)
 
 
 class Model:
@@ -115,8 +142,11 @@ class Model:
         self.arch = arch
         g = lambda key, default=None: self.meta.get(f"{arch}.{key}", default)  # noqa: E731
 
-        if g("expert_count", 0):
-            raise ValueError("mixture-of-experts models are not supported by the reference")
+        self.n_expert = int(g("expert_count", 0) or 0)
+        if self.n_expert and arch not in MOE_ARCHS:
+            raise ValueError(f"mixture-of-experts {arch} models are not supported by the reference")
+        if arch == "qwen3moe" and not self.n_expert:
+            raise ValueError("a qwen3moe file without qwen3moe.expert_count")
 
         self.n_embd = int(g("embedding_length"))
         self.n_layer = int(g("block_count"))
@@ -134,7 +164,7 @@ class Model:
         if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
         self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
-        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "phi3", "gemma2")
+        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gemma2")
         self.gemma = arch in ("gemma3", "gemma2")
         self.ctx_train = int(g("context_length", 4096))
         # LongRoPE (phi3): the original context and the cos/sin multiplier.
@@ -145,6 +175,20 @@ class Model:
 
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
+
+        # Mixture of experts: k per layer (llama.cpp reads expert_used_count as a scalar or a
+        # per-layer array, though its qwen3moe and llama graphs abort on an uneven one). Both architectures renormalize the picked weights and scale them by
+        # nothing: llama.cpp hard-codes norm_w = true and never loads expert_weights_scale (nor
+        # expert_weights_norm) for qwen3moe and llama, so a file's value of either is ignored.
+        self.n_expert_used = [0] * self.n_layer
+        self.moe_norm = True
+        self.moe_scale = 0.0
+        if self.n_expert:
+            used = g("expert_used_count", 0)
+            used = list(used) if isinstance(used, (list, tuple)) else [used] * self.n_layer
+            self.n_expert_used = [int(u) for u in used][: self.n_layer]
+            if len(self.n_expert_used) != self.n_layer or not all(0 < u <= self.n_expert for u in self.n_expert_used):
+                raise ValueError(f"{arch}.expert_used_count {used} for {self.n_expert} experts")
 
         # Per-layer attention kind: (is_local_sliding_window, rope_base, rope_scale).
         self.window = 0
@@ -220,6 +264,21 @@ class Model:
 
     def wopt(self, name):
         return self.w(name) if name in self.tensors else None
+
+    def expert_w(self, name, e):
+        """Expert e's matrix [n_out, n_in] of a stacked expert tensor (numpy shape
+        [n_expert, n_out, n_in]), dequantized alone and widened to float64, cached per expert
+        (only the experts the router picks are ever dequantized)."""
+        key = (name, int(e))
+        a = self._cache.get(key)
+        if a is None:
+            t = self.tensors[name]
+            if len(t.shape) != 3:
+                raise ValueError(f"{name}: expected a 3-D expert tensor, got ggml shape {list(t.shape)}")
+            n_in, n_out = int(t.shape[0]), int(t.shape[1])
+            a = _dequantize_rows(t.data[int(e)], t.tensor_type, f"{name}[{e}]", (n_out, n_in)).astype(np.float64)
+            self._cache[key] = a
+        return a
 
     def layer_rope(self, il):
         if self.is_swa[il]:
@@ -384,11 +443,12 @@ def _q8_1_sum_delta(x):
 
 
 def _block_mins(t):
-    """Per-block minimum m (f16 at bytes 2..4) of a Q4_1/Q5_1 tensor: [rows, blocks]."""
+    """Per-block minimum m (f16 at bytes 2..4) of a Q4_1/Q5_1 tensor: [rows, blocks], the rows
+    of every expert one after the other for a stacked expert tensor."""
     size = {"Q4_1": 20, "Q5_1": 24}[t.tensor_type.name]
     raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, size)
     m = raw[:, 2:4].copy().view(np.float16).astype(np.float64)
-    rows = int(t.shape[1]) if len(t.shape) > 1 else 1
+    rows = int(np.prod([int(s) for s in t.shape[1:]])) if len(t.shape) > 1 else 1
     return m.reshape(rows, -1)
 
 
@@ -425,15 +485,20 @@ def _act(x, m, name):
     return x if fmt is None else quantize_act(x, fmt)
 
 
-def _q8_1_correction(x, m, name):
-    """The part of a Q4_1/Q5_1 dot product that comes from the f16 block sum of Q8_1."""
+def _q8_1_correction(x, m, name, expert=None):
+    """The part of a Q4_1/Q5_1 dot product that comes from the f16 block sum of Q8_1 (of
+    expert `expert`'s rows for a stacked expert tensor)."""
     t = m.tensors[name]
     if not ACT_QUANT or t.tensor_type.name not in ("Q4_1", "Q5_1"):
         return 0.0
     key = "mins:" + name
     if key not in m._cache:
         m._cache[key] = _block_mins(t)
-    return _q8_1_sum_delta(x) @ m._cache[key].T
+    mins = m._cache[key]
+    if expert is not None:
+        n_out = int(t.shape[1])
+        mins = mins[int(expert) * n_out:(int(expert) + 1) * n_out]
+    return _q8_1_sum_delta(x) @ mins.T
 
 
 def _linear(x, m, name):
@@ -442,6 +507,52 @@ def _linear(x, m, name):
     if b is not None:
         y = y + b
     return y
+
+
+def _expert_linear(x, m, name, e):
+    """x @ expert e's matrix of the stacked tensor `name`.weight: `_linear` for one expert (its
+    input rounded in the activation format of the stacked tensor's type with act_quant)."""
+    wname = name + ".weight"
+    return _act(x, m, wname) @ m.expert_w(wname, e).T + _q8_1_correction(x, m, wname, expert=e)
+
+
+# --------------------------------------------------------------------------------------------
+# Mixture of experts
+
+
+def moe_route(logits, k, norm=True, scale=0.0):
+    """Router logits [n, E] -> (ids [n, k] int64, weights [n, k] float64), llama.cpp's
+    softmax gating: p = softmax(logits), the k experts of largest p in decreasing order (ties:
+    the lower index first, a stable sort), w = p[ids], then with `norm`
+    w /= max(Σ w, MOE_WEIGHTS_SUM_MIN) and, unless scale is 0 or 1, w *= scale."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, axis=-1)
+    if norm:
+        w = w / np.maximum(w.sum(axis=-1, keepdims=True), MOE_WEIGHTS_SUM_MIN)
+    if scale not in (0.0, 1.0):
+        w = w * scale
+    return ids, w
+
+
+def _moe_ffn(h, m, p, il, seen):
+    """The mixture-of-experts FFN of layer il (prefix p) on the normed rows h [n, d]."""
+    logits = _linear(h, m, p + "ffn_gate_inp")  # the router (F32: its input stays f32)
+    ids, w = moe_route(logits, m.n_expert_used[il], m.moe_norm, m.moe_scale)
+    seen(il, "router", "ids", ids)
+    seen(il, "router", "weights", w)
+    has_gate = m.has(p + "ffn_gate_exps.weight")  # llama.cpp: optional for llama
+    o = np.zeros_like(h)
+    for e in np.unique(ids):
+        rows, slot = np.nonzero(ids == e)  # a row picks an expert at most once
+        xe = h[rows]
+        up = _expert_linear(xe, m, p + "ffn_up_exps", e)
+        act = silu(_expert_linear(xe, m, p + "ffn_gate_exps", e)) * up if has_gate else silu(up)
+        o[rows] += w[rows, slot][:, None] * _expert_linear(act, m, p + "ffn_down_exps", e)
+    return o
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,7 +564,11 @@ def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None, ctx=
     `ctx`: the context size the model is run with (default: the number of tokens), which
     picks LongRoPE's long or short factors.
     `steps`: a dict to fill with the output of every layer step the engine also names
-    (`debug forward --steps`): "layer.{i}.{step}.{buffer}" -> float32 [n, width].
+    (`debug forward --steps`): "layer.{i}.{step}.{buffer}" -> float32 [n, width]. A mixture-of-
+    experts FFN names "router.ids" and "router.weights" (the k picked experts of each row and
+    their final weights, [n, k]; the engine's router step shows no buffer) and "moe.o" (the
+    weighted expert sum, [n, d]; also as "experts.o", the engine's name for that step) in place
+    of gate_up, glu and ffn_down.
     """
     global ACT_QUANT
     saved, ACT_QUANT = ACT_QUANT, act_quant
@@ -543,18 +658,23 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
 
         h = rmsnorm(x, m.w(p + "ffn_norm.weight"), m.eps)
         seen(il, "ffn_norm", "xn", h)
-        if m.has(p + "ffn_gate.weight"):
-            gate = _linear(h, m, p + "ffn_gate")
-            up = _linear(h, m, p + "ffn_up")
-        else:  # phi3: one matrix, rows [gate | up]
-            gu = _linear(h, m, p + "ffn_up")
-            gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
-        seen(il, "gate_up", "gate", gate)
-        seen(il, "gate_up", "up", up)
-        act = gelu_tanh(gate) if gemma else silu(gate)
-        seen(il, "glu", "gate", act * up)
-        f = _linear(act * up, m, p + "ffn_down")
-        seen(il, "ffn_down", "o", f)
+        if m.n_expert:
+            f = _moe_ffn(h, m, p, il, seen)
+            seen(il, "moe", "o", f)
+            seen(il, "experts", "o", f)  # the engine's name for the same step
+        else:
+            if m.has(p + "ffn_gate.weight"):
+                gate = _linear(h, m, p + "ffn_gate")
+                up = _linear(h, m, p + "ffn_up")
+            else:  # phi3: one matrix, rows [gate | up]
+                gu = _linear(h, m, p + "ffn_up")
+                gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+            seen(il, "gate_up", "gate", gate)
+            seen(il, "gate_up", "up", up)
+            act = gelu_tanh(gate) if gemma else silu(gate)
+            seen(il, "glu", "gate", act * up)
+            f = _linear(act * up, m, p + "ffn_down")
+            seen(il, "ffn_down", "o", f)
         if m.has(p + "post_ffw_norm.weight"):
             f = rmsnorm(f, m.w(p + "post_ffw_norm.weight"), m.eps)
         x = x + f

@@ -143,3 +143,69 @@ def test_perplexity_convention(smol):
     assert reference.perplexity(smol, toks, ctx, n_chunks=1)[0] != ppl
     with pytest.raises(ValueError):
         reference.perplexity(smol, toks[:15], ctx)
+
+
+def test_moe_routing_matches_direct_computation():
+    """moe_route: softmax, the k largest (ties: lower index first), renormalized to sum to one,
+    optionally scaled; against a direct float64 computation by hand. (llama.cpp's clamp of the
+    sum to 2^-14 cannot act after a softmax: the k largest of E probabilities sum to >= k/E.)"""
+    logits = np.array([[0.5, 2.0, -1.0, 2.0, 1.0, 0.0],  # a tie for first place: 1 before 3
+                       [3.0, -2.0, 0.25, 0.25, 0.25, 1.5]])  # a tie for the last pick: 2, not 3 or 4
+    ids, w = reference.moe_route(logits, 3)
+    assert ids.tolist() == [[1, 3, 4], [0, 5, 2]]
+    for r in range(2):
+        p = [math.exp(v) for v in logits[r]]
+        p = [v / sum(p) for v in p]
+        picked = [p[i] for i in ids[r]]
+        np.testing.assert_allclose(w[r], [v / sum(picked) for v in picked], rtol=1e-14)
+    # without renormalization: the softmax probabilities themselves, then the scale (0 and 1: none)
+    _, raw = reference.moe_route(logits, 3, norm=False)
+    np.testing.assert_allclose(raw[0], np.exp([2.0, 2.0, 1.0]) / np.exp(logits[0]).sum(), rtol=1e-14)
+    for scale, factor in ((0.0, 1.0), (1.0, 1.0), (2.5, 2.5)):
+        np.testing.assert_allclose(reference.moe_route(logits, 3, scale=scale)[1], w * factor, rtol=1e-14)
+
+
+def test_moe_ffn_matches_per_token_loop(tmp_path):
+    """The grouped-by-expert MoE FFN against a token-by-token loop over the whole dequantized
+    3-D expert tensors, on a gguf-py file with Q8_0 experts (each expert's slab dequantized alone
+    must equal its slice of the whole tensor)."""
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(5)
+    d, ff, n_exp, k, n = 64, 32, 6, 2, 9
+    f = tmp_path / "moe.gguf"
+    w = gguf.GGUFWriter(str(f), "qwen3moe")
+    for key, val in (("embedding_length", d), ("block_count", 1), ("attention.head_count", 4),
+                     ("expert_count", n_exp), ("expert_used_count", k)):
+        w.add_uint32(f"qwen3moe.{key}", val)
+    w.add_tensor("token_embd.weight", rng.standard_normal((16, d)).astype(np.float32))
+    w.add_tensor("blk.0.ffn_gate_inp.weight", rng.standard_normal((n_exp, d)).astype(np.float32))
+    for name, shape in (("gate", (n_exp, ff, d)), ("up", (n_exp, ff, d)), ("down", (n_exp, d, ff))):
+        a = (rng.standard_normal(shape) / 8).astype(np.float32)
+        w.add_tensor(f"blk.0.ffn_{name}_exps.weight", quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    m = reference.Model(f)
+    assert m.n_expert == n_exp and m.n_expert_used == [k] and m.moe_norm and m.moe_scale == 0
+    full = {s: reference.dequantize_tensor(m.tensors[f"blk.0.ffn_{s}_exps.weight"]).astype(np.float64)
+            for s in ("gate", "up", "down")}
+    assert full["down"].shape == (n_exp, d, ff)
+    for e in range(n_exp):
+        assert np.array_equal(m.expert_w("blk.0.ffn_down_exps.weight", e), full["down"][e])
+    h = rng.standard_normal((n, d))
+    seen = {}
+    o = reference._moe_ffn(h, m, "blk.0.", 0, lambda il, step, buf, a: seen.setdefault(f"{step}.{buf}", a))
+    router = m.w("blk.0.ffn_gate_inp.weight")
+    for t in range(n):
+        p = np.exp(router @ h[t] - (router @ h[t]).max())
+        p /= p.sum()
+        top = sorted(range(n_exp), key=lambda e: -p[e])[:k]
+        glu = {e: reference.silu(full["gate"][e] @ h[t]) * (full["up"][e] @ h[t]) for e in top}
+        want = sum(p[e] / sum(p[top]) * (full["down"][e] @ glu[e]) for e in top)
+        np.testing.assert_allclose(o[t], want, rtol=1e-10, atol=1e-12)
+        assert seen["router.ids"][t].tolist() == top

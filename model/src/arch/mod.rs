@@ -466,20 +466,15 @@ impl MoeParams {
         if d_ff_exp == 0 {
             return bad(format!("{} is 0", k(MetaKey::ExpertFeedForwardLength)));
         }
-        let weights_scale = match md.opt_f32(&k(MetaKey::ExpertWeightsScale))? {
-            None => 1.0,
-            Some(s) if s == 0.0 => 1.0,
-            Some(s) if s.is_finite() && s > 0.0 => s,
-            Some(s) => return bad(format!("{} {s}", k(MetaKey::ExpertWeightsScale))),
-        };
         Ok(Some(MoeParams {
             n_expert,
             n_used,
             d_ff_exp,
-            // Qwen3-MoE and Mixtral always renormalize (llama.cpp passes `true` for both);
-            // an architecture whose files carry `expert_weights_norm` reads it in its file.
+            // Qwen3-MoE and Mixtral always renormalize and never scale: llama.cpp reads neither
+            // `expert_weights_norm` nor `expert_weights_scale` for them (a file carrying the
+            // keys runs the same there). An architecture that uses them reads them in its file.
             norm_weights: true,
-            weights_scale,
+            weights_scale: 1.0,
         }))
     }
 }
