@@ -112,3 +112,19 @@ def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
 def pathlib_readme():
     import pathlib
     return pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts" / "calibration.txt"
+
+
+def test_a_streamed_mixture_of_experts_equals_the_resident_one(tmp_path):
+    """Qwen3-MoE layers read from disk each pass (their stacked experts sliced per expert from
+    the streamed buffer) give the resident run's logits bit for bit, at two read-ahead depths,
+    repacked Q4_K experts included."""
+    import numpy as np
+    from support.cli import forward_dump
+    model = tmp_path / "moe.gguf"
+    ringllm(["debug", "synth", "--arch", "qwen3moe", "--type", "q4_k", "--seed", "9", "-o", model])
+    toks = [1, 40, 77, 300, 512, 9, 1000, 23]
+    want = forward_dump(model, toks, tmp_path / "resident", "--threads", "2")["logits"]
+    for depth in ["1", "2"]:
+        got = forward_dump(model, toks, tmp_path / f"streamed{depth}", "--threads", "2", "--stream", "all",
+                           "--prefetch", depth)["logits"]
+        assert np.array_equal(got, want), f"prefetch {depth}: streamed logits differ"

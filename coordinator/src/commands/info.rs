@@ -30,7 +30,16 @@ pub fn info(args: InfoArgs) -> Result<ExitCode> {
         hp.n_head_kv,
         hp.head_dim
     );
-    outln!("ffn:           {} ({:?})", hp.d_ff, hp.ffn_act);
+    match hp.moe {
+        Some(m) => outln!(
+            "ffn:           mixture of {} experts, {} per token, each {} wide ({:?})",
+            m.n_expert,
+            m.n_used,
+            m.d_ff_exp,
+            hp.ffn_act
+        ),
+        None => outln!("ffn:           {} ({:?})", hp.d_ff, hp.ffn_act),
+    }
     outln!("vocab:         {}", hp.vocab);
     outln!("context:       {} (trained)", hp.ctx_train);
     outln!(
