@@ -77,6 +77,8 @@ fn split(ty: GgmlType) -> Option<Split> {
         GgmlType::IQ4_NL => s(&[(2, 18)], 16, &[(0, 2)], 2),
         // The 128 index bytes; d, scales_h and scales_l.
         GgmlType::IQ4_XS => s(&[(8, 136)], 128, &[(0, 8)], 8),
+        // The 16 code bytes; the scale byte.
+        GgmlType::MXFP4 => s(&[(1, 17)], 16, &[(0, 1)], 1),
         _ => return None,
     })
 }
@@ -147,6 +149,7 @@ fn unit_source(ty: GgmlType) -> Option<&'static str> {
         GgmlType::Q6_K => include_str!("shaders/quant_q6_k.wgsl"),
         GgmlType::IQ4_NL => include_str!("shaders/quant_iq4_nl.wgsl"),
         GgmlType::IQ4_XS => include_str!("shaders/quant_iq4_xs.wgsl"),
+        GgmlType::MXFP4 => include_str!("shaders/quant_mxfp4.wgsl"),
         GgmlType::Q8_1 | GgmlType::Q8_K => return None,
         GgmlType::Q2_K => include_str!("shaders/quant_q2_k.wgsl"),
         GgmlType::Q3_K => include_str!("shaders/quant_q3_k.wgsl"),
@@ -155,7 +158,7 @@ fn unit_source(ty: GgmlType) -> Option<&'static str> {
 
 /// Every weight type the GPU matmul runs (all of `GgmlType` but the activation-only Q8_1
 /// and Q8_K).
-pub const GPU_TYPES: [GgmlType; 15] = [
+pub const GPU_TYPES: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -171,6 +174,7 @@ pub const GPU_TYPES: [GgmlType; 15] = [
     GgmlType::Q3_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
 ];
 
 /// One buffer of consecutive rows of a matrix.
@@ -734,6 +738,10 @@ pub fn synthetic_weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> O
         GgmlType::BF16 => b
             .chunks_exact_mut(2)
             .for_each(|c| c.copy_from_slice(&half::bf16::from_f32(val(&mut next)).to_le_bytes())),
+        // Scale bytes near 2^-8 (values up to 0.05).
+        GgmlType::MXFP4 => b
+            .chunks_exact_mut(ty.type_size())
+            .for_each(|blk| blk[0] = 118 + (next() % 4) as u8),
         _ => {
             let (size, fields): (usize, &[usize]) = match ty {
                 GgmlType::Q4_0

@@ -39,5 +39,7 @@ pub fn budget(ty: GgmlType) -> Budget {
         GgmlType::Q3_K => b(1.7e-1, 1e-2, 0.0),
         GgmlType::Q2_K => b(3.3e-1, 1e-2, 0.0),
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => b(1.2e-1, 1e-2, 1e-5),
+        // E2M1 codes under a power-of-two scale: coarser than a 4-bit integer grid.
+        GgmlType::MXFP4 => b(2.0e-1, 1e-2, 0.0),
     }
 }

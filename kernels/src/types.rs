@@ -29,10 +29,12 @@ pub enum GgmlType {
     IQ4_NL = 20,
     /// Blocks of 256: an f16 scale, eight 6-bit sub-block scales and IQ4_NL's codebook.
     IQ4_XS = 23,
+    /// Blocks of 32: a power-of-two (E8M0) scale byte and 4-bit E2M1 codes (gpt-oss).
+    MXFP4 = 39,
 }
 
 /// Every type we implement, in id order.
-pub const ALL_TYPES: [GgmlType; 17] = [
+pub const ALL_TYPES: [GgmlType; 18] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
@@ -50,6 +52,7 @@ pub const ALL_TYPES: [GgmlType; 17] = [
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
     GgmlType::BF16,
+    GgmlType::MXFP4,
 ];
 
 /// Elements per block of the K-quant formats.
@@ -81,6 +84,7 @@ impl GgmlType {
             GgmlType::BF16 => "BF16",
             GgmlType::IQ4_NL => "IQ4_NL",
             GgmlType::IQ4_XS => "IQ4_XS",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
@@ -102,7 +106,8 @@ impl GgmlType {
             | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::Q8_1
-            | GgmlType::IQ4_NL => 32,
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4 => 32,
             GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -131,6 +136,7 @@ impl GgmlType {
             GgmlType::Q3_K => 110,
             GgmlType::IQ4_NL => 18,
             GgmlType::IQ4_XS => 136,
+            GgmlType::MXFP4 => 17,
         }
     }
 
@@ -161,7 +167,7 @@ mod tests {
 
     #[test]
     fn ids_are_pinned_to_the_gguf_format() {
-        let expected: [(GgmlType, u32); 17] = [
+        let expected: [(GgmlType, u32); 18] = [
             (GgmlType::F32, 0),
             (GgmlType::F16, 1),
             (GgmlType::Q4_0, 2),
@@ -179,6 +185,7 @@ mod tests {
             (GgmlType::BF16, 30),
             (GgmlType::IQ4_NL, 20),
             (GgmlType::IQ4_XS, 23),
+            (GgmlType::MXFP4, 39),
         ];
         for (t, id) in expected {
             assert_eq!(t as u32, id, "{t}");

@@ -660,7 +660,7 @@ impl<'a> Loader<'a> {
         let streamed = self.streamed_layer.is_some();
         let panels = self.repack
             && repack::available(t.ty)
-            && repack::panel_rows(t.ty).is_some_and(|p| n_out as usize % p == 0);
+            && repack::panel_rows(t.ty).is_some_and(|p| (n_out as usize).is_multiple_of(p));
         let packed = if streamed {
             None
         } else if panels || self.own {

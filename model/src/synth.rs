@@ -604,34 +604,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     let q = s.n_head * s.head_dim;
     let kv = s.n_head_kv * s.head_dim;
     if s.arch == SynthArch::Gemma4 {
-        for t in s.gemma4().tensors() {
-            let name = t.kind.gguf_name(t.layer.map(|l| l as usize));
-            match t.fill {
-                gemma4::G4Fill::Matrix => {
-                    let ty = matrix_type(s.weight_type, t.dims[0]);
-                    let data = g.matrix(t.dims[0], t.dims[1], ty)?;
-                    w.add_tensor(&name, &[t.dims[0].into(), t.dims[1].into()], ty, data)?;
-                }
-                gemma4::G4Fill::Norm => {
-                    let data = g.norm_weights(t.dims[0]);
-                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
-                }
-                gemma4::G4Fill::ScaledNorm(k) => {
-                    let data: Vec<u8> = g
-                        .norm_weights(t.dims[0])
-                        .chunks_exact(4)
-                        .flat_map(|c| {
-                            (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * k).to_le_bytes()
-                        })
-                        .collect();
-                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
-                }
-                gemma4::G4Fill::Values(v) => {
-                    let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
-                }
-            }
-        }
+        gemma4_tensors(&mut w, &mut g, s)?;
         return Ok(w.to_bytes());
     }
     // A matrix `[row_len, rows...]` in the spec's type (`None`), or in a given type with its
@@ -653,30 +626,30 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             tensor(&mut w, &b("attn_output"), &[q, d], None)?;
             tensor(&mut w, &b("ffn_up"), &[d, 2 * s.d_ff], None)?;
             tensor(&mut w, &b("ffn_down"), &[s.d_ff, d], None)?;
-        } else if let Some((ne, _)) = s.experts {
-            tensor(&mut w, &b("attn_q"), &[d, q], None)?;
-            tensor(&mut w, &b("attn_k"), &[d, kv], None)?;
-            tensor(&mut w, &b("attn_v"), &[d, kv], None)?;
-            tensor(&mut w, &b("attn_output"), &[q, d], None)?;
-            // The router stays F32, as llama.cpp's quantizer leaves it, and is ROUTER_GAIN times
-            // a plain matrix: decisive enough that 8-bit activation rounding (ours and
-            // llama.cpp's) rarely swaps the last picked expert with the first unpicked one.
-            tensor(&mut w, &b("ffn_gate_inp"), &[d, ne], Some((GgmlType::F32, ROUTER_GAIN)))?;
-            for (name, row_len, rows) in [
-                ("ffn_gate_exps", d, s.d_ff),
-                ("ffn_up_exps", d, s.d_ff),
-                ("ffn_down_exps", s.d_ff, d),
-            ] {
-                tensor(&mut w, &b(name), &[row_len, rows, ne], None)?;
-            }
         } else {
             tensor(&mut w, &b("attn_q"), &[d, q], None)?;
             tensor(&mut w, &b("attn_k"), &[d, kv], None)?;
             tensor(&mut w, &b("attn_v"), &[d, kv], None)?;
             tensor(&mut w, &b("attn_output"), &[q, d], None)?;
-            tensor(&mut w, &b("ffn_gate"), &[d, s.d_ff], None)?;
-            tensor(&mut w, &b("ffn_up"), &[d, s.d_ff], None)?;
-            tensor(&mut w, &b("ffn_down"), &[s.d_ff, d], None)?;
+            // A mixture of experts: its router, F32 as llama.cpp's quantizer leaves it and
+            // ROUTER_GAIN times a plain matrix (peaked as a trained router is: a plain one's
+            // logits spread a token over its picks nearly evenly), and the experts stacked.
+            let (ne, names) = match s.experts {
+                Some((ne, _)) => (Some(ne), ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]),
+                None => (None, ["ffn_gate", "ffn_up", "ffn_down"]),
+            };
+            if let Some(ne) = ne {
+                let router = Some((GgmlType::F32, ROUTER_GAIN));
+                tensor(&mut w, &b("ffn_gate_inp"), &[d, ne], router)?;
+            }
+            for (name, (row_len, rows)) in
+                names
+                    .into_iter()
+                    .zip([(d, s.d_ff), (d, s.d_ff), (s.d_ff, d)])
+            {
+                let dims: Vec<u32> = [row_len, rows].into_iter().chain(ne).collect();
+                tensor(&mut w, &b(name), &dims, None)?;
+            }
         }
         norms.push((b("attn_norm"), d));
         norms.push((b("ffn_norm"), d));
@@ -723,6 +696,37 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         }
     }
     Ok(w.to_bytes())
+}
+
+/// The tensors of a small Gemma 4 model (`gemma4::TINY`'s structure).
+fn gemma4_tensors(w: &mut GgufWriter, g: &mut Gen, s: &SynthSpec) -> Result<(), GgufError> {
+    for t in s.gemma4().tensors() {
+        let name = t.kind.gguf_name(t.layer.map(|l| l as usize));
+        match t.fill {
+            gemma4::G4Fill::Matrix => {
+                let ty = matrix_type(s.weight_type, t.dims[0]);
+                let data = g.matrix(t.dims[0], t.dims[1], ty)?;
+                w.add_tensor(&name, &[t.dims[0].into(), t.dims[1].into()], ty, data)?;
+            }
+            gemma4::G4Fill::Norm => {
+                let data = g.norm_weights(t.dims[0]);
+                w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+            }
+            gemma4::G4Fill::ScaledNorm(k) => {
+                let data: Vec<u8> = g
+                    .norm_weights(t.dims[0])
+                    .chunks_exact(4)
+                    .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * k).to_le_bytes())
+                    .collect();
+                w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+            }
+            gemma4::G4Fill::Values(v) => {
+                let data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                w.add_tensor(&name, &[t.dims[0].into()], GgmlType::F32, data)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The small models' SentencePiece tokenizer (`vocabulary`); `add_bos`: the file asks for

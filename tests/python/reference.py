@@ -423,6 +423,7 @@ _ACT_FORMAT = {
     "Q4_1": "Q8_1", "Q5_1": "Q8_1",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
     "Q2_K": "Q8_K", "Q3_K": "Q8_K",
+    "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K", "MXFP4": "Q8_0",
 }
 
 ACT_QUANT = False
@@ -542,6 +543,16 @@ def _moe_ffn(h, m, p, il, seen):
     """The mixture-of-experts FFN of layer il (prefix p) on the normed rows h [n, d]."""
     logits = _linear(h, m, p + "ffn_gate_inp")  # the router (F32: its input stays f32)
     ids, w = moe_route(logits, m.n_expert_used[il], m.moe_norm, m.moe_scale)
+    forced = getattr(m, "forced_routes", None)
+    if forced is not None:
+        # The picks of another run (`forward(routes=...)`), weighted by this run's probabilities.
+        ids = np.asarray(forced[il], dtype=np.int64)
+        z = np.asarray(logits, dtype=np.float64)
+        pr = np.exp(z - z.max(axis=-1, keepdims=True))
+        pr /= pr.sum(axis=-1, keepdims=True)
+        w = np.take_along_axis(pr, ids, axis=-1)
+        if m.moe_norm:
+            w = w / np.maximum(w.sum(axis=-1, keepdims=True), MOE_WEIGHTS_SUM_MIN)
     seen(il, "router", "ids", ids)
     seen(il, "router", "weights", w)
     has_gate = m.has(p + "ffn_gate_exps.weight")  # llama.cpp: optional for llama
@@ -559,10 +570,12 @@ def _moe_ffn(h, m, p, il, seen):
 # Forward pass
 
 
-def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None, ctx=None):
+def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None, ctx=None, routes=None):
     """With act_quant=True, matmul inputs are rounded as 8-bit activations (see quantize_act).
     `ctx`: the context size the model is run with (default: the number of tokens), which
     picks LongRoPE's long or short factors.
+    `routes`: {layer: ids [n, k]}, the experts every mixture-of-experts layer takes instead of
+    its own picks (weighted by its own probabilities): a float run routed as an 8-bit one was.
     `steps`: a dict to fill with the output of every layer step the engine also names
     (`debug forward --steps`): "layer.{i}.{step}.{buffer}" -> float32 [n, width]. A mixture-of-
     experts FFN names "router.ids" and "router.weights" (the k picked experts of each row and
@@ -572,10 +585,12 @@ def forward(model, token_ids, logit_rows=None, act_quant=False, steps=None, ctx=
     """
     global ACT_QUANT
     saved, ACT_QUANT = ACT_QUANT, act_quant
+    model.forced_routes = routes
     try:
         return _forward(model, token_ids, logit_rows, steps, ctx)
     finally:
         ACT_QUANT = saved
+        model.forced_routes = None
 
 
 def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):

@@ -55,11 +55,11 @@ def test_batch_size_does_not_change_the_answer(name, tmp_path):
 
 
 WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
-                "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]
+                "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
 
 
 # The small synthetic models (`debug synth --arch`), each of the real structure of its family.
-SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3"]
+SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3", "qwen3moe", "mixtral"]
 
 
 @pytest.mark.parametrize("arch", SYNTH_ARCHS)

@@ -166,7 +166,7 @@ def test_gpu_generation_matches_cpu(name, tmp_path):
     compare_steps(cpu, rows(tmp_path / "cpu.f32"), gpu, rows(tmp_path / "gpu.f32"), f"{name} run --backend gpu")
 
 
-@pytest.mark.parametrize("ty", ["IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("ty", ["IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_gpu_synthetic_type_matches_float_reference(ty, tmp_path):
     """A tiny synthetic model in a weight type the real models lack (every matrix in `ty`):
     each layer and the logits on the GPU against the float64 reference, within GPU_REL."""

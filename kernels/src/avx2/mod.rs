@@ -13,6 +13,7 @@ mod iq4_nl;
 mod iq4_xs;
 mod kgemm;
 mod kquant;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -226,6 +227,8 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.vec_dot = iq4_xs::vec_dot;
             entry.vec_dot_multi = Some(iq4_xs::vec_dot_multi);
         }
+        // Its one-row dot at every x86 level (the reference's bits).
+        GgmlType::MXFP4 => entry.vec_dot = mxfp4::vec_dot,
     }
     // The K-quants' prefill through tiles of unpacked rows; IQ4_XS's codes (up to 241) would
     // saturate `maddubs`, so it waits for `vpdpbusd`.

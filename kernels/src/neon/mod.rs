@@ -22,6 +22,7 @@ mod iq4_nl;
 mod iq4_xs;
 mod kgemm;
 mod kquant;
+mod mxfp4;
 pub mod ops;
 mod q2_k;
 mod q3_k;
@@ -304,6 +305,7 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q3_K => q8_k::entry::<q3_k::Q3K, D>(entry),
         GgmlType::IQ4_NL => q8_0::entry::<iq4_nl::Iq4Nl, D>(entry),
         GgmlType::IQ4_XS => q8_k::entry::<iq4_xs::Iq4Xs, D>(entry),
+        GgmlType::MXFP4 => entry.vec_dot = mxfp4::vec_dot,
     }
     // The weight quantizers' scale searches, eight sub-blocks at a time (`ringllm convert`):
     // the reference's bytes.

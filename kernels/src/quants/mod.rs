@@ -5,6 +5,7 @@ pub mod common;
 pub mod float;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod mxfp4;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;
@@ -102,6 +103,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
         GgmlType::Q3_K => entry!(q3_k),
         GgmlType::IQ4_NL => entry!(iq4_nl),
         GgmlType::IQ4_XS => entry!(iq4_xs),
+        GgmlType::MXFP4 => entry!(mxfp4),
     }
 }
 

@@ -374,7 +374,12 @@ pub(super) fn add_rows(
 }
 
 /// `gate = act(gate) * up`, split across the pool (GELU's tanh is not cheap at prefill sizes).
-pub(super) fn glu_parallel(pool: &ThreadPool, gate: &mut [f32], up: &[f32], glu: fn(&mut [f32], &[f32])) {
+pub(super) fn glu_parallel(
+    pool: &ThreadPool,
+    gate: &mut [f32],
+    up: &[f32],
+    glu: fn(&mut [f32], &[f32]),
+) {
     const CHUNK: usize = 4096;
     let g = SharedMut::new(gate);
     pool.for_ranges(g.len(), CHUNK, &|range| {

@@ -237,7 +237,9 @@ mod tests {
             let k = 1 + case % ne.min(8);
             let mut p: Vec<f32> = (0..ne)
                 .map(|_| {
-                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((seed >> 33) as f32 / (1u64 << 31) as f32) * 8.0 - 4.0
                 })
                 .collect();
@@ -257,7 +259,10 @@ mod tests {
                     x /= sum;
                 }
                 x *= m.weights_scale as f64;
-                assert!((w as f64 - x).abs() <= 1e-6 * x.abs().max(1e-3), "case {case} e {e}");
+                assert!(
+                    (w as f64 - x).abs() <= 1e-6 * x.abs().max(1e-3),
+                    "case {case} e {e}"
+                );
             }
         }
     }

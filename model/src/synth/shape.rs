@@ -634,6 +634,7 @@ impl WeightMix {
                 GgmlType::Q3_K => 11,
                 GgmlType::IQ4_NL => 25,
                 GgmlType::IQ4_XS => 30,
+                GgmlType::MXFP4 => 38,
                 GgmlType::Q8_1 | GgmlType::Q8_K => return None,
             },
         })

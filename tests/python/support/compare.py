@@ -12,7 +12,9 @@ Two comparisons, each with its budget stated here (`compare`):
   same at every position except where the reference's own top-2 margin is within the
   measured logit deviation at that position (a genuine near-tie) — reported when it happens.
 - Against the plain float64 reference: the total cost of 8-bit activations. Each layer
-  within HIDDEN_REL, logits within LOGIT_REL.
+  within HIDDEN_REL, logits within LOGIT_REL. A mixture of experts's float run takes the
+  experts the 8-bit run picked: routing is a discontinuous choice, and 8-bit rounding may swap
+  a near-tied last pick (the 8-bit comparison above holds the engine to the picks themselves).
 """
 
 import os
@@ -52,8 +54,12 @@ def rel_l2(a, b):
 def compare(ours, model, toks, what, ctx=None):
     """Both comparisons of the module docstring for one input (`ctx`: the context our engine
     ran with, when not the prompt's length; it picks LongRoPE's factors)."""
-    ref_q, hid_q = reference.forward(model, toks, act_quant=True, ctx=ctx)
-    ref_f, hid_f = reference.forward(model, toks, ctx=ctx)
+    steps = {} if getattr(model, "n_expert", 0) else None
+    ref_q, hid_q = reference.forward(model, toks, act_quant=True, ctx=ctx, steps=steps)
+    routes = None
+    if steps is not None:
+        routes = {il: np.asarray(steps[f"layer.{il}.router.ids"]).astype(np.int64) for il in range(model.n_layer)}
+    ref_f, hid_f = reference.forward(model, toks, ctx=ctx, routes=routes)
     lo = ours["logits"]
     assert lo.shape == ref_q.shape, f"{what}: logits shape {lo.shape} vs {ref_q.shape}"
     for il in range(model.n_layer):

@@ -463,7 +463,12 @@ fn prediction_arithmetic() {
     let mut moe = m.clone();
     moe.layer_weight_bytes = vec![16_000_000; 4];
     moe.layer_active_bytes = vec![1_000_000; 4];
-    let p = plan(&moe, &coord(), &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)]).unwrap();
+    let p = plan(
+        &moe,
+        &coord(),
+        &[stage("a", GIB, 1e9), stage("b", GIB, 1e9)],
+    )
+    .unwrap();
     assert!(close(p.stages[0].compute_s, 0.002) && close(p.stages[1].compute_s, 0.002));
     assert_eq!(p.stages[0].weight_bytes, 32_000_000);
     // Read-per-token sizes for the wrong number of layers are refused by name.

@@ -152,11 +152,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<ModelSpeed> {
     // ten times slower than they run.
     model.prefault();
     // Bytes a decoded token reads (a mixture of experts: its picked experts only).
-    let layer_bytes: usize = model
-        .layers
-        .iter()
-        .map(|l| l.active_bytes(&model.hp))
-        .sum();
+    let layer_bytes: usize = model.layers.iter().map(|l| l.active_bytes(&model.hp)).sum();
     let head_bytes = model.output.as_ref().map_or(0, |w| w.bytes());
     let d = hp.d_model;
     let mut runner = ringllm_model::Runner::new(Arc::clone(&model), threads, 1, 64);
