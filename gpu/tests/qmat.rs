@@ -64,6 +64,16 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> 
         GgmlType::BF16 => b.chunks_exact_mut(2).for_each(|c| {
             c.copy_from_slice(&half::bf16::from_f32(rng.random_range(-1f32..1.0)).to_le_bytes())
         }),
+        // Scale bytes (E8M0): a few of 0, 1 and 2 (subnormal scales), the rest 100..150
+        // (2^-28..2^22), every value finite.
+        GgmlType::MXFP4 => {
+            for (i, blk) in b.chunks_exact_mut(ty.type_size()).enumerate() {
+                blk[0] = match i % 16 {
+                    k @ 0..=2 => k as u8,
+                    _ => 100 + blk[0] % 50,
+                };
+            }
+        }
         _ => {
             // Byte offsets of the f16 fields of a block.
             let fields: &[usize] = match ty {

@@ -517,7 +517,11 @@ fn encode_step(
                 .map_err(be)?;
             }
         }
-        Step::Attention { scale, softcap } => {
+        Step::Attention {
+            scale,
+            softcap,
+            sinks: _,
+        } => {
             let shape = AttnShape {
                 scale,
                 softcap: softcap.unwrap_or(0.0),
@@ -545,6 +549,14 @@ fn encode_step(
             let act = match act {
                 FfnAct::Silu => Glu::Silu,
                 FfnAct::GeluTanh => Glu::GeluTanh,
+                // Refused when the slice was uploaded (`supports`).
+                FfnAct::SwigluOai => {
+                    return Err(ModelError::UnsupportedStep {
+                        step: step.name(),
+                        layer: i,
+                        backend: "GPU",
+                    })
+                }
             };
             ops.glu(gpu, e, &s.gate, &s.up, (n * ff) as u32, act)
                 .map_err(be)?;
@@ -567,8 +579,10 @@ fn encode_step(
         | Step::SharedAttention { .. }
         | Step::PerLayerInput
         | Step::OutScale
-        | Step::Router
-        | Step::Experts(_) => {
+        | Step::Router { .. }
+        | Step::Experts { .. }
+        | Step::AttnOutBias
+        | Step::PostAttnFfnNorm => {
             return Err(ModelError::UnsupportedStep {
                 step: step.name(),
                 layer: i,
@@ -679,7 +693,7 @@ fn supports(step: Step) -> bool {
         | Step::QkvBias
         | Step::QkNorm
         | Step::Rope(_)
-        | Step::Attention { .. }
+        | Step::Attention { sinks: false, .. }
         | Step::AttnOut
         | Step::AttnResidual { .. }
         | Step::FfnNorm
@@ -699,7 +713,12 @@ fn supports(step: Step) -> bool {
         | Step::SharedAttention { .. }
         | Step::PerLayerInput
         | Step::OutScale => false,
-        // Mixture-of-experts layers: not on the GPU yet.
-        Step::Router | Step::Experts(_) => false,
+        // Mixture-of-experts layers and gpt-oss's sinks and biases: not on the GPU yet.
+        Step::Router { .. }
+        | Step::Experts { .. }
+        | Step::Attention { sinks: true, .. }
+        | Step::AttnOutBias
+        | Step::PostAttnFfnNorm
+        | Step::Glu(FfnAct::SwigluOai) => false,
     }
 }

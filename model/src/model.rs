@@ -70,6 +70,15 @@ pub struct Layer {
     pub down: Weight,
     /// The mixture-of-experts router, one row per expert.
     pub router: Option<Weight>,
+    /// The router's bias, `[n_expert]` (gpt-oss).
+    pub router_bias: Option<Vec<f32>>,
+    /// Every expert's gate, up and down biases, expert `e`'s at `e·ff..` (`e·d..` for down)
+    /// (gpt-oss).
+    pub expert_bias: Option<ExpertBias>,
+    /// The attention output projection's bias (gpt-oss).
+    pub bo: Option<Vec<f32>>,
+    /// One sink logit per query head (gpt-oss).
+    pub attn_sinks: Option<Vec<f32>>,
     pub post_ffw_norm: Option<Vec<f32>>,
     /// Per-layer embedding input (Gemma 4): gate `[d → ple]`, projection `[ple → d]`, norm.
     pub ple_gate: Option<Weight>,
@@ -114,6 +123,17 @@ impl Layer {
             _ => all,
         }
     }
+}
+
+/// A mixture of experts's per-expert biases, stacked as the experts are.
+#[derive(Debug)]
+pub struct ExpertBias {
+    /// `[n_expert × d_ff_exp]`.
+    pub gate: Vec<f32>,
+    /// `[n_expert × d_ff_exp]`.
+    pub up: Vec<f32>,
+    /// `[n_expert × d_model]`.
+    pub down: Vec<f32>,
 }
 
 /// The weights that make every layer's per-layer embedding input from a token (Gemma 4
@@ -757,6 +777,27 @@ impl<'a> Loader<'a> {
         p
     }
 
+    /// A tensor of exactly `dims` (a per-expert bias table), dequantized to f32.
+    fn table(
+        &self,
+        kind: TensorKind,
+        layer: Option<usize>,
+        dims: &[u64],
+    ) -> Result<Vec<f32>, ModelError> {
+        let t = self.info(kind, layer)?;
+        if t.dims != dims {
+            return Err(ModelError::BadShape {
+                name: t.name.clone(),
+                expected: dims.to_vec(),
+                found: t.dims.clone(),
+            });
+        }
+        let n: u64 = dims.iter().product();
+        let mut out = vec![0f32; n as usize];
+        (kernels(t.ty).dequantize)(self.file.tensor_data(t), &mut out);
+        Ok(out)
+    }
+
     /// A 1-D tensor of `n` values, dequantized to f32.
     fn vector(
         &self,
@@ -823,6 +864,26 @@ impl<'a> Loader<'a> {
                 opt_mat(TensorKind::AttnV, d, kv)?,
             )
         };
+        let nh = hp.n_head as u64;
+        let (router_bias, expert_bias) = match hp.moe {
+            Some(m) if recipe.needs(TensorKind::FfnGateExpsBias) => {
+                let (e, fe) = (m.n_expert as u64, m.d_ff_exp as u64);
+                (
+                    Some(self.vector(TensorKind::FfnGateInpBias, l, e)?),
+                    Some(ExpertBias {
+                        gate: self.table(TensorKind::FfnGateExpsBias, l, &[fe, e])?,
+                        up: self.table(TensorKind::FfnUpExpsBias, l, &[fe, e])?,
+                        down: self.table(TensorKind::FfnDownExpsBias, l, &[d, e])?,
+                    }),
+                )
+            }
+            _ => (None, None),
+        };
+        let ffn_norm = if recipe.needs(TensorKind::PostAttnNorm) && hp.ffn_norm_post_attn {
+            self.vector(TensorKind::PostAttnNorm, l, d)?
+        } else {
+            self.vector(TensorKind::FfnNorm, l, d)?
+        };
         let (gate, up, down, router) = match hp.moe {
             Some(m) if recipe.needs(TensorKind::FfnGateInp) => {
                 let (e, fe) = (m.n_expert as u64, m.d_ff_exp as u64);
@@ -856,11 +917,15 @@ impl<'a> Loader<'a> {
             q_norm: opt_vec(TensorKind::AttnQNorm, hd)?,
             k_norm: opt_vec(TensorKind::AttnKNorm, hd)?,
             post_attn_norm: opt_vec(TensorKind::PostAttnNorm, d)?,
-            ffn_norm: self.vector(TensorKind::FfnNorm, l, d)?,
+            ffn_norm,
             gate,
             up,
             down,
             router,
+            router_bias,
+            expert_bias,
+            bo: opt_vec(TensorKind::AttnOutBias, d)?,
+            attn_sinks: opt_vec(TensorKind::AttnSinks, nh)?,
             post_ffw_norm: opt_vec(TensorKind::PostFfwNorm, d)?,
             ple_gate: opt_mat(TensorKind::PerLayerInpGate, d, ple)?,
             ple_proj: opt_mat(TensorKind::PerLayerProj, ple, d)?,

@@ -49,6 +49,8 @@ pub enum SynthArch {
     Qwen3Moe,
     /// Mixtral: a `llama` file whose feed-forward is a mixture of experts (`--arch mixtral`).
     Mixtral,
+    /// gpt-oss: biases, attention sinks, alternating windows, YaRN, clamped SwiGLU experts.
+    GptOss,
 }
 
 impl SynthArch {
@@ -64,6 +66,7 @@ impl SynthArch {
         SynthArch::Mistral3,
         SynthArch::Qwen3Moe,
         SynthArch::Mixtral,
+        SynthArch::GptOss,
     ];
 
     /// The architecture of GGUF name `name`, when a small model of it can be written.
@@ -93,6 +96,7 @@ impl SynthArch {
             SynthArch::Mistral3 => "mistral3",
             SynthArch::Qwen3Moe => "qwen3moe",
             SynthArch::Mixtral => "llama",
+            SynthArch::GptOss => "gpt-oss",
         }
     }
 
@@ -118,7 +122,7 @@ impl SynthArch {
     /// family's files carry another kind.
     pub fn small_vocab(self) -> (VocabKind, u32) {
         match self {
-            SynthArch::Qwen3 | SynthArch::Qwen3Moe => (VocabKind::Qwen3, 1280),
+            SynthArch::Qwen3 | SynthArch::Qwen3Moe | SynthArch::GptOss => (VocabKind::Qwen3, 1280),
             SynthArch::Gemma2 => (VocabKind::Gemma, 512),
             SynthArch::Mistral3 => (VocabKind::Tekken, 2048),
             _ => (VocabKind::Spm, 512),
@@ -185,7 +189,10 @@ impl SynthSpec {
             n_head: 4,
             n_head_kv: 2,
             head_dim: 64,
-            d_ff: if matches!(arch, SynthArch::Qwen3Moe | SynthArch::Mixtral) {
+            d_ff: if matches!(
+                arch,
+                SynthArch::Qwen3Moe | SynthArch::Mixtral | SynthArch::GptOss
+            ) {
                 256
             } else {
                 512
@@ -204,6 +211,8 @@ impl SynthSpec {
                 SynthArch::Qwen3Moe => Some((8, 3)),
                 // Mixtral's own counts: 8 experts, 2 per token.
                 SynthArch::Mixtral => Some((8, 2)),
+                // gpt-oss-20b picks 4 of its 32.
+                SynthArch::GptOss => Some((8, 4)),
                 _ => None,
             },
         }
@@ -235,6 +244,9 @@ impl SynthSpec {
             // The router and three stacked expert tensors in place of gate, up and down.
             SynthArch::Qwen3Moe => 12,
             SynthArch::Mixtral => 10,
+            // Q/K/V/O and their biases, the sinks, two norms, the router and its bias, the
+            // three stacked experts and their biases.
+            SynthArch::GptOss => 19,
         };
         // Phi-3's two LongRoPE factor tensors are global.
         let rope = if self.arch == SynthArch::Phi3 { 2 } else { 0 };
@@ -519,6 +531,13 @@ pub(crate) fn add_arch_meta(w: &mut GgufWriter, m: &ArchMeta) {
         SynthArch::Gemma2 => {
             w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
         }
+        SynthArch::GptOss => {
+            // gpt-oss's own RoPE scaling: YaRN, 32 times an original context of 4096.
+            w.add(&k(MetaKey::SlidingWindow), Value::U32(m.sliding_window));
+            w.add(&k(MetaKey::RopeScalingType), Value::Str("yarn".into()));
+            w.add(&k(MetaKey::RopeScalingFactor), Value::F32(32.0));
+            w.add(&k(MetaKey::RopeScalingOrigCtx), Value::U32(4096));
+        }
     }
     if let Some((attn, fin)) = m.softcaps {
         w.add(&k(MetaKey::AttnLogitSoftcapping), Value::F32(attn));
@@ -567,6 +586,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     let (rope_base, rms_eps) = match s.arch {
         SynthArch::Llama | SynthArch::Phi3 => (10000.0f32, 1e-5f32),
         SynthArch::Mixtral => (1e6, 1e-5),
+        SynthArch::GptOss => (150_000.0, 1e-5),
         SynthArch::Gemma2 => (10000.0, 1e-6),
         SynthArch::Mistral3 => (1e9, 1e-5),
         SynthArch::Gemma3
@@ -617,7 +637,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
     };
     tensor(&mut w, "token_embd.weight", &[d, s.vocab], None)?;
     let mut norms: Vec<(String, u32)> = Vec::new();
-    let mut biases: Vec<(String, u32)> = Vec::new();
+    let mut biases: Vec<(String, Vec<u32>, f32)> = Vec::new();
     for il in 0..s.n_layer {
         let b = |n: &str| format!("blk.{il}.{n}.weight");
         if s.arch == SynthArch::Phi3 {
@@ -652,7 +672,13 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             }
         }
         norms.push((b("attn_norm"), d));
-        norms.push((b("ffn_norm"), d));
+        // gpt-oss names its feed-forward's pre-norm `post_attention_norm`.
+        let ffn_norm = if s.arch == SynthArch::GptOss {
+            "post_attention_norm"
+        } else {
+            "ffn_norm"
+        };
+        norms.push((b(ffn_norm), d));
         if s.arch.has_qk_norm() {
             // GGUF stores Gemma's RMSNorm weights as (1 + w), so these are near 1 as well.
             norms.push((b("attn_q_norm"), s.head_dim));
@@ -662,11 +688,7 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
             norms.push((b("post_attention_norm"), d));
             norms.push((b("post_ffw_norm"), d));
         }
-        if s.arch == SynthArch::Qwen2 {
-            for (t, n) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
-                biases.push((format!("blk.{il}.{t}.bias"), n));
-            }
-        }
+        biases.extend(layer_biases(s, il));
     }
     if !s.is_tied() {
         tensor(&mut w, "output.weight", &[d, s.vocab], None)?;
@@ -676,9 +698,14 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         let data = g.norm_weights(n);
         w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
     }
-    for (name, n) in biases {
-        let data = g.bias_weights(n);
-        w.add_tensor(&name, &[n.into()], GgmlType::F32, data)?;
+    for (name, dims, gain) in biases {
+        let data: Vec<u8> = g
+            .bias_weights(dims.iter().product())
+            .chunks_exact(4)
+            .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * gain).to_le_bytes())
+            .collect();
+        let dims: Vec<u64> = dims.iter().map(|&x| x.into()).collect();
+        w.add_tensor(&name, &dims, GgmlType::F32, data)?;
     }
     if s.arch == SynthArch::Phi3 {
         let (long, short) = phi3::rope_factors(s.head_dim / 2);
@@ -696,6 +723,33 @@ pub fn synth_model(spec: &SynthSpec) -> Result<Vec<u8>, GgufError> {
         }
     }
     Ok(w.to_bytes())
+}
+
+/// Layer `il`'s bias-like vectors (name, dims, gain over N(0, 0.1)): Qwen2's Q/K/V biases;
+/// gpt-oss's Q/K/V/output, router and expert biases and its attention sinks (gain 10: sinks
+/// of N(0, 1), strong enough to matter against scores of that size).
+fn layer_biases(s: &SynthSpec, il: u32) -> Vec<(String, Vec<u32>, f32)> {
+    let (d, q, kv) = (s.d_model, s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
+    let bias = |t: &str, dims: &[u32]| (format!("blk.{il}.{t}.bias"), dims.to_vec(), 1.0);
+    let mut out = Vec::new();
+    if matches!(s.arch, SynthArch::Qwen2 | SynthArch::GptOss) {
+        out.extend([
+            bias("attn_q", &[q]),
+            bias("attn_k", &[kv]),
+            bias("attn_v", &[kv]),
+        ]);
+    }
+    if let (SynthArch::GptOss, Some((ne, _))) = (s.arch, s.experts) {
+        out.extend([
+            bias("attn_output", &[d]),
+            bias("ffn_gate_inp", &[ne]),
+            bias("ffn_gate_exps", &[s.d_ff, ne]),
+            bias("ffn_up_exps", &[s.d_ff, ne]),
+            bias("ffn_down_exps", &[d, ne]),
+        ]);
+        out.push((format!("blk.{il}.attn_sinks.weight"), vec![s.n_head], 10.0));
+    }
+    out
 }
 
 /// The tensors of a small Gemma 4 model (`gemma4::TINY`'s structure).

@@ -52,6 +52,29 @@ Architectures:
                    27B) soft-capped as c*tanh(s/c) before the mask and softmax with c =
                    `attn_logit_softcapping` (default 50), logits soft-capped by
                    `final_logit_softcapping` (default 30); tied output embedding.
+  gpt-oss          (OpenAI gpt-oss-20b/120b, llama.cpp's LLM_ARCH_OPENAI_MOE) RMSNorm `attn_norm`
+                   before attention, Q/K/V/O with biases, NeoX RoPE with YaRN (below), head size
+                   `attention.key_length`, query scale 1/sqrt(n_rot), a learned per-head sink
+                   logit in every attention softmax (`attn_sinks`, below), layers alternating
+                   sliding-window / full (even layers i % 2 == 0 local with key allowed iff
+                   q - k < `attention.sliding_window`, odd layers global; an
+                   `attention.sliding_window_pattern` key overrides as for gemma3), the RMSNorm
+                   `post_attention_norm` as the FFN's input norm (no sandwich: gpt-oss has no
+                   ffn_norm), the mixture-of-experts FFN below in its gpt-oss form, untied head.
+                   Sinks: for query head h with scaled, masked scores s_j (q.k/sqrt(n_rot)) and
+                   the unscaled sink logit z = attn_sinks[h], p_j = exp(s_j - M) / (Σ_i exp(s_i -
+                   M) + exp(z - M)), M = max(max_j s_j, z): the sink takes probability mass but
+                   contributes no value.
+                   YaRN (`rope.scaling.type` = "yarn", as llama.cpp's ggml rope_yarn): with
+                   s = 1/`rope.scaling.factor`, pair i's angle is θ = p·b^(-2i/n_rot) blended
+                   between interpolation s·θ and extrapolation θ: (1 - r_i)·s·θ + r_i·θ, r_i =
+                   1 - clamp((i - lo)/max(0.001, hi - lo), 0, 1), lo = max(0, floor(c(32))), hi =
+                   min(n_rot - 1, ceil(c(1))), c(β) = n_rot·ln(n_orig/(2πβ))/(2 ln b), n_orig =
+                   `rope.scaling.original_context_length` (default `context_length`); cos and sin
+                   are multiplied by (1 + 0.1 ln(1/s))·`rope.scaling.attn_factor` (llama.cpp's
+                   context first divides its yarn_attn_factor by that same 1 + 0.1 ln(1/s) for
+                   s < 1 and ggml multiplies it back). Local layers use `rope.freq_base_swa`
+                   (default `rope.freq_base`) and the file's scale s even when the type is "none".
 
 Mixture of experts (qwen3moe; `llama` files with `llama.expert_count` > 0: Mixtral), as
 llama.cpp's build_moe_ffn runs it for these two architectures. Per token, on the FFN input xn:
@@ -64,6 +87,15 @@ output Σ_j w_j · W_down[e_j]·(silu(W_gate[e_j]·xn) ⊙ W_up[e_j]·xn) with t
 `ffn_{gate,up,down}_exps` tensors (numpy shapes [E, n_out, n_in], each expert a contiguous
 matrix). No shared expert, no biases. Every expert matmul rounds its input rows like any
 other matmul with act_quant (the format of the stacked tensor's type).
+
+gpt-oss's mixture of experts (build_moe_ffn with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT,
+norm_w = false, LLM_FFN_SWIGLU_OAI_MOE): router logits W_router·xn + b_router, the k experts of
+largest logit (ties: lower index first), weights w = softmax over the k picked logits only (no
+renormalization; `expert_weights_scale` is never loaded for gpt-oss, so no scale), and the output
+Σ_j w_j · (W_down[e_j]·swiglu_oai(W_gate[e_j]·xn + b_gate[e_j], W_up[e_j]·xn + b_up[e_j]) +
+b_down[e_j]) with swiglu_oai(g, u) = g'·sigmoid(α·g')·(u' + 1), g' = min(g, 7), u' = clamp(u, -7,
+7), α = 1.702 (as the f32 constant 1.70200002193450927734375). The expert biases
+`ffn_{gate,up,down}_exps.bias` are [E, n_out] (numpy order).
 
 CLI:
   reference.py MODEL --tokens 2,818,5279 [--dump DIR] [--greedy N]
@@ -83,11 +115,17 @@ from gguf.quants import dequantize
 import reference_gemma4
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3",
-                   "qwen3moe")
+                   "qwen3moe", "gpt-oss")
 # Architectures whose FFN may be a mixture of experts (see the module docstring).
-MOE_ARCHS = ("qwen3moe", "llama")
+MOE_ARCHS = ("qwen3moe", "llama", "gpt-oss")
 # llama.cpp clamps the sum of the picked experts' probabilities to the smallest normal f16.
 MOE_WEIGHTS_SUM_MIN = 6.103515625e-5
+# gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE): the f32 constants it passes.
+SWIGLU_OAI_ALPHA = float(np.float32(1.702))
+SWIGLU_OAI_LIMIT = 7.0
+# ggml's YaRN defaults (llama_hparams yarn_beta_fast / yarn_beta_slow; gpt-oss reads no key).
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,8 +183,8 @@ class Model:
         self.n_expert = int(g("expert_count", 0) or 0)
         if self.n_expert and arch not in MOE_ARCHS:
             raise ValueError(f"mixture-of-experts {arch} models are not supported by the reference")
-        if arch == "qwen3moe" and not self.n_expert:
-            raise ValueError("a qwen3moe file without qwen3moe.expert_count")
+        if arch in ("qwen3moe", "gpt-oss") and not self.n_expert:
+            raise ValueError(f"a {arch} file without {arch}.expert_count")
 
         self.n_embd = int(g("embedding_length"))
         self.n_layer = int(g("block_count"))
@@ -161,15 +199,30 @@ class Model:
         self.rope_base = float(g("rope.freq_base", 10000.0))
         scaling_type = g("rope.scaling.type")
         factor = g("rope.scaling.factor") or g("rope.scale_linear") or 0.0
-        if scaling_type not in (None, "none", "linear") and float(factor) not in (0.0, 1.0):
+        # YaRN only where verified against llama.cpp (other archs may read more yarn keys).
+        known_scaling = (None, "none", "linear") + (("yarn",) if arch == "gpt-oss" else ())
+        if scaling_type not in known_scaling and float(factor) not in (0.0, 1.0):
             raise ValueError(f"rope scaling type {scaling_type!r} is not supported by the reference")
         self.rope_scale = 1.0 / float(factor) if float(factor) != 0.0 else 1.0
-        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gemma2")
+        self.rope_neox = arch in ("qwen2", "gemma3", "qwen3", "qwen3moe", "phi3", "gemma2", "gpt-oss")
         self.gemma = arch in ("gemma3", "gemma2")
         self.ctx_train = int(g("context_length", 4096))
         # LongRoPE (phi3): the original context and the cos/sin multiplier.
         self.rope_orig_ctx = int(g("rope.scaling.original_context_length", self.ctx_train) or self.ctx_train)
         self.rope_attn_factor = float(g("rope.scaling.attn_factor", 1.0) or 1.0)
+        # YaRN (gpt-oss): ggml's ext_factor (1 for "yarn", else 0) and beta_fast / beta_slow.
+        self.yarn = None
+        if arch == "gpt-oss":
+            train_scale = self.rope_scale
+            if scaling_type == "none":
+                self.rope_scale = 1.0  # llama.cpp: "never scale if scaling type is none"
+            if scaling_type == "yarn":
+                self.yarn = (1.0, self.rope_orig_ctx, YARN_BETA_FAST, YARN_BETA_SLOW)
+                # llama_context: yarn_attn_factor = mscale(f) / (1 + 0.1 ln f), f = 1/scale, then
+                # times rope.scaling.attn_factor; ggml's rope_yarn multiplies (1 + 0.1 ln f) back.
+                f = 1.0 / self.rope_scale
+                mscale = 1.0 + 0.1 * math.log(f) if f > 1.0 else 1.0
+                self.rope_attn_factor *= mscale / (1.0 + 0.1 * math.log(f))
         self.final_softcap = float(g("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0) or 0.0)
         self.attn_softcap = float(g("attn_logit_softcapping", 50.0) or 0.0) if arch == "gemma2" else 0.0
 
@@ -183,6 +236,12 @@ class Model:
         self.n_expert_used = [0] * self.n_layer
         self.moe_norm = True
         self.moe_scale = 0.0
+        self.moe_gating = "softmax"
+        if arch == "gpt-oss":
+            # build_moe_ffn(..., LLM_FFN_SWIGLU_OAI_MOE, norm_w = false, expert_weights_scale
+            # (never loaded: 0), LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT).
+            self.moe_norm = False
+            self.moe_gating = "softmax_weight"
         if self.n_expert:
             used = g("expert_used_count", 0)
             used = list(used) if isinstance(used, (list, tuple)) else [used] * self.n_layer
@@ -226,6 +285,19 @@ class Model:
                 self.q_scale = 1.0 / math.sqrt(self.n_embd // self.n_head)
             else:
                 self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        elif arch == "gpt-oss":
+            # llama.cpp: n_swa is required; load_swa_pattern(ml, 2): layer i is local iff
+            # i % p < p - 1 (even layers), unless attention.sliding_window_pattern says otherwise.
+            self.window = int(g("attention.sliding_window"))
+            pattern = g("attention.sliding_window_pattern", 2)
+            if isinstance(pattern, (list, tuple)):
+                self.is_swa = [bool(p) for p in pattern][: self.n_layer]
+            else:
+                p = int(pattern)
+                self.is_swa = [p == 0 or (i % p) < (p - 1) for i in range(self.n_layer)]
+            self.rope_base_swa = float(g("rope.freq_base_swa", self.rope_base))
+            self.rope_scale_swa = train_scale  # hparams.rope_freq_scale_train_swa
+            self.q_scale = 1.0 / math.sqrt(self.n_rot)
         else:
             self.q_scale = float(g("attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(self.head_dim)
         if arch == "gemma4":
@@ -355,18 +427,38 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
-def rope(x, pos, n_rot, base, scale=1.0, neox=False, freq_factors=None, attn_factor=1.0):
+def yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast=YARN_BETA_FAST, beta_slow=YARN_BETA_SLOW):
+    """ggml_rope_yarn_corr_dims: (lo, hi), the pair indices where YaRN's ramp starts and ends.
+    c(β) = n_rot·ln(n_ctx_orig / (2π·β)) / (2·ln base); lo = max(0, floor(c(beta_fast))),
+    hi = min(n_rot - 1, ceil(c(beta_slow)))."""
+    def corr(beta):
+        return n_rot * math.log(n_ctx_orig / (beta * 2.0 * math.pi)) / (2.0 * math.log(base))
+    return max(0.0, math.floor(corr(beta_fast))), min(n_rot - 1.0, math.ceil(corr(beta_slow)))
+
+
+def rope(x, pos, n_rot, base, scale=1.0, neox=False, freq_factors=None, attn_factor=1.0, yarn=None):
     """Rotary embedding of x [n_tok, n_heads, head_dim] at positions pos [n_tok].
 
     Pair i (i < n_rot/2) is rotated by angle pos * scale * base^(-2i/n_rot) / freq_factors[i].
     normal (llama): pairs are (2i, 2i+1); neox: pairs are (i, i + n_rot/2). Dimensions from
-    n_rot on are left untouched. cos and sin are multiplied by `attn_factor` (LongRoPE)."""
+    n_rot on are left untouched. cos and sin are multiplied by `attn_factor` (LongRoPE).
+    `yarn` = (ext_factor, n_ctx_orig, beta_fast, beta_slow), ggml's rope_yarn when ext_factor is
+    not 0: with θ = pos·base^(-2i/n_rot)/freq_factors[i], the angle is
+    θ·scale·(1 - r) + θ·r, r = ext_factor·(1 - clamp((i - lo)/max(0.001, hi - lo), 0, 1)) with
+    (lo, hi) = yarn_corr_dims, and cos and sin are further multiplied by 1 + 0.1·ln(1/scale)."""
     half = n_rot // 2
     i = np.arange(half, dtype=np.float64)
     inv_freq = base ** (-2.0 * i / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)[:half]
     theta = (np.asarray(pos, dtype=np.float64)[:, None] * scale) * inv_freq[None, :]
+    if yarn is not None and yarn[0] != 0.0:
+        ext_factor, n_ctx_orig, beta_fast, beta_slow = yarn
+        lo, hi = yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow)
+        ramp = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * ext_factor
+        extrap = np.asarray(pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+        theta = theta * (1.0 - ramp)[None, :] + extrap * ramp[None, :]
+        attn_factor = attn_factor * (1.0 + 0.1 * math.log(1.0 / scale))
     cos = np.cos(theta)[:, None, :] * attn_factor
     sin = np.sin(theta)[:, None, :] * attn_factor
     out = x.copy()
@@ -392,9 +484,12 @@ def attention_mask(n_tok, window=0):
     return allowed
 
 
-def attention(q, k, v, scale, allowed, softcap=0.0):
+def attention(q, k, v, scale, allowed, softcap=0.0, sinks=None):
     """q [n, H, d], k [n, Hkv, d], v [n, Hkv, dv]; query head h uses kv head h // (H/Hkv).
-    With softcap c > 0 the scaled scores s become c * tanh(s / c) before the mask."""
+    With softcap c > 0 the scaled scores s become c * tanh(s / c) before the mask.
+    `sinks` [H] (gpt-oss): one more logit per query head in the softmax's denominator only
+    (ggml_soft_max_add_sinks): p_j = exp(s_j - M) / (Σ_i exp(s_i - M) + exp(sink - M)),
+    M = max(max_i s_i, sink); the sink is not scaled and has no value."""
     n, H, _ = q.shape
     Hkv = k.shape[1]
     kv_of = np.arange(H) // (H // Hkv)
@@ -405,9 +500,15 @@ def attention(q, k, v, scale, allowed, softcap=0.0):
     if softcap > 0:
         s = np.tanh(s / softcap) * softcap
     s = np.where(allowed[None, :, :], s, -np.inf)
-    s = s - s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
+    mx = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sk = np.asarray(sinks, dtype=np.float64).reshape(H, 1, 1)
+        mx = np.maximum(mx, sk)
+    p = np.exp(s - mx)
+    denom = p.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        denom = denom + np.exp(sk - mx)
+    p /= denom
     o = np.matmul(p, vh)  # [H, q, dv]
     return o.transpose(1, 0, 2).reshape(n, H * vh.shape[-1])
 
@@ -521,48 +622,82 @@ def _expert_linear(x, m, name, e):
 # Mixture of experts
 
 
-def moe_route(logits, k, norm=True, scale=0.0):
-    """Router logits [n, E] -> (ids [n, k] int64, weights [n, k] float64), llama.cpp's
-    softmax gating: p = softmax(logits), the k experts of largest p in decreasing order (ties:
-    the lower index first, a stable sort), w = p[ids], then with `norm`
-    w /= max(Σ w, MOE_WEIGHTS_SUM_MIN) and, unless scale is 0 or 1, w *= scale."""
+def _softmax(z):
+    z = np.asarray(z, dtype=np.float64)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def moe_weights(logits, ids, norm=True, scale=0.0, gating="softmax"):
+    """The weights [n, k] of the picked experts `ids` [n, k] given the router logits [n, E]:
+    "softmax": softmax(logits)[ids]; "softmax_weight" (gpt-oss): softmax(logits[ids]) over the
+    k picked logits only. Then with `norm` w /= max(Σ w, MOE_WEIGHTS_SUM_MIN) and, unless scale
+    is 0 or 1, w *= scale."""
     z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=-1, keepdims=True)
-    ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]
-    w = np.take_along_axis(p, ids, axis=-1)
+    if gating == "softmax":
+        w = np.take_along_axis(_softmax(z), ids, axis=-1)
+    elif gating == "softmax_weight":
+        w = _softmax(np.take_along_axis(z, ids, axis=-1))
+    else:
+        raise ValueError(f"unknown expert gating {gating!r}")
     if norm:
         w = w / np.maximum(w.sum(axis=-1, keepdims=True), MOE_WEIGHTS_SUM_MIN)
     if scale not in (0.0, 1.0):
         w = w * scale
-    return ids, w
+    return w
+
+
+def moe_route(logits, k, norm=True, scale=0.0, gating="softmax"):
+    """Router logits [n, E] -> (ids [n, k] int64, weights [n, k] float64), llama.cpp's
+    gating: the k experts of largest softmax probability ("softmax") or largest logit
+    ("softmax_weight"), in decreasing order (ties: the lower index first, a stable sort),
+    weighted by moe_weights:
+    "softmax": p = softmax(logits), w = p[ids] (then `norm`, `scale`); "softmax_weight"
+    (gpt-oss): w = softmax(logits[ids])."""
+    z = np.asarray(logits, dtype=np.float64)
+    key = _softmax(z) if gating == "softmax" else z  # llama.cpp sorts what it gates on
+    ids = np.argsort(-key, axis=-1, kind="stable")[:, :k]
+    return ids, moe_weights(z, ids, norm, scale, gating)
+
+
+def swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
+    """ggml_swiglu_oai: g = min(gate, limit), u = clamp(up, -limit, limit),
+    g·sigmoid(alpha·g)·(u + 1)."""
+    g = np.minimum(gate, limit)
+    u = np.clip(up, -limit, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
 
 
 def _moe_ffn(h, m, p, il, seen):
     """The mixture-of-experts FFN of layer il (prefix p) on the normed rows h [n, d]."""
-    logits = _linear(h, m, p + "ffn_gate_inp")  # the router (F32: its input stays f32)
-    ids, w = moe_route(logits, m.n_expert_used[il], m.moe_norm, m.moe_scale)
+    # The router (F32: its input stays f32), plus its bias when present (gpt-oss).
+    logits = _linear(h, m, p + "ffn_gate_inp")
+    ids, w = moe_route(logits, m.n_expert_used[il], m.moe_norm, m.moe_scale, m.moe_gating)
     forced = getattr(m, "forced_routes", None)
     if forced is not None:
-        # The picks of another run (`forward(routes=...)`), weighted by this run's probabilities.
+        # The picks of another run (`forward(routes=...)`), weighted by this run's logits.
         ids = np.asarray(forced[il], dtype=np.int64)
-        z = np.asarray(logits, dtype=np.float64)
-        pr = np.exp(z - z.max(axis=-1, keepdims=True))
-        pr /= pr.sum(axis=-1, keepdims=True)
-        w = np.take_along_axis(pr, ids, axis=-1)
-        if m.moe_norm:
-            w = w / np.maximum(w.sum(axis=-1, keepdims=True), MOE_WEIGHTS_SUM_MIN)
+        w = moe_weights(logits, ids, m.moe_norm, m.moe_scale, m.moe_gating)
     seen(il, "router", "ids", ids)
     seen(il, "router", "weights", w)
     has_gate = m.has(p + "ffn_gate_exps.weight")  # llama.cpp: optional for llama
+    oai = m.arch == "gpt-oss"
+
+    def expert(x, name, e):
+        y = _expert_linear(x, m, p + name, e)
+        b = m.wopt(p + name + ".bias")  # gpt-oss: [E, n_out], added after the matmul
+        return y if b is None else y + b[int(e)]
+
     o = np.zeros_like(h)
     for e in np.unique(ids):
         rows, slot = np.nonzero(ids == e)  # a row picks an expert at most once
         xe = h[rows]
-        up = _expert_linear(xe, m, p + "ffn_up_exps", e)
-        act = silu(_expert_linear(xe, m, p + "ffn_gate_exps", e)) * up if has_gate else silu(up)
-        o[rows] += w[rows, slot][:, None] * _expert_linear(act, m, p + "ffn_down_exps", e)
+        up = expert(xe, "ffn_up_exps", e)
+        if oai:
+            act = swiglu_oai(expert(xe, "ffn_gate_exps", e), up)
+        else:
+            act = silu(expert(xe, "ffn_gate_exps", e)) * up if has_gate else silu(up)
+        o[rows] += w[rows, slot][:, None] * expert(act, "ffn_down_exps", e)
     return o
 
 
@@ -658,20 +793,22 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
         if m.has(p + "attn_q_norm.weight"):
             seen(il, "qk_norm", "q", q)
             seen(il, "qk_norm", "k", k)
-        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor)
-        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor)
+        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor, m.yarn)
+        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor, m.yarn)
         seen(il, "rope", "q", q)
         seen(il, "rope", "k", k)
-        a = attention(q, k, v, m.q_scale, masks[window], m.attn_softcap)
+        a = attention(q, k, v, m.q_scale, masks[window], m.attn_softcap, m.wopt(p + "attn_sinks.weight"))
         seen(il, "attention", "att", a)
         a = _linear(a, m, p + "attn_output")
         seen(il, "attn_out", "o", a)
-        if m.has(p + "post_attention_norm.weight"):
+        # gpt-oss's post_attention_norm is its FFN input norm (below), not a sandwich norm.
+        if m.has(p + "post_attention_norm.weight") and m.arch != "gpt-oss":
             a = rmsnorm(a, m.w(p + "post_attention_norm.weight"), m.eps)
         x = x + a
         seen(il, "attn_residual", "x", x)
 
-        h = rmsnorm(x, m.w(p + "ffn_norm.weight"), m.eps)
+        ffn_norm = "post_attention_norm" if m.arch == "gpt-oss" else "ffn_norm"
+        h = rmsnorm(x, m.w(p + ffn_norm + ".weight"), m.eps)
         seen(il, "ffn_norm", "xn", h)
         if m.n_expert:
             f = _moe_ffn(h, m, p, il, seen)

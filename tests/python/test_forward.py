@@ -59,7 +59,7 @@ WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q
 
 
 # The small synthetic models (`debug synth --arch`), each of the real structure of its family.
-SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3", "qwen3moe", "mixtral"]
+SYNTH_ARCHS = ["llama", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3", "qwen3moe", "mixtral", "gpt-oss"]
 
 
 @pytest.mark.parametrize("arch", SYNTH_ARCHS)

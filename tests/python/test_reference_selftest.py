@@ -209,3 +209,111 @@ def test_moe_ffn_matches_per_token_loop(tmp_path):
         want = sum(p[e] / sum(p[top]) * (full["down"][e] @ glu[e]) for e in top)
         np.testing.assert_allclose(o[t], want, rtol=1e-10, atol=1e-12)
         assert seen["router.ids"][t].tolist() == top
+
+
+def test_swiglu_oai_matches_direct_formula():
+    """gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7): the gate clamped from
+    above only, the up value on both sides and shifted by one; element by element by hand."""
+    gate = np.array([-50.0, -7.5, -1.0, 0.0, 0.3, 6.9, 7.0, 7.5, 30.0])
+    up = np.array([-9.0, -7.0, -1.0, 0.5, 2.0, 6.9, 8.0, -8.0, 3.0])
+    got = reference.swiglu_oai(gate[:, None], up[None, :])
+    alpha = float(np.float32(1.702))
+    for i, g in enumerate(gate):
+        for j, u in enumerate(up):
+            gc, uc = min(g, 7.0), max(-7.0, min(u, 7.0))
+            want = gc / (1.0 + math.exp(-alpha * gc)) * (uc + 1.0)
+            assert math.isclose(got[i, j], want, rel_tol=1e-14, abs_tol=1e-300)
+    assert reference.swiglu_oai(np.array([9.0]), np.array([-1.0]))[0] == 0.0  # up -1 zeroes
+
+
+def test_attention_sinks_match_direct_softmax():
+    """A per-head sink logit joins every softmax's denominator (unscaled, no value), with the
+    causal and sliding-window mask; by hand, per head and query, against the formula."""
+    rng = np.random.default_rng(11)
+    n, H, Hkv, d, scale, window = 7, 4, 2, 8, 0.35, 3
+    q, k, v = rng.standard_normal((n, H, d)), rng.standard_normal((n, Hkv, d)), rng.standard_normal((n, Hkv, d))
+    sinks = np.array([-1.0, 0.0, 2.5, 40.0])  # the last one dominates: output near zero
+    allowed = reference.attention_mask(n, window)
+    got = reference.attention(q, k, v, scale, allowed, sinks=sinks).reshape(n, H, d)
+    for h in range(H):
+        kv = h // (H // Hkv)
+        for t in range(n):
+            keys = [j for j in range(n) if j <= t and t - j < window]
+            s = {j: scale * float(q[t, h] @ k[j, kv]) for j in keys}
+            denom = sum(math.exp(x) for x in s.values()) + math.exp(sinks[h])
+            want = sum(math.exp(s[j]) / denom * v[j, kv] for j in keys)
+            np.testing.assert_allclose(got[t, h], want, rtol=1e-11, atol=1e-300)
+    assert np.abs(got[:, 3]).max() < 1e-12
+    # without sinks: the plain softmax
+    plain = reference.attention(q, k, v, scale, allowed)
+    np.testing.assert_allclose(reference.attention(q, k, v, scale, allowed, sinks=np.full(H, -np.inf)), plain, rtol=1e-14)
+
+
+def test_moe_route_softmax_weight():
+    """gpt-oss's gating: the k largest logits, weighted by a softmax over those k logits only
+    (mathematically softmax-then-renormalize); forced picks are weighted the same way."""
+    logits = np.array([[0.5, 2.0, -1.0, 2.0, 1.0, 0.0],
+                       [3.0, -2.0, 0.25, 0.25, 0.25, 1.5]])
+    ids, w = reference.moe_route(logits, 3, norm=False, gating="softmax_weight")
+    assert ids.tolist() == [[1, 3, 4], [0, 5, 2]]
+    for r in range(2):
+        e = [math.exp(logits[r, i]) for i in ids[r]]
+        np.testing.assert_allclose(w[r], [x / sum(e) for x in e], rtol=1e-14)
+    np.testing.assert_allclose(w, reference.moe_route(logits, 3)[1], rtol=1e-13)
+    forced = np.array([[5, 2, 0], [1, 3, 4]])
+    wf = reference.moe_weights(logits, forced, norm=False, gating="softmax_weight")
+    z = np.take_along_axis(logits, forced, axis=1)
+    np.testing.assert_allclose(wf, np.exp(z) / np.exp(z).sum(1, keepdims=True), rtol=1e-14)
+
+
+def test_yarn_rope_matches_direct_formula():
+    """ggml's rope_yarn: per pair i, the angle blends interpolation (scale·θ) and extrapolation
+    (θ) by a ramp over the correction dims, and cos/sin carry 1 + 0.1·ln(1/scale)."""
+    n_rot, base, n_orig, scale = 16, 10000.0, 4096, 0.25
+    lo, hi = reference.yarn_corr_dims(n_rot, n_orig, base, 32.0, 1.0)
+    c = lambda beta: n_rot * math.log(n_orig / (2 * math.pi * beta)) / (2 * math.log(base))  # noqa: E731
+    assert (lo, hi) == (max(0, math.floor(c(32))), min(n_rot - 1, math.ceil(c(1)))) == (2, 6)
+    x = np.zeros((1, n_rot // 2, n_rot))
+    for i in range(n_rot // 2):
+        x[0, i, i] = 1.0  # "head" i holds a unit vector on the first member of pair i (neox)
+    p = 13
+    r = reference.rope(x, [p], n_rot, base, scale, neox=True, attn_factor=1.0, yarn=(1.0, n_orig, 32.0, 1.0))
+    mscale = 1 + 0.1 * math.log(1 / scale)
+    for i in range(n_rot // 2):
+        theta = p * base ** (-2 * i / n_rot)
+        ramp = 1 - min(1, max(0, (i - lo) / max(0.001, hi - lo)))
+        ang = theta * scale * (1 - ramp) + theta * ramp
+        assert math.isclose(r[0, i, i], math.cos(ang) * mscale, rel_tol=1e-12, abs_tol=1e-15)
+        assert math.isclose(r[0, i, i + n_rot // 2], math.sin(ang) * mscale, rel_tol=1e-12, abs_tol=1e-15)
+    # ext_factor 0 (or no yarn): plain linear scaling
+    np.testing.assert_allclose(reference.rope(x, [p], n_rot, base, scale, True, yarn=(0.0, n_orig, 32.0, 1.0)),
+                               reference.rope(x, [p], n_rot, base, scale, True), rtol=1e-15)
+
+
+def test_gpt_oss_metadata_conventions(tmp_path):
+    """What reference.Model reads from a gpt-oss file: even layers sliding-window, NeoX RoPE,
+    query scale 1/sqrt(key_length), YaRN's magnitude factor and the gpt-oss MoE gating."""
+    import gguf
+
+    f = tmp_path / "gptoss.gguf"
+    w = gguf.GGUFWriter(str(f), "gpt-oss")
+    for key, val in (("context_length", 256), ("embedding_length", 64), ("block_count", 5),
+                     ("attention.head_count", 4), ("attention.head_count_kv", 2), ("attention.key_length", 24),
+                     ("attention.value_length", 24), ("attention.sliding_window", 8),
+                     ("rope.scaling.original_context_length", 16), ("expert_count", 8), ("expert_used_count", 4)):
+        w.add_uint32(f"gpt-oss.{key}", val)
+    w.add_float32("gpt-oss.rope.freq_base", 150000.0)
+    w.add_string("gpt-oss.rope.scaling.type", "yarn")
+    w.add_float32("gpt-oss.rope.scaling.factor", 32.0)
+    w.add_float32("gpt-oss.expert_weights_scale", 2.5)  # never read by llama.cpp for gpt-oss
+    w.add_tensor("token_embd.weight", np.zeros((16, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    m = reference.Model(f)
+    assert m.is_swa == [True, False, True, False, True] and m.window == 8
+    assert m.rope_neox and m.n_rot == m.head_dim == 24 and m.q_scale == 1 / math.sqrt(24)
+    assert m.rope_scale == m.rope_scale_swa == 1 / 32 and m.rope_base == m.rope_base_swa == 150000.0
+    assert m.yarn == (1.0, 16, 32.0, 1.0) and math.isclose(m.rope_attn_factor, 1.0, rel_tol=1e-15)
+    assert m.n_expert_used == [4] * 5 and not m.moe_norm and m.moe_scale == 0 and m.moe_gating == "softmax_weight"

@@ -50,9 +50,10 @@ def test_ring_of_1_2_3_nodes_is_bit_identical_to_the_single_process(name, path, 
 
 
 # The small synthetic models of issue 28's and issue 30's architectures (`debug synth --arch`):
-# 2 layers each. Qwen3-MoE also in Q4_K, whose experts run from repacked panels.
+# 2 layers each. Qwen3-MoE also in Q4_K, whose experts run from repacked panels; gpt-oss in
+# MXFP4, as its files hold its experts.
 SYNTH_RING_ARCHS = [("qwen3", "q8_0"), ("gemma2", "q8_0"), ("mistral3", "q8_0"), ("qwen3moe", "q8_0"),
-                    ("qwen3moe", "q4_k")]
+                    ("qwen3moe", "q4_k"), ("gpt-oss", "mxfp4")]
 
 
 @pytest.mark.parametrize("arch,ty", SYNTH_RING_ARCHS)

@@ -148,6 +148,8 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
         // Gemma 4 files carry their own template (`<|turn>` markup); no built-in one.
         Arch::Gemma4 => None,
         Arch::Phi3 => (has("<|user|>") && has("<|assistant|>") && has("<|end|>")).then_some("phi3"),
+        // gpt-oss files carry their own (harmony) template; no built-in one.
+        Arch::GptOss => None,
     }
 }
 

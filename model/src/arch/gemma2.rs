@@ -88,6 +88,7 @@ mod tests {
         assert!(r.steps.contains(&Step::Attention {
             scale: 1.0 / (spec.head_dim as f32).sqrt(),
             softcap: Some(SMALL_SOFTCAPS.0),
+            sinks: false,
         }));
         assert!(r.steps.contains(&Step::Glu(FfnAct::GeluTanh)));
         assert!(r.needs(TensorKind::PostFfwNorm) && !r.needs(TensorKind::AttnQNorm));

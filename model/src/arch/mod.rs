@@ -7,6 +7,7 @@
 mod gemma2;
 pub mod gemma3;
 mod gemma4;
+mod gptoss;
 mod llama;
 mod mistral3;
 mod phi3;
@@ -47,6 +48,10 @@ pub enum Arch {
     /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): the Qwen3 block with a mixture-of-experts
     /// feed-forward (softmax router, top-k, weights renormalized).
     Qwen3Moe,
+    /// gpt-oss (OpenAI's open-weight MoE): biases everywhere, attention sinks, alternating
+    /// sliding-window and full layers, YaRN RoPE, a softmax over the picked experts' logits,
+    /// clamped SwiGLU experts.
+    GptOss,
 }
 
 impl Arch {
@@ -62,6 +67,7 @@ impl Arch {
             "gemma2" => Some(Arch::Gemma2),
             "mistral3" => Some(Arch::Mistral3),
             "qwen3moe" => Some(Arch::Qwen3Moe),
+            "gpt-oss" => Some(Arch::GptOss),
             _ => None,
         }
     }
@@ -77,12 +83,13 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Mistral3 => "mistral3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
     pub const SUPPORTED: &'static [&'static str] = &[
         "llama", "mistral", "qwen2", "gemma3", "qwen3", "gemma4", "phi3", "gemma2", "mistral3",
-        "qwen3moe",
+        "qwen3moe", "gpt-oss",
     ];
 
     /// This architecture's rules over the generic hyper-parameters read from `md`.
@@ -97,6 +104,7 @@ impl Arch {
             Arch::Gemma2 => gemma2::apply(hp, md),
             Arch::Mistral3 => mistral3::apply(hp, md),
             Arch::Qwen3Moe => qwen3moe::apply(hp, md),
+            Arch::GptOss => gptoss::apply(hp, md),
         }
     }
 }
@@ -256,6 +264,18 @@ pub enum TensorKind {
     FfnUpExps,
     /// Every expert's down projection stacked, `[ff_exp, d, n_expert]`.
     FfnDownExps,
+    /// The attention output projection's bias, `[d]` (gpt-oss).
+    AttnOutBias,
+    /// One learned logit per query head that joins every softmax of the head and takes no
+    /// value (gpt-oss's attention sinks), `[n_head]`.
+    AttnSinks,
+    /// The router's bias, `[n_expert]`.
+    FfnGateInpBias,
+    /// Every expert's gate, up and down biases stacked, `[ff_exp, n_expert]` (down:
+    /// `[d, n_expert]`).
+    FfnGateExpsBias,
+    FfnUpExpsBias,
+    FfnDownExpsBias,
 }
 
 impl TensorKind {
@@ -293,6 +313,12 @@ impl TensorKind {
             TensorKind::FfnGateExps => "ffn_gate_exps",
             TensorKind::FfnUpExps => "ffn_up_exps",
             TensorKind::FfnDownExps => "ffn_down_exps",
+            TensorKind::AttnOutBias => "attn_output",
+            TensorKind::AttnSinks => "attn_sinks",
+            TensorKind::FfnGateInpBias => "ffn_gate_inp",
+            TensorKind::FfnGateExpsBias => "ffn_gate_exps",
+            TensorKind::FfnUpExpsBias => "ffn_up_exps",
+            TensorKind::FfnDownExpsBias => "ffn_down_exps",
         }
     }
 
@@ -320,7 +346,14 @@ impl TensorKind {
     fn is_bias(self) -> bool {
         matches!(
             self,
-            TensorKind::AttnQBias | TensorKind::AttnKBias | TensorKind::AttnVBias
+            TensorKind::AttnQBias
+                | TensorKind::AttnKBias
+                | TensorKind::AttnVBias
+                | TensorKind::AttnOutBias
+                | TensorKind::FfnGateInpBias
+                | TensorKind::FfnGateExpsBias
+                | TensorKind::FfnUpExpsBias
+                | TensorKind::FfnDownExpsBias
         )
     }
 
@@ -343,6 +376,9 @@ pub enum FfnAct {
     Silu,
     /// GeGLU with tanh GELU (Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `g = min(gate, 7)`, `u = clamp(up, −7, 7)`,
+    /// `g · σ(1.702 g) · (u + 1)`.
+    SwigluOai,
 }
 
 /// The most layers a model may declare (every per-layer table is sized from it).
@@ -416,6 +452,52 @@ pub struct Hparams {
     pub v_proj_optional: bool,
     /// The feed-forward is a mixture of experts (`{arch}.expert_count` > 0).
     pub moe: Option<MoeParams>,
+    /// Attention sinks: a learned logit per query head in every softmax (gpt-oss).
+    pub attn_sinks: bool,
+    /// The attention output projection has a bias (gpt-oss).
+    pub attn_out_bias: bool,
+    /// The feed-forward's pre-norm is the file's `post_attention_norm` (gpt-oss's naming).
+    pub ffn_norm_post_attn: bool,
+    /// YaRN RoPE (`rope.scaling.type` = `yarn`): frequencies blended between interpolated
+    /// and original, cos and sin scaled ([`Yarn`]).
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN's parameters as ggml applies them: frequency `i` (of `n_rot / 2`) becomes
+/// `f_i · ((1 − r_i) / factor + r_i)`, `r_i` a ramp from 1 (dimensions below the `beta_fast`
+/// correction dimension: extrapolated) to 0 (above `beta_slow`'s: interpolated), and cos and
+/// sin are multiplied by `1 + 0.1 · ln(factor)` (times the attention factor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub orig_ctx: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
+impl Yarn {
+    /// The per-frequency multipliers of `n_rot / 2` frequencies of base `base`.
+    pub fn freq_multipliers(&self, base: f32, n_rot: usize) -> Vec<f32> {
+        // The dimension whose wavelength fits `rot` times in the original context.
+        let corr_dim = |rot: f32| {
+            n_rot as f32 * (self.orig_ctx as f32 / (rot * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let low = corr_dim(self.beta_fast).floor().max(0.0);
+        let high = corr_dim(self.beta_slow).ceil().min(n_rot as f32 - 1.0);
+        (0..n_rot / 2)
+            .map(|i| {
+                let y = (i as f32 - low) / (high - low).max(0.001);
+                let ramp = 1.0 - y.clamp(0.0, 1.0);
+                (1.0 - ramp) / self.factor + ramp
+            })
+            .collect()
+    }
+
+    /// The multiplier of cos and sin.
+    pub fn mscale(&self) -> f32 {
+        1.0 + 0.1 * (self.factor).ln()
+    }
 }
 
 /// How a mixture-of-experts feed-forward routes a token (llama.cpp's `build_moe_ffn` with a
@@ -430,9 +512,26 @@ pub struct MoeParams {
     pub d_ff_exp: usize,
     /// The k picked probabilities divided by their sum (Qwen3-MoE, Mixtral).
     pub norm_weights: bool,
+    /// How the router's logits become the picked experts' weights.
+    pub gating: Gating,
+    /// The router and every expert have biases (gpt-oss).
+    pub biases: bool,
     /// Multiplier of the routing weights (1: none).
     pub weights_scale: f32,
 }
+
+/// How a router's logits become weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, the k most probable picked (their probabilities the weights).
+    Softmax,
+    /// The k largest logits picked, their weights a softmax over those k only (gpt-oss).
+    SoftmaxPicked,
+}
+
+/// The most experts a token may pick where their weights are a softmax over the picks
+/// ([`Gating::SoftmaxPicked`]).
+pub const MAX_PICKED: usize = 64;
 
 /// The most experts a layer may declare (the router's row count).
 pub const MAX_EXPERTS: usize = 1024;
@@ -475,6 +574,8 @@ impl MoeParams {
             // keys runs the same there). An architecture that uses them reads them in its file.
             norm_weights: true,
             weights_scale: 1.0,
+            gating: Gating::Softmax,
+            biases: false,
         }))
     }
 }
@@ -609,6 +710,10 @@ impl Hparams {
             attn_logit_softcap: None,
             v_proj_optional: false,
             moe: MoeParams::from_metadata(md, a, d_ff)?,
+            attn_sinks: false,
+            attn_out_bias: false,
+            ffn_norm_post_attn: false,
+            yarn: None,
         };
         if ff_per_layer.is_some() || kv_per_layer.is_some() {
             let base = hp.layer_shape(0);

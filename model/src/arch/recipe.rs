@@ -36,7 +36,13 @@ pub enum Step {
     /// cache (the window of a sliding-window layer is the cache's own) into `att`, queries
     /// scaled by `scale`; with `softcap` `c`, each scaled score `s` is soft-capped to
     /// `c · tanh(s / c)` before the softmax (Gemma 2).
-    Attention { scale: f32, softcap: Option<f32> },
+    /// With `sinks`, each head's learned sink logit (`attn_sinks`) joins its softmax and
+    /// takes no value (gpt-oss).
+    Attention {
+        scale: f32,
+        softcap: Option<f32>,
+        sinks: bool,
+    },
     /// `o = att · Wo`.
     AttnOut,
     /// `x += o`, `o` first normed by `post_attention_norm` when `post_norm` (Gemma's
@@ -82,11 +88,19 @@ pub enum Step {
     /// The mixture-of-experts router: `p = softmax(xn · Wrouter)` per row, the `k` largest
     /// picked (ties to the lower expert index), their weights `p / Σp` when the model
     /// renormalizes, times its weight scale. Writes the picks, which no buffer shows.
-    Router,
+    /// With `bias`, the router's bias is added to its logits first (gpt-oss). How the picks
+    /// are weighted is the model's `MoeParams::gating`.
+    Router { bias: bool },
     /// `o = Σ_j w_j · Wdown[e_j] · (act(Wgate[e_j] · xn) ⊙ Wup[e_j] · xn)` over each row's
     /// picked experts, summed in increasing expert index (so a row's sum is the same in any
-    /// batch).
-    Experts(FfnAct),
+    /// batch); with `bias`, each expert's gate, up and down biases are added after its
+    /// products (gpt-oss).
+    Experts { act: FfnAct, bias: bool },
+    /// `o += bo`, the attention output projection's bias (gpt-oss).
+    AttnOutBias,
+    /// `xn = rms_norm(x) · post_attention_norm`: the feed-forward's pre-norm under gpt-oss's
+    /// name; named `ffn_norm` like it.
+    PostAttnFfnNorm,
 }
 
 /// The buffers of a batch a step reads or writes, `[n × width]` each.
@@ -162,8 +176,10 @@ impl Step {
             Step::OutScale => "out_scale",
             Step::QkvFused => "qkv",
             Step::GateUpFused => "gate_up",
-            Step::Router => "router",
-            Step::Experts(_) => "experts",
+            Step::Router { .. } => "router",
+            Step::Experts { .. } => "experts",
+            Step::AttnOutBias => "attn_out_bias",
+            Step::PostAttnFfnNorm => "ffn_norm",
         }
     }
 
@@ -175,6 +191,7 @@ impl Step {
             Step::QkvProj => &[T::AttnQ, T::AttnK, T::AttnV],
             Step::QkvBias => &[T::AttnQBias, T::AttnKBias, T::AttnVBias],
             Step::QkNorm => &[T::AttnQNorm, T::AttnKNorm],
+            Step::Attention { sinks: true, .. } => &[T::AttnSinks],
             Step::Rope(_) | Step::Attention { .. } | Step::Glu(_) => &[],
             Step::AttnOut => &[T::AttnOutput],
             Step::AttnResidual { post_norm } => {
@@ -202,20 +219,31 @@ impl Step {
             Step::OutScale => &[T::LayerOutScale],
             Step::QkvFused => &[T::AttnQkv],
             Step::GateUpFused => &[T::FfnGateUp],
-            Step::Router => &[T::FfnGateInp],
-            Step::Experts(_) => &[T::FfnGateExps, T::FfnUpExps, T::FfnDownExps],
+            Step::Router { bias: false } => &[T::FfnGateInp],
+            Step::Router { bias: true } => &[T::FfnGateInp, T::FfnGateInpBias],
+            Step::Experts { bias: false, .. } => &[T::FfnGateExps, T::FfnUpExps, T::FfnDownExps],
+            Step::Experts { bias: true, .. } => &[
+                T::FfnGateExps,
+                T::FfnUpExps,
+                T::FfnDownExps,
+                T::FfnGateExpsBias,
+                T::FfnUpExpsBias,
+                T::FfnDownExpsBias,
+            ],
+            Step::AttnOutBias => &[T::AttnOutBias],
+            Step::PostAttnFfnNorm => &[T::PostAttnNorm],
         }
     }
 
     /// The buffers the step writes (what an observer is shown after it).
     pub fn outputs(self) -> &'static [Buf] {
         match self {
-            Step::AttnNorm | Step::FfnNorm => &[Buf::Xn],
+            Step::AttnNorm | Step::FfnNorm | Step::PostAttnFfnNorm => &[Buf::Xn],
             Step::QkvProj | Step::QkvBias | Step::QkvFused => &[Buf::Q, Buf::K, Buf::V],
             Step::QkNorm | Step::Rope(_) => &[Buf::Q, Buf::K],
             Step::Attention { .. } => &[Buf::Att],
-            Step::AttnOut | Step::FfnDown | Step::Experts(_) => &[Buf::O],
-            Step::Router => &[],
+            Step::AttnOut | Step::FfnDown | Step::Experts { .. } | Step::AttnOutBias => &[Buf::O],
+            Step::Router { .. } => &[],
             Step::AttnResidual { .. } | Step::FfnResidual { .. } => &[Buf::X],
             Step::GateUp | Step::GateUpFused => &[Buf::Gate, Buf::Up],
             Step::Glu(_) => &[Buf::Gate],
@@ -315,17 +343,31 @@ pub(super) fn build(hp: &Hparams, il: usize) -> LayerRecipe {
         None => Step::Attention {
             scale,
             softcap: hp.attn_logit_softcap,
+            sinks: hp.attn_sinks,
         },
     });
+    steps.push(Step::AttnOut);
+    if hp.attn_out_bias {
+        steps.push(Step::AttnOutBias);
+    }
     steps.extend([
-        Step::AttnOut,
         Step::AttnResidual {
             post_norm: hp.sandwich_norms,
         },
-        Step::FfnNorm,
+        if hp.ffn_norm_post_attn {
+            Step::PostAttnFfnNorm
+        } else {
+            Step::FfnNorm
+        },
     ]);
-    if hp.moe.is_some() {
-        steps.extend([Step::Router, Step::Experts(hp.ffn_act)]);
+    if let Some(m) = hp.moe {
+        steps.extend([
+            Step::Router { bias: m.biases },
+            Step::Experts {
+                act: hp.ffn_act,
+                bias: m.biases,
+            },
+        ]);
     } else {
         steps.extend([
             if hp.fused_proj {
@@ -393,6 +435,10 @@ mod tests {
             attn_logit_softcap: None,
             v_proj_optional: false,
             moe: None,
+            attn_sinks: false,
+            attn_out_bias: false,
+            ffn_norm_post_attn: false,
+            yarn: None,
         }
     }
 
@@ -488,6 +534,8 @@ mod tests {
             d_ff_exp: 32,
             norm_weights: true,
             weights_scale: 1.0,
+            gating: crate::arch::Gating::Softmax,
+            biases: false,
         });
         let r = build(&h, 0);
         assert_eq!(

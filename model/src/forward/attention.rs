@@ -19,7 +19,7 @@ pub(super) fn attend(
     pool: &ThreadPool,
     hp: &Hparams,
     il: usize,
-    (scale, softcap): (f32, Option<f32>),
+    (scale, softcap, sinks): (f32, Option<f32>, Option<&[f32]>),
     store: bool,
     s: &mut Scratch,
     scores_stride: usize,
@@ -67,6 +67,7 @@ pub(super) fn attend(
         kvd,
         scale,
         softcap,
+        sinks,
         scores_stride,
     };
     let (q, att) = (&s.q[..n * qd], &mut s.att[..n * qd]);
@@ -116,7 +117,7 @@ pub(super) struct Seg<'a> {
 }
 
 /// The attention shape shared by every sequence of a batch.
-struct AttnShape {
+struct AttnShape<'a> {
     n_head: usize,
     group: usize,
     head_dim: usize,
@@ -124,6 +125,9 @@ struct AttnShape {
     kvd: usize,
     scale: f32,
     softcap: Option<f32>,
+    /// One sink logit per query head (gpt-oss): it joins the head's softmax as one more
+    /// score, whose probability is dropped (the score buffers have room for it).
+    sinks: Option<&'a [f32]>,
     scores_stride: usize,
 }
 
@@ -155,6 +159,25 @@ impl<'a, E> SegKv<'a, E> {
 /// row, so each is loaded once for up to this many heads (`scores` holds this many rows of
 /// `scores_stride` per thread).
 pub(super) const ATT_HEADS: usize = 4;
+
+/// Row `g` of the scores (`len` of them), and the sink logit of its head (`h0 + g`) after
+/// them when the layer has sinks: the slice to normalize.
+fn row_with_sink<'s>(
+    scores: &'s mut [f32],
+    g: usize,
+    stride: usize,
+    len: usize,
+    sinks: Option<&[f32]>,
+    h0: usize,
+) -> &'s mut [f32] {
+    match sinks {
+        Some(sk) => {
+            scores[g * stride + len] = sk[h0 + g];
+            &mut scores[g * stride..g * stride + len + 1]
+        }
+        None => &mut scores[g * stride..g * stride + len],
+    }
+}
 
 /// Causal attention of `n` queries (positions `pos..pos+n`) over the cache, one work item per
 /// (token, KV head, block of up to `ATT_HEADS` of its query heads).
@@ -242,12 +265,12 @@ fn attention<E: KvElem>(
                         }
                     }
                     for g in 0..nq {
-                        let row = &mut scores[g * stride..g * stride + len];
                         if live == 0 {
-                            row.fill(0.0);
+                            scores[g * stride..g * stride + len].fill(0.0);
                             continue;
                         }
-                        ops::softmax_fast(row);
+                        ops::softmax_fast(row_with_sink(scores, g, stride, len, a.sinks, h0));
+                        let row = &mut scores[g * stride..g * stride + len];
                         for (j, p) in (vis.start..vis.end).enumerate() {
                             if kv.is_skipped(kv.slot(p)) {
                                 row[j] = 0.0;
@@ -256,7 +279,7 @@ fn attention<E: KvElem>(
                     }
                 } else {
                     for g in 0..nq {
-                        ops::softmax_fast(&mut scores[g * stride..g * stride + len]);
+                        ops::softmax_fast(row_with_sink(scores, g, stride, len, a.sinks, h0));
                     }
                 }
                 // SAFETY: the output rows of (row, heads h0..h0 + nq) belong to this item.

@@ -67,11 +67,15 @@ impl Runner {
                     }
                     qkv_rows(pool, hp, il, l, &steps[i..next], s, n);
                 }
-                Step::Attention { scale, softcap } => attend(
+                Step::Attention {
+                    scale,
+                    softcap,
+                    sinks,
+                } => attend(
                     pool,
                     hp,
                     il,
-                    (scale, softcap),
+                    (scale, softcap, l.attn_sinks.as_deref().filter(|_| sinks)),
                     true,
                     s,
                     self.scores_stride,
@@ -83,7 +87,7 @@ impl Runner {
                     pool,
                     hp,
                     il,
-                    (scale, None),
+                    (scale, None, None),
                     false,
                     s,
                     self.scores_stride,
@@ -115,7 +119,9 @@ impl Runner {
                     };
                     add_rows(pool, d, x, &mut s.o[..n * d], w, eps);
                 }
-                Step::FfnNorm => norm_rows(pool, x, &l.ffn_norm, eps, &mut s.xn[..n * d]),
+                Step::FfnNorm | Step::PostAttnFfnNorm => {
+                    norm_rows(pool, x, &l.ffn_norm, eps, &mut s.xn[..n * d])
+                }
                 Step::GateUp | Step::GateUpFused => matmul_many(
                     pool,
                     &mut [
@@ -133,11 +139,7 @@ impl Runner {
                     &mut s.acts,
                 ),
                 Step::Glu(act) => {
-                    let act: fn(&mut [f32], &[f32]) = match act {
-                        FfnAct::Silu => ops::glu_silu,
-                        FfnAct::GeluTanh => ops::glu_gelu_tanh,
-                    };
-                    glu_parallel(pool, &mut s.gate[..n * ff], &s.up[..n * ff], act);
+                    glu_parallel(pool, &mut s.gate[..n * ff], &s.up[..n * ff], glu_fn(act))
                 }
                 Step::FfnDown => matmul(
                     pool,
@@ -147,8 +149,9 @@ impl Runner {
                     &mut s.o[..n * d],
                     &mut s.acts,
                 ),
-                Step::Router => super::moe::router(pool, m, l, buf, s, n),
-                Step::Experts(act) => super::moe::experts(pool, m, l, buf, act, s, n),
+                Step::Router { .. } => super::moe::router(pool, m, l, buf, s, n),
+                Step::Experts { act, .. } => super::moe::experts(pool, m, l, buf, act, s, n),
+                Step::AttnOutBias => add_bias_rows(&mut s.o[..n * d], l.bo.as_deref()),
                 Step::FfnResidual { post_norm } => {
                     let w = if post_norm {
                         l.post_ffw_norm.as_deref()
@@ -320,6 +323,24 @@ fn project(
         }
     }
     matmul_many(pool, &mut jobs, &s.xn[..n * d], n, &mut s.acts)
+}
+
+/// The row function of a GLU activation: `gate = act(gate) · up`.
+pub(super) fn glu_fn(act: FfnAct) -> fn(&mut [f32], &[f32]) {
+    match act {
+        FfnAct::Silu => ops::glu_silu,
+        FfnAct::GeluTanh => ops::glu_gelu_tanh,
+        FfnAct::SwigluOai => super::moe::swiglu_oai,
+    }
+}
+
+/// `rows += bias` for every `bias.len()`-wide row (nothing without a bias).
+fn add_bias_rows(rows: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in rows.chunks_exact_mut(b.len()) {
+            ops::add_inplace(row, b);
+        }
+    }
 }
 
 /// RMSNorm of one head in place, without a weight (Gemma 4's V-norm).

@@ -147,7 +147,8 @@ impl Runner {
             + widest * 4
             + moe::MoeScratch::bytes_per_row(hp.moe, hp.d_model);
         mb.saturating_mul(per_token).saturating_add(
-            (threads.max(1) as u64).saturating_mul(ATT_HEADS as u64 * max_ctx.max(1) as u64 * 4),
+            (threads.max(1) as u64)
+                .saturating_mul(ATT_HEADS as u64 * (max_ctx.max(1) as u64 + 1) * 4),
         )
     }
 
@@ -161,7 +162,9 @@ impl Runner {
         let mut acts = ActBuffer::new();
         let (qd, kvd, ff) = (hp.max_q_dim(), hp.max_kv_dim(), hp.max_d_ff());
         acts.reserve(hp.d_model.max(qd).max(ff).max(hp.ple_dim), mb);
-        let scores_stride = max_ctx.max(1);
+        // One more than the context: a layer with attention sinks puts its head's sink logit
+        // after the scores.
+        let scores_stride = max_ctx.max(1) + 1;
         let ple_in = if model.ple.is_some() {
             mb * hp.n_layer * hp.ple_dim
         } else {
@@ -218,6 +221,17 @@ impl Runner {
         }
         for v in inv_freq_global.iter_mut() {
             *v /= hp.rope_scale;
+        }
+        if let Some(y) = &hp.yarn {
+            // YaRN: each frequency blended between its interpolated and original value.
+            for (inv, base, dims) in [
+                (&mut inv_freq_global, hp.rope_base, hp.rope_dim),
+                (&mut inv_freq_local, hp.rope_base_local, hp.rope_dim_local),
+            ] {
+                for (v, k) in inv.iter_mut().zip(y.freq_multipliers(base, dims)) {
+                    *v *= k;
+                }
+            }
         }
         Runner {
             model,
@@ -289,7 +303,7 @@ impl Runner {
         make(
             &self.model.hp,
             self.model.layer_range.clone(),
-            ctx.min(self.scores_stride),
+            ctx.min(self.scores_stride - 1),
             self.max_batch,
             ty,
         )

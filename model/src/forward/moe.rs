@@ -11,7 +11,7 @@
 
 use super::layer::glu_parallel;
 use super::Scratch;
-use crate::arch::{FfnAct, MoeParams};
+use crate::arch::{FfnAct, Gating, MoeParams};
 use crate::model::{Layer, Model};
 use crate::stream::LayerGuard;
 use ringllm_kernels::matmul::{matmul, matmul_many, MatJob};
@@ -123,8 +123,43 @@ pub(super) fn router(
     );
     for r in 0..n {
         let p = &mut ms.probs[r * ne..(r + 1) * ne];
-        ops::softmax(p);
-        route(p, &moe, &mut ms.picks[r * k..(r + 1) * k]);
+        if let Some(b) = &l.router_bias {
+            ops::add_inplace(p, b);
+        }
+        let picks = &mut ms.picks[r * k..(r + 1) * k];
+        match moe.gating {
+            Gating::Softmax => {
+                ops::softmax(p);
+                route(p, &moe, picks);
+            }
+            Gating::SoftmaxPicked => {
+                // The k largest logits, then a softmax over those k.
+                route(p, &moe, picks);
+                let mut w = [0f32; MAX_PICKED_SOFTMAX];
+                let kk = k.min(MAX_PICKED_SOFTMAX);
+                for (wj, pk) in w.iter_mut().zip(picks.iter()) {
+                    *wj = pk.1;
+                }
+                ops::softmax(&mut w[..kk]);
+                for (pk, &wj) in picks.iter_mut().zip(&w[..kk]) {
+                    pk.1 = wj;
+                }
+            }
+        }
+    }
+}
+
+use crate::arch::MAX_PICKED as MAX_PICKED_SOFTMAX;
+
+/// gpt-oss's clamped SwiGLU over a row: `g = min(gate, 7)`, `u = clamp(up, −7, 7)`,
+/// `gate ← g · σ(1.702 g) · (u + 1)` (ggml's `swiglu_oai` with its alpha and limit).
+pub(super) fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
     }
 }
 
@@ -161,10 +196,8 @@ pub(super) fn experts(
             }
         }
     }
-    let glu: fn(&mut [f32], &[f32]) = match act {
-        FfnAct::Silu => ops::glu_silu,
-        FfnAct::GeluTanh => ops::glu_gelu_tanh,
-    };
+    let glu = super::layer::glu_fn(act);
+    let bias = l.expert_bias.as_ref();
     let o = &mut s.o[..n * d];
     o.iter_mut().for_each(|v| *v = 0.0);
     for e in 0..ne {
@@ -193,6 +226,13 @@ pub(super) fn experts(
             c,
             &mut s.acts,
         );
+        if let Some(b) = bias {
+            for (rows, bias) in [(&mut ms.gate, &b.gate), (&mut ms.up, &b.up)] {
+                for row in rows[..c * ff].chunks_exact_mut(ff) {
+                    ops::add_inplace(row, &bias[e * ff..(e + 1) * ff]);
+                }
+            }
+        }
         glu_parallel(pool, &mut ms.gate[..c * ff], &ms.up[..c * ff], glu);
         matmul(
             pool,
@@ -202,6 +242,11 @@ pub(super) fn experts(
             &mut ms.out[..c * d],
             &mut s.acts,
         );
+        if let Some(b) = bias {
+            for row in ms.out[..c * d].chunks_exact_mut(d) {
+                ops::add_inplace(row, &b.down[e * d..(e + 1) * d]);
+            }
+        }
         for (i, &(r, w)) in ms.order[run].iter().enumerate() {
             let r = r as usize;
             for (dst, &y) in o[r * d..(r + 1) * d]
@@ -225,6 +270,25 @@ mod tests {
             d_ff_exp: 16,
             norm_weights: norm,
             weights_scale: scale,
+            gating: Gating::Softmax,
+            biases: false,
+        }
+    }
+
+    #[test]
+    fn swiglu_oai_is_ggmls_formula_in_float64() {
+        let gate: Vec<f32> = (-40..40).map(|i| i as f32 * 0.25).collect();
+        let up: Vec<f32> = (-40..40).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+        let mut got = gate.clone();
+        swiglu_oai(&mut got, &up);
+        for ((&g, &u), &o) in gate.iter().zip(&up).zip(&got) {
+            let x = (g as f64).min(7.0);
+            let y = (u as f64).clamp(-7.0, 7.0);
+            let want = x / (1.0 + (-1.702 * x).exp()) * (y + 1.0);
+            assert!(
+                (o as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{g} {u}: {o} vs {want}"
+            );
         }
     }
 

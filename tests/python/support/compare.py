@@ -27,6 +27,11 @@ QUANT_HIDDEN_REL = 0.05
 QUANT_LOGIT_REL = 0.08
 HIDDEN_REL = 0.05
 LOGIT_REL = 0.08
+# Where the reference's own 8-bit run is further from its float run (the budget measures the
+# model, not the engine): the small gpt-oss (sinks, clamped SwiGLU, YaRN's 1.35 on q and k)
+# moves its logits by 0.037 (Q4_0, MXFP4) to 0.120 (Q2_K) between the two reference runs,
+# seed 3, 2026-12-07; the engine sits within 0.03 of the 8-bit run for every type.
+LOGIT_REL_BY_ARCH = {"gpt-oss": 0.15}
 
 _models = {}
 
@@ -71,7 +76,8 @@ def compare(ours, model, toks, what, ctx=None):
     e = np.abs(lo - ref_q).max() / np.abs(ref_q).max()
     assert e < QUANT_LOGIT_REL, f"{what}: logits differ from the 8-bit-activation reference by {e:.2e}"
     e = np.abs(lo - ref_f).max() / np.abs(ref_f).max()
-    assert e < LOGIT_REL, f"{what}: logits differ from the float reference by {e:.4f}"
+    budget = LOGIT_REL_BY_ARCH.get(model.arch, LOGIT_REL)
+    assert e < budget, f"{what}: logits differ from the float reference by {e:.4f}"
     ours_arg, ref_arg = lo.argmax(1), ref_q.argmax(1)
     for pos in np.nonzero(ours_arg != ref_arg)[0]:
         margin = ref_q[pos, ref_arg[pos]] - ref_q[pos, ours_arg[pos]]
