@@ -782,10 +782,14 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
             q = _linear(h, m, p + "attn_q").reshape(n, m.n_head, m.head_dim)
             k = _linear(h, m, p + "attn_k").reshape(n, m.n_head_kv, m.head_dim)
             v = _linear(h, m, p + "attn_v").reshape(n, m.n_head_kv, m.head_dim_v)
-        # _linear adds the biases: without them these are the projections' outputs.
-        proj = "qkv_bias" if m.has(p + "attn_q.bias") else "qkv"
+        # _linear adds the biases: the projections' outputs are these less the biases (the
+        # engine's `qkv` step), the biased ones its `qkv_bias` step.
+        biased = m.has(p + "attn_q.bias")
         for name, t in (("q", q), ("k", k), ("v", v)):
-            seen(il, proj, name, t)
+            if biased:
+                b = np.asarray(m.w(p + f"attn_{name}.bias")).reshape(t.shape[1:])
+                seen(il, "qkv", name, t - b)
+            seen(il, "qkv_bias" if biased else "qkv", name, t)
         if m.has(p + "attn_q_norm.weight"):
             q = rmsnorm(q, m.w(p + "attn_q_norm.weight"), m.eps)
         if m.has(p + "attn_k_norm.weight"):
@@ -793,14 +797,22 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
         if m.has(p + "attn_q_norm.weight"):
             seen(il, "qk_norm", "q", q)
             seen(il, "qk_norm", "k", k)
-        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor, m.yarn)
-        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor, m.yarn)
+        # (A model read from a Hugging Face checkpoint, hf_reference.HfModel, has neither YaRN
+        # nor experts.)
+        yarn = getattr(m, "yarn", None)
+        q = rope(q, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor, yarn)
+        k = rope(k, pos, m.n_rot, base, scale, m.rope_neox, freq_factors, m.rope_attn_factor, yarn)
         seen(il, "rope", "q", q)
         seen(il, "rope", "k", k)
         a = attention(q, k, v, m.q_scale, masks[window], m.attn_softcap, m.wopt(p + "attn_sinks.weight"))
         seen(il, "attention", "att", a)
         a = _linear(a, m, p + "attn_output")
-        seen(il, "attn_out", "o", a)
+        if m.has(p + "attn_output.bias"):
+            # The engine adds the output bias as a step of its own.
+            seen(il, "attn_out", "o", a - np.asarray(m.w(p + "attn_output.bias")))
+            seen(il, "attn_out_bias", "o", a)
+        else:
+            seen(il, "attn_out", "o", a)
         # gpt-oss's post_attention_norm is its FFN input norm (below), not a sandwich norm.
         if m.has(p + "post_attention_norm.weight") and m.arch != "gpt-oss":
             a = rmsnorm(a, m.w(p + "post_attention_norm.weight"), m.eps)
@@ -810,7 +822,7 @@ def _forward(model, token_ids, logit_rows=None, steps=None, ctx=None):
         ffn_norm = "post_attention_norm" if m.arch == "gpt-oss" else "ffn_norm"
         h = rmsnorm(x, m.w(p + ffn_norm + ".weight"), m.eps)
         seen(il, "ffn_norm", "xn", h)
-        if m.n_expert:
+        if getattr(m, "n_expert", 0):
             f = _moe_ffn(h, m, p, il, seen)
             seen(il, "moe", "o", f)
             seen(il, "experts", "o", f)  # the engine's name for the same step

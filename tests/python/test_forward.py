@@ -177,10 +177,19 @@ def test_every_step_matches_reference_on_f32_weights(arch, tmp_path):
     assert sorted(per_layer) == list(range(m.n_layer))
     assert all(v == per_layer[0] for v in per_layer.values()), per_layer
     want = ["attn_norm.xn", "qkv.q", "qkv.k", "qkv.v"]  # phi3: from its fused matrix
-    if arch in ("gemma3", "qwen3"):
+    if arch == "gpt-oss":
+        want += ["qkv_bias.q", "qkv_bias.k", "qkv_bias.v"]
+    if arch in ("gemma3", "qwen3", "qwen3moe"):
         want += ["qk_norm.q", "qk_norm.k"]
-    want += ["rope.q", "rope.k", "attention.att", "attn_out.o", "attn_residual.x", "ffn_norm.xn",
-             "gate_up.gate", "gate_up.up", "glu.gate", "ffn_down.o", "ffn_residual.x"]
+    want += ["rope.q", "rope.k", "attention.att", "attn_out.o"]
+    if arch == "gpt-oss":
+        want += ["attn_out_bias.o"]
+    want += ["attn_residual.x", "ffn_norm.xn"]
+    if arch in ("qwen3moe", "mixtral", "gpt-oss"):
+        # The router's picks are no buffer of the engine's; the experts' weighted sum is `o`.
+        want += ["experts.o", "ffn_residual.x"]
+    else:
+        want += ["gate_up.gate", "gate_up.up", "glu.gate", "ffn_down.o", "ffn_residual.x"]
     assert per_layer[0] == want
     assert all(f"layer.{il}.{s}" in ref_steps for il in per_layer for s in want), "the reference names fewer steps"
     for il in range(m.n_layer):

@@ -495,10 +495,34 @@ pub const SHAPES: &[Shape] = &[
         tied: false,
         vocab_kind: VocabKind::Qwen3,
     },
+    // openai/gpt-oss-20b: 32 experts of width 2880, 4 per token; 64 query heads of 64 (4096
+    // wide against d 2880); even layers a 128-token window; YaRN 32 over 4096 (written with the
+    // architecture's keys). Its o200k vocabulary's size, with our synthetic BPE pieces.
+    Shape {
+        name: "gpt-oss-20b",
+        source: "openai/gpt-oss-20b",
+        arch: SynthArch::GptOss,
+        n_layer: 24,
+        d_model: 2880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        d_ff: 2880,
+        vocab: 201_088,
+        ctx: 131_072,
+        rope_base: 150_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-5,
+        sliding_window: 128,
+        sliding_window_pattern: 2,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
 ];
 
 /// The mixture-of-experts shapes' experts: (shape, experts, used per token, expert width).
-const EXPERTS: &[(&str, u32, u32, u32)] = &[("qwen3-30b-a3b", 128, 8, 768)];
+const EXPERTS: &[(&str, u32, u32, u32)] =
+    &[("qwen3-30b-a3b", 128, 8, 768), ("gpt-oss-20b", 32, 4, 2880)];
 
 /// The shape called `name`.
 pub fn shape(name: &str) -> Option<&'static Shape> {
@@ -577,6 +601,9 @@ pub enum WeightMix {
     /// KV head, and Q5_K for `ffn_down` in the first eighth of the layers; rows that are not
     /// whole 256-blocks fall back to IQ4_NL (for IQ4_XS), Q5_1 (Q5_K) or Q8_0 (Q6_K).
     Iq4Xs,
+    /// llama.cpp's `MXFP4_MOE` (gpt-oss's files): the experts in MXFP4, every other matrix
+    /// in Q8_0.
+    Mxfp4Moe,
 }
 
 impl WeightMix {
@@ -595,6 +622,9 @@ impl WeightMix {
         if name.eq_ignore_ascii_case("iq4_xs") {
             return Some(WeightMix::Iq4Xs);
         }
+        if name.eq_ignore_ascii_case("mxfp4_moe") {
+            return Some(WeightMix::Mxfp4Moe);
+        }
         GgmlType::from_name(name)
             .filter(|t| !matches!(t, GgmlType::Q8_1 | GgmlType::Q8_K))
             .map(WeightMix::Single)
@@ -607,6 +637,7 @@ impl WeightMix {
             WeightMix::Q2K => "Q2_K".to_string(),
             WeightMix::Q3KM => "Q3_K_M".to_string(),
             WeightMix::Iq4Xs => "IQ4_XS".to_string(),
+            WeightMix::Mxfp4Moe => "MXFP4_MOE".to_string(),
         }
     }
 
@@ -617,6 +648,7 @@ impl WeightMix {
             WeightMix::Q2K => 10,
             WeightMix::Q3KM => 12,
             WeightMix::Iq4Xs => 30,
+            WeightMix::Mxfp4Moe => 38,
             WeightMix::Single(t) => match t {
                 GgmlType::F32 => 0,
                 GgmlType::F16 => 1,
@@ -653,7 +685,20 @@ impl WeightMix {
         n_gqa: u32,
     ) -> GgmlType {
         let head = kind == TensorKind::Output || (tied && kind == TensorKind::TokenEmbd);
+        let expert = matches!(
+            kind,
+            TensorKind::FfnGateExps | TensorKind::FfnUpExps | TensorKind::FfnDownExps
+        );
+        // The presets' rules for an expert matrix are those of its dense counterpart.
+        let kind = match kind {
+            TensorKind::FfnGateExps => TensorKind::FfnGate,
+            TensorKind::FfnUpExps => TensorKind::FfnUp,
+            TensorKind::FfnDownExps => TensorKind::FfnDown,
+            k => k,
+        };
         let want = match self {
+            WeightMix::Mxfp4Moe if expert => GgmlType::MXFP4,
+            WeightMix::Mxfp4Moe => GgmlType::Q8_0,
             WeightMix::Single(t) => t,
             WeightMix::Q4KM => {
                 let more = matches!(kind, TensorKind::AttnV | TensorKind::FfnDown)

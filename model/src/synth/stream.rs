@@ -172,7 +172,8 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             matrix(&mut out, TensorKind::AttnK, l, kv, d);
             matrix(&mut out, TensorKind::AttnV, l, kv, d);
         }
-        if s.arch == SynthArch::Qwen2 {
+        let oss = s.arch == SynthArch::GptOss;
+        if s.arch == SynthArch::Qwen2 || oss {
             vector(&mut out, TensorKind::AttnQBias, l, q, Fill::Bias);
             vector(&mut out, TensorKind::AttnKBias, l, kv, Fill::Bias);
             vector(&mut out, TensorKind::AttnVBias, l, kv, Fill::Bias);
@@ -183,34 +184,22 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
             vector(&mut out, TensorKind::AttnKNorm, l, s.head_dim, Fill::Norm);
         }
         matrix(&mut out, TensorKind::AttnOutput, l, d, q);
+        if oss {
+            vector(&mut out, TensorKind::AttnOutBias, l, d, Fill::Bias);
+            vector(&mut out, TensorKind::AttnSinks, l, s.n_head, Fill::Bias);
+        }
         if s.arch.has_sandwich_norms() {
             vector(&mut out, TensorKind::PostAttnNorm, l, d, Fill::Norm);
         }
-        vector(&mut out, TensorKind::FfnNorm, l, d, Fill::Norm);
-        if let Some((ne, _, fe)) = s.experts() {
-            // The router in F32 (llama.cpp's quantizer leaves `ffn_gate_inp` alone); the
-            // experts stacked, typed as their dense counterparts.
-            out.push(Planned {
-                name: TensorKind::FfnGateInp.gguf_name(Some(il as usize)),
-                dims: vec![d.into(), ne.into()],
-                ty: GgmlType::F32,
-                fill: Fill::Matrix,
-            });
-            for (kind, dense, row_len, rows) in [
-                (TensorKind::FfnGateExps, TensorKind::FfnGate, d, fe),
-                (TensorKind::FfnUpExps, TensorKind::FfnUp, d, fe),
-                (TensorKind::FfnDownExps, TensorKind::FfnDown, fe, d),
-            ] {
-                let ty = spec
-                    .mix
-                    .matrix_type(dense, il, s.n_layer, row_len, s.tied, n_gqa);
-                out.push(Planned {
-                    name: kind.gguf_name(Some(il as usize)),
-                    dims: vec![row_len.into(), rows.into(), ne.into()],
-                    ty,
-                    fill: Fill::Matrix,
-                });
-            }
+        // gpt-oss's feed-forward pre-norm goes by `post_attention_norm`.
+        let ffn_norm = if oss {
+            TensorKind::PostAttnNorm
+        } else {
+            TensorKind::FfnNorm
+        };
+        vector(&mut out, ffn_norm, l, d, Fill::Norm);
+        if s.experts().is_some() {
+            moe_tensors(&mut out, spec, il, n_gqa);
             continue;
         }
         if fused {
@@ -229,6 +218,55 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
         matrix(&mut out, TensorKind::Output, None, s.vocab, d);
     }
     out
+}
+
+/// A mixture-of-experts layer's feed-forward tensors: the router, the stacked experts (typed
+/// by the mix's rule for experts) and, for gpt-oss, their biases.
+fn moe_tensors(out: &mut Vec<Planned>, spec: &ShapeSpec, il: u32, n_gqa: u32) {
+    let s = &spec.shape;
+    let Some((ne, _, fe)) = s.experts() else {
+        return;
+    };
+    let (d, oss) = (s.d_model, s.arch == SynthArch::GptOss);
+    // The router in F32 (llama.cpp's quantizer leaves `ffn_gate_inp` alone); the
+    // experts stacked, typed as their dense counterparts.
+    out.push(Planned {
+        name: TensorKind::FfnGateInp.gguf_name(Some(il as usize)),
+        dims: vec![d.into(), ne.into()],
+        ty: GgmlType::F32,
+        fill: Fill::Matrix,
+    });
+    if oss {
+        out.push(Planned {
+            name: TensorKind::FfnGateInpBias.gguf_name(Some(il as usize)),
+            dims: vec![ne.into()],
+            ty: GgmlType::F32,
+            fill: Fill::Bias,
+        });
+    }
+    for (kind, bias, row_len, rows) in [
+        (TensorKind::FfnGateExps, TensorKind::FfnGateExpsBias, d, fe),
+        (TensorKind::FfnUpExps, TensorKind::FfnUpExpsBias, d, fe),
+        (TensorKind::FfnDownExps, TensorKind::FfnDownExpsBias, fe, d),
+    ] {
+        let ty = spec
+            .mix
+            .matrix_type(kind, il, s.n_layer, row_len, s.tied, n_gqa);
+        out.push(Planned {
+            name: kind.gguf_name(Some(il as usize)),
+            dims: vec![row_len.into(), rows.into(), ne.into()],
+            ty,
+            fill: Fill::Matrix,
+        });
+        if oss {
+            out.push(Planned {
+                name: bias.gguf_name(Some(il as usize)),
+                dims: vec![rows.into(), ne.into()],
+                ty: GgmlType::F32,
+                fill: Fill::Bias,
+            });
+        }
+    }
 }
 
 /// The header: metadata, tokenizer, tensor infos (no data yet).
@@ -358,7 +396,7 @@ fn fill_tensor(
         }
         Fill::Norm | Fill::Bias | Fill::Values(_) | Fill::ScaledNorm(_) => {
             let mut rng = StdRng::seed_from_u64(state);
-            let n = t.dims[0] as usize;
+            let n = t.dims.iter().product::<u64>() as usize;
             let vals: Vec<f32> = match &t.fill {
                 Fill::Norm => (0..n).map(|_| 1.0 + 0.1 * normal(&mut rng)).collect(),
                 Fill::Bias => (0..n).map(|_| 0.1 * normal(&mut rng)).collect(),
