@@ -500,6 +500,18 @@ fn huge_pages(v: &mut [u8]) {
     let _ = (v, HUGE);
 }
 
+/// Refuses a matrix stored in one of the activation formats.
+fn weight_format(t: &TensorInfo) -> Result<(), ModelError> {
+    if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
+        return Err(ModelError::BadType {
+            name: t.name.clone(),
+            ty: t.ty,
+            why: "an activation format, not a weight format",
+        });
+    }
+    Ok(())
+}
+
 struct Loader<'a> {
     file: &'a GgufFile,
     hp: &'a Hparams,
@@ -581,13 +593,7 @@ impl<'a> Loader<'a> {
                 found: t.dims.clone(),
             });
         }
-        if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
-            return Err(ModelError::BadType {
-                name: t.name.clone(),
-                ty: t.ty,
-                why: "an activation format, not a weight format",
-            });
-        }
+        weight_format(t)?;
         let start = t.offset as usize;
         let range = start..start + t.size as usize;
         let n_in = n_in as usize;
@@ -660,13 +666,7 @@ impl<'a> Loader<'a> {
                 found: t.dims.clone(),
             });
         }
-        if matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
-            return Err(ModelError::BadType {
-                name: t.name.clone(),
-                ty: t.ty,
-                why: "an activation format, not a weight format",
-            });
-        }
+        weight_format(t)?;
         let (n_in, rows) = (n_in as usize, (n_out * n_expert) as usize);
         let start = t.offset as usize;
         let range = start..start + t.size as usize;

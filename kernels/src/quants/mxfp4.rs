@@ -103,6 +103,32 @@ pub fn vec_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
     sum
 }
 
+/// A SIMD `vec_dot` against the reference on every scale byte kind (0, the subnormal halves,
+/// huge) and random codes: bit for bit.
+#[cfg(test)]
+pub(crate) fn check_vec_dot(ours: fn(usize, &[u8], &[u8]) -> f32) {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(3);
+    for nb in [1usize, 2, 7, 64] {
+        let n = nb * QK;
+        let mut w = vec![0u8; nb * BLOCK];
+        rng.fill(&mut w[..]);
+        for (i, b) in w.chunks_exact_mut(BLOCK).enumerate() {
+            b[0] = [0u8, 1, 2, 100, 127, 140, 254, 255][i % 8];
+        }
+        let x: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let mut a = vec![0u8; nb * super::q8_0::BLOCK];
+        super::q8_0::quantize(&x, &mut a);
+        let (want, got) = (vec_dot(n, &w, &a), ours(n, &w, &a));
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "{nb} blocks: {got} vs {want}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

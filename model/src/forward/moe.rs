@@ -31,6 +31,8 @@ pub(super) struct MoeScratch {
     picks: Vec<(u32, f32)>,
     /// Rows per expert, then the start of each expert's run in `order`: `n_expert + 1`.
     starts: Vec<usize>,
+    /// The next free slot of each expert's run while `order` is filled.
+    cursor: Vec<usize>,
     /// `(row, weight)` grouped by expert.
     order: Vec<(u32, f32)>,
     /// One expert's gathered input rows `[rows × d]`, its gate and up `[rows × d_ff_exp]`,
@@ -50,6 +52,7 @@ impl MoeScratch {
             probs: vec![0.0; max_batch * m.n_expert],
             picks: vec![(0, 0.0); max_batch * m.n_used],
             starts: vec![0; m.n_expert + 1],
+            cursor: vec![0; m.n_expert + 1],
             order: vec![(0, 0.0); max_batch * m.n_used],
             x: vec![0.0; max_batch * d],
             gate: vec![0.0; max_batch * m.d_ff_exp],
@@ -61,7 +64,7 @@ impl MoeScratch {
     /// Bytes `new` allocates per row of the batch.
     pub(super) fn bytes_per_row(m: Option<MoeParams>, d: usize) -> u64 {
         m.map_or(0, |m| {
-            (4 * m.n_expert + 16 * m.n_used + 8 * d + 8 * m.d_ff_exp) as u64 + 8
+            (4 * m.n_expert + 16 * m.n_used + 8 * d + 8 * m.d_ff_exp) as u64 + 16
         })
     }
 }
@@ -186,14 +189,12 @@ pub(super) fn experts(
     for e in 0..ne {
         ms.starts[e + 1] += ms.starts[e];
     }
-    {
-        let mut at = ms.starts.clone();
-        for r in 0..n {
-            for &(e, w) in &ms.picks[r * k..(r + 1) * k] {
-                let slot = &mut at[e as usize];
-                ms.order[*slot] = (r as u32, w);
-                *slot += 1;
-            }
+    ms.cursor.copy_from_slice(&ms.starts);
+    for r in 0..n {
+        for &(e, w) in &ms.picks[r * k..(r + 1) * k] {
+            let slot = &mut ms.cursor[e as usize];
+            ms.order[*slot] = (r as u32, w);
+            *slot += 1;
         }
     }
     let glu = super::layer::glu_fn(act);
