@@ -104,15 +104,23 @@ pub struct LayoutArgs {
 /// Layers streamed from disk when they do not fit the memory budget.
 #[derive(Args, Debug, Clone, Default)]
 pub struct StreamArgs {
-    /// auto: stream the layers that do not fit the memory budget (the rest stays resident);
-    /// all: stream every layer (the naive baseline); off: map everything and let the kernel
-    /// page.
+    /// auto: stream what does not fit the memory budget (a mixture of experts's experts, as
+    /// the router picks them; other models' layers), the rest resident; experts: stream a
+    /// mixture of experts's experts whatever the memory; all: stream every layer (the naive
+    /// baseline); off: map everything and let the kernel page.
     #[arg(long = "stream", default_value = "auto")]
     pub mode: ringllm_model::stream::StreamMode,
     /// Layers read ahead of the compute when streaming, 1-16 (default: chosen from the
     /// measured disk read rate and compute speed).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub prefetch: Option<u32>,
+    /// Expert buffers when experts stream (default: as many as the memory budget holds).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(6..=1_000_000))]
+    pub expert_cache: Option<u32>,
+    /// Read each streamed expert only once the router picks it (no prediction of the next
+    /// layer's experts).
+    #[arg(long)]
+    pub no_expert_predict: bool,
 }
 
 impl StreamArgs {
@@ -120,6 +128,8 @@ impl StreamArgs {
         ringllm_model::stream::StreamSettings {
             mode: self.mode,
             prefetch: self.prefetch.map(|p| p as usize),
+            expert_slots: self.expert_cache.map(|p| p as usize),
+            no_expert_predict: self.no_expert_predict,
         }
     }
 }

@@ -166,8 +166,27 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
             .saturating_sub(runner)
             .saturating_sub(head)
     });
-    let streamer = stream::decide(file, &layers, budget, &args.stream, threads, 0.0)
+    let experts = stream::decide_experts(file, &layers, budget, &args.stream, threads)
         .map_err(|e| anyhow!("{}: {e} ({why})", args.model.display()))?;
+    if let Some((st, d)) = &experts {
+        notice!(
+            "streaming the experts from disk ({}): {} of {} experts cached in {} MiB, {} MiB of the \
+             rest resident; read {:.0} MB/s; a uniform router would read {:.0} MiB per token",
+            st.source(),
+            d.slots.min(d.experts),
+            d.experts,
+            d.pool_bytes >> 20,
+            d.resident_bytes >> 20,
+            d.read_bytes_per_s / 1e6,
+            d.uniform_bytes_per_token / 1048576.0
+        );
+    }
+    let streamer = if experts.is_some() {
+        None
+    } else {
+        stream::decide(file, &layers, budget, &args.stream, threads, 0.0)
+            .map_err(|e| anyhow!("{}: {e} ({why})", args.model.display()))?
+    };
     if let Some((_, d)) = &streamer {
         notice!(
             "streaming {} of {} layers from disk ({} MiB per token, {} read ahead; {} MiB resident); read {:.0} MB/s, predicted {:.2} tok/s",
@@ -185,6 +204,7 @@ pub fn load_whole(file: &Arc<GgufFile>, args: &ModelOptions, threads: usize) -> 
         &LoadOptions {
             repack: args.repack && args.backend == ringllm_model::BackendChoice::Cpu,
             stream: streamer.map(|s| s.0),
+            experts: experts.map(|s| s.0),
             ..LoadOptions::default()
         },
     )?)
@@ -498,6 +518,7 @@ impl RingMode {
                 head: !ring.head_on_node,
                 repack: self.args.repack && self.args.backend == ringllm_model::BackendChoice::Cpu,
                 stream: None,
+                experts: None,
             },
         )?;
         limits::check_runner(

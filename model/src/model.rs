@@ -4,7 +4,7 @@
 use crate::arch::{Arch, Hparams, LayerRecipe, TensorKind};
 use crate::error::ModelError;
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::stream::{LayerGuard, Streamer};
+use crate::stream::{ExpertGuard, ExpertStore, LayerGuard, Streamer};
 use ringllm_kernels::{kernels, repack, GgmlType, QMatrix};
 use std::ops::Range;
 use std::path::Path;
@@ -22,6 +22,9 @@ pub struct Weight {
     packed: Option<Packed>,
     /// Read from the streamer's buffer of its layer, not from the mapping.
     streamed: bool,
+    /// Stacked experts read one expert at a time from the expert store
+    /// ([`crate::stream::experts`]), never from the mapping.
+    pub experts_streamed: bool,
 }
 
 impl Weight {
@@ -166,6 +169,10 @@ pub struct LoadOptions {
     /// ([`crate::stream`]); every other matrix is then copied into owned memory at load (tier
     /// A), so that the kernel cannot evict it under the cgroup's memory pressure.
     pub stream: Option<Arc<Streamer>>,
+    /// The experts of a mixture of experts read from disk into this cache as the router picks
+    /// them; the rest of every layer is then copied into owned memory (tier A), as with
+    /// `stream`.
+    pub experts: Option<Arc<ExpertStore>>,
 }
 
 impl Default for LoadOptions {
@@ -176,6 +183,7 @@ impl Default for LoadOptions {
             head: true,
             repack: false,
             stream: None,
+            experts: None,
         }
     }
 }
@@ -201,6 +209,8 @@ pub struct Model {
     pub rope_factors: Option<(Vec<f32>, Vec<f32>)>,
     /// The streamed tier, when some of the layers are read from disk each token.
     pub streamer: Option<Arc<Streamer>>,
+    /// The expert cache, when experts are read from disk as they are picked.
+    pub experts: Option<Arc<ExpertStore>>,
 }
 
 impl Model {
@@ -259,8 +269,9 @@ impl Model {
             file: &file,
             hp: &hp,
             repack: opts.repack,
-            own: opts.stream.is_some(),
+            own: opts.stream.is_some() || opts.experts.is_some(),
             streamed_layer: None,
+            experts: None,
             packed: Default::default(),
         };
         let d = hp.d_model as u64;
@@ -329,6 +340,7 @@ impl Model {
             let streamed = opts.stream.as_ref().is_some_and(|s| s.streams(il));
             let l = Loader {
                 streamed_layer: streamed.then_some(il),
+                experts: opts.experts.as_ref().filter(|x| x.streams(il)).cloned(),
                 ..loader.clone_settings()
             };
             layers.push(l.layer(il)?);
@@ -345,6 +357,7 @@ impl Model {
             ple,
             rope_factors,
             streamer: opts.stream.clone(),
+            experts: opts.experts.clone(),
         };
         let packed = model.packed_bytes();
         if packed > 0 {
@@ -414,6 +427,24 @@ impl Model {
         }
     }
 
+    /// Expert `e`'s matrix of the stacked `w` (`rows` rows per expert) from the expert cache's
+    /// guard of that expert (`part`: 0 gate, 1 up, 2 down).
+    pub fn streamed_expert<'a>(
+        &self,
+        w: &Weight,
+        rows: usize,
+        g: &'a ExpertGuard<'_>,
+        part: usize,
+    ) -> QMatrix<'a> {
+        QMatrix {
+            ty: w.ty,
+            n_in: w.n_in,
+            n_out: rows,
+            data: g.part(part),
+            packed: false,
+        }
+    }
+
     /// Every weight matrix loaded: the layers', then the embedding and the head (a tied pair
     /// appears twice).
     fn weights(&self) -> impl Iterator<Item = &Weight> {
@@ -447,7 +478,9 @@ impl Model {
         let bytes = self.file.bytes();
         let mut total = 0usize;
         let mut acc = 0u8;
-        let weights = self.weights().filter(|w| !w.streamed);
+        let weights = self
+            .weights()
+            .filter(|w| !w.streamed && !w.experts_streamed);
         for w in weights {
             let r = match &w.packed {
                 Some(p) => p.0.as_slice(),
@@ -520,6 +553,8 @@ struct Loader<'a> {
     own: bool,
     /// The layer being loaded is streamed: its matrices stay on disk.
     streamed_layer: Option<usize>,
+    /// The layer being loaded reads its stacked experts from this store.
+    experts: Option<Arc<ExpertStore>>,
     /// Matrices repacked so far, by file offset (a tied head is the embedding again).
     packed: std::rc::Rc<std::cell::RefCell<Vec<(usize, Packed)>>>,
 }
@@ -532,6 +567,7 @@ impl<'a> Loader<'a> {
             repack: self.repack,
             own: self.own,
             streamed_layer: None,
+            experts: None,
             packed: std::rc::Rc::clone(&self.packed),
         }
     }
@@ -642,6 +678,7 @@ impl<'a> Loader<'a> {
                 range: part,
                 packed,
                 streamed,
+                experts_streamed: false,
             });
         }
         Ok(out)
@@ -678,10 +715,11 @@ impl<'a> Loader<'a> {
             });
         }
         let streamed = self.streamed_layer.is_some();
+        let experts_streamed = !streamed && self.experts.is_some();
         let panels = self.repack
             && repack::available(t.ty)
             && repack::panel_rows(t.ty).is_some_and(|p| (n_out as usize).is_multiple_of(p));
-        let packed = if streamed {
+        let packed = if streamed || experts_streamed {
             None
         } else if panels || self.own {
             Some(self.repacked(t.ty, n_in, rows, range.clone(), panels))
@@ -696,6 +734,7 @@ impl<'a> Loader<'a> {
             range,
             packed,
             streamed,
+            experts_streamed,
         })
     }
 

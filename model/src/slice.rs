@@ -372,6 +372,7 @@ mod tests {
                         head,
                         repack: false,
                         stream: None,
+                        experts: None,
                     },
                 )
                 .unwrap();
@@ -399,6 +400,7 @@ mod tests {
                             head: false,
                             repack: false,
                             stream: None,
+                            experts: None,
                         },
                     );
                     assert!(r.is_err());

@@ -30,7 +30,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub mod experts;
 mod timing;
+pub use experts::{ExpertGuard, ExpertLayout, ExpertStats, ExpertStore};
 pub use timing::{
     choose_depth, node_s_per_token, plan_tiers, predict, steady_state, ReadAhead, SimLayer,
     TierPlan,
@@ -798,6 +800,9 @@ pub enum StreamMode {
     All,
     /// Never: the layers are mapped, and the kernel pages them when memory is short.
     Off,
+    /// A mixture of experts's experts read from disk as the router picks them, whatever the
+    /// memory (the rest resident); other models as `Auto`.
+    Experts,
 }
 
 impl std::str::FromStr for StreamMode {
@@ -807,7 +812,10 @@ impl std::str::FromStr for StreamMode {
             "auto" => Ok(StreamMode::Auto),
             "all" => Ok(StreamMode::All),
             "off" => Ok(StreamMode::Off),
-            _ => Err(format!("'{s}' is not a stream mode (auto, all or off)")),
+            "experts" => Ok(StreamMode::Experts),
+            _ => Err(format!(
+                "'{s}' is not a stream mode (auto, all, experts or off)"
+            )),
         }
     }
 }
@@ -818,6 +826,11 @@ pub struct StreamSettings {
     pub mode: StreamMode,
     /// Layers read ahead (`None`: chosen from the measured read rate and compute speed).
     pub prefetch: Option<usize>,
+    /// Expert buffers of a mixture of experts whose experts stream (`None`: as many as the
+    /// budget holds).
+    pub expert_slots: Option<usize>,
+    /// Do not predict the next layer's experts (read each only once the router picks it).
+    pub no_expert_predict: bool,
 }
 
 /// Bytes a read-rate probe reads.
@@ -921,6 +934,117 @@ pub fn decide(
             tiers,
             read_bytes_per_s: read,
             compute_bytes_per_s: compute,
+            predicted_s,
+        },
+    )))
+}
+
+/// What [`decide_experts`] chose, for logs, `run` and `bench`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertDecision {
+    /// Bytes of the layers without their experts (tier A), and of every expert.
+    pub resident_bytes: u64,
+    pub expert_bytes: u64,
+    pub slots: usize,
+    pub experts: usize,
+    pub pool_bytes: u64,
+    pub read_bytes_per_s: f64,
+    /// Expected bytes read per decoded token with a router that picks uniformly (the worst
+    /// case for a cache) and the time it takes at the read rate.
+    pub uniform_bytes_per_token: f64,
+    pub predicted_s: f64,
+}
+
+/// The expert store for `layers` of `file` when they hold a mixture of experts that does not
+/// fit `budget` (the bytes left for the layers' weights), or when `settings` ask for
+/// experts streamed: `None` when the experts stay resident (or the model has none). The
+/// layers without their experts must fit the budget with at least
+/// [`ExpertLayout::min_slots`] expert buffers; every further buffer the budget holds caches
+/// experts.
+pub fn decide_experts(
+    file: &Arc<GgufFile>,
+    layers: &[usize],
+    budget: Option<u64>,
+    settings: &StreamSettings,
+    threads: usize,
+) -> Result<Option<(Arc<ExpertStore>, ExpertDecision)>, String> {
+    if matches!(settings.mode, StreamMode::Off | StreamMode::All) || layers.is_empty() {
+        return Ok(None);
+    }
+    let Ok(layout) = ExpertLayout::new(file, layers) else {
+        return Ok(None);
+    };
+    let mut total = 0u64;
+    for &il in layers {
+        total += layer_span(file, il).map_or(0, |s| s.range.len() as u64);
+    }
+    let experts_bytes = layout.expert_bytes();
+    let resident = total.saturating_sub(experts_bytes);
+    let slot = layout.slot_bytes() as u64;
+    let n_experts = layout.experts();
+    let slots = match (settings.mode, settings.expert_slots, budget) {
+        (_, Some(n), _) => n,
+        (StreamMode::Experts, None, None) => (n_experts / 8).max(ExpertLayout::min_slots()),
+        (_, None, Some(b)) if total > b || settings.mode == StreamMode::Experts => {
+            if resident + slot * ExpertLayout::min_slots() as u64 > b {
+                return Err(format!(
+                    "the layers without their experts need {} MiB and {} MiB is left for them: \
+                     not even {} expert buffers of {} MiB fit beside them",
+                    resident >> 20,
+                    b >> 20,
+                    ExpertLayout::min_slots(),
+                    slot >> 20
+                ));
+            }
+            ((b - resident) / slot) as usize
+        }
+        _ => return Ok(None),
+    };
+    let slots = slots.clamp(
+        ExpertLayout::min_slots(),
+        n_experts.max(ExpertLayout::min_slots()),
+    );
+    let first = layers
+        .iter()
+        .find_map(|&il| layer_span(file, il))
+        .map_or(0, |s| s.range.start as u64);
+    let read = match file.path() {
+        Some(p) => measure_read_rate(p, first, PROBE_BYTES)
+            .map_err(|e| format!("measuring the read rate of {}: {e}", p.display()))?,
+        None => MEMORY_READ_RATE,
+    };
+    let moe_layers = layers.iter().filter(|&&il| layout.has(il)).count();
+    let md = file.metadata();
+    let used = md
+        .str("general.architecture")
+        .ok()
+        .and_then(|a| md.u64(&format!("{a}.expert_used_count")).ok())
+        .map_or(1.0, |k| k as f64);
+    let miss = (1.0 - slots as f64 / n_experts.max(1) as f64).max(0.0);
+    let uniform = moe_layers as f64 * used * layout.bytes_per_expert() * miss;
+    let compute = crate::sys::matvec_speed(threads, Duration::from_millis(120));
+    let active = resident as f64 + moe_layers as f64 * used * layout.bytes_per_expert();
+    let predicted_s = (active / compute).max(uniform / read);
+    let store = ExpertStore::new(file, layout, slots, !settings.no_expert_predict)
+        .map_err(|e| format!("starting the expert store: {e}"))?;
+    tracing::info!(
+        resident_mib = resident >> 20,
+        experts_mib = experts_bytes >> 20,
+        slots,
+        experts = n_experts,
+        read_mb_s = read / 1e6,
+        "experts stream from disk"
+    );
+    Ok(Some((
+        Arc::new(store),
+        ExpertDecision {
+            resident_bytes: resident,
+            expert_bytes: experts_bytes,
+            slots,
+            experts: n_experts,
+            pool_bytes: slots as u64 * slot,
+            read_bytes_per_s: read,
+            uniform_bytes_per_token: uniform,
             predicted_s,
         },
     )))

@@ -19,6 +19,7 @@ fn slice(layers: std::ops::Range<usize>, embedding: bool, head: bool) -> Arc<Mod
         head,
         repack: false,
         stream: None,
+        experts: None,
     };
     Arc::new(Model::load(file(), &opts).expect("load the slice"))
 }
@@ -62,6 +63,7 @@ fn a_layer_range_outside_the_model_names_the_range() {
         head: false,
         repack: false,
         stream: None,
+        experts: None,
     };
     let e = Model::load(file(), &opts).expect_err("one layer too many");
     assert!(

@@ -232,6 +232,7 @@ fn the_plan_reaches_the_hook_before_the_layers_run_and_max_skip_holds() {
         head: false,
         repack: false,
         stream: None,
+        experts: None,
     };
     let tail = Arc::new(Model::load(file, &opts).expect("slice"));
     let mut r = Runner::new(Arc::clone(&tail), 1, 4, 16);

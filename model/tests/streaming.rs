@@ -180,3 +180,88 @@ fn tiers_keep_a_resident_prefix_and_a_pool_within_the_budget() {
     // Not even the pool: refused.
     assert!(plan_tiers(&layers, 250 << 20, 2).is_none());
 }
+
+/// Tokens through a runner: a prefill batch, then single tokens; the logits of each step.
+fn logits_of(model: Arc<Model>, prompt: &[u32], then: &[u32]) -> Vec<Vec<f32>> {
+    let mut r = Runner::new(model, 1, 16, 48);
+    let mut kv = r.new_cache(48, KvType::F32);
+    let mut x = Vec::new();
+    let mut logits = vec![0f32; r.model.hp.vocab];
+    let mut out = Vec::new();
+    r.step(prompt, &mut kv, &mut x, &mut logits).unwrap();
+    out.push(logits.clone());
+    for &t in then {
+        r.step(&[t], &mut kv, &mut x, &mut logits).unwrap();
+        out.push(logits.clone());
+    }
+    out
+}
+
+/// A mixture of experts whose experts stream from disk gives the resident model's bits: with
+/// the smallest cache (a prefill batch needs more experts than it holds), a middling one and
+/// one that holds every expert; with and without the next layer's experts predicted; read
+/// with O_DIRECT (or the page cache) and from memory. The counters add up.
+#[test]
+fn streamed_experts_give_the_resident_models_bits_at_every_cache_size_and_prediction() {
+    use ringllm_model::stream::{ExpertLayout, ExpertStore};
+    for (arch, ty) in [
+        (SynthArch::Qwen3Moe, GgmlType::Q8_0),
+        (SynthArch::Qwen3Moe, GgmlType::Q4_K),
+        (SynthArch::Mixtral, GgmlType::Q4_0),
+        (SynthArch::GptOss, GgmlType::MXFP4),
+    ] {
+        let (disk, mem) = files(arch, ty, &format!("experts-{}-{ty:?}", arch.name()));
+        let resident = Arc::new(Model::load(Arc::clone(&disk), &LoadOptions::default()).unwrap());
+        let n = resident.hp.n_layer;
+        let moe = resident.hp.moe.expect("a mixture of experts");
+        let prompt: Vec<u32> = (0..12).map(|i| 3 + i * 7).collect();
+        let then = [3u32, 11, 4, 6, 9, 2];
+        let want = logits_of(Arc::clone(&resident), &prompt, &then);
+        let layers: Vec<usize> = (0..n).collect();
+        let all = moe.n_expert * n;
+        for file in [&disk, &mem] {
+            for slots in [ExpertLayout::min_slots(), all / 2, all] {
+                for predict in [false, true] {
+                    let layout = ExpertLayout::new(file, &layers).unwrap();
+                    let st = Arc::new(ExpertStore::new(file, layout, slots, predict).unwrap());
+                    for repack in [false, true] {
+                        let m = Model::load(
+                            Arc::clone(file),
+                            &LoadOptions {
+                                repack,
+                                experts: Some(Arc::clone(&st)),
+                                ..LoadOptions::default()
+                            },
+                        )
+                        .unwrap();
+                        let got = logits_of(Arc::new(m), &prompt, &then);
+                        let what = format!(
+                            "{} {ty:?} slots {slots} predict {predict} repack {repack} from {}",
+                            arch.name(),
+                            st.source()
+                        );
+                        assert_eq!(got, want, "{what}");
+                    }
+                    let s = st.stats();
+                    let what = format!("{} slots {slots} predict {predict}: {s:?}", arch.name());
+                    // Every pass of every layer used at least k experts.
+                    assert!(s.used >= 2 * 7 * (n * moe.n_used) as u64, "{what}");
+                    assert!(s.hits + s.prefetched <= s.used, "{what}");
+                    // Whatever was not in the cache was read.
+                    assert!(s.reads >= s.used - s.hits - s.prefetched, "{what}");
+                    assert!(s.predicted_right <= s.used_with_prediction, "{what}");
+                    if predict {
+                        assert!(s.predicted > 0, "{what}");
+                    } else {
+                        assert_eq!(s.predicted + s.predicted_reads, 0, "{what}");
+                    }
+                    if slots >= all {
+                        // A cache of every expert reads each at most once.
+                        assert!(s.reads <= all as u64, "{what}");
+                        assert!(s.hits > 0, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}

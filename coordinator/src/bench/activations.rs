@@ -66,6 +66,7 @@ impl Stages {
                     head: i + 1 == cuts.len(),
                     repack: false,
                     stream: None,
+                    experts: None,
                 },
             )?;
             let runner = Runner::new(Arc::new(m), 1, 512, ctx);

@@ -159,6 +159,11 @@ fn report(engine: &Engine, g: &Generation) {
             s.layers_skipped
         );
     }
+    if let Some(st) = &engine.runner.model.experts {
+        let s = st.stats();
+        let n = (g.prefill_tokens.min(1) + g.token_ids.len()).max(1) as f64;
+        eprintln!("{}", expert_line(&s, n));
+    }
     if engine.runner.skip_policy().is_some() {
         eprintln!("{}", skip_line(&engine.runner.skip_stats()));
     }
@@ -195,4 +200,21 @@ pub(super) fn install_ctrlc(
         cancel.store(true, Ordering::SeqCst);
     })
     .map_err(|e| anyhow!("cannot install the Ctrl-C handler: {e}"))
+}
+
+/// What the expert store did over `passes` forward passes.
+pub(crate) fn expert_line(s: &ringllm_model::stream::ExpertStats, passes: f64) -> String {
+    format!(
+        "streamed experts: {:.1} MiB read per forward pass, hit rate {:.1}% ({} of {} used experts \
+         cached), {} read ahead by prediction (accuracy {:.1}%, {} reads wasted), {:.1} ms per pass \
+         stalled on I/O",
+        s.bytes_read as f64 / passes / 1048576.0,
+        100.0 * s.hit_rate(),
+        s.hits,
+        s.used,
+        s.prefetched,
+        100.0 * s.prediction_accuracy(),
+        s.wasted_reads,
+        s.stall_s / passes * 1e3
+    )
 }

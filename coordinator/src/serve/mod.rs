@@ -382,6 +382,7 @@ pub fn serve_ring(margs: &ModelOptions, spec: RingSpec, cfg: &ServeConfig) -> an
             head: false,
             repack: false,
             stream: None,
+            experts: None,
         },
     )?
     .hp;

@@ -8,6 +8,7 @@ use super::ple::per_layer_input;
 use super::{Observed, Observer, Runner, Scratch};
 use crate::arch::recipe::Buf;
 use crate::arch::{FfnAct, Hparams, RopeTable, Step};
+use crate::error::ModelError;
 use crate::model::{Layer, Model};
 use crate::stream::LayerGuard;
 use ringllm_kernels::matmul::{matmul, matmul_many, MatJob};
@@ -31,7 +32,7 @@ impl Runner {
         segs: &mut [Seg<'_>],
         skip_rows: Option<&[bool]>,
         mut observer: Option<&mut (dyn Observer + '_)>,
-    ) {
+    ) -> Result<(), ModelError> {
         let hp = &m.hp;
         let (d, qd, kvd, ff) = (
             hp.d_model,
@@ -149,8 +150,8 @@ impl Runner {
                     &mut s.o[..n * d],
                     &mut s.acts,
                 ),
-                Step::Router { .. } => super::moe::router(pool, m, l, buf, s, n),
-                Step::Experts { act, .. } => super::moe::experts(pool, m, l, buf, act, s, n),
+                Step::Router { .. } => super::moe::router(pool, m, il, l, buf, x, s, n),
+                Step::Experts { act, .. } => super::moe::experts(pool, m, il, l, buf, act, s, n)?,
                 Step::AttnOutBias => add_bias_rows(&mut s.o[..n * d], l.bo.as_deref()),
                 Step::FfnResidual { post_norm } => {
                     let w = if post_norm {
@@ -181,6 +182,7 @@ impl Runner {
             }
             i = next;
         }
+        Ok(())
     }
 }
 

@@ -262,9 +262,9 @@ impl Runner {
                     "predictive layer skip runs on the CPU backend only".into(),
                 ));
             }
-            if self.model.streamer.is_some() {
+            if self.model.streamer.is_some() || self.model.experts.is_some() {
                 return Err(ModelError::Backend(
-                    "layers streamed from disk run on the CPU backend only".into(),
+                    "layers or experts streamed from disk run on the CPU backend only".into(),
                 ));
             }
         }
@@ -464,7 +464,7 @@ impl Runner {
                     n,
                     &mut segs,
                     observer.as_deref_mut(),
-                );
+                )?;
             } else {
                 if self.skip.is_some() {
                     self.skip_state.stats.evaluations += n as u64;
@@ -479,7 +479,7 @@ impl Runner {
                     &mut segs,
                     None,
                     observer.as_deref_mut(),
-                );
+                )?;
             }
             drop(streamed);
             if let Some(obs) = observer.as_mut() {

@@ -12,11 +12,16 @@
 use super::layer::glu_parallel;
 use super::Scratch;
 use crate::arch::{FfnAct, Gating, MoeParams};
+use crate::error::ModelError;
 use crate::model::{Layer, Model};
 use crate::stream::LayerGuard;
 use ringllm_kernels::matmul::{matmul, matmul_many, MatJob};
 use ringllm_kernels::ops;
 use ringllm_kernels::ThreadPool;
+
+/// The most rows of a batch whose next layer's experts are predicted (decode, a few
+/// streams): a prefill batch uses nearly every expert anyway, read in order on demand.
+const PREDICT_ROWS: usize = 4;
 
 /// The smallest sum of picked probabilities a renormalization divides by (llama.cpp clamps
 /// the sum at the smallest normal f16 the same way).
@@ -41,6 +46,14 @@ pub(super) struct MoeScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     out: Vec<f32>,
+    /// The experts the batch uses, increasing (experts read from disk).
+    used: Vec<u32>,
+    /// The next layer's router input and logits for the rows a prediction looks at, and the
+    /// experts it names.
+    pred_x: Vec<f32>,
+    pred_p: Vec<f32>,
+    pred_picks: Vec<(u32, f32)>,
+    predicted: Vec<u32>,
 }
 
 impl MoeScratch {
@@ -58,13 +71,20 @@ impl MoeScratch {
             gate: vec![0.0; max_batch * m.d_ff_exp],
             up: vec![0.0; max_batch * m.d_ff_exp],
             out: vec![0.0; max_batch * d],
+            used: Vec::with_capacity(m.n_expert),
+            pred_x: vec![0.0; PREDICT_ROWS * d],
+            pred_p: vec![0.0; PREDICT_ROWS * m.n_expert],
+            pred_picks: vec![(0, 0.0); m.n_used],
+            predicted: Vec::with_capacity(m.n_expert),
         }
     }
 
     /// Bytes `new` allocates per row of the batch.
     pub(super) fn bytes_per_row(m: Option<MoeParams>, d: usize) -> u64 {
         m.map_or(0, |m| {
-            (4 * m.n_expert + 16 * m.n_used + 8 * d + 8 * m.d_ff_exp) as u64 + 16
+            (4 * m.n_expert + 16 * m.n_used + 8 * d + 8 * m.d_ff_exp) as u64
+                + 16
+                + (PREDICT_ROWS * 4 * (d + m.n_expert) + 8 * m.n_expert) as u64
         })
     }
 }
@@ -102,12 +122,17 @@ pub fn route(p: &[f32], m: &MoeParams, picks: &mut [(u32, f32)]) {
     }
 }
 
-/// `Step::Router`: the picks of each of the `n` rows of `xn`.
+/// `Step::Router`: the picks of each of the `n` rows of `xn`. When the layer's experts are
+/// read from disk, the store is told which ones the batch needs, and what the next layer
+/// will probably need (from the residual `x`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn router(
     pool: &ThreadPool,
     m: &Model,
+    il: usize,
     l: &Layer,
     buf: Option<&LayerGuard<'_>>,
+    x: &[f32],
     s: &mut Scratch,
     n: usize,
 ) {
@@ -150,6 +175,73 @@ pub(super) fn router(
             }
         }
     }
+    if let Some(store) = m.experts.as_ref().filter(|st| st.streams(il)) {
+        ms.used.clear();
+        ms.starts.iter_mut().for_each(|c| *c = 0);
+        for &(e, _) in &ms.picks[..n * k] {
+            ms.starts[e as usize] = 1;
+        }
+        ms.used
+            .extend((0..ne as u32).filter(|&e| ms.starts[e as usize] != 0));
+        store.want(il, &ms.used);
+        if store.predicts() && n <= PREDICT_ROWS {
+            predict_next(pool, m, il, x, s, n, store);
+        }
+    }
+}
+
+/// Names to the store the experts layer `il + 1` will probably pick: its router applied to
+/// the residual `x` of layer `il` (after attention) normed with layer `il + 1`'s feed-forward
+/// norm, the union over the rows of each row's top k.
+fn predict_next(
+    pool: &ThreadPool,
+    m: &Model,
+    il: usize,
+    x: &[f32],
+    s: &mut Scratch,
+    n: usize,
+    store: &crate::stream::ExpertStore,
+) {
+    let next = il + 1;
+    if !store.streams(next) || !m.layer_range.contains(&next) {
+        return;
+    }
+    let l = &m.layers[next - m.layer_range.start];
+    let (Some(moe), Some(w)) = (m.hp.moe, &l.router) else {
+        return;
+    };
+    let (d, ne, k) = (m.hp.d_model, moe.n_expert, moe.n_used);
+    let ms = &mut s.moe;
+    ops::rms_norm_rows(
+        &x[..n * d],
+        &l.ffn_norm,
+        m.hp.rms_eps,
+        &mut ms.pred_x[..n * d],
+    );
+    matmul(
+        pool,
+        &m.matrix(w),
+        &ms.pred_x[..n * d],
+        n,
+        &mut ms.pred_p[..n * ne],
+        &mut s.acts,
+    );
+    ms.predicted.clear();
+    for r in 0..n {
+        let p = &mut ms.pred_p[r * ne..(r + 1) * ne];
+        if let Some(b) = &l.router_bias {
+            ops::add_inplace(p, b);
+        }
+        // The top k of the logits are the top k of any softmax of them.
+        route(p, &moe, &mut ms.pred_picks[..k]);
+        for &(e, _) in &ms.pred_picks[..k] {
+            if !ms.predicted.contains(&e) {
+                ms.predicted.push(e);
+            }
+        }
+    }
+    ms.predicted.sort_unstable();
+    store.predict(next, &ms.predicted);
 }
 
 use crate::arch::MAX_PICKED as MAX_PICKED_SOFTMAX;
@@ -166,18 +258,21 @@ pub(super) fn swiglu_oai(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `Step::Experts`: `o` of the `n` rows from their picks (`router` ran first).
+/// `Step::Experts`: `o` of the `n` rows from their picks (`router` ran first). Experts read
+/// from disk are taken from the store one at a time, in the same order.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn experts(
     pool: &ThreadPool,
     m: &Model,
+    il: usize,
     l: &Layer,
     buf: Option<&LayerGuard<'_>>,
     act: FfnAct,
     s: &mut Scratch,
     n: usize,
-) {
-    let Some(moe) = m.hp.moe else { return };
+) -> Result<(), ModelError> {
+    let Some(moe) = m.hp.moe else { return Ok(()) };
+    let store = m.experts.as_ref().filter(|_| l.gate.experts_streamed);
     let (d, ne, k, ff) = (m.hp.d_model, moe.n_expert, moe.n_used, moe.d_ff_exp);
     let ms = &mut s.moe;
     // Group the rows by expert: count, prefix sums, place (rows stay in increasing order
@@ -211,15 +306,26 @@ pub(super) fn experts(
             let r = r as usize;
             ms.x[i * d..(i + 1) * d].copy_from_slice(&s.xn[r * d..(r + 1) * d]);
         }
+        let guard = match store {
+            Some(st) => Some(st.acquire(il, e).map_err(|err| ModelError::Stream {
+                layer: il,
+                why: err.to_string(),
+            })?),
+            None => None,
+        };
+        let view = |w, rows, part| match &guard {
+            Some(g) => m.streamed_expert(w, rows, g, part),
+            None => m.expert(w, e, rows, buf),
+        };
         matmul_many(
             pool,
             &mut [
                 MatJob {
-                    w: m.expert(&l.gate, e, ff, buf),
+                    w: view(&l.gate, ff, 0),
                     out: &mut ms.gate[..c * ff],
                 },
                 MatJob {
-                    w: m.expert(&l.up, e, ff, buf),
+                    w: view(&l.up, ff, 1),
                     out: &mut ms.up[..c * ff],
                 },
             ],
@@ -237,7 +343,7 @@ pub(super) fn experts(
         glu_parallel(pool, &mut ms.gate[..c * ff], &ms.up[..c * ff], glu);
         matmul(
             pool,
-            &m.expert(&l.down, e, d, buf),
+            &view(&l.down, d, 2),
             &ms.gate[..c * ff],
             c,
             &mut ms.out[..c * d],
@@ -258,6 +364,7 @@ pub(super) fn experts(
             }
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -176,7 +176,7 @@ impl Runner {
         n: usize,
         segs: &mut [Seg<'_>],
         observer: Option<&mut (dyn Observer + '_)>,
-    ) {
+    ) -> Result<(), ModelError> {
         let d = m.hp.d_model;
         let nl = m.layers.len();
         let st = &mut self.skip_state;
@@ -194,7 +194,7 @@ impl Runner {
             }
             st.stats.layers_not_run += 1;
             st.stats.bytes_not_read += l.weight_bytes() as u64;
-            return;
+            return Ok(());
         }
         for r in (0..n).filter(|&r| cell(r) != RUN) {
             st.saved[r * d..(r + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
@@ -203,7 +203,7 @@ impl Runner {
         for (r, s) in row_skip[..n].iter_mut().enumerate() {
             *s = cell(r) == SKIP;
         }
-        self.layer(
+        let ran = self.layer(
             m,
             il,
             l,
@@ -216,6 +216,7 @@ impl Runner {
         );
         let st = &mut self.skip_state;
         st.row_skip = row_skip;
+        ran?;
         for r in (0..n).filter(|&r| st.rows[r * nl + i] != RUN) {
             let before = &st.saved[r * d..(r + 1) * d];
             if st.rows[r * nl + i] == SKIP {
@@ -231,5 +232,6 @@ impl Runner {
                 );
             }
         }
+        Ok(())
     }
 }

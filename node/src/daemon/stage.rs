@@ -5,7 +5,7 @@
 
 use super::AssignError;
 use ringllm_model::gguf::GgufFile;
-use ringllm_model::stream::{StreamMode, StreamSettings, Streamer};
+use ringllm_model::stream::{ExpertStore, StreamMode, StreamSettings, Streamer};
 use ringllm_model::{limits, KvCache, KvType, Runner};
 use ringllm_model::{Hparams, LoadOptions, Model, ModelError};
 use ringllm_protocol::control::StageLayout;
@@ -83,8 +83,13 @@ pub(super) fn load_stage(s: &StageLoad<'_>) -> Result<Loaded, AssignError> {
     // thread does, as it ends): what the allocator holds unused goes back before the check.
     ringllm_model::sys::release_free_memory();
     limits::check_memory_within(s.cap, what, runner_need).map_err(limit)?;
-    let streamer = streamed_tier(s, &all, runner_need)?;
-    let mut loaded = load_windows(s, &windows, streamer)?;
+    let experts = expert_tier(s, &all, runner_need)?;
+    let streamer = if experts.is_some() {
+        None
+    } else {
+        streamed_tier(s, &all, runner_need)?
+    };
+    let mut loaded = load_windows(s, &windows, streamer, experts)?;
     set_backend(s, &mut loaded)?;
     set_skip(s, &hp, &mut loaded)?;
     Ok(loaded)
@@ -199,6 +204,49 @@ fn runner_memory(s: &StageLoad<'_>, hp: &Hparams, windows: &[Range<usize>]) -> (
     (what, need)
 }
 
+/// A mixture of experts's experts read from disk as the router picks them: when the
+/// coordinator planned streamed layers for this stage (its layers do not fit this node), when
+/// the node was started with `--stream experts`, or when this node's budget has shrunk below
+/// the layers since the coordinator planned. Everything but the experts stays resident.
+fn expert_tier(
+    s: &StageLoad<'_>,
+    all: &[usize],
+    runner_need: u64,
+) -> Result<Option<Arc<ExpertStore>>, AssignError> {
+    if s.layout.stream_all || s.settings.mode == StreamMode::All {
+        return Ok(None);
+    }
+    let head_bytes = if s.head {
+        ringllm_model::stream::head_bytes(&s.file)
+    } else {
+        0
+    };
+    let budget = limits::budget(s.cap).map(|b| {
+        b.saturating_sub(runner_need)
+            .saturating_sub(head_bytes)
+            .saturating_sub(STREAM_HEADROOM)
+    });
+    let mode = if s.layout.streamed.is_empty() {
+        s.settings.mode
+    } else {
+        StreamMode::Experts
+    };
+    let settings = StreamSettings { mode, ..s.settings };
+    Ok(
+        ringllm_model::stream::decide_experts(&s.file, all, budget, &settings, s.threads)
+            .map_err(|why| s.layout_error(why))?
+            .map(|(st, d)| {
+                tracing::info!(
+                    slots = d.slots,
+                    experts = d.experts,
+                    resident_mib = d.resident_bytes >> 20,
+                    "this stage's experts stream from disk"
+                );
+                st
+            }),
+    )
+}
+
 /// The streamed tier: as the coordinator planned it, or what this node's budget leaves once
 /// the runner has `runner_need`. `all`: the stage's layers.
 fn streamed_tier(
@@ -216,6 +264,7 @@ fn streamed_tier(
             0 => s.settings.prefetch,
             p => s.settings.prefetch.or(Some(p as usize)),
         },
+        ..s.settings
     };
     if !s.layout.streamed.is_empty() && settings.mode != StreamMode::All {
         let depth = settings
@@ -294,6 +343,7 @@ fn load_windows(
     s: &StageLoad<'_>,
     windows: &[Range<usize>],
     streamer: Option<Arc<Streamer>>,
+    experts: Option<Arc<ExpertStore>>,
 ) -> Result<Loaded, AssignError> {
     let mut models = Vec::with_capacity(windows.len());
     let mut weights = 0u64;
@@ -308,6 +358,7 @@ fn load_windows(
                 head: s.head && last,
                 repack: s.repack,
                 stream: streamer.clone(),
+                experts: experts.clone(),
             },
         )
         .map_err(|source| s.load_error(source))?;

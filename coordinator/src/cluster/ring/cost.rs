@@ -131,6 +131,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<ModelSpeed> {
             head: false,
             repack: false,
             stream: None,
+            experts: None,
         },
     )?
     .hp;
@@ -145,6 +146,7 @@ fn calibrate(file: &Arc<GgufFile>, threads: usize) -> Result<ModelSpeed> {
             // file's layout, the planner underestimated Q4_K decode by 17%.
             repack: true,
             stream: None,
+            experts: None,
         },
     )?);
     // Every page in before the clock starts: a mixture of experts touches new experts with
