@@ -739,6 +739,11 @@ pub struct SynthArgs {
     /// With --shape: a smaller vocabulary (embedding, head and tokenizer).
     #[arg(long)]
     pub vocab: Option<u32>,
+    /// With a mixture-of-experts --shape: router rows scaled by (1 + rank)^-S, the experts
+    /// ranked in a different order in each layer, so that some experts are picked far more
+    /// often than others as in trained models (0: the near-uniform picks of random weights).
+    #[arg(long, default_value_t = 0.0)]
+    pub router_skew: f32,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[arg(short, long)]

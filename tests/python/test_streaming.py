@@ -128,3 +128,46 @@ def test_a_streamed_mixture_of_experts_equals_the_resident_one(tmp_path):
         got = forward_dump(model, toks, tmp_path / f"streamed{depth}", "--threads", "2", "--stream", "all",
                            "--prefetch", depth)["logits"]
         assert np.array_equal(got, want), f"prefetch {depth}: streamed logits differ"
+
+
+def moe_cut(tmp_path):
+    """Qwen3-30B-A3B's real layer shape cut to 2 layers and a small vocabulary: 0.78 GB, of which
+    0.75 GB are the 2 x 128 experts."""
+    model = tmp_path / "moe-cut.gguf"
+    ringllm(["debug", "synth", "--shape", "qwen3-30b-a3b", "--layers", "2", "--vocab", "8192",
+             "-o", model])
+    return model
+
+
+@pytest.mark.root
+def test_a_capped_process_streams_a_mixtures_experts_and_answers_as_uncapped(tmp_path):
+    model = moe_cut(tmp_path)
+    want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
+    # 400 MiB holds everything but the experts and about a third of them.
+    for extra in [[], ["--no-expert-predict"]]:
+        r = run_capped(400 * MIB, model, *extra)
+        assert "streaming the experts from disk" in r.stderr, r.stderr
+        assert "of 256 experts cached" in r.stderr, r.stderr
+        assert "streamed experts:" in r.stderr and "hit rate" in r.stderr, r.stderr
+        assert tokens(r) == want, f"{extra}: {r.stderr}"
+    # Too little even for the layers without their experts and a few expert buffers: named.
+    r = ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "--memory", "130MiB"], check=False)
+    assert r.returncode != 0 and "expert buffers" in r.stderr, r.stderr
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_two_capped_nodes_stream_their_experts_and_answer_as_the_single_process(tmp_path):
+    model = moe_cut(tmp_path)
+    want = tokens(ringllm(["run", "-m", model, "-p", PROMPT, *GEN, "-t", "1"]))
+    # Each node gets one 380 MB layer and holds about half of its experts.
+    caps = [MemoryCap(f"node{i}", 260 * MIB) for i in (1, 2)]
+    with caps[0], caps[1]:
+        with Nodes(2, log_dir=tmp_path, preexec=lambda i: caps[i].preexec()) as nodes:
+            flags = ["-m", model, "--key", KEY, *nodes.node_flags()]
+            r = ringllm(["up", *flags, "-p", PROMPT, *GEN])
+            assert tokens(r) == want, r.stderr
+            for i in range(2):
+                assert "experts stream from disk" in nodes.log(i), nodes.log(i)
+        for c in caps:
+            assert c.oom_kills() == 0

@@ -75,6 +75,11 @@ pub struct ModelBenchArgs {
     pub backend: ringllm_model::BackendChoice,
     #[command(flatten)]
     pub skip: SkipArgs,
+    /// A mixture of experts picks its experts uniformly at random instead of by its routers
+    /// (the worst case of an expert cache; random weights' routers favour a few experts).
+    /// Speed only: the outputs are meaningless.
+    #[arg(long)]
+    pub uniform_routing: bool,
 }
 
 #[derive(Serialize)]
@@ -109,6 +114,10 @@ struct StreamRow {
     io_ms_per_token: f64,
     bound_tokens_per_s: f64,
     pct_of_bound: f64,
+    /// Experts streamed: the share of used experts found in the cache, and of those used
+    /// where a prediction was made, the share it named.
+    expert_hit_pct: Option<f64>,
+    expert_prediction_pct: Option<f64>,
 }
 
 /// `ringllm bench model -m MODEL`: ppN and tgN at each thread count.
@@ -224,7 +233,7 @@ impl Bench<'_> {
     fn at_threads(&self, t: usize) -> Result<Vec<Row>> {
         let model = self.model;
         // A model that streams does not fit the memory: probe with 64 MiB (beyond any cache).
-        let probe = if model.streamer.is_some() {
+        let probe = if model.streamer.is_some() || model.experts.is_some() {
             64 << 20
         } else {
             self.bytes_per_token
@@ -239,6 +248,7 @@ impl Bench<'_> {
             bw / 1e9
         );
         let mut runner = Runner::new(Arc::clone(model), t, self.max_p.min(512), self.ctx);
+        runner.set_uniform_routing(self.a.uniform_routing);
         ringllm::engine::set_backend(&mut runner, self.a.backend)?;
         ringllm::skip::apply(
             &mut runner,
@@ -304,6 +314,7 @@ impl Bench<'_> {
         let repeat = self.a.speed.repeat;
         let mut samples = Vec::new();
         let s0 = model.streamer.as_ref().map(|s| s.stats());
+        let e0 = model.experts.as_ref().map(|s| s.stats());
         runner.reset_skip_stats();
         for _ in 0..repeat {
             let mut kv = runner.new_cache(self.ctx, KvType::F32);
@@ -314,8 +325,9 @@ impl Bench<'_> {
             samples.push(g as f64 / t0.elapsed().as_secs_f64());
         }
         let (mean, sd) = stats(&samples);
-        let streaming = match (&model.streamer, s0) {
-            (Some(st), Some(s0)) => Some(stream_row(model, st, &s0, g * repeat, mean)?),
+        let streaming = match (&model.streamer, s0, &model.experts, e0) {
+            (Some(st), Some(s0), _, _) => Some(stream_row(model, st, &s0, g * repeat, mean)?),
+            (_, _, Some(st), Some(e0)) => Some(expert_row(model, st, &e0, g * repeat, mean)?),
             _ => None,
         };
         if runner.skip_policy().is_some() {
@@ -375,6 +387,15 @@ fn print_table(rows: &[Row]) {
                 s.bound_tokens_per_s,
                 s.pct_of_bound
             );
+            if let Some(hit) = s.expert_hit_pct {
+                outln!(
+                    "{} threads {}: experts found in the cache {hit:.1}%, next layer's experts predicted {}",
+                    r.test,
+                    r.threads,
+                    s.expert_prediction_pct
+                        .map_or("-".to_string(), |p| format!("{p:.1}% right"))
+                );
+            }
         }
     }
 }
@@ -412,6 +433,60 @@ fn stream_row(
         io_ms_per_token: io * 1e3,
         bound_tokens_per_s: bound,
         pct_of_bound: 100.0 * tokens_per_s / bound,
+        expert_hit_pct: None,
+        expert_prediction_pct: None,
+    })
+}
+
+/// What the streamed experts cost over `tokens` decoded tokens since `e0`, against the bound
+/// `max(compute, bytes read ÷ read rate)`, the read rate measured on the file with the page
+/// cache bypassed (large sequential requests: the expert reads, a few MiB each, four in
+/// flight, may get less).
+fn expert_row(
+    model: &ringllm_model::Model,
+    st: &ringllm_model::stream::ExpertStore,
+    e0: &ringllm_model::stream::ExpertStats,
+    tokens: usize,
+    tokens_per_s: f64,
+) -> Result<StreamRow> {
+    let s = st.stats().since(e0);
+    let n = tokens.max(1) as f64;
+    let bytes = s.bytes_read as f64 / n;
+    let stall = s.stall_s / n;
+    let t = 1.0 / tokens_per_s.max(1e-12);
+    let path = model
+        .file()
+        .path()
+        .ok_or_else(|| anyhow::anyhow!("the model is not a file"))?;
+    let rate = ringllm_model::stream::measure_read_rate(path, 0, 256 << 20)?;
+    let compute = (t - stall).max(0.0);
+    let io = bytes / rate;
+    let bound = 1.0 / compute.max(io).max(1e-12);
+    let resident: usize = model
+        .layers
+        .iter()
+        .map(|l| {
+            l.weight_bytes()
+                - [&l.gate, &l.up, &l.down]
+                    .iter()
+                    .filter(|w| w.experts_streamed)
+                    .map(|w| w.bytes())
+                    .sum::<usize>()
+        })
+        .sum::<usize>()
+        + st.pool_bytes();
+    Ok(StreamRow {
+        resident_mib: resident as f64 / 1048576.0,
+        streamed_mib_per_token: bytes / 1048576.0,
+        stall_ms_per_token: stall * 1e3,
+        compute_ms_per_token: compute * 1e3,
+        read_mb_per_s: rate / 1e6,
+        io_ms_per_token: io * 1e3,
+        bound_tokens_per_s: bound,
+        pct_of_bound: 100.0 * tokens_per_s / bound,
+        expert_hit_pct: Some(100.0 * s.hit_rate()),
+        expert_prediction_pct: (s.used_with_prediction > 0)
+            .then(|| 100.0 * s.prediction_accuracy()),
     })
 }
 

@@ -102,6 +102,21 @@ pub struct ModelCost {
     /// Per layer: the earlier layer whose KV cache it reads (Gemma 4's shared-KV layers),
     /// which must be in the same stage; empty: every layer has its own.
     pub kv_source: Vec<Option<usize>>,
+    /// A mixture of experts's experts, which a node short of memory streams from disk.
+    pub experts: Option<ExpertCost>,
+}
+
+/// The experts of a mixture of experts, for a plan that streams them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertCost {
+    /// Per layer: bytes of its experts (part of `layer_weight_bytes`).
+    pub layer_expert_bytes: Vec<u64>,
+    /// Experts per layer and picked per token.
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// One expert buffer of a node's cache, and the fewest buffers a node works with.
+    pub slot_bytes: u64,
+    pub min_slots: usize,
 }
 
 impl ModelCost {

@@ -221,6 +221,11 @@ pub fn plan(
     } else {
         HeadPlace::LastNode
     };
+    // A mixture of experts streams its experts, not its layers (the nodes do so whenever
+    // their layout lists streamed layers): that one layout, and the naive one to compare.
+    if model.experts.is_some() && choice != Choice::Naive {
+        return plan_experts(model, coord, stages, disk, head);
+    }
     let rounds: Vec<(usize, bool)> = match choice {
         Choice::Auto => (1..=MAX_ROUNDS)
             .map(|k| (k, false))
@@ -286,6 +291,140 @@ pub fn plan(
         chosen,
         head,
     })
+}
+
+/// A mixture of experts over `stages` whose experts do not fit: each node keeps its layers
+/// without their experts resident and caches what its budget holds of the experts; the naive
+/// layout (every layer streamed whole) beside it for comparison.
+fn plan_experts(
+    model: &ModelCost,
+    coord: &CoordinatorInput,
+    stages: &[StageInput],
+    disk: &[f64],
+    head: HeadPlace,
+) -> Result<StreamingPlan, PlanError> {
+    let mut alternatives = Vec::new();
+    let chosen = match price_experts(model, coord, stages, disk, head) {
+        Ok(a) => a,
+        Err(why) => {
+            return Err(PlanError::DoesNotFit {
+                needed: model.layer_weight_bytes.iter().sum(),
+                available: stages.iter().map(|s| s.memory_budget).sum(),
+                detail: format!("even streaming the experts from disk does not fit: {why}"),
+            })
+        }
+    };
+    alternatives.push(chosen);
+    if let Ok(naive) = price(model, coord, stages, disk, head, 1, true, 1) {
+        alternatives.push(naive);
+    }
+    Ok(StreamingPlan {
+        alternatives,
+        chosen: 0,
+        head,
+    })
+}
+
+/// Prices experts streamed in place: layers shared in proportion to the room left once
+/// their non-expert weights are resident; per node, a cache of what the rest holds, and per
+/// token the picked experts it misses (a router picking uniformly, the worst case) read at
+/// its disk rate, not overlapped with the compute (the reads wait for the router).
+fn price_experts(
+    model: &ModelCost,
+    coord: &CoordinatorInput,
+    stages: &[StageInput],
+    disk: &[f64],
+    head: HeadPlace,
+) -> Result<Alternative, String> {
+    let Some(ex) = &model.experts else {
+        return Err("the model has no experts".into());
+    };
+    let mut alt = price(model, coord, stages, disk, head, 1, true, 1)
+        .or_else(|_| price_lenient(model, coord, stages, disk, head))?;
+    let speed = |i: usize| positive(stages[i].bytes_per_s, 1.0);
+    let slots = model.slots.max(1) as u64;
+    let mut total_s = 0.0;
+    for (i, st) in alt.stages.iter_mut().enumerate() {
+        let layers: Vec<usize> = st.windows.iter().flat_map(|w| w.clone()).collect();
+        let experts: u64 = layers.iter().map(|&l| ex.layer_expert_bytes[l]).sum();
+        let all: u64 = layers.iter().map(|&l| model.layer_weight_bytes[l]).sum();
+        let resident = all - experts;
+        let kv: u64 = layers.iter().map(|&l| model.layer_kv_bytes[l]).sum::<u64>() * slots;
+        let head_mem = if st.holds_head { model.head_bytes } else { 0 };
+        let room = st
+            .memory_budget
+            .saturating_sub(stages[i].scratch_bytes)
+            .saturating_sub(head_mem)
+            .saturating_sub(kv);
+        let min_pool = ex.slot_bytes * ex.min_slots as u64;
+        if resident + min_pool > room {
+            return Err(format!(
+                "stage \"{}\" has {} for layers, less than their {} without experts and {} \
+                 expert buffers",
+                st.name,
+                format_bytes(room),
+                format_bytes(resident),
+                ex.min_slots
+            ));
+        }
+        let n_experts = (layers.len() * ex.n_expert) as u64;
+        let cached = ((room - resident) / ex.slot_bytes.max(1)).min(n_experts);
+        let miss = 1.0 - cached as f64 / n_experts.max(1) as f64;
+        let per_expert = experts as f64 / n_experts.max(1) as f64;
+        let read = layers.len() as f64 * ex.n_used as f64 * per_expert * miss;
+        let active: u64 = layers
+            .iter()
+            .map(|&l| {
+                model
+                    .layer_active_bytes
+                    .get(l)
+                    .copied()
+                    .unwrap_or(model.layer_weight_bytes[l])
+            })
+            .sum();
+        total_s += active as f64 / speed(i) + read / st.disk_bytes_per_s;
+        st.streamed = layers;
+        st.resident_bytes = resident;
+        st.pool_bytes = cached * ex.slot_bytes;
+        st.streamed_bytes = read as u64;
+        st.kv_bytes = kv;
+    }
+    let hop = model.hidden_bytes as f64 / super::planner::ASSUMED_LINK_BYTES_PER_S;
+    let head_s = if head == HeadPlace::Coordinator {
+        model.head_bytes as f64 / positive(coord.bytes_per_s, 1.0)
+    } else {
+        0.0
+    };
+    let s = total_s + (stages.len() + 1) as f64 * hop + head_s;
+    alt.name = "experts streamed in place".into();
+    alt.naive = false;
+    alt.depth = 0;
+    alt.predicted_s_per_token = s;
+    alt.predicted_tokens_per_s = 1.0 / s.max(1e-12);
+    Ok(alt)
+}
+
+/// [`price`]'s layer shares when its naive pools do not fit: the same windows with no tiers.
+fn price_lenient(
+    model: &ModelCost,
+    coord: &CoordinatorInput,
+    stages: &[StageInput],
+    disk: &[f64],
+    head: HeadPlace,
+) -> Result<Alternative, String> {
+    // A pretend budget large enough for the naive pools: only the windows are used.
+    let big: Vec<StageInput> = stages
+        .iter()
+        .map(|s| StageInput {
+            memory_budget: s.memory_budget.saturating_mul(1024),
+            ..s.clone()
+        })
+        .collect();
+    let mut a = price(model, coord, &big, disk, head, 1, true, 1)?;
+    for (st, s) in a.stages.iter_mut().zip(stages) {
+        st.memory_budget = s.memory_budget;
+    }
+    Ok(a)
 }
 
 /// Prices one layout: `k` rounds (or naive), `depth` layers read ahead.

@@ -216,13 +216,14 @@ fn synth(a: SynthArgs) -> Result<()> {
         ty,
         layers,
         vocab,
+        router_skew,
         seed,
         output,
     } = a;
     let output = output.as_path();
     let Some(name) = shape else {
-        if layers.is_some() || vocab.is_some() {
-            bail!("--layers and --vocab cut a --shape; the --arch models have a fixed size");
+        if layers.is_some() || vocab.is_some() || router_skew != 0.0 {
+            bail!("--layers, --vocab and --router-skew apply to a --shape; the --arch models are fixed");
         }
         let name = arch.as_deref().unwrap_or("");
         let Some(arch) = SynthArch::from_name(name) else {
@@ -252,6 +253,13 @@ fn synth(a: SynthArgs) -> Result<()> {
     if let Some(v) = vocab {
         spec.shape.vocab = v;
     }
+    if !(0.0..=4.0).contains(&router_skew) {
+        bail!("--router-skew must be between 0 and 4, not {router_skew}");
+    }
+    if router_skew > 0.0 && spec.shape.experts().is_none() {
+        bail!("--router-skew needs a mixture-of-experts shape; {name} has no experts");
+    }
+    spec.router_skew = router_skew;
     let started = std::time::Instant::now();
     let file =
         std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;

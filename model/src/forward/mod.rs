@@ -272,6 +272,13 @@ impl Runner {
         Ok(())
     }
 
+    /// Benchmarks of an expert cache only: every mixture-of-experts layer picks its experts
+    /// uniformly at random (a hash of layer and position) instead of by its router, the
+    /// worst case of a cache. The outputs are then meaningless.
+    pub fn set_uniform_routing(&mut self, on: bool) {
+        self.scratch.moe.uniform = on;
+    }
+
     /// `"cpu"`, or the backend's description (`"gpu: <adapter>"`).
     pub fn backend_name(&self) -> String {
         match &self.backend {

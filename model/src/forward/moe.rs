@@ -54,6 +54,9 @@ pub(super) struct MoeScratch {
     pred_p: Vec<f32>,
     pred_picks: Vec<(u32, f32)>,
     predicted: Vec<u32>,
+    /// Benchmarks only: picks replaced by a hash of (layer, position), uniform over the
+    /// experts ([`crate::Runner::set_uniform_routing`]).
+    pub(super) uniform: bool,
 }
 
 impl MoeScratch {
@@ -76,6 +79,7 @@ impl MoeScratch {
             pred_p: vec![0.0; PREDICT_ROWS * m.n_expert],
             pred_picks: vec![(0, 0.0); m.n_used],
             predicted: Vec::with_capacity(m.n_expert),
+            uniform: false,
         }
     }
 
@@ -175,6 +179,11 @@ pub(super) fn router(
             }
         }
     }
+    if ms.uniform {
+        for r in 0..n {
+            uniform_picks(il, s.pos[r], ne, &mut ms.picks[r * k..(r + 1) * k]);
+        }
+    }
     if let Some(store) = m.experts.as_ref().filter(|st| st.streams(il)) {
         ms.used.clear();
         ms.starts.iter_mut().for_each(|c| *c = 0);
@@ -186,6 +195,25 @@ pub(super) fn router(
         store.want(il, &ms.used);
         if store.predicts() && n <= PREDICT_ROWS {
             predict_next(pool, m, il, x, s, n, store);
+        }
+    }
+}
+
+/// `k` distinct experts of `ne` from a hash of (layer, position), weights `1/k`: a router
+/// that picks uniformly, the worst case of an expert cache (random weights' routers pick a
+/// few experts far more than others).
+fn uniform_picks(il: usize, pos: usize, ne: usize, picks: &mut [(u32, f32)]) {
+    let k = picks.len();
+    let mut h = (il as u64) << 32 ^ pos as u64 ^ 0x9E37_79B9_7F4A_7C15;
+    let mut j = 0;
+    while j < k {
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        h ^= h >> 29;
+        let e = (h % ne as u64) as u32;
+        if !picks[..j].iter().any(|p| p.0 == e) {
+            picks[j] = (e, 1.0 / k as f32);
+            j += 1;
         }
     }
 }

@@ -35,6 +35,8 @@ pub struct ShapeSpec {
     pub shape: Shape,
     pub mix: WeightMix,
     pub seed: u64,
+    /// Router rows of a mixture of experts scaled by `(1 + rank)^-router_skew` (0: not).
+    pub router_skew: f32,
 }
 
 impl ShapeSpec {
@@ -44,6 +46,7 @@ impl ShapeSpec {
             shape: shape.clone(),
             mix,
             seed,
+            router_skew: 0.0,
         }
     }
 
@@ -91,6 +94,9 @@ enum Fill {
     ScaledNorm(f32),
     /// These exact values.
     Values(Vec<f32>),
+    /// An F32 router of `rows` rows: N(0, 1/row_len) scaled per row by `(1 + rank)^-skew`,
+    /// the rows' ranks a permutation that depends on `layer`.
+    SkewedRouter { skew: f32, layer: u32 },
 }
 
 /// The tensors of `spec` in file order: embedding, RoPE factors, each layer's tensors, final
@@ -234,7 +240,14 @@ fn moe_tensors(out: &mut Vec<Planned>, spec: &ShapeSpec, il: u32, n_gqa: u32) {
         name: TensorKind::FfnGateInp.gguf_name(Some(il as usize)),
         dims: vec![d.into(), ne.into()],
         ty: GgmlType::F32,
-        fill: Fill::Matrix,
+        fill: if spec.router_skew > 0.0 {
+            Fill::SkewedRouter {
+                skew: spec.router_skew,
+                layer: il,
+            }
+        } else {
+            Fill::Matrix
+        },
     });
     if oss {
         out.push(Planned {
@@ -394,6 +407,29 @@ fn fill_tensor(
             }
             Ok(())
         }
+        Fill::SkewedRouter { skew, layer } => {
+            let mut rng = StdRng::seed_from_u64(state);
+            let (skew, layer) = (*skew, *layer as usize);
+            let (row_len, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+            let sd = 1.0 / (row_len as f32).sqrt();
+            // A permutation of the ranks per layer: multiply by an odd number modulo a power
+            // of two, or shift, for any other count.
+            let rank = |e: usize| {
+                if rows.is_power_of_two() {
+                    (e * (2 * layer + 37) + layer) % rows
+                } else {
+                    (e + 7 * layer) % rows
+                }
+            };
+            for e in 0..rows {
+                let k = (1.0 + rank(e) as f32).powf(-skew);
+                let row: Vec<u8> = (0..row_len)
+                    .flat_map(|_| (normal(&mut rng) * sd * k).to_le_bytes())
+                    .collect();
+                sink(&row)?;
+            }
+            Ok(())
+        }
         Fill::Norm | Fill::Bias | Fill::Values(_) | Fill::ScaledNorm(_) => {
             let mut rng = StdRng::seed_from_u64(state);
             let n = t.dims.iter().product::<u64>() as usize;
@@ -402,7 +438,7 @@ fn fill_tensor(
                 Fill::Bias => (0..n).map(|_| 0.1 * normal(&mut rng)).collect(),
                 Fill::ScaledNorm(k) => (0..n).map(|_| (1.0 + 0.1 * normal(&mut rng)) * k).collect(),
                 Fill::Values(v) => v.clone(),
-                Fill::Matrix => Vec::new(),
+                Fill::Matrix | Fill::SkewedRouter { .. } => Vec::new(),
             };
             let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
             sink(&bytes)

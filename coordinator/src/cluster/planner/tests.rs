@@ -19,6 +19,7 @@ fn model(n: usize, w: u64, kv: u64) -> ModelCost {
         logits_bytes_f16: 2 * 49152,
         slots: 1,
         kv_source: Vec::new(),
+        experts: None,
     }
 }
 
@@ -418,6 +419,7 @@ fn prediction_arithmetic() {
         logits_bytes_f16: 250_000,
         slots: 1,
         kv_source: Vec::new(),
+        experts: None,
     };
     let mut a = stage("a", GIB, 1e9);
     a.link_rtt_s = 0.001;

@@ -10,6 +10,26 @@ use ringllm_protocol::Dtype;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+/// A mixture of experts's experts as the planner prices streaming them: `None` for a dense
+/// model.
+fn expert_cost(file: &Arc<GgufFile>, m: &Model) -> Option<crate::cluster::planner::ExpertCost> {
+    use ringllm_model::stream::ExpertLayout;
+    let moe = m.hp.moe?;
+    let all: Vec<usize> = (0..m.hp.n_layer).collect();
+    let layout = ExpertLayout::new(file, &all).ok()?;
+    Some(crate::cluster::planner::ExpertCost {
+        layer_expert_bytes: m
+            .layers
+            .iter()
+            .map(|l| (l.gate.bytes() + l.up.bytes() + l.down.bytes()) as u64)
+            .collect(),
+        n_expert: moe.n_expert,
+        n_used: moe.n_used,
+        slot_bytes: layout.slot_bytes() as u64,
+        min_slots: ExpertLayout::min_slots(),
+    })
+}
+
 /// Sizes the planner needs, from the model's tensor table.
 pub fn model_cost(
     file: &Arc<GgufFile>,
@@ -63,6 +83,7 @@ pub fn model_cost(
             logits_bytes_f16: 2 * hp.vocab as u64,
             slots: 1,
             kv_source: (0..hp.n_layer).map(|il| hp.kv_source(il)).collect(),
+            experts: expert_cost(file, &m),
         },
         hp,
     ))
