@@ -105,3 +105,74 @@ fn a_ring_of_one_node_is_priced_as_the_node_prices_itself() {
         }
     }
 }
+
+/// A mixture of experts short of memory: each node keeps its layers without their experts and
+/// caches what is left of its budget; the prediction is the compute plus the misses of a
+/// uniform router read at the disk rate, computed here by hand. Too little memory for the
+/// non-expert weights and the fewest expert buffers is refused by name.
+#[test]
+fn a_mixture_of_experts_streams_its_experts_in_place() {
+    use super::{plan, Choice};
+    use crate::cluster::planner::{CoordinatorInput, ExpertCost, ModelCost, StageInput};
+    const MIB: u64 = 1 << 20;
+    // 8 layers of 100 MiB: 96 MiB of it 32 experts of 3 MiB, 4 picked per token.
+    let n = 8;
+    let model = ModelCost {
+        n_layer: n,
+        layer_weight_bytes: vec![100 * MIB; n],
+        layer_active_bytes: vec![16 * MIB; n],
+        layer_kv_bytes: vec![MIB; n],
+        head_bytes: 8 * MIB,
+        embedding_bytes: 8 * MIB,
+        tied_head: false,
+        hidden_bytes: 2048,
+        logits_bytes_f16: 2 * 32000,
+        slots: 1,
+        kv_source: Vec::new(),
+        experts: Some(ExpertCost {
+            layer_expert_bytes: vec![96 * MIB; n],
+            n_expert: 32,
+            n_used: 4,
+            slot_bytes: 3 * MIB,
+            min_slots: 6,
+        }),
+    };
+    let coord = CoordinatorInput {
+        memory_budget: 1 << 30,
+        bytes_per_s: 1e9,
+    };
+    let stage = |name: &str, budget: u64| StageInput {
+        name: name.to_string(),
+        address: format!("{name}:7701"),
+        local: false,
+        memory_budget: budget,
+        scratch_bytes: 0,
+        bytes_per_s: 1e9,
+        link_rtt_s: 0.0,
+        pinned: None,
+    };
+    // Two nodes of 212 MiB: 4 layers each, 16 MiB resident + 4 MiB KV, 192 MiB = 64 of the
+    // 128 experts cached.
+    let stages = [stage("a", 212 * MIB), stage("b", 212 * MIB)];
+    let p = plan(&model, &coord, &stages, &[500e6, 500e6], Choice::Auto).expect("a plan");
+    let c = p.chosen();
+    assert_eq!(c.name, "experts streamed in place");
+    assert!(p.alternatives.iter().any(|a| a.naive), "the naive layout is shown beside it");
+    let mut s = 0.0;
+    for st in &c.stages {
+        assert_eq!(st.streamed.len(), 4, "{st:?}");
+        assert_eq!(st.resident_bytes, 16 * MIB);
+        assert_eq!(st.pool_bytes, 64 * 3 * MIB);
+        // 4 layers x 4 picks x 3 MiB, half of them missed.
+        let read = 4.0 * 4.0 * 3.0 * MIB as f64 * 0.5;
+        assert_eq!(st.streamed_bytes, read as u64);
+        s += (4 * 16 * MIB) as f64 / 1e9 + read / 500e6;
+    }
+    let hop = 2048.0 / crate::cluster::planner::ASSUMED_LINK_BYTES_PER_S;
+    s += 3.0 * hop + (8 * MIB) as f64 / 1e9;
+    assert!((c.predicted_s_per_token - s).abs() < 1e-9 * s, "{} vs {s}", c.predicted_s_per_token);
+    // 30 MiB each: not even the 16 MiB without experts, the KV and six 3 MiB buffers.
+    let small = [stage("a", 30 * MIB), stage("b", 30 * MIB)];
+    let e = plan(&model, &coord, &small, &[500e6, 500e6], Choice::Auto).unwrap_err();
+    assert!(e.to_string().contains("expert buffers"), "{e}");
+}
