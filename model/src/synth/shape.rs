@@ -518,11 +518,58 @@ pub const SHAPES: &[Shape] = &[
         tied: false,
         vocab_kind: VocabKind::Qwen3,
     },
+    // openai/gpt-oss-120b: gpt-oss-20b's layer with 128 experts (4 per token) over 36 layers.
+    Shape {
+        name: "gpt-oss-120b",
+        source: "openai/gpt-oss-120b",
+        arch: SynthArch::GptOss,
+        n_layer: 36,
+        d_model: 2880,
+        n_head: 64,
+        n_head_kv: 8,
+        head_dim: 64,
+        d_ff: 2880,
+        vocab: 201_088,
+        ctx: 131_072,
+        rope_base: 150_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-5,
+        sliding_window: 128,
+        sliding_window_pattern: 2,
+        tied: false,
+        vocab_kind: VocabKind::Qwen3,
+    },
+    // mistralai/Mixtral-8x7B-v0.1: a `llama` file whose feed-forward is 8 experts of width
+    // 14336, 2 per token; Llama 2's 32000-piece SentencePiece vocabulary.
+    Shape {
+        name: "mixtral-8x7b",
+        source: "mistralai/Mixtral-8x7B-v0.1",
+        arch: SynthArch::Mixtral,
+        n_layer: 32,
+        d_model: 4096,
+        n_head: 32,
+        n_head_kv: 8,
+        head_dim: 128,
+        d_ff: 14_336,
+        vocab: 32_000,
+        ctx: 32_768,
+        rope_base: 1_000_000.0,
+        rope_scaling: None,
+        rms_eps: 1e-5,
+        sliding_window: 0,
+        sliding_window_pattern: 0,
+        tied: false,
+        vocab_kind: VocabKind::Spm,
+    },
 ];
 
 /// The mixture-of-experts shapes' experts: (shape, experts, used per token, expert width).
-const EXPERTS: &[(&str, u32, u32, u32)] =
-    &[("qwen3-30b-a3b", 128, 8, 768), ("gpt-oss-20b", 32, 4, 2880)];
+const EXPERTS: &[(&str, u32, u32, u32)] = &[
+    ("qwen3-30b-a3b", 128, 8, 768),
+    ("gpt-oss-20b", 32, 4, 2880),
+    ("gpt-oss-120b", 128, 4, 2880),
+    ("mixtral-8x7b", 8, 2, 14_336),
+];
 
 /// The shape called `name`.
 pub fn shape(name: &str) -> Option<&'static Shape> {
@@ -670,6 +717,34 @@ impl WeightMix {
                 GgmlType::Q8_1 | GgmlType::Q8_K => return None,
             },
         })
+    }
+
+    /// [`WeightMix::matrix_type`] in a model of `n_expert` experts (0: dense): llama.cpp gives
+    /// an 8-expert model (Mixtral) Q8_0 attention K and V in every mix, and Q5_K attention
+    /// output in the K-quant mixes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matrix_type_in(
+        self,
+        kind: TensorKind,
+        il: u32,
+        n_layer: u32,
+        row_len: u32,
+        tied: bool,
+        n_gqa: u32,
+        n_expert: u32,
+    ) -> GgmlType {
+        let quant_mix = matches!(
+            self,
+            WeightMix::Q4KM | WeightMix::Q3KM | WeightMix::Q2K | WeightMix::Iq4Xs
+        );
+        if n_expert == 8 && quant_mix {
+            match kind {
+                TensorKind::AttnK | TensorKind::AttnV => return fallback(GgmlType::Q8_0, row_len),
+                TensorKind::AttnOutput => return fallback(GgmlType::Q5_K, row_len),
+                _ => {}
+            }
+        }
+        self.matrix_type(kind, il, n_layer, row_len, tied, n_gqa)
     }
 
     /// The type of matrix `kind` of layer `il` (of `n_layer`) whose rows hold `row_len`

@@ -584,3 +584,44 @@ fn gemma2_9b_shape_holds_the_published_hyper_parameters() {
     );
     assert_eq!(s.vocab_kind, VocabKind::Gemma);
 }
+
+/// The mixture-of-experts shapes added for issue 30: hyper-parameters from the published
+/// configs, llama.cpp's 8-expert rule in the Q4_K_M mix (Mixtral's attention K and V in Q8_0,
+/// its output in Q5_K).
+#[test]
+fn moe_shapes_hold_the_published_hyper_parameters_and_mixes() {
+    let m = shape("mixtral-8x7b").unwrap();
+    assert_eq!(m.arch, SynthArch::Mixtral);
+    assert_eq!(
+        (
+            m.n_layer,
+            m.d_model,
+            m.n_head,
+            m.n_head_kv,
+            m.head_dim,
+            m.vocab
+        ),
+        (32, 4096, 32, 8, 128, 32_000)
+    );
+    assert_eq!(m.experts(), Some((8, 2, 14_336)));
+    let g = shape("gpt-oss-120b").unwrap();
+    assert_eq!(g.arch, SynthArch::GptOss);
+    assert_eq!(
+        (g.n_layer, g.d_model, g.n_head, g.head_dim),
+        (36, 2880, 64, 64)
+    );
+    assert_eq!(g.experts(), Some((128, 4, 2880)));
+    assert_eq!((g.sliding_window, g.sliding_window_pattern), (128, 2));
+
+    let t = types(&spec("mixtral-8x7b", WeightMix::Q4KM));
+    assert_eq!(t["blk.0.attn_k.weight"], GgmlType::Q8_0);
+    assert_eq!(t["blk.0.attn_v.weight"], GgmlType::Q8_0);
+    assert_eq!(t["blk.0.attn_output.weight"], GgmlType::Q5_K);
+    assert_eq!(t["blk.0.attn_q.weight"], GgmlType::Q4_K);
+    assert_eq!(t["blk.0.ffn_gate_exps.weight"], GgmlType::Q4_K);
+    assert_eq!(t["blk.0.ffn_down_exps.weight"], GgmlType::Q6_K);
+    assert_eq!(t["blk.5.ffn_down_exps.weight"], GgmlType::Q4_K);
+    // Not for 128 experts: qwen3-30b-a3b keeps the plain rule.
+    let q = types(&spec("qwen3-30b-a3b", WeightMix::Q4KM));
+    assert_eq!(q["blk.3.attn_k.weight"], GgmlType::Q4_K);
+}

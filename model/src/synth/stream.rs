@@ -136,12 +136,19 @@ fn plan(spec: &ShapeSpec) -> Vec<Planned> {
     }
     let (d, q, kv) = (s.d_model, s.n_head * s.head_dim, s.n_head_kv * s.head_dim);
     let n_gqa = s.n_head / s.n_head_kv.max(1);
+    let n_expert = s.experts().map_or(0, |e| e.0);
     let mut out = Vec::new();
     let matrix =
         |out: &mut Vec<Planned>, kind: TensorKind, il: Option<u32>, rows: u32, row_len: u32| {
-            let ty = spec
-                .mix
-                .matrix_type(kind, il.unwrap_or(0), s.n_layer, row_len, s.tied, n_gqa);
+            let ty = spec.mix.matrix_type_in(
+                kind,
+                il.unwrap_or(0),
+                s.n_layer,
+                row_len,
+                s.tied,
+                n_gqa,
+                n_expert,
+            );
             out.push(Planned {
                 name: kind.gguf_name(il.map(|i| i as usize)),
                 dims: vec![row_len.into(), rows.into()],

@@ -157,7 +157,10 @@ fn a_mixture_of_experts_streams_its_experts_in_place() {
     let p = plan(&model, &coord, &stages, &[500e6, 500e6], Choice::Auto).expect("a plan");
     let c = p.chosen();
     assert_eq!(c.name, "experts streamed in place");
-    assert!(p.alternatives.iter().any(|a| a.naive), "the naive layout is shown beside it");
+    assert!(
+        p.alternatives.iter().any(|a| a.naive),
+        "the naive layout is shown beside it"
+    );
     let mut s = 0.0;
     for st in &c.stages {
         assert_eq!(st.streamed.len(), 4, "{st:?}");
@@ -170,7 +173,11 @@ fn a_mixture_of_experts_streams_its_experts_in_place() {
     }
     let hop = 2048.0 / crate::cluster::planner::ASSUMED_LINK_BYTES_PER_S;
     s += 3.0 * hop + (8 * MIB) as f64 / 1e9;
-    assert!((c.predicted_s_per_token - s).abs() < 1e-9 * s, "{} vs {s}", c.predicted_s_per_token);
+    assert!(
+        (c.predicted_s_per_token - s).abs() < 1e-9 * s,
+        "{} vs {s}",
+        c.predicted_s_per_token
+    );
     // 30 MiB each: not even the 16 MiB without experts, the KV and six 3 MiB buffers.
     let small = [stage("a", 30 * MIB), stage("b", 30 * MIB)];
     let e = plan(&model, &coord, &small, &[500e6, 500e6], Choice::Auto).unwrap_err();
