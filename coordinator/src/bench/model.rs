@@ -412,11 +412,7 @@ fn stream_row(
     let n = tokens.max(1) as f64;
     let bytes = (s1.bytes_read - s0.bytes_read) as f64 / n;
     let stall = (s1.stall_s - s0.stall_s) / n;
-    let t = 1.0 / tokens_per_s.max(1e-12);
     let rate = st.measure_read_rate(model.file_arc())?;
-    let compute = (t - stall).max(0.0);
-    let io = bytes / rate;
-    let bound = 1.0 / compute.max(io).max(1e-12);
     let resident: usize = model
         .layers
         .iter()
@@ -424,7 +420,17 @@ fn stream_row(
         .filter(|(i, _)| !st.streams(model.layer_range.start + i))
         .map(|(_, l)| l.weight_bytes())
         .sum();
-    Ok(StreamRow {
+    Ok(bound_row(resident, bytes, stall, rate, tokens_per_s))
+}
+
+/// A decode measure against its bound `max(compute, bytes ÷ rate)`: `bytes` read and `stall`
+/// seconds waited per token at `tokens_per_s`, compute being the rest of a token's time.
+fn bound_row(resident: usize, bytes: f64, stall: f64, rate: f64, tokens_per_s: f64) -> StreamRow {
+    let t = 1.0 / tokens_per_s.max(1e-12);
+    let compute = (t - stall).max(0.0);
+    let io = bytes / rate;
+    let bound = 1.0 / compute.max(io).max(1e-12);
+    StreamRow {
         resident_mib: resident as f64 / 1048576.0,
         streamed_mib_per_token: bytes / 1048576.0,
         stall_ms_per_token: stall * 1e3,
@@ -435,7 +441,7 @@ fn stream_row(
         pct_of_bound: 100.0 * tokens_per_s / bound,
         expert_hit_pct: None,
         expert_prediction_pct: None,
-    })
+    }
 }
 
 /// What the streamed experts cost over `tokens` decoded tokens since `e0`, against the bound
@@ -451,17 +457,11 @@ fn expert_row(
 ) -> Result<StreamRow> {
     let s = st.stats().since(e0);
     let n = tokens.max(1) as f64;
-    let bytes = s.bytes_read as f64 / n;
-    let stall = s.stall_s / n;
-    let t = 1.0 / tokens_per_s.max(1e-12);
     let path = model
         .file()
         .path()
         .ok_or_else(|| anyhow::anyhow!("the model is not a file"))?;
     let rate = ringllm_model::stream::measure_read_rate(path, 0, 256 << 20)?;
-    let compute = (t - stall).max(0.0);
-    let io = bytes / rate;
-    let bound = 1.0 / compute.max(io).max(1e-12);
     let resident: usize = model
         .layers
         .iter()
@@ -475,18 +475,12 @@ fn expert_row(
         })
         .sum::<usize>()
         + st.pool_bytes();
+    let bytes = s.bytes_read as f64 / n;
     Ok(StreamRow {
-        resident_mib: resident as f64 / 1048576.0,
-        streamed_mib_per_token: bytes / 1048576.0,
-        stall_ms_per_token: stall * 1e3,
-        compute_ms_per_token: compute * 1e3,
-        read_mb_per_s: rate / 1e6,
-        io_ms_per_token: io * 1e3,
-        bound_tokens_per_s: bound,
-        pct_of_bound: 100.0 * tokens_per_s / bound,
         expert_hit_pct: Some(100.0 * s.hit_rate()),
         expert_prediction_pct: (s.used_with_prediction > 0)
             .then(|| 100.0 * s.prediction_accuracy()),
+        ..bound_row(resident, bytes, s.stall_s / n, rate, tokens_per_s)
     })
 }
 

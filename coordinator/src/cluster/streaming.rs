@@ -390,11 +390,7 @@ fn price_experts(
         st.kv_bytes = kv;
     }
     let hop = model.hidden_bytes as f64 / super::planner::ASSUMED_LINK_BYTES_PER_S;
-    let head_s = if head == HeadPlace::Coordinator {
-        model.head_bytes as f64 / positive(coord.bytes_per_s, 1.0)
-    } else {
-        0.0
-    };
+    let head_s = head_seconds(model, coord, head);
     let s = total_s + (stages.len() + 1) as f64 * hop + head_s;
     alt.name = "experts streamed in place".into();
     alt.naive = false;
@@ -576,6 +572,16 @@ fn price(
     })
 }
 
+/// The head's compute per token where the coordinator holds it (0 on the last node: its
+/// time is counted with that node's layers).
+fn head_seconds(model: &ModelCost, coord: &CoordinatorInput, head: HeadPlace) -> f64 {
+    if head == HeadPlace::Coordinator {
+        model.head_bytes as f64 / positive(coord.bytes_per_s, 1.0)
+    } else {
+        0.0
+    }
+}
+
 /// The timing model of a layout.
 fn sim_ring(
     model: &ModelCost,
@@ -622,11 +628,7 @@ fn sim_ring(
         .sum::<f64>()
         / stages.len().max(1) as f64;
     let hop_s = mean_rtt / 2.0 + model.hidden_bytes as f64 / ASSUMED_LINK_BYTES_PER_S;
-    let head_s = if head == HeadPlace::Coordinator {
-        model.head_bytes as f64 / positive(coord.bytes_per_s, 1.0)
-    } else {
-        0.0
-    };
+    let head_s = head_seconds(model, coord, head);
     SimRing {
         nodes,
         visits,
