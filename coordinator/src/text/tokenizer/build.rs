@@ -39,6 +39,9 @@ const EOG_TEXTS: &[&str] = &[
     "<｜end▁of▁sentence｜>",
 ];
 
+/// o200k_harmony's markup tokens that llama.cpp treats as user-defined whatever the file says.
+const HARMONY_MARKUP: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
 // Fill-in-the-middle token texts llama.cpp recognises when the metadata names none.
 const FIM_PRE_TEXTS: &[&str] = &[
     "<|fim_prefix|>",
@@ -298,6 +301,14 @@ fn end_of_generation(
         }
         make_control(&mut types, id, text);
         add(&mut eog, id);
+    }
+    // llama.cpp makes harmony's markup tokens user-defined in any vocabulary that has them: they
+    // are matched in any text and always rendered, so a gpt-oss reply decodes with its channel
+    // markup visible (what its chat parsers read; ours reads the ids, see `text::harmony`).
+    for text in HARMONY_MARKUP {
+        if let Some(&id) = index.get(*text) {
+            types[id as usize] = TYPE_USER_DEFINED;
+        }
     }
     for id in [spec.eos, spec.eot, spec.eom].into_iter().flatten() {
         add(&mut eog, id);
