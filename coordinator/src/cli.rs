@@ -208,7 +208,7 @@ pub struct GenArgs {
     /// Interactive chat using the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Built-in chat template to use when the model has none (chatml, gemma, llama3, phi3).
+    /// Built-in chat template to use when the model has none (chatml, gemma, llama3, phi3, harmony).
     #[arg(long)]
     pub template: Option<String>,
     /// System prompt for --chat.
