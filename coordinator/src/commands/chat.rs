@@ -4,11 +4,14 @@
 //! can pipe a conversation in. Replies go to stdout, one line break after each; notes and the
 //! `/help` text go to stderr.
 
+mod view;
+
 use super::run::install_ctrlc;
 use crate::cli::{GenArgs, SamplingArgs};
 use anyhow::{anyhow, Context, Result};
 use ringllm::engine::{generate, Engine, FinishReason};
 use ringllm::text::chat::{fit_context, parse_input, reply_reserve, Input, HELP};
+use ringllm::text::harmony::is_harmony;
 use ringllm::text::resolve_chat_template;
 use ringllm::text::sampler::{Sampler, SamplerParams};
 use ringllm::text::template::{ChatTemplate, Message};
@@ -215,8 +218,9 @@ pub fn chat(
         let ids = encode(&engine, &template, &messages)?;
         tracing::info!("chat prompt: {} tokens", ids.len());
         cancel.store(false, Ordering::SeqCst);
+        let mut view = view::ReplyView::new(is_harmony(&engine.tokenizer));
         let mut on_text = |t: &str| {
-            if !crate::out::stream(t) {
+            if !view.show(t) {
                 closed.store(true, Ordering::SeqCst);
                 cancel.store(true, Ordering::SeqCst);
             }
@@ -248,7 +252,7 @@ pub fn chat(
             }
             Err(e) => return Err(e),
         };
-        if closed.load(Ordering::SeqCst) {
+        if !view.end() || closed.load(Ordering::SeqCst) {
             break; // the reader of our output went away
         }
         outln!();
@@ -264,7 +268,7 @@ pub fn chat(
         }
         messages.push(Message {
             role: "assistant".into(),
-            content: g.text.trim().to_string(),
+            content: view.answer().unwrap_or(&g.text).trim().to_string(),
         });
     }
     engine.close();
