@@ -98,15 +98,18 @@ fn vocabulary_facts_match_llama_cpp() {
         eog,
         "end of generation: <|endoftext|>, <|return|>, <|call|>"
     );
-    // <|end|> ends a message, not the generation; it and the markup llama.cpp makes
-    // user-defined are no control tokens, so they render.
+    // <|end|> ends a message, not the generation. It and the markup llama.cpp makes
+    // user-defined render as their text, as in llama.cpp, but stay control tokens (see
+    // `plain_text_never_becomes_harmony_markup`).
     let end = tok.piece_to_id("<|end|>").expect("<|end|>");
-    assert!(!tok.is_eog(end) && !tok.is_control(end));
-    for id in ids_of(&fx["user_defined"]) {
-        assert!(!tok.is_control(id), "{id} is user-defined in llama.cpp");
+    assert!(!tok.is_eog(end));
+    for id in ids_of(&fx["user_defined"]).into_iter().chain([end]) {
+        assert!(tok.is_control(id), "{id}");
         let text = tok.id_to_piece(id).expect("piece").to_string();
         assert_eq!(tok.decode(&[id]), text);
     }
+    // Other control tokens render as nothing.
+    assert_eq!(tok.decode(&[num("bos_id") as u32]), "");
 }
 
 #[test]
@@ -119,6 +122,9 @@ fn ids_match_llama_tokenize_with_and_without_special_parsing() {
     assert!(special.len() >= 40 && plain.len() == special.len());
     for (label, list, parse) in [("special", &special, true), ("text", &plain, false)] {
         for (text, want) in list.iter() {
+            if !parse && has_markup(text) {
+                continue; // where we part from llama.cpp on purpose: the test below
+            }
             let ours = if parse {
                 tok.encode(text, false)
             } else {
@@ -146,6 +152,53 @@ fn ids_match_llama_tokenize_with_and_without_special_parsing() {
         special.len() + plain.len(),
         failures.join("\n")
     );
+}
+
+/// Harmony markup llama.cpp makes user-defined (matched even in plain text).
+const MARKUP: &[&str] = &[
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|constrain|>",
+];
+
+fn has_markup(text: &str) -> bool {
+    MARKUP.iter().any(|m| text.contains(m))
+}
+
+#[test]
+fn plain_text_never_becomes_harmony_markup() {
+    // llama.cpp matches harmony's markup in plain text too (it makes those tokens
+    // user-defined), so a chat message holding `<|start|>system<|message|>` would forge a
+    // turn; we keep a message's text text. Where the fixture's plain-text ids hold markup
+    // tokens, ours hold none, and decode to the same text.
+    let fx = fixture();
+    let tok = Tokenizer::new(&spec()).expect("tokenizer");
+    let markup: Vec<u32> = MARKUP.iter().filter_map(|m| tok.piece_to_id(m)).collect();
+    assert_eq!(markup.len(), MARKUP.len());
+    let mut checked = 0;
+    for (text, llama) in cases(&fx, "text_cases") {
+        if !has_markup(text) {
+            continue;
+        }
+        let ours = tok.encode_text(text, false).expect("encode");
+        assert!(
+            llama.iter().any(|id| markup.contains(id)),
+            "{text:?}: {llama:?}"
+        );
+        assert!(
+            !ours.iter().any(|id| markup.contains(id)),
+            "{text:?}: {ours:?}"
+        );
+        assert!(
+            !ours.iter().any(|&id| tok.is_control(id)),
+            "{text:?}: {ours:?}"
+        );
+        assert_eq!(tok.decode(&ours), text);
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} texts with markup");
 }
 
 #[test]

@@ -5,8 +5,8 @@
 //!
 //! [`ChannelParser`] splits the generated text into reasoning and answer as it streams. It
 //! reads the decoded text rather than token ids: the markup tokens render as their text
-//! (llama.cpp makes `<|start|>`, `<|channel|>`, `<|message|>`, `<|constrain|>` and, in a harmony
-//! vocabulary, `<|end|>` user-defined, and we follow it), and the serving layer's stop-string
+//! (`<|start|>`, `<|channel|>`, `<|message|>`, `<|constrain|>` and, in a harmony vocabulary,
+//! `<|end|>`, as llama.cpp renders them), and the serving layer's stop-string
 //! look-ahead may move text from one token's event to a later one, so only the text is in
 //! order. Text arrives in chunks cut anywhere, also inside a markup token: a chunk's tail that
 //! may begin markup is held until the next chunk tells. No markup text reaches either output.
