@@ -214,6 +214,10 @@ pub struct GenArgs {
     /// System prompt for --chat.
     #[arg(long)]
     pub system: Option<String>,
+    /// How hard a reasoning model (gpt-oss) thinks in --chat: low, medium or high (its
+    /// template's default, medium, when not given).
+    #[arg(long, value_parser = ["low", "medium", "high"])]
+    pub reasoning_effort: Option<String>,
     /// Write the logits of the last token fed (raw little-endian f32) to this file.
     #[arg(long, hide = true)]
     pub logits_out: Option<PathBuf>,

@@ -7,6 +7,7 @@ tested over the HTTP layer with scripted replies (coordinator/src/serve/http/tes
 and in the parser's tests; here the real path around it."""
 
 import json
+import re
 
 import pytest
 
@@ -88,3 +89,19 @@ def test_ollama_think_is_accepted_for_gpt_oss(server):
     assert status == 200, raw
     msg = json.loads(raw)["message"]
     assert not any(t in msg["content"] for t in MARKUP), msg
+
+
+def test_terminal_chat_takes_the_reasoning_effort(model):
+    # --reasoning-effort reaches the template's "Reasoning:" line: the three levels tokenize to
+    # prompts of different lengths on this vocabulary, and no flag is medium.
+    def prompt_tokens(*flag):
+        r = ringllm(["run", "-m", model, *ARGS, "--chat", *flag, "--temp", "0", "-n", "2", "-v"], input="Hi\n")
+        m = re.search(r"chat prompt: (\d+) tokens", r.stderr)
+        assert m, r.stderr
+        return int(m.group(1))
+
+    counts = {e: prompt_tokens("--reasoning-effort", e) for e in ("low", "medium", "high")}
+    assert len(set(counts.values())) == 3, counts
+    assert prompt_tokens() == counts["medium"]
+    bad = ringllm(["run", "-m", model, *ARGS, "--chat", "--reasoning-effort", "max"], input="Hi\n", check=False)
+    assert bad.returncode != 0 and "reasoning-effort" in bad.stderr
