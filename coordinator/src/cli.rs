@@ -218,12 +218,16 @@ pub struct GenArgs {
     /// Interactive chat using the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Built-in chat template to use when the model has none (chatml, gemma, llama3, phi3).
+    /// Built-in chat template to use when the model has none (chatml, gemma, llama3, phi3, harmony).
     #[arg(long)]
     pub template: Option<String>,
     /// System prompt for --chat.
     #[arg(long)]
     pub system: Option<String>,
+    /// How hard a reasoning model (gpt-oss) thinks in --chat: low, medium or high (its
+    /// template's default, medium, when not given).
+    #[arg(long, value_parser = ["low", "medium", "high"])]
+    pub reasoning_effort: Option<String>,
     /// Write the logits of the last token fed (raw little-endian f32) to this file.
     #[arg(long, hide = true)]
     pub logits_out: Option<PathBuf>,

@@ -33,7 +33,7 @@ fn round_trip(kind: VocabKind, vocab: u32) -> Tokenizer {
 
 #[test]
 fn real_size_vocabularies_round_trip() {
-    for name in ["llama3-8b", "qwen2-7b", "gemma3-1b"] {
+    for name in ["llama3-8b", "qwen2-7b", "gemma3-1b", "gpt-oss-20b"] {
         let s = shape(name).unwrap();
         let tok = round_trip(s.vocab_kind, s.vocab);
         // Common words are single tokens (pieces were generated for them).
@@ -52,4 +52,33 @@ fn small_vocabularies_round_trip_and_keep_their_specials() {
     let ids = tok.encode("<|eot_id|>Hi", true).unwrap();
     assert_eq!(ids[0], 2048 - 256);
     assert_eq!(ids[1], 2048 - 256 + 9);
+}
+
+#[test]
+fn gpt_oss_vocabulary_has_o200k_harmony_ids() {
+    let s = shape("gpt-oss-20b").unwrap();
+    assert_eq!(s.vocab_kind, VocabKind::Harmony);
+    let tok = tokenizer(s.vocab_kind, s.vocab);
+    for (text, id) in [
+        ("<|startoftext|>", 199_998),
+        ("<|endoftext|>", 199_999),
+        ("<|return|>", 200_002),
+        ("<|constrain|>", 200_003),
+        ("<|channel|>", 200_005),
+        ("<|start|>", 200_006),
+        ("<|end|>", 200_007),
+        ("<|message|>", 200_008),
+        ("<|call|>", 200_012),
+        ("<|endofprompt|>", 200_018),
+    ] {
+        assert_eq!(tok.piece_to_id(text), Some(id), "{text}");
+    }
+    assert_eq!(tok.bos(), Some(199_998));
+    assert_eq!(tok.eos(), Some(200_002));
+    assert_eq!(tok.eog_ids(), [199_999, 200_002, 200_012]);
+    assert!(!tok.add_bos_default());
+    let ids = tok
+        .encode("<|start|>user<|message|>Hi<|end|>", false)
+        .unwrap();
+    assert_eq!((ids[0], ids[ids.len() - 1]), (200_006, 200_007));
 }

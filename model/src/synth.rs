@@ -10,6 +10,7 @@
 //! the writer.
 
 pub mod gemma4;
+mod harmony;
 mod phi3;
 mod shape;
 #[cfg(test)]
@@ -124,7 +125,9 @@ impl SynthArch {
     /// family's files carry another kind.
     pub fn small_vocab(self) -> (VocabKind, u32) {
         match self {
-            SynthArch::Qwen3 | SynthArch::Qwen3Moe | SynthArch::GptOss => (VocabKind::Qwen3, 1280),
+            SynthArch::Qwen3 | SynthArch::Qwen3Moe => (VocabKind::Qwen3, 1280),
+            // The harmony specials take the last 1090 ids, as in the real vocabulary.
+            SynthArch::GptOss => (VocabKind::Harmony, 2048),
             SynthArch::Gemma2 => (VocabKind::Gemma, 512),
             SynthArch::Mistral3 => (VocabKind::Tekken, 2048),
             _ => (VocabKind::Spm, 512),

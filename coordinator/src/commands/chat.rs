@@ -4,14 +4,17 @@
 //! can pipe a conversation in. Replies go to stdout, one line break after each; notes and the
 //! `/help` text go to stderr.
 
+mod view;
+
 use super::run::install_ctrlc;
 use crate::cli::{GenArgs, SamplingArgs};
 use anyhow::{anyhow, Context, Result};
 use ringllm::engine::{generate, Engine, FinishReason};
 use ringllm::text::chat::{fit_context, parse_input, reply_reserve, Input, HELP};
+use ringllm::text::harmony::is_harmony;
 use ringllm::text::resolve_chat_template;
 use ringllm::text::sampler::{Sampler, SamplerParams};
-use ringllm::text::template::{ChatTemplate, Message};
+use ringllm::text::template::{ChatTemplate, Message, TemplateVars};
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -165,10 +168,22 @@ fn fresh(system: &Option<String>) -> Vec<Message> {
 /// The prompt tokens of `messages`. Messages are text: `<|im_start|>` typed in one stays
 /// characters; only the template's markup yields control tokens. The template writes BOS
 /// itself where the model wants one.
-fn encode(engine: &Engine, template: &ChatTemplate, messages: &[Message]) -> Result<Vec<u32>> {
+fn encode(
+    engine: &Engine,
+    template: &ChatTemplate,
+    vars: &TemplateVars,
+    messages: &[Message],
+) -> Result<Vec<u32>> {
     let tok = &engine.tokenizer;
-    let rendered = template.render_pieces(messages, true, &|c| tok.control_spans(c))?;
+    let rendered = template.render_pieces_with(messages, true, vars, &|c| tok.control_spans(c))?;
     Ok(tok.encode_pieces(&rendered.pieces(), false)?)
+}
+
+/// The chat template's variables from the command line.
+fn vars(gen: &GenArgs) -> TemplateVars {
+    TemplateVars {
+        reasoning_effort: gen.reasoning_effort.clone(),
+    }
 }
 
 /// Chats on an engine built by `load` (one process, or a ring).
@@ -212,11 +227,12 @@ pub fn chat(
         if !add_user_message(&engine, &template, gen, &mut messages, text) {
             continue;
         }
-        let ids = encode(&engine, &template, &messages)?;
+        let ids = encode(&engine, &template, &vars(gen), &messages)?;
         tracing::info!("chat prompt: {} tokens", ids.len());
         cancel.store(false, Ordering::SeqCst);
+        let mut view = view::ReplyView::new(is_harmony(&engine.tokenizer));
         let mut on_text = |t: &str| {
-            if !crate::out::stream(t) {
+            if !view.show(t) {
                 closed.store(true, Ordering::SeqCst);
                 cancel.store(true, Ordering::SeqCst);
             }
@@ -248,7 +264,7 @@ pub fn chat(
             }
             Err(e) => return Err(e),
         };
-        if closed.load(Ordering::SeqCst) {
+        if !view.end() || closed.load(Ordering::SeqCst) {
             break; // the reader of our output went away
         }
         outln!();
@@ -264,7 +280,7 @@ pub fn chat(
         }
         messages.push(Message {
             role: "assistant".into(),
-            content: g.text.trim().to_string(),
+            content: view.answer().unwrap_or(&g.text).trim().to_string(),
         });
     }
     engine.close();
@@ -358,7 +374,7 @@ fn add_user_message(
         .ctx
         .saturating_sub(reply_reserve(engine.ctx, gen.n_predict));
     let fitted = fit_context(messages, budget, &mut |ms| {
-        encode(engine, template, ms).map(|ids| ids.len())
+        encode(engine, template, &vars(gen), ms).map(|ids| ids.len())
     });
     match fitted {
         Ok(Ok(fit)) if fit.turns_dropped > 0 => eprintln!(

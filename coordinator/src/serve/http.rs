@@ -427,7 +427,7 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let params = check(&s, &body, Kind::Chat)?;
     let messages = openai::chat_messages(body.messages)?;
-    let prompt = tokenize(&s, Prompt::Chat(messages)).await?;
+    let prompt = tokenize(&s, Prompt::Chat(messages, params.vars.clone())).await?;
     generate(&s, params, prompt).await
 }
 

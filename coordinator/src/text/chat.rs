@@ -131,7 +131,8 @@ pub fn fit_context<E>(
 
 /// The built-in template of `arch`'s family for a model file without one, if its vocabulary
 /// has the family's markup tokens: Gemma 2 and 3 → `gemma`, Qwen2, Qwen3 and Qwen3-MoE → `chatml`, Llama → `llama3` (a
-/// Llama 3 vocabulary) or `chatml` (one with `<|im_start|>`, as SmolLM's). `None`: no family
+/// Llama 3 vocabulary) or `chatml` (one with `<|im_start|>`, as SmolLM's), gpt-oss →
+/// `harmony`. `None`: no family
 /// template fits (Llama 2, Mistral: pick one with --template).
 pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
     let has = |t: &str| tokens.iter().any(|x| x == t);
@@ -148,8 +149,12 @@ pub fn family_template(arch: Arch, tokens: &[String]) -> Option<&'static str> {
         // Gemma 4 files carry their own template (`<|turn>` markup); no built-in one.
         Arch::Gemma4 => None,
         Arch::Phi3 => (has("<|user|>") && has("<|assistant|>") && has("<|end|>")).then_some("phi3"),
-        // gpt-oss files carry their own (harmony) template; no built-in one.
-        Arch::GptOss => None,
+        // gpt-oss files carry their own template; the built-in one renders the same text for
+        // conversations without tools.
+        Arch::GptOss => {
+            (has("<|start|>") && has("<|message|>") && has("<|channel|>") && has("<|end|>"))
+                .then_some("harmony")
+        }
     }
 }
 
@@ -301,7 +306,10 @@ mod tests {
         let phi3 = v(&["<s>", "<|user|>", "<|assistant|>", "<|end|>"]);
         assert_eq!(family_template(Arch::Phi3, &phi3), Some("phi3"));
         assert_eq!(family_template(Arch::Phi3, &chatml), None);
-        for name in ["gemma", "chatml", "llama3", "phi3"] {
+        let harmony = v(&["<|start|>", "<|channel|>", "<|message|>", "<|end|>"]);
+        assert_eq!(family_template(Arch::GptOss, &harmony), Some("harmony"));
+        assert_eq!(family_template(Arch::GptOss, &chatml), None);
+        for name in ["gemma", "chatml", "llama3", "phi3", "harmony"] {
             assert!(builtin(name).is_some(), "{name} is a built-in template");
         }
     }

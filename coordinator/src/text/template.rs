@@ -150,12 +150,53 @@ const PHI3: &str = "{% for message in messages %}\
 {% endif %}{% endfor %}\
 {% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}";
 
+/// OpenAI's harmony format (gpt-oss), as gpt-oss's own template renders a conversation without
+/// tools: a system message with the date and `Reasoning: low|medium|high` (the
+/// `reasoning_effort` variable, medium when not given), a leading system or developer message
+/// as the developer's instructions, earlier replies in the final channel (their reasoning is
+/// not shown again), and `<|start|>assistant` to let the model pick its channel. A reply last
+/// in a conversation without the generation prompt ends in `<|return|>`, as in training.
+const HARMONY: &str = "<|start|>system<|message|>\
+You are ChatGPT, a large language model trained by OpenAI.\n\
+Knowledge cutoff: 2024-06\n\
+Current date: {{ strftime_now('%Y-%m-%d') }}\n\n\
+Reasoning: {{ reasoning_effort if reasoning_effort is defined else 'medium' }}\n\n\
+# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>\
+{% if messages and messages[0]['role'] in ['system', 'developer'] %}\
+{% if messages[0]['content'] %}\
+{{ '<|start|>developer<|message|># Instructions\n\n' + messages[0]['content'] + '\n\n<|end|>' }}\
+{% endif %}{% set turns = messages[1:] %}\
+{% else %}{% set turns = messages %}{% endif %}\
+{% for message in turns %}\
+{% if message['role'] == 'user' %}\
+{{ '<|start|>user<|message|>' + message['content'] + '<|end|>' }}\
+{% elif message['role'] == 'assistant' %}\
+{% if '<|channel|>analysis<|message|>' in message['content'] or '<|channel|>final<|message|>' in message['content'] %}\
+{{ raise_exception('an assistant message holds harmony channel markup; pass only its final text') }}\
+{% endif %}\
+{{ '<|start|>assistant<|channel|>final<|message|>' + message['content'] }}\
+{{ '<|return|>' if loop.last and not add_generation_prompt else '<|end|>' }}\
+{% elif message['role'] == 'tool' %}\
+{{ raise_exception('a tool message needs an assistant tool call before it, and the harmony template has no tools') }}\
+{% endif %}\
+{% endfor %}\
+{% if add_generation_prompt %}<|start|>assistant{% endif %}";
+
 const BUILTINS: &[(&str, &str)] = &[
     ("chatml", CHATML),
     ("gemma", GEMMA),
     ("llama3", LLAMA3),
     ("phi3", PHI3),
+    ("harmony", HARMONY),
 ];
+
+/// Variables a chat template may read beside the messages; each one not given is undefined
+/// in the template (so `is defined` tells), as when transformers is not passed it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TemplateVars {
+    /// gpt-oss's `reasoning_effort`: "low", "medium" or "high".
+    pub reasoning_effort: Option<String>,
+}
 
 /// Names of the built-in templates.
 pub fn builtin_names() -> Vec<&'static str> {
@@ -205,6 +246,15 @@ impl ChatTemplate {
         })
     }
 
+    /// `strftime_now` gives the time `unix_secs` (UTC) instead of the current one, so that a
+    /// rendering can be compared with another made on another day.
+    pub fn pin_time(&mut self, unix_secs: i64) {
+        self.env
+            .add_function("strftime_now", move |format: String| {
+                strftime(&format, unix_secs)
+            });
+    }
+
     /// The template's Jinja source (what Ollama's `/api/show` reports).
     pub fn source(&self) -> &str {
         &self.source
@@ -217,17 +267,30 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_with(messages, add_generation_prompt, &TemplateVars::default())
+    }
+
+    /// [`ChatTemplate::render`] with more variables for the template.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+    ) -> Result<String, TemplateError> {
         let t = self
             .env
             .get_template("chat")
             .map_err(|e| TemplateError::Render(describe(&e)))?;
-        t.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos,
-            eos_token => self.eos,
-        })
-        .map_err(|e| TemplateError::Render(describe(&e)))
+        let mut ctx = std::collections::BTreeMap::new();
+        ctx.insert("messages", Value::from_serialize(messages));
+        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        ctx.insert("bos_token", Value::from(self.bos.as_str()));
+        ctx.insert("eos_token", Value::from(self.eos.as_str()));
+        if let Some(effort) = &vars.reasoning_effort {
+            ctx.insert("reasoning_effort", Value::from(effort.as_str()));
+        }
+        t.render(ctx)
+            .map_err(|e| TemplateError::Render(describe(&e)))
     }
 
     /// [`ChatTemplate::render`], telling which ranges of the prompt came from message
@@ -244,6 +307,22 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         control_spans: &dyn Fn(&str) -> Vec<Range<usize>>,
     ) -> Result<Rendered, TemplateError> {
+        self.render_pieces_with(
+            messages,
+            add_generation_prompt,
+            &TemplateVars::default(),
+            control_spans,
+        )
+    }
+
+    /// [`ChatTemplate::render_pieces`] with more variables for the template.
+    pub fn render_pieces_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &TemplateVars,
+        control_spans: &dyn Fn(&str) -> Vec<Range<usize>>,
+    ) -> Result<Rendered, TemplateError> {
         let clean: Vec<Message> = messages
             .iter()
             .map(|m| Message {
@@ -251,7 +330,7 @@ impl ChatTemplate {
                 content: m.content.replace([OPEN, CLOSE], ""),
             })
             .collect();
-        let plain = self.render(&clean, add_generation_prompt)?;
+        let plain = self.render_with(&clean, add_generation_prompt, vars)?;
         let with = |mark: &dyn Fn(&str) -> String| -> Result<Option<Rendered>, TemplateError> {
             let marked: Vec<Message> = clean
                 .iter()
@@ -260,7 +339,7 @@ impl ChatTemplate {
                     content: mark(&m.content),
                 })
                 .collect();
-            let r = unmark(&self.render(&marked, add_generation_prompt)?);
+            let r = unmark(&self.render_with(&marked, add_generation_prompt, vars)?);
             Ok(r.filter(|r| r.text == plain))
         };
         let first = clean.iter().find_map(|m| {
@@ -297,7 +376,8 @@ impl ChatTemplate {
                     }
                 })
                 .collect();
-            let own = control_spans(&self.render(&stripped, add_generation_prompt)?).len();
+            let own =
+                control_spans(&self.render_with(&stripped, add_generation_prompt, vars)?).len();
             let outside: usize = r
                 .pieces()
                 .iter()
@@ -583,7 +663,10 @@ mod tests {
 
     #[test]
     fn builtins_are_listed_and_compile() {
-        assert_eq!(builtin_names(), vec!["chatml", "gemma", "llama3", "phi3"]);
+        assert_eq!(
+            builtin_names(),
+            vec!["chatml", "gemma", "llama3", "phi3", "harmony"]
+        );
         for name in builtin_names() {
             builtin_template(name, "<s>", "</s>");
         }

@@ -18,7 +18,9 @@
 //! that may hold them ([`Piece::special`]: a template's markup, a raw prompt; llama.cpp's
 //! `parse_special = true`). In plain text ([`Piece::text`]: a chat message) `<|im_start|>` is
 //! just characters, and no merge ever yields a control token. Decoding renders control and
-//! unknown tokens as nothing unless asked.
+//! unknown tokens as nothing unless asked, except harmony's markup (`<|start|>`,
+//! `<|channel|>`, `<|message|>`, `<|end|>`, `<|constrain|>`), which always renders as in
+//! llama.cpp; llama.cpp also matches it in plain text, where we keep it characters.
 
 mod build;
 mod pre;
@@ -156,6 +158,8 @@ pub struct Tokenizer {
     user_defined: SpecialMatcher,
     /// Tokens after which whitespace is dropped (`TokenizerSpec::rstrip_specials`), sorted.
     rstrip: Vec<u32>,
+    /// Control tokens that render as their text all the same (harmony's markup), sorted.
+    rendered: Vec<u32>,
 }
 
 /// A stretch of a prompt, and whether control-token texts in it become control tokens.
@@ -398,7 +402,8 @@ impl Tokenizer {
         self.eos
     }
 
-    /// Control and unknown tokens: rendered as nothing unless asked.
+    /// Control and unknown tokens: never made from plain text, and rendered as nothing unless
+    /// asked (harmony's markup excepted, see the module).
     pub fn is_control(&self, id: u32) -> bool {
         matches!(
             self.types.get(id as usize),
@@ -425,7 +430,9 @@ impl Tokenizer {
             return;
         };
         match ty {
-            TYPE_CONTROL | TYPE_UNKNOWN if render_special => {
+            TYPE_CONTROL | TYPE_UNKNOWN
+                if render_special || self.rendered.binary_search(&id).is_ok() =>
+            {
                 out.extend_from_slice(piece.as_bytes())
             }
             TYPE_USER_DEFINED => out.extend_from_slice(piece.as_bytes()),

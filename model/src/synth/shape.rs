@@ -41,6 +41,11 @@ pub enum VocabKind {
     /// `<SPECIAL_n>`), as Mistral Small 3's 131072-entry vocabulary; carries Mistral Small
     /// 3.2's chat template.
     Tekken,
+    /// Byte-level BPE with the o200k pre-tokenizer (`gpt-4o`) and o200k_harmony's special
+    /// tokens (`<|startoftext|>`, `<|endoftext|>`, `<|return|>`, `<|channel|>`, `<|start|>`,
+    /// `<|end|>`, `<|message|>`, `<|call|>`, ... then `<|reserved_N|>`) in the last 1090 ids,
+    /// as gpt-oss's 201088-entry vocabulary; carries gpt-oss's chat template.
+    Harmony,
 }
 
 impl VocabKind {
@@ -52,6 +57,7 @@ impl VocabKind {
             VocabKind::Spm => 0,
             VocabKind::Qwen3 => 293,
             VocabKind::Gemma | VocabKind::Tekken => 0,
+            VocabKind::Harmony => super::harmony::HARMONY_TAIL,
         }
     }
 
@@ -497,7 +503,8 @@ pub const SHAPES: &[Shape] = &[
     },
     // openai/gpt-oss-20b: 32 experts of width 2880, 4 per token; 64 query heads of 64 (4096
     // wide against d 2880); even layers a 128-token window; YaRN 32 over 4096 (written with the
-    // architecture's keys). Its o200k vocabulary's size, with our synthetic BPE pieces.
+    // architecture's keys). Its o200k_harmony vocabulary's size and special ids, with our
+    // synthetic BPE pieces.
     Shape {
         name: "gpt-oss-20b",
         source: "openai/gpt-oss-20b",
@@ -516,7 +523,7 @@ pub const SHAPES: &[Shape] = &[
         sliding_window: 128,
         sliding_window_pattern: 2,
         tied: false,
-        vocab_kind: VocabKind::Qwen3,
+        vocab_kind: VocabKind::Harmony,
     },
     // openai/gpt-oss-120b: gpt-oss-20b's layer with 128 experts (4 per token) over 36 layers.
     Shape {

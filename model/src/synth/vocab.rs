@@ -12,9 +12,9 @@ use super::{vocabulary, SUFFIXES, WORDS};
 use crate::gguf::{Array, GgufWriter, Value};
 use std::collections::HashSet;
 
-const TOKEN_TYPE_NORMAL: i32 = 1;
+pub(crate) const TOKEN_TYPE_NORMAL: i32 = 1;
 const TOKEN_TYPE_UNKNOWN: i32 = 2;
-const TOKEN_TYPE_CONTROL: i32 = 3;
+pub(crate) const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_UNUSED: i32 = 5;
 
 /// GPT-2's byte → printable character mapping: printable Latin-1 bytes stand for themselves,
@@ -37,6 +37,13 @@ pub(crate) fn byte_chars() -> [char; 256] {
 
 /// `n` BPE tokens (the 256 bytes first) and the merges that build tokens 256.., in rank order.
 pub(crate) fn bpe_vocabulary(n: usize) -> (Vec<String>, Vec<String>) {
+    bpe_vocabulary_with(n, &[])
+}
+
+/// [`bpe_vocabulary`] whose first merges spell each of `first` (any UTF-8, byte by byte from
+/// the left), so a tokenizer test can tell where a pre-tokenizer cuts: a piece that spans a
+/// cut can never be one token.
+pub(crate) fn bpe_vocabulary_with(n: usize, first: &[&str]) -> (Vec<String>, Vec<String>) {
     let chars = byte_chars();
     let space = chars[usize::from(b' ')].to_string();
     let mut tokens: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
@@ -52,6 +59,16 @@ pub(crate) fn bpe_vocabulary(n: usize) -> (Vec<String>, Vec<String>) {
             merges.push(format!("{left} {right}"));
         }
     };
+    for w in first {
+        let mut cur = String::new();
+        for (i, b) in w.bytes().enumerate() {
+            let c = chars[usize::from(b)].to_string();
+            if i > 0 {
+                add(&cur, &c, &mut tokens);
+            }
+            cur.push_str(&c);
+        }
+    }
     // Words, letter by letter: "Ġ t", "Ġt h", "Ġth e"...
     for w in WORDS.iter().chain(SUFFIXES) {
         for prefix in [space.as_str(), ""] {
@@ -135,6 +152,7 @@ pub fn add_tokenizer(w: &mut GgufWriter, kind: VocabKind, vocab: u32) {
         VocabKind::Qwen3 => add_qwen3(w, vocab),
         VocabKind::Gemma => add_gemma(w, vocab),
         VocabKind::Tekken => add_tekken(w, vocab),
+        VocabKind::Harmony => super::harmony::add_tokenizer(w, vocab),
         VocabKind::Llama3 | VocabKind::Qwen2 => {
             let regular = vocab - kind.tail();
             let (mut tokens, merges) = bpe_vocabulary(regular as usize);

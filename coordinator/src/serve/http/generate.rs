@@ -14,7 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub(super) enum Prompt {
-    Chat(Vec<crate::text::template::Message>),
+    /// Messages for the chat template, with its variables.
+    Chat(
+        Vec<crate::text::template::Message>,
+        crate::text::template::TemplateVars,
+    ),
     /// A raw prompt; `special`: its special-token texts are control tokens (`parse_special`).
     Text {
         text: String,
@@ -34,7 +38,7 @@ pub(super) async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, Api
                 .map_err(|e| ApiError::server(format!("cannot tokenize the prompt: {e}")))
         };
         match prompt {
-            Prompt::Chat(messages) => {
+            Prompt::Chat(messages, vars) => {
                 let Some(t) = b.template() else {
                     return Err(ApiError::invalid(format!(
                         "the model `{}` has no chat template: use /v1/completions, or start \
@@ -47,7 +51,7 @@ pub(super) async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, Api
                 };
                 // Message contents are text: only the template's markup yields control tokens.
                 let r = t
-                    .render_pieces(&messages, true, &|c| tok.control_spans(c))
+                    .render_pieces_with(&messages, true, &vars, &|c| tok.control_spans(c))
                     .map_err(|e| ApiError::invalid(e.to_string()).param("messages"))?;
                 // Templates write BOS themselves.
                 encode(&r.pieces(), false)
@@ -169,7 +173,8 @@ pub(super) async fn generate(
     prompt: Vec<u32>,
 ) -> Result<Response, ApiError> {
     let mut sub = submit(s, &p, prompt)?;
-    let reply = openai::Reply::new(&p, s.backend.model_id());
+    let reply = openai::Reply::new(&p, s.backend.model_id())
+        .harmony(crate::text::harmony::is_harmony(s.backend.tokenizer()));
     if p.stream {
         let first = sub.first().await?;
         let body = Body::from_stream(openai::sse(reply, Some(first), sub.rx, sub.guard));

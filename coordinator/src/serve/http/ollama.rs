@@ -16,7 +16,8 @@ use super::{
     Prompt, Shared,
 };
 use crate::serve::{Finish, GenEvent, Sampling};
-use crate::text::template::Message;
+use crate::text::harmony::{is_harmony, ChannelParser, Split};
+use crate::text::template::{Message, TemplateVars};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -289,6 +290,7 @@ impl Options {
             logprobs: None,
             stream,
             include_usage: false,
+            vars: TemplateVars::default(),
         })
     }
 }
@@ -341,6 +343,53 @@ struct ShowBody {
     model: Option<String>,
     /// The older name of `model`.
     name: Option<String>,
+}
+
+/// What `think` asks: whether the reasoning is shown (`thinking`), and how hard the model
+/// thinks (Ollama's levels for gpt-oss: `"low"`, `"medium"`, `"high"`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Think {
+    show: bool,
+    effort: Option<String>,
+}
+
+/// `think` for a harmony model (gpt-oss), which always reasons: shown unless `false`.
+fn harmony_think(think: Option<&Value>) -> Result<Think, ApiError> {
+    let level = |e: &str| Think {
+        show: true,
+        effort: Some(e.to_string()),
+    };
+    match think {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => Ok(Think {
+            show: true,
+            effort: None,
+        }),
+        Some(Value::String(s)) if s.is_empty() => Ok(Think {
+            show: true,
+            effort: None,
+        }),
+        Some(Value::Bool(false)) => Ok(Think::default()),
+        Some(Value::String(s)) if matches!(s.as_str(), "low" | "medium" | "high") => Ok(level(s)),
+        Some(other) => Err(bad(
+            "think",
+            format!("`think` must be true, false, \"low\", \"medium\" or \"high\", not {other}"),
+        )),
+    }
+}
+
+/// Refuses what this server cannot do, by name, instead of ignoring it; what `think` asks of
+/// a harmony model (others cannot think).
+fn supported(
+    format: Option<&Value>,
+    think: Option<&Value>,
+    harmony: bool,
+) -> Result<Think, ApiError> {
+    unsupported(format, if harmony { None } else { think })?;
+    if harmony {
+        harmony_think(think)
+    } else {
+        Ok(Think::default())
+    }
 }
 
 /// Refuses what this server cannot do, by name, instead of ignoring it.
@@ -403,7 +452,8 @@ async fn chat(
         return Err(shutting_down().into());
     }
     let model = served_model(&s, body.model.as_deref());
-    unsupported(body.format.as_ref(), body.think.as_ref())?;
+    let harmony = is_harmony(s.backend.tokenizer());
+    let think = supported(body.format.as_ref(), body.think.as_ref(), harmony)?;
     if has_items(&body.tools) {
         return Err(
             ApiError::invalid(format!("the model `{model}` does not support tools"))
@@ -447,8 +497,16 @@ async fn chat(
         .collect::<Result<Vec<_>, _>>()?;
     let stream = body.stream.unwrap_or(true);
     let p = Options::from_json(body.options)?.params(Kind::Chat, stream)?;
-    let prompt = tokenize(&s, Prompt::Chat(messages)).await?;
-    answer(&s, p, prompt, What::Chat, model, t0).await
+    let vars = TemplateVars {
+        reasoning_effort: think.effort.clone(),
+    };
+    let prompt = tokenize(&s, Prompt::Chat(messages, vars)).await?;
+    let reply = Reply {
+        what: What::Chat,
+        model,
+        harmony: harmony.then_some(think),
+    };
+    answer(&s, p, prompt, reply, t0).await
 }
 
 async fn generate(
@@ -460,7 +518,8 @@ async fn generate(
         return Err(shutting_down().into());
     }
     let model = served_model(&s, body.model.as_deref());
-    unsupported(body.format.as_ref(), body.think.as_ref())?;
+    let harmony = is_harmony(s.backend.tokenizer());
+    let think = supported(body.format.as_ref(), body.think.as_ref(), harmony)?;
     if has_items(&body.images) {
         return Err(bad(
             "images",
@@ -517,15 +576,25 @@ async fn generate(
             role: "user".into(),
             content: text,
         });
-        Prompt::Chat(messages)
+        let vars = TemplateVars {
+            reasoning_effort: think.effort.clone(),
+        };
+        Prompt::Chat(messages, vars)
     } else {
         Prompt::Text {
             text,
             special: false,
         }
     };
+    // A raw prompt's reply is shown as the model wrote it.
+    let templated = matches!(prompt, Prompt::Chat(..));
     let prompt = tokenize(&s, prompt).await?;
-    answer(&s, p, prompt, What::Generate, model, t0).await
+    let reply = Reply {
+        what: What::Generate,
+        model,
+        harmony: (harmony && templated).then_some(think),
+    };
+    answer(&s, p, prompt, reply, t0).await
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -550,27 +619,58 @@ fn nanos(d: std::time::Duration) -> u64 {
 struct Reply {
     what: What,
     model: String,
+    /// A harmony reply (gpt-oss): split into `thinking` and the answer, with what `think`
+    /// asked (see [`crate::text::harmony`]).
+    harmony: Option<Think>,
 }
 
 impl Reply {
     /// A piece of the answer (streamed), or the whole text (`done` objects).
     fn object(&self, text: &str, done: bool) -> Value {
+        self.object_with(text, "", done)
+    }
+
+    /// [`Reply::object`] with reasoning, in `thinking` when there is any and it is shown.
+    fn object_with(&self, text: &str, thinking: &str, done: bool) -> Value {
         let mut v = json!({
             "model": self.model,
             "created_at": rfc3339(SystemTime::now()),
         });
+        let thinking = (!thinking.is_empty() && self.shows_thinking()).then_some(thinking);
         match self.what {
-            What::Chat => v["message"] = json!({"role": "assistant", "content": text}),
-            What::Generate => v["response"] = json!(text),
+            What::Chat => {
+                v["message"] = json!({"role": "assistant", "content": text});
+                if let Some(t) = thinking {
+                    v["message"]["thinking"] = json!(t);
+                }
+            }
+            What::Generate => {
+                v["response"] = json!(text);
+                if let Some(t) = thinking {
+                    v["thinking"] = json!(t);
+                }
+            }
         }
         v["done"] = json!(done);
         v
+    }
+
+    fn shows_thinking(&self) -> bool {
+        self.harmony.as_ref().is_some_and(|t| t.show)
+    }
+
+    /// A piece of a harmony reply as a streamed line; `None` when it shows nothing.
+    fn piece(&self, split: &Split) -> Option<Value> {
+        let shown =
+            !split.content.is_empty() || (!split.reasoning.is_empty() && self.shows_thinking());
+        shown.then(|| self.object_with(&split.content, &split.reasoning, false))
     }
 
     /// The last object: the reason and Ollama's counts and durations (nanoseconds).
     fn done(
         &self,
         text: &str,
+        thinking: &str,
         finish: Finish,
         timing: &Timing,
         prompt_tokens: usize,
@@ -578,7 +678,7 @@ impl Reply {
     ) -> Value {
         let now = Instant::now();
         let first = timing.first_token.unwrap_or(now);
-        let mut v = self.object(text, true);
+        let mut v = self.object_with(text, thinking, true);
         v["done_reason"] = json!(done_reason(finish));
         v["total_duration"] = json!(nanos(now - timing.arrived));
         v["load_duration"] = json!(0);
@@ -603,8 +703,7 @@ async fn answer(
     s: &Shared,
     p: Params,
     prompt: Vec<u32>,
-    what: What,
-    model: String,
+    reply: Reply,
     arrived: Instant,
 ) -> Result<Response, OllamaError> {
     let mut sub = submit(s, &p, prompt)?;
@@ -613,13 +712,13 @@ async fn answer(
         submitted: Instant::now(),
         first_token: None,
     };
-    let reply = Reply { what, model };
     if p.stream {
         let first = sub.first().await?;
         if matches!(first, GenEvent::Token { .. }) {
             timing.first_token = Some(Instant::now());
         }
         let lines = Lines {
+            parser: reply.harmony.is_some().then(ChannelParser::new),
             reply,
             timing,
             first: Some(first),
@@ -640,8 +739,16 @@ async fn answer(
     }
     let done = super::collect(sub.rx, sub.guard).await?;
     timing.first_token = done.first_token;
+    let split = match reply.harmony {
+        Some(_) => ChannelParser::split(&done.text),
+        None => Split {
+            reasoning: String::new(),
+            content: done.text,
+        },
+    };
     let v = reply.done(
-        &done.text,
+        &split.content,
+        &split.reasoning,
         done.finish,
         &timing,
         done.usage.prompt_tokens,
@@ -654,6 +761,8 @@ async fn answer(
 /// (the client went away) cancels the request.
 struct Lines {
     reply: Reply,
+    /// A harmony reply's channel parser.
+    parser: Option<ChannelParser>,
     timing: Timing,
     first: Option<GenEvent>,
     rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
@@ -681,7 +790,13 @@ impl Lines {
                     if text.is_empty() {
                         continue;
                     }
-                    return Some(line(&self.reply.object(&text, false)));
+                    let Some(parser) = self.parser.as_mut() else {
+                        return Some(line(&self.reply.object(&text, false)));
+                    };
+                    match self.reply.piece(&parser.push(&text)) {
+                        Some(v) => return Some(line(&v)),
+                        None => continue,
+                    }
                 }
                 Some(GenEvent::Done {
                     finish,
@@ -693,10 +808,18 @@ impl Lines {
                     self.guard.disarm();
                     self.ended = true;
                     let mut out = String::new();
-                    if !text.is_empty() {
-                        out += &line(&self.reply.object(&text, false));
+                    match self.parser.as_mut() {
+                        Some(parser) => {
+                            let split = parser.push_last(&text);
+                            if let Some(v) = self.reply.piece(&split) {
+                                out += &line(&v);
+                            }
+                        }
+                        None if !text.is_empty() => out += &line(&self.reply.object(&text, false)),
+                        None => {}
                     }
                     out += &line(&self.reply.done(
+                        "",
                         "",
                         finish,
                         &self.timing,

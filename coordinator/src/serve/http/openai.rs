@@ -2,7 +2,8 @@
 
 use super::{ApiError, CancelOnDrop, Collected};
 use crate::serve::{Finish, GenEvent, ResumeStats, Sampling, TokenLogprob};
-use crate::text::template::Message;
+use crate::text::harmony::{ChannelParser, Split};
+use crate::text::template::{Message, TemplateVars};
 use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -48,6 +49,9 @@ pub(super) struct Body {
     /// Completions only: special-token texts in the prompt (`<|im_start|>`) become control
     /// tokens; by default the prompt is plain text (llama.cpp's name).
     pub parse_special: Option<bool>,
+    /// Chat: how hard a reasoning model thinks, "low", "medium" or "high" (gpt-oss's chat
+    /// template reads it; others ignore it).
+    pub reasoning_effort: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +94,8 @@ pub(super) struct Params {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The chat template's variables (`reasoning_effort`).
+    pub vars: TemplateVars,
 }
 
 pub(super) fn bad(param: &'static str, message: String) -> ApiError {
@@ -179,6 +185,16 @@ impl Params {
             seed,
         };
         let stream = b.stream.unwrap_or(false);
+        let reasoning_effort = match b.reasoning_effort.as_deref() {
+            None => None,
+            Some(e @ ("low" | "medium" | "high")) => Some(e.to_string()),
+            Some(other) => {
+                return Err(bad(
+                    "reasoning_effort",
+                    format!("`reasoning_effort` must be low, medium or high, not {other:?}"),
+                ))
+            }
+        };
         Ok(Params {
             kind,
             max_tokens,
@@ -188,6 +204,7 @@ impl Params {
             stream,
             include_usage: stream
                 && b.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
+            vars: TemplateVars { reasoning_effort },
         })
     }
 }
@@ -385,6 +402,9 @@ pub(super) struct Reply {
     model: String,
     logprobs: bool,
     include_usage: bool,
+    /// The reply is harmony (gpt-oss): its analysis channel goes to `reasoning_content`, its
+    /// final channel to `content` (see [`crate::text::harmony`]).
+    harmony: bool,
 }
 
 impl Reply {
@@ -400,7 +420,14 @@ impl Reply {
             model,
             logprobs: p.logprobs.is_some(),
             include_usage: p.include_usage,
+            harmony: false,
         }
+    }
+
+    /// Splits a chat reply into reasoning and answer when `yes` (a harmony model's chat).
+    pub fn harmony(mut self, yes: bool) -> Reply {
+        self.harmony = yes && self.kind == Kind::Chat;
+        self
     }
 
     fn object(&self, streamed: bool) -> &'static str {
@@ -461,6 +488,14 @@ impl Reply {
             "finish_reason": finish_reason(c.finish),
         });
         match self.kind {
+            Kind::Chat if self.harmony => {
+                let split = ChannelParser::split(&c.text);
+                let mut message = json!({"role": "assistant", "content": split.content});
+                if !split.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(split.reasoning);
+                }
+                choice["message"] = message;
+            }
             Kind::Chat => {
                 choice["message"] = json!({"role": "assistant", "content": c.text});
             }
@@ -485,6 +520,18 @@ impl Reply {
         logprobs: Value,
         finish: Option<Finish>,
     ) -> Value {
+        self.chunk_with(text, None, role, logprobs, finish)
+    }
+
+    /// [`Reply::chunk`] with the delta's `reasoning_content` (chat).
+    fn chunk_with(
+        &self,
+        text: Option<&str>,
+        reasoning: Option<&str>,
+        role: bool,
+        logprobs: Value,
+        finish: Option<Finish>,
+    ) -> Value {
         let mut choice = json!({
             "index": 0,
             "logprobs": logprobs,
@@ -498,6 +545,9 @@ impl Reply {
                 }
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
+                }
+                if let Some(r) = reasoning {
+                    delta.insert("reasoning_content".into(), json!(r));
                 }
                 choice["delta"] = Value::Object(delta);
             }
@@ -539,6 +589,8 @@ struct Streamer {
     ended: bool,
     /// Characters sent so far (the legacy `text_offset`).
     chars: usize,
+    /// A harmony reply's channel parser.
+    parser: Option<ChannelParser>,
 }
 
 impl Streamer {
@@ -567,7 +619,14 @@ impl Streamer {
                         None => Value::Null,
                     };
                     self.chars += text.chars().count();
-                    return Some(event(&self.reply.chunk(Some(&text), false, lp, None)));
+                    let Some(parser) = self.parser.as_mut() else {
+                        return Some(event(&self.reply.chunk(Some(&text), false, lp, None)));
+                    };
+                    let split = parser.push(&text);
+                    if split.is_empty() && lp.is_null() {
+                        continue; // markup, or text that may begin markup
+                    }
+                    return Some(event(&self.delta(&split, lp, None)));
                 }
                 Some(GenEvent::Done {
                     finish,
@@ -580,8 +639,17 @@ impl Streamer {
                     self.guard.disarm();
                     self.ended = true;
                     let mut out = String::new();
-                    if !text.is_empty() {
-                        out += &event(&self.reply.chunk(Some(&text), false, Value::Null, None));
+                    match self.parser.as_mut() {
+                        Some(parser) => {
+                            let split = parser.push_last(&text);
+                            if !split.is_empty() {
+                                out += &event(&self.delta(&split, Value::Null, None));
+                            }
+                        }
+                        None if !text.is_empty() => {
+                            out += &event(&self.reply.chunk(Some(&text), false, Value::Null, None));
+                        }
+                        None => {}
                     }
                     out += &event(&self.reply.chunk(None, false, Value::Null, Some(finish)));
                     if self.reply.include_usage {
@@ -611,6 +679,18 @@ impl Streamer {
         self.ended = true;
         event(&ApiError::server(message).body()) + DONE
     }
+
+    /// A chunk of a harmony reply: each non-empty part of `split` in its field.
+    fn delta(&self, split: &Split, logprobs: Value, finish: Option<Finish>) -> Value {
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        self.reply.chunk_with(
+            some(&split.content).as_deref(),
+            some(&split.reasoning).as_deref(),
+            false,
+            logprobs,
+            finish,
+        )
+    }
 }
 
 /// The SSE body of a streamed request.
@@ -620,6 +700,7 @@ pub(super) fn sse(
     rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     guard: CancelOnDrop,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+    let parser = reply.harmony.then(ChannelParser::new);
     let s = Streamer {
         reply,
         first,
@@ -628,6 +709,7 @@ pub(super) fn sse(
         started: false,
         ended: false,
         chars: 0,
+        parser,
     };
     futures_util::stream::unfold(s, |mut s| async move {
         let text = s.next().await?;

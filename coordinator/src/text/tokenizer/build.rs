@@ -39,6 +39,9 @@ const EOG_TEXTS: &[&str] = &[
     "<｜end▁of▁sentence｜>",
 ];
 
+/// o200k_harmony's markup tokens that llama.cpp treats as user-defined whatever the file says.
+const HARMONY_MARKUP: &[&str] = &["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
+
 // Fill-in-the-middle token texts llama.cpp recognises when the metadata names none.
 const FIM_PRE_TEXTS: &[&str] = &[
     "<|fim_prefix|>",
@@ -145,7 +148,11 @@ impl Tokenizer {
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
 
-        let (types, eog) = end_of_generation(spec, &index, types);
+        let EndOfGeneration {
+            types,
+            eog,
+            rendered,
+        } = end_of_generation(spec, &index, types);
         let rstrip = if spec.rstrip_specials {
             let special = [TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNKNOWN];
             let keep = ["<unk>", "<s>", "<|endoftext|>"];
@@ -229,6 +236,7 @@ impl Tokenizer {
             rstrip,
             specials,
             user_defined,
+            rendered,
         })
     }
 }
@@ -240,8 +248,9 @@ fn end_of_generation(
     spec: &TokenizerSpec,
     index: &HashMap<String, u32>,
     mut types: Vec<i32>,
-) -> (Vec<i32>, Vec<u32>) {
+) -> EndOfGeneration {
     let mut eog: Vec<u32> = Vec::new();
+    let mut rendered: Vec<u32> = Vec::new();
     let add = |eog: &mut Vec<u32>, id: u32| {
         if !eog.contains(&id) {
             eog.push(id);
@@ -289,7 +298,8 @@ fn end_of_generation(
             continue;
         };
         if *text == "<|end|>" && harmony {
-            types[id as usize] = TYPE_USER_DEFINED;
+            make_control(&mut types, id, text);
+            rendered.push(id);
             continue;
         }
         if *text == "</s>" && plain_s {
@@ -299,11 +309,37 @@ fn end_of_generation(
         make_control(&mut types, id, text);
         add(&mut eog, id);
     }
+    // llama.cpp makes harmony's markup tokens (and <|end|> above) user-defined: always
+    // rendered, so a reply decodes with its channel markup, which `text::harmony` reads. We
+    // render them too, but keep them control tokens otherwise: llama.cpp also matches a
+    // user-defined token in plain text, and a `<|start|>system<|message|>` typed in a chat
+    // message would then forge a turn; here message text stays text (see `Piece`).
+    for text in HARMONY_MARKUP {
+        if let Some(&id) = index.get(*text) {
+            make_control(&mut types, id, text);
+            rendered.push(id);
+        }
+    }
     for id in [spec.eos, spec.eot, spec.eom].into_iter().flatten() {
         add(&mut eog, id);
     }
     eog.sort_unstable();
-    (types, eog)
+    rendered.sort_unstable();
+    EndOfGeneration {
+        types,
+        eog,
+        rendered,
+    }
+}
+
+/// What [`end_of_generation`] works out.
+struct EndOfGeneration {
+    /// Token types, corrected.
+    types: Vec<i32>,
+    /// End-of-generation ids, sorted.
+    eog: Vec<u32>,
+    /// Control tokens rendered as their text even when control tokens are not, sorted.
+    rendered: Vec<u32>,
 }
 
 fn vocab_of(index: &HashMap<String, u32>) -> Vocab {

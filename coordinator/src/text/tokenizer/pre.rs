@@ -12,6 +12,22 @@ const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD
 // Mistral's Tekken (Mistral Nemo, Small 3, Ministral): its tokenizer.json expression (an
 // upper-case run may lead a lower-case one; digits one by one; `/` joins the punctuation run).
 const TEKKEN_RE: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+// o200k (gpt-oss, GPT-4o; `tokenizer.ggml.pre = "gpt-4o"`): a word is a run of "upper" letters
+// then "lower" ones (or the other way round) with an optional contraction, so "HTTPServer" is one
+// piece, "camelCase" two; digits in threes; `/` joins a punctuation run's trailing newlines.
+// tiktoken's expression says upper = Lu Lt Lm Lo M and lower = Ll Lm Lo M. llama.cpp cannot
+// express those classes (its regex runs over text whose non-ASCII letters are all folded to one
+// placeholder) and writes upper as "a letter but not a-z", lower as "a letter but not A-Z",
+// without marks. We follow llama.cpp, the reference the GGUF files are made for: the two only
+// differ where a non-ASCII cased letter or a combining mark meets case (llama.cpp splits
+// "ÉCOLE" into "É" "COLE"; tiktoken keeps it whole).
+const O200K_RE: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+",
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+    r"|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*",
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
 const QWEN35_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// A byte-level BPE pre-tokenizer: regular expressions applied one after the other (each
@@ -130,6 +146,13 @@ pub(super) const PRE_TOKENIZERS: &[PreTokenizerDef] = &[
     PreTokenizerDef {
         names: &["qwen35"],
         splits: &[QWEN35_RE],
+        ignore_merges: false,
+        add_bos: false,
+    },
+    PreTokenizerDef {
+        // The names llama.cpp gives the o200k expression (no BOS, merges applied as usual).
+        names: &["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"],
+        splits: &[O200K_RE],
         ignore_merges: false,
         add_bos: false,
     },

@@ -36,7 +36,8 @@ function save(name, value) {
 class NeedKey extends Error {}
 
 const state = {
-  // [{role, content, state?, note?}]: the conversation as shown and as sent.
+  // [{role, content, reasoning?, state?, note?}]: the conversation as shown and as sent (a
+  // reasoning model's reasoning is shown, never sent back).
   conversation: load(KEYS.conversation, []),
   apiKey: load(KEYS.apiKey, ''),
   model: null,
@@ -133,13 +134,17 @@ function messageElement(m) {
   const role = document.createElement('div');
   role.className = 'role';
   role.textContent = m.role;
+  // A reasoning model's reasoning (`reasoning_content`), dimmed above the answer.
+  const reasoning = document.createElement('div');
+  reasoning.className = 'reasoning';
+  reasoning.textContent = m.reasoning || '';
   const text = document.createElement('div');
   text.className = 'text';
   text.textContent = m.content;
   const note = document.createElement('div');
   note.className = 'note';
   note.textContent = m.note || '';
-  el.append(role, text, note);
+  el.append(role, reasoning, text, note);
   return el;
 }
 
@@ -194,7 +199,7 @@ async function send(event) {
   for (const m of state.conversation) {
     if (m.state !== 'error') messages.push({ role: m.role, content: m.content });
   }
-  const reply = { role: 'assistant', content: '', state: 'streaming', note: '' };
+  const reply = { role: 'assistant', content: '', reasoning: '', state: 'streaming', note: '' };
   state.conversation.push(reply);
   input.value = '';
   render();
@@ -202,8 +207,10 @@ async function send(event) {
   const log = $('log');
   const el = log.lastElementChild;
   const textEl = el.querySelector('.text');
+  const reasoningEl = el.querySelector('.reasoning');
   const noteEl = el.querySelector('.note');
   const update = () => {
+    reasoningEl.textContent = reply.reasoning;
     textEl.textContent = reply.content;
     noteEl.textContent = reply.note;
     el.dataset.state = reply.state;
@@ -235,8 +242,10 @@ async function send(event) {
       if (chunk.error) throw new Error(chunk.error.message || String(chunk.error));
       const choice = chunk.choices && chunk.choices[0];
       if (!choice) return;
-      if (choice.delta && choice.delta.content) {
-        reply.content += choice.delta.content;
+      const delta = choice.delta || {};
+      if (delta.reasoning_content) reply.reasoning += delta.reasoning_content;
+      if (delta.content) reply.content += delta.content;
+      if (delta.content || delta.reasoning_content) {
         tokens += 1;
         update();
       }

@@ -51,6 +51,28 @@ fn vocab() -> &'static Vocab {
     })
 }
 
+/// The date gpt-oss's template is rendered with (2026-03-09, as in the harmony fixture).
+const PINNED_TIME: i64 = 1_773_068_645;
+
+/// The synthetic gpt-oss vocabulary (o200k-shaped, harmony specials) with gpt-oss's own chat
+/// template, the date pinned.
+fn gpt_oss_vocab() -> &'static Vocab {
+    static V: OnceLock<Vocab> = OnceLock::new();
+    V.get_or_init(|| {
+        use ringllm_model::synth::{tokenizer_gguf, SynthArch};
+        let (kind, n) = SynthArch::GptOss.small_vocab();
+        let file = ringllm_model::gguf::GgufFile::from_bytes(tokenizer_gguf(kind, n))
+            .expect("synthetic GGUF");
+        let spec = TokenizerSpec::from_gguf(file.metadata()).expect("tokenizer metadata");
+        let tok = Tokenizer::new(&spec).expect("tokenizer");
+        let source = spec.chat_template.as_deref().expect("gpt-oss's template");
+        let mut template =
+            ChatTemplate::new(source, "<|startoftext|>", "<|return|>").expect("template");
+        template.pin_time(PINNED_TIME);
+        Vocab { tok, template }
+    })
+}
+
 /// What the stand-in backend does with a request.
 #[derive(Clone)]
 enum Script {
@@ -86,6 +108,8 @@ struct Scripted {
     health: Option<Health>,
     /// What `cluster` answers (`None`: one machine).
     cluster: Option<ClusterView>,
+    /// The model's tokenizer and template.
+    vocab: fn() -> &'static Vocab,
 }
 
 impl Scripted {
@@ -99,7 +123,14 @@ impl Scripted {
             shut: Arc::new(AtomicBool::new(false)),
             health: None,
             cluster: None,
+            vocab,
         }
+    }
+
+    /// A gpt-oss model (its vocabulary and template) instead of SmolLM2.
+    fn gpt_oss(mut self) -> Scripted {
+        self.vocab = gpt_oss_vocab;
+        self
     }
 
     fn cluster(mut self, c: ClusterView) -> Scripted {
@@ -213,15 +244,15 @@ impl Backend for Scripted {
     }
 
     fn tokenizer(&self) -> &Tokenizer {
-        &vocab().tok
+        &(self.vocab)().tok
     }
 
     fn template(&self) -> Option<&ChatTemplate> {
-        self.has_template.then(|| &vocab().template)
+        self.has_template.then(|| &(self.vocab)().template)
     }
 
     fn add_bos(&self) -> bool {
-        vocab().tok.add_bos_default()
+        (self.vocab)().tok.add_bos_default()
     }
 
     fn ctx(&self) -> usize {
@@ -1046,5 +1077,6 @@ fn no_template_is_a_400_that_says_so() {
         .contains("template"));
 }
 
+mod harmony;
 mod ollama;
 mod server;

@@ -16,7 +16,7 @@ fn ollama_error(r: &Resp, status: u16) -> String {
 }
 
 /// NDJSON lines, each a JSON object.
-fn lines(r: &Resp) -> Vec<Value> {
+pub(super) fn lines(r: &Resp) -> Vec<Value> {
     assert!(r.body.ends_with('\n'), "{:?}", r.body);
     r.body
         .lines()
@@ -24,7 +24,7 @@ fn lines(r: &Resp) -> Vec<Value> {
         .collect()
 }
 
-fn user(text: &str) -> Value {
+pub(super) fn user(text: &str) -> Value {
     json!([{"role": "user", "content": text}])
 }
 
