@@ -70,6 +70,21 @@ pub type KGemmFn = fn(
 /// (`out.len()` a multiple of the panel's rows).
 pub type PanelDotFn = fn(n: usize, w: &[u8], a: &[u8], out: &mut [f32]);
 
+/// `n_w` rows in whole panels (`crate::repack::KPANEL` rows each, repacked; `w` starts at a
+/// panel) of `n` columns against `n_a` activation rows (the r-th at `a[r * a_stride..]`):
+/// `out[r * out_stride + o]`. The batch form of `PanelDotFn`, with its bits for every pair.
+#[allow(clippy::too_many_arguments)]
+pub type PanelGemmFn = fn(
+    n: usize,
+    w: &[u8],
+    n_w: usize,
+    a: &[u8],
+    a_stride: usize,
+    n_a: usize,
+    out: &mut [f32],
+    out_stride: usize,
+);
+
 /// Instruction set a kernel table was built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -134,6 +149,9 @@ pub struct TypeKernels {
     /// interleaved): whole panels against one activation row, each panel's rows in the lanes
     /// of one register. The bits of `vec_dot` for every row.
     pub dot_panels: Option<PanelDotFn>,
+    /// Prefill over the same panels: whole panels against a batch of activation rows, each
+    /// row in a lane as `dot_panels` has it (MXFP4). The bits of `dot_panels` for every pair.
+    pub gemm_panels: Option<PanelGemmFn>,
 }
 
 impl std::fmt::Debug for TypeKernels {
@@ -147,6 +165,7 @@ impl std::fmt::Debug for TypeKernels {
             .field("gemm_packed", &self.gemm_packed.is_some())
             .field("kgemm", &self.kgemm.is_some())
             .field("dot_panels", &self.dot_panels.is_some())
+            .field("gemm_panels", &self.gemm_panels.is_some())
             .finish()
     }
 }

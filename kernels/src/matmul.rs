@@ -388,6 +388,43 @@ fn rows_times_acts(
         }
         return;
     }
+    if let Some(gemm_panels) = k.gemm_panels {
+        // A batch over the panels themselves (MXFP4): slabs of `SMALL_BATCH` activation rows
+        // against the chunk's whole panels, the rows after the last panel in the row kernels.
+        // The bits of `dot_panels` for every pair, so a row's result does not depend on its
+        // batch.
+        let m = rows.len();
+        assert!(m <= MAX_CHUNK, "matmul: a chunk of {m} repacked rows");
+        let mut buf = [0f32; SMALL_BATCH * MAX_CHUNK];
+        for r0 in (0..n_rows).step_by(SMALL_BATCH) {
+            let nr = (n_rows - r0).min(SMALL_BATCH);
+            if mp > 0 {
+                gemm_panels(
+                    w.n_in,
+                    &w.data[rows.start * rb..(rows.start + mp) * rb],
+                    mp,
+                    &a[r0 * a_stride..],
+                    a_stride,
+                    nr,
+                    &mut buf,
+                    m,
+                );
+            }
+            for r in 0..nr {
+                let at = (r0 + r) * w.n_out;
+                // SAFETY: output rows `rows` of activation row r0 + r belong to this chunk.
+                let o = unsafe { out.slice(at + rows.start..at + rows.start + mp) };
+                o.copy_from_slice(&buf[r * m..r * m + mp]);
+            }
+        }
+        let tail = rows.start + mp..rows.end;
+        if !tail.is_empty() {
+            let ws = &w.data[tail.start * rb..tail.end * rb];
+            let rows_w = QMatrix { packed: false, ..w };
+            rows_times_acts_in(rows_w, ws, k, a, a_stride, g, n_rows, tail, out, tile);
+        }
+        return;
+    }
     // A batch: the chunk's rows back in the GGUF layout once, then the batch kernels (the
     // copy is a small part of a batch's work per row; decode never takes this path).
     ROWS.with_borrow_mut(|buf| {

@@ -1,5 +1,6 @@
 //! Weights repacked at load into panels of rows, the layouts `TypeKernels::gemm_packed` (the
-//! 32-element formats) and `TypeKernels::dot_panels` (Q4_K) read.
+//! 32-element formats), `TypeKernels::dot_panels` (Q4_K, MXFP4) and
+//! `TypeKernels::gemm_panels` (MXFP4) read.
 //!
 //! A GEMM register tile takes `PANEL` weight rows at once. In the GGUF layout it gathers their
 //! blocks from `PANEL` places, and it converts each row's f16 scales on its own. In a panel the
@@ -38,7 +39,8 @@ use crate::types::GgmlType;
 /// Rows per panel of the 32-element formats: the GEMM tile's weight rows.
 pub const PANEL: usize = 4;
 
-/// Rows per Q4_K panel: the decode kernel's lanes (16 of 32 bits in a 512-bit register).
+/// Rows per Q4_K and MXFP4 panel: the decode kernel's lanes (16 of 32 bits in a 512-bit
+/// register). The MXFP4 layout is `mxpanel`'s.
 pub const KPANEL: usize = 16;
 
 /// The row every matmul job and chunk starts on: a multiple of every layout's panel, so a
@@ -60,7 +62,7 @@ pub fn header_bytes(ty: GgmlType) -> Option<usize> {
 /// Rows in one panel of `ty`'s layout; `None` when `ty` has none.
 pub fn panel_rows(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q4_K => Some(KPANEL),
+        GgmlType::Q4_K | GgmlType::MXFP4 => Some(KPANEL),
         _ => header_bytes(ty).map(|_| PANEL),
     }
 }
@@ -71,6 +73,7 @@ pub fn available(ty: GgmlType) -> bool {
     let k = crate::kernels(ty);
     match ty {
         GgmlType::Q4_K => k.dot_panels.is_some(),
+        GgmlType::MXFP4 => k.dot_panels.is_some() && k.gemm_panels.is_some(),
         _ => header_bytes(ty).is_some() && k.gemm_packed.is_some(),
     }
 }
@@ -86,8 +89,10 @@ pub fn packed_rows(ty: GgmlType, n_out: usize) -> usize {
 /// # Panics
 /// When `ty` has no panel layout, or the slices do not hold the rows.
 pub fn repack(ty: GgmlType, n_in: usize, n_out: usize, src: &[u8], dst: &mut [u8]) {
-    if ty == GgmlType::Q4_K {
-        return kpanel::repack(n_in, n_out, src, dst);
+    match ty {
+        GgmlType::Q4_K => return kpanel::repack(n_in, n_out, src, dst),
+        GgmlType::MXFP4 => return mxpanel::repack(n_in, n_out, src, dst),
+        _ => {}
     }
     repack_legacy(ty, n_in, n_out, src, dst);
 }
@@ -104,8 +109,10 @@ pub fn unpack_row(
     row: usize,
     out: &mut [u8],
 ) {
-    if ty == GgmlType::Q4_K {
-        return kpanel::unpack_rows(n_in, n_out, packed, row..row + 1, out);
+    match ty {
+        GgmlType::Q4_K => return kpanel::unpack_rows(n_in, n_out, packed, row..row + 1, out),
+        GgmlType::MXFP4 => return mxpanel::unpack_rows(n_in, n_out, packed, row..row + 1, out),
+        _ => {}
     }
     unpack_row_legacy(ty, n_in, n_out, packed, row, out);
 }
@@ -123,14 +130,18 @@ pub fn unpack_rows(
     rows: std::ops::Range<usize>,
     out: &mut [u8],
 ) {
-    if ty == GgmlType::Q4_K {
-        return kpanel::unpack_rows(n_in, n_out, packed, rows, out);
+    match ty {
+        GgmlType::Q4_K => return kpanel::unpack_rows(n_in, n_out, packed, rows, out),
+        GgmlType::MXFP4 => return mxpanel::unpack_rows(n_in, n_out, packed, rows, out),
+        _ => {}
     }
     let rb = ty.row_bytes(n_in).unwrap_or(0);
     for (k, r) in rows.enumerate() {
         unpack_row_legacy(ty, n_in, n_out, packed, r, &mut out[k * rb..(k + 1) * rb]);
     }
 }
+
+pub mod mxpanel;
 
 /// The Q4_K panel layout (see the module's description).
 pub mod kpanel {
@@ -458,6 +469,7 @@ mod tests {
             GgmlType::Q5_1,
             GgmlType::Q8_0,
             GgmlType::Q4_K,
+            GgmlType::MXFP4,
         ] {
             let panel = panel_rows(ty).unwrap();
             for nb in [1usize, 2, 3, 6, 7] {
@@ -475,7 +487,7 @@ mod tests {
                         a, b,
                         "{ty} {nb} blocks {n_out} rows: bytes are not a permutation"
                     );
-                    if n_out >= panel && (nb >= 2 || ty == GgmlType::Q4_K) {
+                    if n_out >= panel && (nb >= 2 || panel == KPANEL) {
                         assert_ne!(src, dst, "{ty} {nb} blocks {n_out} rows: nothing moved");
                     }
                     let mut row = vec![0u8; rb];

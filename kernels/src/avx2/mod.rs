@@ -14,6 +14,7 @@ mod iq4_xs;
 mod kgemm;
 mod kquant;
 mod mxfp4;
+mod mxfp4_panel;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -84,7 +85,9 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
             }
         };
     }
-    entry.kgemm = kgemm_for(entry.ty, KLevel::Vnni(v));
+    if entry.ty != GgmlType::MXFP4 {
+        entry.kgemm = kgemm_for(entry.ty, KLevel::Vnni(v));
+    }
     match entry.ty {
         GgmlType::Q4_0 => level!(q4_0::Q4_0),
         GgmlType::Q4_1 => level!(q4_1::Q4_1),
@@ -93,6 +96,10 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
         GgmlType::Q8_0 => level!(q8_0::Q8_0),
         GgmlType::Q8_1 => level!(q8_0::Q8_1),
         GgmlType::IQ4_NL => level!(iq4_nl::Iq4Nl),
+        GgmlType::MXFP4 => match v {
+            Vnni::Avx => mxfp4_entry::<mxfp4_panel::AvxVnni>(entry),
+            Vnni::Avx512 => mxfp4_entry::<mxfp4_panel::Avx512Vnni>(entry),
+        },
         GgmlType::Q4_K => {
             entry.dot_panels = Some(match v {
                 Vnni::Avx => q4_k_panel::avxvnni::dot_panels,
@@ -107,7 +114,9 @@ pub fn specialize_vnni(entry: &mut TypeKernels, v: Vnni) {
 pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
     specialize_vnni(entry, v);
     entry.isa = Isa::Avx512;
-    entry.kgemm = kgemm_for(entry.ty, KLevel::Avx512);
+    if entry.ty != GgmlType::MXFP4 {
+        entry.kgemm = kgemm_for(entry.ty, KLevel::Avx512);
+    }
     entry.gemm = match entry.ty {
         GgmlType::Q4_0 => Some(gemm512::gemm::<q4_0::Q4_0>),
         GgmlType::Q4_1 => Some(gemm512::gemm::<q4_1::Q4_1>),
@@ -147,6 +156,7 @@ pub fn specialize_avx512(entry: &mut TypeKernels, v: Vnni) {
             entry.vec_dot_multi = Some(q6_k::vec_dot_multi512);
         }
         GgmlType::Q2_K => entry.vec_dot_multi = Some(q2_k::vec_dot_multi512),
+        GgmlType::MXFP4 => mxfp4_entry::<mxfp4_panel::Avx512>(entry),
         GgmlType::Q3_K => {
             entry.vec_dot = q3_k::vec_dot512;
             entry.vec_dot_multi = Some(q3_k::vec_dot_multi512);
@@ -227,12 +237,18 @@ pub fn specialize(entry: &mut TypeKernels) {
             entry.vec_dot = iq4_xs::vec_dot;
             entry.vec_dot_multi = Some(iq4_xs::vec_dot_multi);
         }
-        // Its one-row dot at every x86 level (the reference's bits).
-        GgmlType::MXFP4 => entry.vec_dot = mxfp4::vec_dot,
+        // Its one-row dot, and the rest through panels of 16 rows in the lanes of a register
+        // (`mxfp4_panel.rs`): the reference's bits everywhere.
+        GgmlType::MXFP4 => {
+            entry.vec_dot = mxfp4::vec_dot;
+            mxfp4_entry::<mxfp4_panel::Plain>(entry);
+        }
     }
     // The K-quants' prefill through tiles of unpacked rows; IQ4_XS's codes (up to 241) would
     // saturate `maddubs`, so it waits for `vpdpbusd`.
-    entry.kgemm = kgemm_for(entry.ty, KLevel::Avx2);
+    if entry.ty != GgmlType::MXFP4 {
+        entry.kgemm = kgemm_for(entry.ty, KLevel::Avx2);
+    }
 }
 
 /// Which K-quant GEMM a table level takes.
@@ -268,6 +284,19 @@ fn kgemm_for(ty: GgmlType, level: KLevel) -> Option<crate::dispatch::KGemmFn> {
         KLevel::Vnni(Vnni::Avx512) => pick!(k512vl),
         KLevel::Avx512 => pick!(kgemm512),
     }
+}
+
+/// MXFP4's panel kernels at level `L`: decode and prefill over repacked panels, and the
+/// row kernels (rows in the GGUF layout, laid out as panels on the way).
+fn mxfp4_entry<L: mxfp4_panel::Level + crate::repack::mxpanel::PanelKernel>(
+    entry: &mut TypeKernels,
+) {
+    use crate::repack::mxpanel;
+    entry.dot_panels = Some(mxfp4_panel::dot_panels::<L>);
+    entry.gemm_panels = Some(mxfp4_panel::gemm_panels::<L>);
+    entry.vec_dot_rows = Some(mxpanel::vec_dot_rows::<L>);
+    entry.vec_dot_tile = Some(mxpanel::vec_dot_tile::<L>);
+    entry.kgemm = Some(mxpanel::kgemm::<L>);
 }
 
 fn legacy_entry<B: q8_0::Legacy>(entry: &mut TypeKernels) {

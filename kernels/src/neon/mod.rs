@@ -23,6 +23,7 @@ mod iq4_xs;
 mod kgemm;
 mod kquant;
 mod mxfp4;
+mod mxfp4_panel;
 pub mod ops;
 mod q2_k;
 mod q3_k;
@@ -236,6 +237,9 @@ pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
 pub fn specialize(entry: &mut TypeKernels) {
     entry.isa = Isa::Neon;
     set_level::<Plain>(entry);
+    if entry.ty == GgmlType::MXFP4 {
+        mxfp4_panel::entry::<mxfp4_panel::Plain>(entry);
+    }
 }
 
 /// The dotprod level: the NEON table with `sdot` for every integer dot product.
@@ -249,7 +253,12 @@ pub fn specialize_dotprod(entry: &mut TypeKernels) {
     if entry.ty == GgmlType::Q4_K {
         entry.dot_panels = Some(q4_k_panel::dot_panels);
     }
+    // MXFP4's decode, prefill and row kernels over panels of 16 rows, with `sdot`.
+    if entry.ty == GgmlType::MXFP4 {
+        mxfp4_panel::entry::<Sdot>(entry);
+    }
     entry.kgemm = match entry.ty {
+        GgmlType::MXFP4 => entry.kgemm,
         GgmlType::Q4_K => Some(kgemm::kgemm::<Q4K>),
         GgmlType::Q5_K => Some(kgemm::kgemm::<Q5K>),
         GgmlType::Q6_K => Some(kgemm::kgemm::<Q6K>),
@@ -305,6 +314,9 @@ fn set_level<D: Dot>(entry: &mut TypeKernels) {
         GgmlType::Q3_K => q8_k::entry::<q3_k::Q3K, D>(entry),
         GgmlType::IQ4_NL => q8_0::entry::<iq4_nl::Iq4Nl, D>(entry),
         GgmlType::IQ4_XS => q8_k::entry::<iq4_xs::Iq4Xs, D>(entry),
+        // Its one-row dot, and the rest through panels of 16 rows in the lanes of four
+        // registers (`mxfp4_panel.rs`): the reference's bits everywhere.
+        // (`specialize*` add the panel kernels of their level).
         GgmlType::MXFP4 => entry.vec_dot = mxfp4::vec_dot,
     }
     // The weight quantizers' scale searches, eight sub-blocks at a time (`ringllm convert`):

@@ -40,6 +40,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
                 gemm_packed: None,
                 kgemm: None,
                 dot_panels: None,
+                gemm_panels: None,
             }
         };
     }
@@ -58,6 +59,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             gemm_packed: None,
             kgemm: None,
             dot_panels: None,
+            gemm_panels: None,
         },
         GgmlType::F16 => TypeKernels {
             ty,
@@ -73,6 +75,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             gemm_packed: None,
             kgemm: None,
             dot_panels: None,
+            gemm_panels: None,
         },
         GgmlType::BF16 => TypeKernels {
             ty,
@@ -88,6 +91,7 @@ pub fn scalar_kernels(ty: GgmlType) -> TypeKernels {
             gemm_packed: None,
             kgemm: None,
             dot_panels: None,
+            gemm_panels: None,
         },
         GgmlType::Q4_0 => entry!(q4_0),
         GgmlType::Q4_1 => entry!(q4_1),
