@@ -50,7 +50,9 @@ pub use conn::raise_open_files;
 pub use ollama::ModelCard;
 
 use error::{error_for, reject_large, shutting_down, ApiError, JsonBody};
-use generate::{collect, generate, stopped, submit, tokenize, CancelOnDrop, Collected, Prompt};
+use generate::{
+    collect, constraint, generate, stopped, submit, tokenize, CancelOnDrop, Collected, Prompt,
+};
 
 /// How to serve.
 #[derive(Clone, Debug)]

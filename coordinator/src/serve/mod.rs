@@ -48,6 +48,9 @@ pub struct GenRequest {
     /// Set by the HTTP layer when the client goes away: the scheduler stops the sequence and
     /// frees its slot.
     pub cancel: Arc<AtomicBool>,
+    /// A grammar the output must follow (compiled by [`Backend::grammars`]); its masks are
+    /// computed while the forward pass runs.
+    pub constraint: Option<Box<crate::text::grammar::Constraint>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -171,6 +174,12 @@ pub struct Metrics {
     pub decode_tokens_per_s: f64,
     /// (node name, mean ms per hop of the last frames); empty on one machine.
     pub node_latency_ms: Vec<(String, f64)>,
+    /// Token masks computed for constrained requests, the seconds spent computing them (on
+    /// the mask thread, beside the forward pass), and the seconds sampling waited for a mask
+    /// not ready when the step's logits were (the part a grammar added to step time).
+    pub grammar_masks_total: u64,
+    pub grammar_mask_seconds_total: f64,
+    pub grammar_wait_seconds_total: f64,
 }
 
 /// What the HTTP layer needs from an engine.
@@ -195,6 +204,10 @@ pub trait Backend: Send + Sync + 'static {
     /// A ring's key and nodes, for `GET /v1/cluster` (`None` on one machine).
     fn cluster(&self) -> Option<crate::cluster::status::ClusterView> {
         None
+    }
+    /// The model's grammar compiler for constrained requests (built on first use).
+    fn grammars(&self) -> Result<&crate::text::grammar::Grammars, String> {
+        Err("constrained decoding is not available on this server".into())
     }
     /// Stop taking requests; cancel or finish what runs, then return.
     fn shutdown(&self);

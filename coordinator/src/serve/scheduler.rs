@@ -13,6 +13,7 @@
 //! failures one request goes through; after that it gets an error.
 
 mod local;
+mod masks;
 mod prefill;
 mod sample;
 mod step;
@@ -119,6 +120,11 @@ struct Shared {
     node_latency: Mutex<Vec<(String, f64)>>,
     /// The stepper's last health report (`None`: one machine, always ready).
     health: Mutex<Option<Health>>,
+    /// Constrained decoding: masks computed, nanoseconds computing them, nanoseconds
+    /// sampling waited for them.
+    grammar_masks: AtomicU64,
+    grammar_mask_ns: AtomicU64,
+    grammar_wait_ns: AtomicU64,
 }
 
 enum Msg {
@@ -139,6 +145,10 @@ pub struct SchedBackend {
     slots: usize,
     queue: usize,
     cluster: Option<crate::cluster::status::ClusterView>,
+    /// Rows of the model's logits (the grammar's vocabulary).
+    vocab: usize,
+    /// The grammar compiler, built by the first constrained request.
+    grammars: std::sync::OnceLock<Result<crate::text::grammar::Grammars, String>>,
 }
 
 impl SchedBackend {
@@ -157,6 +167,7 @@ impl SchedBackend {
         let ctx = opts.ctx;
         let queue = opts.queue;
         let cluster = stepper.cluster();
+        let vocab = stepper.vocab();
         let mut sched = Scheduler::new(stepper, Arc::clone(&tokenizer), Arc::clone(&shared), opts);
         sched.publish_health();
         let thread = std::thread::Builder::new()
@@ -174,6 +185,8 @@ impl SchedBackend {
             slots,
             queue,
             cluster,
+            vocab,
+            grammars: std::sync::OnceLock::new(),
         }))
     }
 }
@@ -215,6 +228,16 @@ impl Backend for SchedBackend {
         self.model_id.clone()
     }
 
+    fn grammars(&self) -> Result<&crate::text::grammar::Grammars, String> {
+        self.grammars
+            .get_or_init(|| {
+                crate::text::grammar::Grammars::new(&self.tokenizer, self.vocab)
+                    .map_err(|e| format!("cannot build the grammar vocabulary: {e:#}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
@@ -244,6 +267,9 @@ impl Backend for SchedBackend {
             slots_busy: g(&s.busy),
             decode_tokens_per_s: g(&s.rate_milli) as f64 / 1000.0,
             node_latency_ms: s.node_latency.lock().map(|v| v.clone()).unwrap_or_default(),
+            grammar_masks_total: g(&s.grammar_masks),
+            grammar_mask_seconds_total: g(&s.grammar_mask_ns) as f64 / 1e9,
+            grammar_wait_seconds_total: g(&s.grammar_wait_ns) as f64 / 1e9,
         }
     }
 

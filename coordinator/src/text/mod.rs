@@ -2,6 +2,7 @@
 //! the sampler chain that picks each next token.
 
 pub mod chat;
+pub mod grammar;
 pub mod harmony;
 pub mod sampler;
 pub mod template;

@@ -131,8 +131,40 @@ impl Submitted {
     }
 }
 
-/// Checks the prompt against the context and submits it.
-pub(super) fn submit(s: &AppState, p: &Params, prompt: Vec<u32>) -> Result<Submitted, ApiError> {
+/// Compiles the request's grammar, if any, off the async workers (the first one builds the
+/// model's grammar vocabulary); one that cannot be compiled is a 400 naming what.
+pub(super) async fn constraint(
+    s: &Shared,
+    p: &Params,
+) -> Result<Option<Box<crate::text::grammar::Constraint>>, ApiError> {
+    let Some((spec, param)) = p.grammar.clone() else {
+        return Ok(None);
+    };
+    let st = Arc::clone(s);
+    let r = tokio::task::spawn_blocking(move || {
+        st.backend
+            .grammars()
+            .map_err(ApiError::server)?
+            .compile(&spec)
+            .map(Box::new)
+            .map_err(|e| {
+                ApiError::invalid(format!("`{param}` cannot be used: {e}"))
+                    .param(param)
+                    .code("invalid_grammar")
+            })
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("compiling the grammar failed: {e}")))?;
+    r.map(Some)
+}
+
+/// Checks the prompt against the context and submits it (with its compiled grammar).
+pub(super) fn submit(
+    s: &AppState,
+    p: &Params,
+    prompt: Vec<u32>,
+    constraint: Option<Box<crate::text::grammar::Constraint>>,
+) -> Result<Submitted, ApiError> {
     let ctx = s.backend.ctx();
     if prompt.len() >= ctx {
         return Err(ApiError::invalid(format!(
@@ -155,6 +187,7 @@ pub(super) fn submit(s: &AppState, p: &Params, prompt: Vec<u32>) -> Result<Submi
         logprobs: p.logprobs,
         events: tx,
         cancel: Arc::clone(&cancel),
+        constraint,
     };
     s.backend.submit(req)?;
     Ok(Submitted {
@@ -168,11 +201,12 @@ pub(super) fn submit(s: &AppState, p: &Params, prompt: Vec<u32>) -> Result<Submi
 
 /// Submits and answers in OpenAI's shape (whole or streamed).
 pub(super) async fn generate(
-    s: &AppState,
+    s: &Shared,
     p: Params,
     prompt: Vec<u32>,
 ) -> Result<Response, ApiError> {
-    let mut sub = submit(s, &p, prompt)?;
+    let constraint = constraint(s, &p).await?;
+    let mut sub = submit(s, &p, prompt, constraint)?;
     let reply = openai::Reply::new(&p, s.backend.model_id())
         .harmony(crate::text::harmony::is_harmony(s.backend.tokenizer()));
     if p.stream {

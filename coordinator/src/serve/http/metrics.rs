@@ -50,6 +50,26 @@ fn prometheus_text(m: &Metrics) -> String {
     for (name, help, v) in counters {
         one(name, "counter", help, v as f64);
     }
+    let grammar = [
+        (
+            "ringllm_grammar_masks_total",
+            "Token masks computed for constrained requests (JSON schemas, tool calls).",
+            m.grammar_masks_total as f64,
+        ),
+        (
+            "ringllm_grammar_mask_seconds_total",
+            "Seconds spent computing token masks, beside the forward pass.",
+            m.grammar_mask_seconds_total,
+        ),
+        (
+            "ringllm_grammar_wait_seconds_total",
+            "Seconds sampling waited for a token mask not ready when the logits were.",
+            m.grammar_wait_seconds_total,
+        ),
+    ];
+    for (name, help, v) in grammar {
+        one(name, "counter", help, v);
+    }
     let gauges = [
         (
             "ringllm_queue_depth",

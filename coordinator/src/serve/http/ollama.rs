@@ -12,10 +12,11 @@
 
 use super::openai::{self, bad, within, Kind, Params};
 use super::{
-    served_model, shutting_down, stopped, submit, tokenize, ApiError, CancelOnDrop, JsonBody,
-    Prompt, Shared,
+    constraint, served_model, shutting_down, stopped, submit, tokenize, ApiError, CancelOnDrop,
+    JsonBody, Prompt, Shared,
 };
 use crate::serve::{Finish, GenEvent, Sampling};
+use crate::text::grammar::GrammarSpec;
 use crate::text::harmony::{is_harmony, ChannelParser, Split};
 use crate::text::template::{Message, TemplateVars};
 use axum::body::{Body, Bytes};
@@ -291,6 +292,7 @@ impl Options {
             stream,
             include_usage: false,
             vars: TemplateVars::default(),
+            grammar: None,
         })
     }
 }
@@ -392,18 +394,26 @@ fn supported(
     }
 }
 
+/// Ollama's `format`: `"json"` (any JSON value, an object as Ollama's models give) or a
+/// JSON schema; the grammar the output follows.
+fn format_grammar(format: Option<&Value>) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
+    match format {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some((GrammarSpec::JsonObject, "format"))),
+        Some(schema @ Value::Object(_)) => {
+            Ok(Some((GrammarSpec::JsonSchema(schema.clone()), "format")))
+        }
+        Some(other) => Err(bad(
+            "format",
+            format!("`format` must be \"json\" or a JSON schema object, not {other}"),
+        )),
+    }
+}
+
 /// Refuses what this server cannot do, by name, instead of ignoring it.
 fn unsupported(format: Option<&Value>, think: Option<&Value>) -> Result<(), ApiError> {
-    match format {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(_) => {
-            return Err(bad(
-                "format",
-                "structured output (`format`) is not supported by this server".into(),
-            ))
-        }
-    }
+    format_grammar(format)?;
     match think {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(()),
         Some(Value::String(s)) if s.is_empty() => Ok(()),
@@ -496,7 +506,8 @@ async fn chat(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let stream = body.stream.unwrap_or(true);
-    let p = Options::from_json(body.options)?.params(Kind::Chat, stream)?;
+    let mut p = Options::from_json(body.options)?.params(Kind::Chat, stream)?;
+    p.grammar = format_grammar(body.format.as_ref())?;
     let vars = TemplateVars {
         reasoning_effort: think.effort.clone(),
     };
@@ -555,7 +566,8 @@ async fn generate(
         return Ok(load_reply(&model, What::Generate, body.keep_alive.as_ref()));
     }
     let stream = body.stream.unwrap_or(true);
-    let p = Options::from_json(body.options)?.params(Kind::Completion, stream)?;
+    let mut p = Options::from_json(body.options)?.params(Kind::Completion, stream)?;
+    p.grammar = format_grammar(body.format.as_ref())?;
     // Raw: the client wrote the model's format itself, so its special-token texts are
     // control tokens. Otherwise the prompt is one user turn in the chat template (with
     // `system`), or plain text when the model has none.
@@ -706,7 +718,8 @@ async fn answer(
     reply: Reply,
     arrived: Instant,
 ) -> Result<Response, OllamaError> {
-    let mut sub = submit(s, &p, prompt)?;
+    let constraint = constraint(s, &p).await?;
+    let mut sub = submit(s, &p, prompt, constraint)?;
     let mut timing = Timing {
         arrived,
         submitted: Instant::now(),

@@ -2,6 +2,7 @@
 
 use super::{ApiError, CancelOnDrop, Collected};
 use crate::serve::{Finish, GenEvent, ResumeStats, Sampling, TokenLogprob};
+use crate::text::grammar::GrammarSpec;
 use crate::text::harmony::{ChannelParser, Split};
 use crate::text::template::{Message, TemplateVars};
 use axum::body::Bytes;
@@ -52,7 +53,51 @@ pub(super) struct Body {
     /// Chat: how hard a reasoning model thinks, "low", "medium" or "high" (gpt-oss's chat
     /// template reads it; others ignore it).
     pub reasoning_effort: Option<String>,
+    /// Structured output: `{"type": "text" | "json_object" | "json_schema", ...}`, and ours,
+    /// `{"type": "regex", "regex": ...}` and `{"type": "lark", "lark": ...}`.
+    pub response_format: Option<Value>,
+    /// llama.cpp's shorthand for `response_format: {type: json_schema}`: the schema itself.
+    pub json_schema: Option<Value>,
+    /// Chat: functions the model may call, and whether/which it must.
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// Fields of OpenAI's (or llama.cpp's) that this server does not do: refused by name
+    /// ([`UNSUPPORTED`]), never ignored.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
+
+/// Request fields this server refuses by name, with why or what to send instead. Fields not
+/// listed and not read are ignored: front ends send many that change nothing (`user`,
+/// `metadata`, `service_tier`).
+pub(super) const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "functions",
+        "the legacy `functions` are not supported: send them as `tools`",
+    ),
+    (
+        "function_call",
+        "the legacy `function_call` is not supported: use `tool_choice`",
+    ),
+    ("logit_bias", "`logit_bias` is not supported"),
+    ("audio", "audio output is not supported"),
+    ("modalities", "only text output is supported (`modalities`)"),
+    (
+        "prediction",
+        "predicted outputs (`prediction`) are not supported",
+    ),
+    (
+        "web_search_options",
+        "web search (`web_search_options`) is not supported",
+    ),
+    (
+        "grammar",
+        "GBNF grammars (`grammar`) are not supported: send a Lark grammar as \
+         `response_format: {\"type\": \"lark\", \"lark\": ...}`",
+    ),
+    ("store", "stored completions (`store`) are not supported"),
+];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -96,6 +141,9 @@ pub(super) struct Params {
     pub include_usage: bool,
     /// The chat template's variables (`reasoning_effort`).
     pub vars: TemplateVars,
+    /// The grammar the output must follow, and the request field that asked for it (named in
+    /// the 400 when it does not compile).
+    pub grammar: Option<(GrammarSpec, &'static str)>,
 }
 
 pub(super) fn bad(param: &'static str, message: String) -> ApiError {
@@ -120,8 +168,87 @@ pub(super) fn within(
     }
 }
 
+/// Refuses the fields of [`UNSUPPORTED`] a request sets (`null`, `false` and empty values
+/// ask for nothing and pass; so does `modalities: ["text"]`).
+fn refuse_unsupported(b: &Body) -> Result<(), ApiError> {
+    for (name, why) in UNSUPPORTED {
+        let asks = match b.other.get(*name) {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Array(a)) if *name == "modalities" => {
+                a.iter().any(|m| m.as_str() != Some("text"))
+            }
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::Object(o)) => !o.is_empty(),
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(_) => true,
+        };
+        if asks {
+            return Err(bad(name, (*why).to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// `response_format` (or llama.cpp's `json_schema`) as a grammar; `None` for plain text.
+pub(super) fn response_format(b: &Body) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
+    if let Some(schema) = b.json_schema.as_ref().filter(|v| !v.is_null()) {
+        if b.response_format.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(bad(
+                "json_schema",
+                "send either `response_format` or `json_schema`, not both".into(),
+            ));
+        }
+        return Ok(Some((
+            GrammarSpec::JsonSchema(schema.clone()),
+            "json_schema",
+        )));
+    }
+    let p = "response_format";
+    let Some(rf) = b.response_format.as_ref().filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let field = |name: &str| rf.get(name).filter(|v| !v.is_null());
+    let text = |name: &str| -> Result<String, ApiError> {
+        field(name)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| bad(p, format!("`response_format.{name}` must be a string")))
+    };
+    let spec = match rf.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => GrammarSpec::JsonObject,
+        Some("json_schema") => {
+            let js = field("json_schema")
+                .ok_or_else(|| bad(p, "`response_format.json_schema` is missing".into()))?;
+            match js.get("schema").filter(|v| !v.is_null()) {
+                Some(schema) => GrammarSpec::JsonSchema(schema.clone()),
+                None => {
+                    return Err(bad(
+                        p,
+                        "`response_format.json_schema.schema` is missing".into(),
+                    ))
+                }
+            }
+        }
+        Some("regex") => GrammarSpec::Regex(text("regex")?),
+        Some("lark") => GrammarSpec::Lark(text("lark")?),
+        Some(other) => {
+            return Err(bad(
+                p,
+                format!(
+                    "`response_format.type` {other:?} is not supported (text, json_object, \
+                     json_schema, regex, lark)"
+                ),
+            ))
+        }
+        None => return Err(bad(p, "`response_format.type` is missing".into())),
+    };
+    Ok(Some((spec, p)))
+}
+
 impl Params {
     pub fn from_body(b: &Body, kind: Kind) -> Result<Params, ApiError> {
+        refuse_unsupported(b)?;
         if let Some(n) = b.n.filter(|&n| n != 1) {
             return Err(bad("n", format!("only n = 1 is supported, not {n}")));
         }
@@ -205,6 +332,7 @@ impl Params {
             include_usage: stream
                 && b.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
             vars: TemplateVars { reasoning_effort },
+            grammar: response_format(b)?,
         })
     }
 }

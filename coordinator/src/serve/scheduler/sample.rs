@@ -1,11 +1,13 @@
 //! Sampling one sequence's next token and its log-probabilities.
 
+use super::masks::Grammar;
 use super::step::Active;
 use crate::serve::{Finish, GenEvent, TokenLogprob, TopLogprob};
 use crate::text::tokenizer::Tokenizer;
 
-/// Samples the next token of `a` from `logits` (modified in place by penalties), streams it,
-/// and returns why the sequence ends, if it does.
+/// Samples the next token of `a` from `logits` (modified in place by penalties and its
+/// grammar's mask), streams it, and returns why the sequence ends, if it does; an error when
+/// its grammar failed or allows nothing.
 pub(super) fn sample_one(
     a: &mut Active,
     logits: &mut [f32],
@@ -13,8 +15,19 @@ pub(super) fn sample_one(
     eog: &[u32],
     cache_len: usize,
     ctx: usize,
-) -> Option<Finish> {
+) -> Result<Option<Finish>, String> {
+    // Log-probabilities are the model's own, before the grammar's mask.
     let logprob_info = a.req.logprobs.map(|k| log_softmax_top(logits, k));
+    match &a.grammar {
+        Grammar::None => {}
+        Grammar::Here(c) => {
+            if !c.apply(logits) {
+                return Err("the grammar allows no token the model can give here".into());
+            }
+        }
+        Grammar::Failed(m) => return Err(m.clone()),
+        Grammar::Away => return Err("internal error: sampling before the grammar's mask".into()),
+    }
     let s = &a.req.sampling;
     if s.frequency_penalty != 0.0 || s.presence_penalty != 0.0 {
         for (&t, &c) in &a.counts {
@@ -25,7 +38,7 @@ pub(super) fn sample_one(
     }
     let id = a.sampler.sample(logits, &a.history);
     if eog.contains(&id) {
-        return Some(Finish::Stop);
+        return Ok(Some(Finish::Stop));
     }
     // The chosen token's raw logit: undo the penalty subtracted above.
     let raw_chosen =
@@ -61,13 +74,13 @@ pub(super) fn sample_one(
     });
     let _ = a.req.events.send(GenEvent::Token { id, text, logprob });
     if matched {
-        return Some(Finish::Stop);
+        return Ok(Some(Finish::Stop));
     }
     if a.generated >= a.req.max_tokens || cache_len + 1 >= ctx {
-        return Some(Finish::Length);
+        return Ok(Some(Finish::Length));
     }
     a.pending.push(id);
-    None
+    Ok(None)
 }
 
 /// The raw logits' log-sum-exp and the top `k` ids with their log-probabilities (before any

@@ -1,6 +1,7 @@
 //! The scheduler thread: its slots and their KV bookkeeping (admitting, finishing, prefix
 //! reuse), and the step loop that batches, runs and samples.
 
+use super::masks::{Done, Grammar, Masks};
 use super::prefill::{plan_prefill, PrefillCand};
 use super::sample::sample_one;
 use super::{Feed, Msg, SchedulerOptions, Shared, Stepper};
@@ -38,6 +39,10 @@ pub(super) struct Active {
     pub(super) last_token: Option<Instant>,
     /// The step that last carried some of its prompt (`None`: its prefill has not started).
     pub(super) last_fed: Option<u64>,
+    /// The request's number (its grammar's jobs are matched back by it).
+    pub(super) seq: u64,
+    /// Its grammar, if constrained.
+    pub(super) grammar: Grammar,
 }
 
 /// A request waiting for a slot.
@@ -72,6 +77,10 @@ pub(super) struct Scheduler {
     last_idle: Instant,
     /// Whether the health last published says ready.
     ready_published: bool,
+    /// The grammar thread (constrained requests' masks).
+    masks: Masks,
+    /// Requests admitted so far (each one's `seq`).
+    admitted: u64,
 }
 
 impl Scheduler {
@@ -104,6 +113,8 @@ impl Scheduler {
             steps: 0,
             last_idle: Instant::now(),
             ready_published: false,
+            masks: Masks::default(),
+            admitted: 0,
         }
     }
 
@@ -271,8 +282,15 @@ impl Scheduler {
                 keep = 0;
                 self.stepper.truncate(best, 0);
             }
-            let Some(Waiting { req }) = self.queue.pop_front() else {
+            let Some(Waiting { mut req }) = self.queue.pop_front() else {
                 break;
+            };
+            self.admitted += 1;
+            let seq = self.admitted;
+            // The first mask is computed while the prompt is prefilled.
+            let grammar = match req.constraint.take() {
+                Some(c) => self.masks.send(seq, c, None),
+                None => Grammar::None,
             };
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             self.shared.busy.fetch_add(1, Ordering::SeqCst);
@@ -313,6 +331,8 @@ impl Scheduler {
                 paused: None,
                 last_token: None,
                 last_fed: None,
+                seq,
+                grammar,
                 req,
             });
         }
@@ -501,10 +521,23 @@ impl Scheduler {
                     a.generated
                 );
             }
+            if matches!(a.grammar, Grammar::Away) {
+                self.await_grammar(i);
+            }
+            let Some(a) = self.slots[i].active.as_mut() else {
+                continue;
+            };
             a.last_token = Some(Instant::now());
-            let reason = sample_one(a, lrow, &self.tokenizer, &self.eog, len, ctx);
-            if let Some(f) = reason {
-                self.finish(i, f);
+            match sample_one(a, lrow, &self.tokenizer, &self.eog, len, ctx) {
+                Err(message) => self.fail_one(i, message),
+                Ok(Some(f)) => self.finish(i, f),
+                Ok(None) => {
+                    // The grammar takes the token and computes the next mask while the next
+                    // step runs.
+                    if let Grammar::Here(c) = std::mem::replace(&mut a.grammar, Grammar::None) {
+                        a.grammar = self.masks.send(a.seq, c, a.pending.last().copied());
+                    }
+                }
             }
         }
         // Decode rate over the last 5 s.
@@ -531,6 +564,71 @@ impl Scheduler {
         if let Ok(mut v) = self.shared.node_latency.lock() {
             *v = self.stepper.node_latency_ms();
         }
+    }
+}
+
+impl Scheduler {
+    /// Waits until slot `i`'s grammar is back from the grammar thread, placing the others
+    /// that come back first. The time waited is what the grammar added to the step.
+    fn await_grammar(&mut self, i: usize) {
+        let t0 = Instant::now();
+        while self.slots[i]
+            .active
+            .as_ref()
+            .is_some_and(|a| matches!(a.grammar, Grammar::Away))
+        {
+            match self.masks.recv() {
+                Some(d) => self.place(d),
+                None => {
+                    // The thread is gone: every constraint still out is lost.
+                    for s in &mut self.slots {
+                        if let Some(a) = s.active.as_mut() {
+                            if matches!(a.grammar, Grammar::Away) {
+                                a.grammar = Grammar::Failed("the grammar thread stopped".into());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let waited = t0.elapsed().as_nanos() as u64;
+        self.shared
+            .grammar_wait_ns
+            .fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// A constraint back from the grammar thread, to its sequence (gone: dropped).
+    fn place(&mut self, d: Done) {
+        self.shared.grammar_masks.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .grammar_mask_ns
+            .fetch_add((d.seconds * 1e9) as u64, Ordering::Relaxed);
+        let Some(a) = self
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.active.as_mut())
+            .find(|a| a.seq == d.seq)
+        else {
+            return;
+        };
+        a.grammar = match d.result {
+            Ok(()) => Grammar::Here(d.c),
+            Err(m) => Grammar::Failed(m),
+        };
+    }
+
+    /// Ends slot `i`'s request with an error (its grammar failed); the others go on.
+    fn fail_one(&mut self, i: usize, message: String) {
+        let Some(a) = self.slots[i].active.take() else {
+            return;
+        };
+        tracing::warn!("request failed: {message}");
+        self.shared.busy.fetch_sub(1, Ordering::SeqCst);
+        self.shared.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = a.req.events.send(GenEvent::Error {
+            message,
+            retry_after_s: None,
+        });
     }
 }
 

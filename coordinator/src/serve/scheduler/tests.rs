@@ -71,6 +71,7 @@ fn submit(
         logprobs: Some(2),
         events: tx,
         cancel: Arc::new(AtomicBool::new(false)),
+        constraint: None,
     })
     .unwrap();
     rx
@@ -166,6 +167,7 @@ fn full_queue_and_cancel_and_shutdown() {
         logprobs: None,
         events: tx,
         cancel: Arc::new(AtomicBool::new(false)),
+        constraint: None,
     });
     assert!(matches!(third, Err(SubmitError::QueueFull { .. })));
     // The client of the first goes away: its slot frees and the second runs.
@@ -194,6 +196,7 @@ fn full_queue_and_cancel_and_shutdown() {
             logprobs: None,
             events: tokio::sync::mpsc::unbounded_channel().0,
             cancel: Arc::new(AtomicBool::new(false)),
+            constraint: None,
         }),
         Err(SubmitError::ShuttingDown)
     ));
@@ -531,6 +534,7 @@ fn ids_of(b: &SchedBackend, reqs: &[(Vec<u32>, Sampling)]) -> Vec<(Vec<u32>, u32
                 logprobs: None,
                 events: tx,
                 cancel: Arc::new(AtomicBool::new(false)),
+                constraint: None,
             })
             .unwrap();
             rx

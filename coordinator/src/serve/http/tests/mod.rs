@@ -270,6 +270,7 @@ impl Backend for Scripted {
             slots_busy: 3,
             decode_tokens_per_s: 12.5,
             node_latency_ms: vec![("node-a".into(), 1.5), ("b\"1".into(), 0.25)],
+            ..Default::default()
         }
     }
 
