@@ -44,12 +44,16 @@ fn request(
     model: &str,
     prompt: &str,
     max_tokens: usize,
+    format: Option<&serde_json::Value>,
 ) -> Result<One> {
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
         "temperature": 0.8, "seed": 1, "stream_options": {"include_usage": true},
-    })
-    .to_string();
+    });
+    if let Some(f) = format {
+        body["response_format"] = f.clone();
+    }
+    let body = body.to_string();
     let t0 = Instant::now();
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_nodelay(true)?;
@@ -129,6 +133,10 @@ pub struct ServeBenchArgs {
     /// Print results as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Every request's `response_format` (a JSON value, e.g. `{"type": "json_schema",
+    /// "json_schema": {"schema": {...}}}`): the speed of constrained decoding.
+    #[arg(long, value_name = "JSON")]
+    pub response_format: Option<String>,
 }
 
 /// `ringllm bench serve URL`: see the module.
@@ -138,6 +146,13 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
     }
     let url = args.url.as_str();
     let addr = host_port(url)?;
+    let format: Option<serde_json::Value> = args
+        .response_format
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .context("--response-format is not JSON")?;
+    let format = format.as_ref();
     // The model id from /v1/models.
     let model = {
         let mut s = TcpStream::connect(&addr).with_context(|| format!("connecting to {addr}"))?;
@@ -174,7 +189,7 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
                         (0..per_client)
                             .map(|j| {
                                 let prompt = format!("Story {i}-{j}: once upon a time");
-                                request(addr, key, model, &prompt, gen)
+                                request(addr, key, model, &prompt, gen, format)
                             })
                             .collect::<Result<Vec<One>>>()
                     })
@@ -218,6 +233,7 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
                     &model,
                     &format!("Hi {i}"),
                     1,
+                    None,
                 )
                 .map(|o| o.ttft.as_secs_f64() * 1e3)
             })
@@ -232,7 +248,7 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
                 let key = args.api_key.as_deref();
                 sc.spawn(move || {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let _ = request(addr, key, model, &format!("Long story {i}:"), 256);
+                        let _ = request(addr, key, model, &format!("Long story {i}:"), 256, None);
                     }
                 })
             })

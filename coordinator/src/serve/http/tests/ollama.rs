@@ -230,7 +230,8 @@ fn errors_have_ollamas_shape() {
             json!({"messages": user("x"), "tools": [{"type": "function"}]}),
             "tools",
         ),
-        (json!({"messages": user("x"), "format": "json"}), "format"),
+        (json!({"messages": user("x"), "format": "yaml"}), "format"),
+        (json!({"messages": user("x"), "format": 3}), "format"),
         (json!({"messages": user("x"), "think": true}), "thinking"),
         (
             json!({"messages": [{"role": "tool", "content": "x"}]}),

@@ -104,6 +104,8 @@ fn metrics_are_prometheus_text() {
         ("ringllm_slots_total", "gauge", "4"),
         ("ringllm_slots_busy", "gauge", "3"),
         ("ringllm_decode_tokens_per_second", "gauge", "12.5"),
+        ("ringllm_grammar_masks_total", "counter", "0"),
+        ("ringllm_grammar_wait_seconds_total", "counter", "0"),
     ] {
         assert!(t.contains(&format!("# HELP {name} ")), "{name}");
         assert!(t.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
