@@ -139,6 +139,15 @@ pub struct ServeBenchArgs {
     pub response_format: Option<String>,
 }
 
+/// `--response-format`, read.
+fn response_format(args: &ServeBenchArgs) -> Result<Option<serde_json::Value>> {
+    args.response_format
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .context("--response-format is not JSON")
+}
+
 /// `ringllm bench serve URL`: see the module.
 pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
     if args.repeat == 0 {
@@ -146,12 +155,7 @@ pub fn bench_serve(args: &ServeBenchArgs) -> Result<ExitCode> {
     }
     let url = args.url.as_str();
     let addr = host_port(url)?;
-    let format: Option<serde_json::Value> = args
-        .response_format
-        .as_deref()
-        .map(serde_json::from_str)
-        .transpose()
-        .context("--response-format is not JSON")?;
+    let format = response_format(args)?;
     let format = format.as_ref();
     // The model id from /v1/models.
     let model = {
