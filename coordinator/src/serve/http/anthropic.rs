@@ -21,7 +21,7 @@
 //! - refused: `thinking` enabled or adaptive, `service_tier` or `speed` of other values,
 //!   `container`, `mcp_servers`, `context_management`, `output_config` (structured output),
 //!   `inference_geo`, `diagnostics`, `citations` on a text block;
-//! - `tools` and `tool_choice`: see [`tool_request`].
+//! - `tools` and `tool_choice`: mapped in `tools` ([`tools::tool_request`]), refused for now.
 //!
 //! Messages: `user` and `assistant` turns whose content is a string or blocks of `text`,
 //! `tool_use` (assistant) and `tool_result` (user); any other block type (`image`,
@@ -37,6 +37,7 @@
 //! `input_tokens` (the reuse is known only at the end); its `message_delta` has the split.
 
 mod reply;
+pub(super) mod tools;
 
 use super::openai::{Kind, Params};
 use super::{served_model, shutting_down, submit, tokenize, ApiError, JsonBody, Prompt, Shared};
@@ -352,7 +353,7 @@ impl MessagesRequest {
         if metadata.is_some_and(|v| !v.is_object()) {
             return Err(invalid("`metadata` must be an object"));
         }
-        tool_request(field(m, "tools"), field(m, "tool_choice"))?;
+        refuse_tools(field(m, "tools"), field(m, "tool_choice"))?;
         let mut messages = Vec::new();
         if let Some(system) = field(m, "system") {
             let text = system_text(system)?;
@@ -695,35 +696,15 @@ fn turns(v: Option<&Value>) -> Result<(Vec<Message>, Option<String>), ApiError> 
     Ok((messages, prefill))
 }
 
-/// `tools` and `tool_choice`. Tool use is not wired yet: any tool is refused by name (never
-/// ignored); with no tools, `tool_choice` may be `auto` or `none` only.
-fn tool_request(tools: Option<&Value>, choice: Option<&Value>) -> Result<(), ApiError> {
-    match tools {
-        None => {}
-        Some(Value::Array(list)) if list.is_empty() => {}
-        Some(Value::Array(_)) => {
-            return Err(invalid(
-                "`tools` are not supported by this server yet: send the request without them",
-            ))
-        }
-        Some(_) => return Err(invalid("`tools` must be an array")),
+/// `tools` and `tool_choice`, checked and mapped by [`tools::tool_request`]; a request with
+/// tools is then refused by name (never ignored) until tool use is wired (branch `tools`).
+fn refuse_tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<(), ApiError> {
+    match tools::tool_request(tools, choice)? {
+        None => Ok(()),
+        Some(_) => Err(invalid(
+            "`tools` are not supported by this server yet: send the request without them",
+        )),
     }
-    if let Some(c) = choice {
-        match c.get("type").and_then(Value::as_str) {
-            Some("auto" | "none") => {}
-            Some(t @ ("any" | "tool")) => {
-                return Err(invalid(format!(
-                    "`tool_choice` {t:?} needs `tools`, which this server does not support yet"
-                )))
-            }
-            _ => {
-                return Err(invalid(
-                    "`tool_choice` must be {\"type\": \"auto\"|\"any\"|\"tool\"|\"none\"}",
-                ))
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The checks both endpoints share; the request and the model name to answer with.

@@ -193,6 +193,33 @@ impl Events {
         )
     }
 
+    /// A call: a `tool_use` block (its input empty at the start, as Anthropic streams it)
+    /// whose one `input_json_delta` is the whole input, closed at once.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn call(&mut self, call: &super::tools::ToolCall) -> String {
+        let mut out = self.close();
+        let i = self.blocks;
+        self.blocks += 1;
+        let mut start = super::tools::tool_use_block(call);
+        start["input"] = json!({});
+        out += &event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": i, "content_block": start}),
+        );
+        out += &event(
+            "content_block_delta",
+            &json!({
+                "type": "content_block_delta",
+                "index": i,
+                "delta": {"type": "input_json_delta", "partial_json": call.arguments.to_string()},
+            }),
+        );
+        out + &event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": i}),
+        )
+    }
+
     /// `content_block_stop` of the open block, if any.
     fn close(&mut self) -> String {
         match self.open.take() {

@@ -457,10 +457,8 @@ fn count_tokens_counts_the_rendered_prompt() {
 #[test]
 fn errors_have_anthropics_shape_and_type() {
     let s = start(Scripted::new(Script::Events(hello())), None);
-    let e = anthropic_error(
-        &post(s.addr, "/v1/messages", &body(json!({"tools": [{}]}))),
-        400,
-    );
+    let tool = json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}]});
+    let e = anthropic_error(&post(s.addr, "/v1/messages", &body(tool)), 400);
     assert_eq!(e["type"], "invalid_request_error");
     assert!(e["message"].as_str().unwrap().contains("`tools`"));
     let e = anthropic_error(
@@ -526,4 +524,201 @@ fn x_api_key_is_a_key() {
         &chat_body(json!({})),
     );
     r.error(401);
+}
+
+mod tools {
+    use super::super::super::anthropic::tools::{
+        tool_history, tool_reply, tool_request, Tool, ToolCall, ToolChoice, ToolMessage,
+        ToolRequest,
+    };
+    use super::*;
+
+    fn weather() -> Value {
+        json!([{"name": "weather", "description": "The weather in a city.",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "cache_control": {"type": "ephemeral"}}])
+    }
+
+    #[test]
+    fn tools_and_tool_choice_map_to_the_engines_types() {
+        let r = tool_request(Some(&weather()), None).unwrap().unwrap();
+        assert_eq!(
+            r,
+            ToolRequest {
+                tools: vec![Tool {
+                    name: "weather".into(),
+                    description: Some("The weather in a city.".into()),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+                }],
+                choice: ToolChoice::Auto,
+                parallel: true,
+            }
+        );
+        for (choice, want, parallel) in [
+            (json!({"type": "auto"}), ToolChoice::Auto, true),
+            (
+                json!({"type": "any", "disable_parallel_tool_use": true}),
+                ToolChoice::Required,
+                false,
+            ),
+            (
+                json!({"type": "tool", "name": "weather"}),
+                ToolChoice::Named("weather".into()),
+                true,
+            ),
+            (json!({"type": "none"}), ToolChoice::None, true),
+        ] {
+            let r = tool_request(Some(&weather()), Some(&choice))
+                .unwrap()
+                .unwrap();
+            assert_eq!((r.choice, r.parallel), (want, parallel), "{choice}");
+        }
+        assert_eq!(
+            tool_request(None, Some(&json!({"type": "none"}))).unwrap(),
+            None
+        );
+        assert_eq!(tool_request(Some(&json!([])), None).unwrap(), None);
+        for (tools, choice, named) in [
+            (
+                json!([{"type": "bash_20250124", "name": "bash"}]),
+                Value::Null,
+                "`bash_20250124`",
+            ),
+            (
+                json!([{"name": "a b", "input_schema": {"type": "object"}}]),
+                Value::Null,
+                "`name`",
+            ),
+            (json!([{"name": "f"}]), Value::Null, "`input_schema`"),
+            (
+                json!([{"name": "f", "input_schema": {"type": "string"}}]),
+                Value::Null,
+                "object",
+            ),
+            (
+                json!([{"name": "f", "input_schema": {"type": "object"}, "strict": true}]),
+                Value::Null,
+                "`strict`",
+            ),
+            (
+                weather(),
+                json!({"type": "tool", "name": "other"}),
+                "`other`",
+            ),
+            (weather(), json!({"type": "maybe"}), "`tool_choice`"),
+            (json!([]), json!({"type": "any"}), "`tool_choice`"),
+        ] {
+            let choice = (!choice.is_null()).then_some(&choice);
+            let e = tool_request(Some(&tools), choice).unwrap_err();
+            assert!(
+                e.message.contains(named),
+                "{tools} {choice:?}: {}",
+                e.message
+            );
+        }
+        let twice = json!([{"name": "f", "input_schema": {"type": "object"}},
+                           {"name": "f", "input_schema": {"type": "object"}}]);
+        assert!(tool_request(Some(&twice), None)
+            .unwrap_err()
+            .message
+            .contains("twice"));
+    }
+
+    #[test]
+    fn tool_use_and_tool_result_blocks_become_calls_and_tool_messages() {
+        let turns = parse_turns(Some(&json!([
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_2", "name": "weather", "input": {"city": "Rome"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no data", "is_error": true},
+                {"type": "text", "text": "Thanks."},
+            ]},
+        ])))
+        .unwrap();
+        let m = tool_history(&turns).unwrap();
+        let roles: Vec<&str> = m.iter().map(|m| m.role).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "tool", "user"]);
+        assert_eq!(m[1].content, "Looking.");
+        assert_eq!(
+            m[1].tool_calls[1],
+            ToolCall {
+                id: "toolu_2".into(),
+                name: "weather".into(),
+                arguments: json!({"city": "Rome"})
+            }
+        );
+        assert_eq!(
+            m[3],
+            ToolMessage {
+                role: "tool",
+                content: "Error: no data".into(),
+                tool_calls: vec![],
+                tool_call_id: Some("toolu_2".into()),
+                name: Some("weather".into()),
+            }
+        );
+        assert_eq!(m[4].content, "Thanks.");
+        let orphan = parse_turns(Some(&json!([{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}])))
+        .unwrap();
+        assert!(tool_history(&orphan)
+            .unwrap_err()
+            .message
+            .contains("`toolu_9`"));
+    }
+
+    #[test]
+    fn calls_become_tool_use_blocks_whole_and_streamed() {
+        let call = ToolCall {
+            id: "toolu_1".into(),
+            name: "weather".into(),
+            arguments: json!({"city": "Paris"}),
+        };
+        let (content, used) = tool_reply("Let me look.", std::slice::from_ref(&call));
+        assert!(used);
+        assert_eq!(
+            content,
+            json!([{"type": "text", "text": "Let me look."},
+                   {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}])
+        );
+        assert_eq!(
+            tool_reply("Hi", &[]),
+            (json!([{"type": "text", "text": "Hi"}]), false)
+        );
+        let mut e = Events::new(Reply::new("m".into(), 100, false), 5);
+        let text = e.start()
+            + &e.text("Let me look.")
+            + &e.call(&call)
+            + &e.end("", Finish::Stop, None, 9, 0);
+        let ev = sse_events(&text);
+        assert_eq!(
+            names(&ev),
+            [
+                "message_start",
+                "ping",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(ev[5].1["index"], 1);
+        assert_eq!(
+            ev[5].1["content_block"],
+            json!({"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}})
+        );
+        let delta = &ev[6].1["delta"];
+        assert_eq!(delta["type"], "input_json_delta");
+        let input: Value = serde_json::from_str(delta["partial_json"].as_str().unwrap()).unwrap();
+        assert_eq!(input, call.arguments);
+    }
 }
