@@ -4,8 +4,9 @@
 //! chat template, tokenized, and handed to the backend; its events become JSON objects or SSE
 //! chunks. Errors have OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 //! Beside it, Ollama's API (`ollama`: `/api/chat`, `/api/generate`, … with NDJSON streaming
-//! and `{"error": "…"}` errors) on the same path to the backend, and a chat page at `/`
-//! (`page`). A request naming another model than the one served gets the served one (with a
+//! and `{"error": "…"}` errors) on the same path to the backend, Anthropic's Messages API
+//! (`anthropic`: `/v1/messages` with named SSE events and Anthropic-shaped errors), and a chat
+//! page at `/` (`page`). A request naming another model than the one served gets the served one (with a
 //! log line), as llama-server does.
 //!
 //! A client that goes away cancels its request: every submitted request is owned by a
@@ -19,6 +20,7 @@
 //! page whose DNS name is pointed at it (DNS rebinding) cannot read it.
 
 mod access;
+mod anthropic;
 mod cluster;
 mod conn;
 mod error;
@@ -57,7 +59,8 @@ use generate::{
 /// How to serve.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// When set, every endpoint but `/health` wants `Authorization: Bearer KEY`.
+    /// When set, every endpoint but `/health` wants `Authorization: Bearer KEY` (or
+    /// Anthropic's `x-api-key: KEY`).
     pub api_key: Option<String>,
     /// Origins whose web pages may call the API (`*`: any). Empty: any origin when an API key
     /// is set, none otherwise.
@@ -302,6 +305,7 @@ fn app(state: Shared) -> Router {
         .route("/v1/cluster", get(cluster::cluster))
         .route("/metrics", get(metrics::metrics))
         .merge(ollama::routes())
+        .merge(anthropic::routes())
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             access::auth,
@@ -332,8 +336,18 @@ fn app(state: Shared) -> Router {
             CorsLayer::new()
                 .allow_origin(origins)
                 .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
-                .expose_headers([header::RETRY_AFTER])
+                .allow_headers([
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    header::HeaderName::from_static("x-api-key"),
+                    header::HeaderName::from_static("anthropic-version"),
+                    header::HeaderName::from_static("anthropic-beta"),
+                    header::HeaderName::from_static("anthropic-dangerous-direct-browser-access"),
+                ])
+                .expose_headers([
+                    header::RETRY_AFTER,
+                    header::HeaderName::from_static("request-id"),
+                ])
                 .max_age(Duration::from_secs(3600)),
         ),
     };

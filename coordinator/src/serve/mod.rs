@@ -100,6 +100,9 @@ pub enum GenEvent {
         cached_tokens: usize,
         /// Whether (and how long) the request was carried over engine failures.
         resume: ResumeStats,
+        /// The stop string that ended the text (`finish` is `Stop`), if one did; `None` when
+        /// the model ended its turn itself.
+        stop_sequence: Option<String>,
     },
     Error {
         message: String,

@@ -378,6 +378,8 @@ fn argmax(ids: &[u32], logits: &[f32]) -> u32 {
 pub struct StopStrings {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 impl StopStrings {
@@ -385,6 +387,7 @@ impl StopStrings {
         StopStrings {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             pending: String::new(),
+            matched: None,
         }
     }
 
@@ -399,12 +402,14 @@ impl StopStrings {
             return (text.to_string(), false);
         }
         self.pending.push_str(text);
-        if let Some(pos) = self
+        // The earliest stop string; of two at the same place, the one listed first.
+        let found = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
-        {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|pos| (pos, s)))
+            .min_by_key(|(pos, _)| *pos);
+        if let Some((pos, stop)) = found {
+            self.matched = Some(stop.clone());
             let out = self.pending[..pos].to_string();
             self.pending.clear();
             return (out, true);
@@ -422,6 +427,11 @@ impl StopStrings {
         let out = self.pending[..cut].to_string();
         self.pending.drain(..cut);
         (out, false)
+    }
+
+    /// The stop string that ended the text (Anthropic's `stop_sequence`), if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Everything held back (at the end of generation).
@@ -675,5 +685,23 @@ mod tests {
         let mut s = StopStrings::new(vec!["é!".into()]);
         assert_eq!(s.push("café"), ("caf".to_string(), false));
         assert_eq!(s.push("!x"), (String::new(), true));
+    }
+
+    #[test]
+    fn the_stop_string_found_first_is_the_one_named() {
+        let mut s = StopStrings::new(vec!["END".into(), "ab".into(), "b".into()]);
+        assert_eq!(s.matched(), None);
+        assert_eq!(s.push("xx a"), ("xx ".to_string(), false));
+        assert_eq!(s.matched(), None);
+        // "ab" and "b" both occur; "ab" starts first.
+        assert_eq!(s.push("b END"), (String::new(), true));
+        assert_eq!(s.matched(), Some("ab"));
+        let mut tie = StopStrings::new(vec!["b".into(), "bc".into()]);
+        assert_eq!(tie.push("abc"), ("a".to_string(), true));
+        assert_eq!(
+            tie.matched(),
+            Some("b"),
+            "of two at one place, the one listed first"
+        );
     }
 }

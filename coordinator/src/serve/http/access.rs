@@ -32,22 +32,24 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-/// `Authorization: Bearer KEY` on everything but `/health` when a key is set.
+/// `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) on everything but `/health`
+/// when a key is set.
 pub(super) async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
-        let given = req
-            .headers()
+        let h = req.headers();
+        let bearer = h
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, k)| k.trim());
-        let ok = given.is_some_and(|g| key.matches(g.as_bytes()));
-        if !ok {
-            let message = if given.is_some() {
-                "incorrect API key"
+            .map(|(_, k)| k.trim().as_bytes());
+        let x_api_key = h.get("x-api-key").map(|v| v.as_bytes());
+        let given: Vec<&[u8]> = bearer.into_iter().chain(x_api_key).collect();
+        if !given.iter().any(|g| key.matches(g)) {
+            let message = if given.is_empty() {
+                "an API key is needed: send `Authorization: Bearer KEY` (or `x-api-key: KEY`)"
             } else {
-                "an API key is needed: send `Authorization: Bearer KEY`"
+                "incorrect API key"
             };
             let e = ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
                 .code("invalid_api_key");

@@ -1,6 +1,6 @@
 //! OpenAI-style errors (`ApiError`), and the JSON request body whose every failure is one.
 
-use super::ollama;
+use super::{anthropic, ollama};
 use super::{Shared, BODY_LIMIT};
 use crate::serve::SubmitError;
 use axum::body::Bytes;
@@ -183,11 +183,13 @@ fn too_large() -> ApiError {
     .code("request_too_large")
 }
 
-/// An error in the shape its API uses: Ollama's `{"error": "…"}` under `/api/`, else
-/// OpenAI's.
+/// An error in the shape its API uses: Ollama's `{"error": "…"}` under `/api/`,
+/// Anthropic's under `/v1/messages`, else OpenAI's.
 pub(super) fn error_for(path: &str, e: ApiError) -> Response {
     if path.starts_with("/api/") {
         ollama::OllamaError(e).into_response()
+    } else if anthropic::owns(path) {
+        anthropic::AnthropicError(e).into_response()
     } else {
         e.into_response()
     }

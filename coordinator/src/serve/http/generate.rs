@@ -19,6 +19,14 @@ pub(super) enum Prompt {
         Vec<crate::text::template::Message>,
         crate::text::template::TemplateVars,
     ),
+    /// Messages for the chat template, and the start of the assistant's answer (Anthropic's
+    /// prefill: a conversation ending with an assistant turn), written as plain text after the
+    /// template's generation prompt; the model continues from it.
+    Prefilled(
+        Vec<crate::text::template::Message>,
+        crate::text::template::TemplateVars,
+        String,
+    ),
     /// A raw prompt; `special`: its special-token texts are control tokens (`parse_special`).
     Text {
         text: String,
@@ -38,23 +46,9 @@ pub(super) async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, Api
                 .map_err(|e| ApiError::server(format!("cannot tokenize the prompt: {e}")))
         };
         match prompt {
-            Prompt::Chat(messages, vars) => {
-                let Some(t) = b.template() else {
-                    return Err(ApiError::invalid(format!(
-                        "the model `{}` has no chat template: use /v1/completions, or start \
-                         the server with --template NAME (built-in: {})",
-                        b.model_id(),
-                        crate::text::template::builtin_names().join(", ")
-                    ))
-                    .param("messages")
-                    .code("no_chat_template"));
-                };
-                // Message contents are text: only the template's markup yields control tokens.
-                let r = t
-                    .render_pieces_with(&messages, true, &vars, &|c| tok.control_spans(c))
-                    .map_err(|e| ApiError::invalid(e.to_string()).param("messages"))?;
-                // Templates write BOS themselves.
-                encode(&r.pieces(), false)
+            Prompt::Chat(messages, vars) => chat_prompt(&s, &messages, &vars, ""),
+            Prompt::Prefilled(messages, vars, prefill) => {
+                chat_prompt(&s, &messages, &vars, &prefill)
             }
             Prompt::Text { text, special } => {
                 let piece = if special {
@@ -82,6 +76,38 @@ pub(super) async fn tokenize(s: &Shared, prompt: Prompt) -> Result<Vec<u32>, Api
         return Err(ApiError::invalid("the prompt is empty").param("prompt"));
     }
     Ok(ids)
+}
+
+/// A conversation through the model's chat template, then `prefill` as plain text.
+fn chat_prompt(
+    s: &AppState,
+    messages: &[crate::text::template::Message],
+    vars: &crate::text::template::TemplateVars,
+    prefill: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let b = &s.backend;
+    let tok = b.tokenizer();
+    let Some(t) = b.template() else {
+        return Err(ApiError::invalid(format!(
+            "the model `{}` has no chat template: use /v1/completions, or start \
+             the server with --template NAME (built-in: {})",
+            b.model_id(),
+            crate::text::template::builtin_names().join(", ")
+        ))
+        .param("messages")
+        .code("no_chat_template"));
+    };
+    // Message contents are text: only the template's markup yields control tokens.
+    let r = t
+        .render_pieces_with(messages, true, vars, &|c| tok.control_spans(c))
+        .map_err(|e| ApiError::invalid(e.to_string()).param("messages"))?;
+    let mut pieces = r.pieces();
+    if !prefill.is_empty() {
+        pieces.push(Piece::text(prefill));
+    }
+    // Templates write BOS themselves.
+    tok.encode_pieces(&pieces, false)
+        .map_err(|e| ApiError::server(format!("cannot tokenize the prompt: {e}")))
 }
 
 /// Sets the request's cancel flag when dropped before `disarm`: the client went away.
@@ -229,6 +255,8 @@ pub(crate) struct Collected {
     /// Each token's log-probabilities with the character offset of its text.
     pub logprobs: Vec<(crate::serve::TokenLogprob, usize)>,
     pub finish: crate::serve::Finish,
+    /// The stop string that ended the text, if one did.
+    pub stop_sequence: Option<String>,
     pub usage: openai::Usage,
     /// When the first token arrived (Ollama's `prompt_eval_duration` ends there).
     pub first_token: Option<std::time::Instant>,
@@ -263,6 +291,7 @@ pub(super) async fn collect(
                 completion_tokens,
                 cached_tokens,
                 resume,
+                stop_sequence,
             }) => {
                 guard.disarm();
                 text.push_str(&t);
@@ -270,6 +299,7 @@ pub(super) async fn collect(
                     text,
                     logprobs,
                     finish,
+                    stop_sequence,
                     usage: openai::Usage {
                         prompt_tokens,
                         completion_tokens,

@@ -763,6 +763,7 @@ impl Streamer {
                     completion_tokens,
                     cached_tokens,
                     resume,
+                    ..
                 }) => {
                     self.guard.disarm();
                     self.ended = true;

@@ -245,6 +245,7 @@ impl Scheduler {
                 completion_tokens: 0,
                 cached_tokens: 0,
                 resume: Default::default(),
+                stop_sequence: None,
             });
         }
         for i in 0..self.slots.len() {
@@ -374,6 +375,7 @@ impl Scheduler {
             completion_tokens: a.generated,
             cached_tokens: a.cached,
             resume: a.resume,
+            stop_sequence: a.stop.matched().map(str::to_string),
         });
     }
 

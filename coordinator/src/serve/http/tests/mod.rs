@@ -174,6 +174,7 @@ fn cancelled_done() -> GenEvent {
         completion_tokens: 1,
         cached_tokens: 0,
         resume: Default::default(),
+        stop_sequence: None,
     }
 }
 
@@ -204,6 +205,7 @@ impl Backend for Scripted {
                             completion_tokens,
                             cached_tokens,
                             resume,
+                            stop_sequence,
                         } => GenEvent::Done {
                             finish,
                             text,
@@ -211,6 +213,7 @@ impl Backend for Scripted {
                             completion_tokens,
                             cached_tokens,
                             resume,
+                            stop_sequence,
                         },
                         e => e,
                     };
@@ -306,6 +309,7 @@ fn done(finish: Finish, completion_tokens: usize) -> GenEvent {
         completion_tokens,
         cached_tokens: 0,
         resume: Default::default(),
+        stop_sequence: None,
     }
 }
 
@@ -541,6 +545,7 @@ fn hello() -> Vec<GenEvent> {
             completion_tokens: 4,
             cached_tokens: 3,
             resume: Default::default(),
+            stop_sequence: None,
         },
     ]
 }
@@ -1078,6 +1083,7 @@ fn no_template_is_a_400_that_says_so() {
         .contains("template"));
 }
 
+mod anthropic;
 mod harmony;
 mod ollama;
 mod server;
