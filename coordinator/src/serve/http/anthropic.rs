@@ -40,7 +40,9 @@ mod reply;
 pub(super) mod tools;
 
 use super::openai::{Kind, Params};
-use super::{served_model, shutting_down, submit, tokenize, ApiError, JsonBody, Prompt, Shared};
+use super::{
+    constraint, served_model, shutting_down, submit, tokenize, ApiError, JsonBody, Prompt, Shared,
+};
 use crate::serve::Sampling;
 use crate::text::harmony::is_harmony;
 use crate::text::template::{Message, TemplateVars};
@@ -388,6 +390,7 @@ impl MessagesRequest {
             stream: self.stream,
             include_usage: false,
             vars: TemplateVars::default(),
+            grammar: None,
         }
     }
 }
@@ -750,7 +753,8 @@ async fn messages(
     let ids = prompt(&s, &req).await?;
     let prompt_tokens = ids.len();
     let params = req.params();
-    let mut sub = submit(&s, &params, ids)?;
+    let constraint = constraint(&s, &params).await?;
+    let mut sub = submit(&s, &params, ids, constraint)?;
     let reply = Reply::new(
         model,
         params.max_tokens.unwrap_or(u64::MAX),
