@@ -204,7 +204,10 @@ impl Params {
             stream,
             include_usage: stream
                 && b.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
-            vars: TemplateVars { reasoning_effort },
+            vars: TemplateVars {
+                reasoning_effort,
+                ..TemplateVars::default()
+            },
         })
     }
 }
@@ -311,7 +314,7 @@ pub(super) fn chat_messages(messages: Option<Vec<InMessage>>) -> Result<Vec<Mess
                     ))
                 }
             };
-            Ok(Message { role, content })
+            Ok(Message::new(role, content))
         })
         .collect()
 }
