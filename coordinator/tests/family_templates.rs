@@ -14,10 +14,7 @@ fn fixture(name: &str) -> String {
 }
 
 fn m(role: &str, content: &str) -> Message {
-    Message {
-        role: role.into(),
-        content: content.into(),
-    }
+    Message::new(role, content)
 }
 
 fn conv() -> Vec<Message> {

@@ -7,10 +7,7 @@ use ringllm::text::template::{ChatTemplate, Message};
 use ringllm_model::synth::gemma4::CHAT_TEMPLATE;
 
 fn m(role: &str, content: &str) -> Message {
-    Message {
-        role: role.into(),
-        content: content.into(),
-    }
+    Message::new(role, content)
 }
 
 fn gemma4() -> ChatTemplate {

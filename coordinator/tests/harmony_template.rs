@@ -34,9 +34,11 @@ fn cases(fx: &Value) -> Vec<Case> {
                 .as_array()
                 .expect("messages")
                 .iter()
-                .map(|m| Message {
-                    role: m["role"].as_str().expect("role").to_string(),
-                    content: m["content"].as_str().expect("content").to_string(),
+                .map(|m| {
+                    Message::new(
+                        m["role"].as_str().expect("role").to_string(),
+                        m["content"].as_str().expect("content").to_string(),
+                    )
                 })
                 .collect(),
             add_generation_prompt: c["add_generation_prompt"].as_bool().expect("flag"),
@@ -45,6 +47,7 @@ fn cases(fx: &Value) -> Vec<Case> {
                     .get("reasoning_effort")
                     .and_then(Value::as_str)
                     .map(str::to_string),
+                ..TemplateVars::default()
             },
             text: c["text"].as_str().expect("text").to_string(),
         })
@@ -98,12 +101,10 @@ fn gpt_oss_template_from_the_file_renders_as_in_jinja2() {
 fn effort_and_date_reach_the_system_message() {
     let fx = fixture();
     let t = pinned(builtin("harmony").expect("harmony"), &fx);
-    let user = [Message {
-        role: "user".into(),
-        content: "Hi".into(),
-    }];
+    let user = [Message::new("user", "Hi")];
     let high = TemplateVars {
         reasoning_effort: Some("high".into()),
+        ..TemplateVars::default()
     };
     let text = t.render_with(&user, true, &high).expect("renders");
     assert!(text.contains("\nReasoning: high\n"), "{text}");
@@ -112,14 +113,8 @@ fn effort_and_date_reach_the_system_message() {
     assert!(text.contains("\nReasoning: medium\n"), "{text}");
     // Channel markup in a reply is refused, as gpt-oss's template refuses it.
     let bad = [
-        Message {
-            role: "user".into(),
-            content: "Hi".into(),
-        },
-        Message {
-            role: "assistant".into(),
-            content: "<|channel|>final<|message|>x".into(),
-        },
+        Message::new("user", "Hi"),
+        Message::new("assistant", "<|channel|>final<|message|>x"),
     ];
     assert!(t.render(&bad, true).is_err());
 }

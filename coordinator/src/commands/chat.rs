@@ -158,10 +158,7 @@ impl Lines {
 fn fresh(system: &Option<String>) -> Vec<Message> {
     system
         .iter()
-        .map(|s| Message {
-            role: "system".into(),
-            content: s.clone(),
-        })
+        .map(|s| Message::new("system", s.clone()))
         .collect()
 }
 
@@ -183,6 +180,7 @@ fn encode(
 fn vars(gen: &GenArgs) -> TemplateVars {
     TemplateVars {
         reasoning_effort: gen.reasoning_effort.clone(),
+        ..TemplateVars::default()
     }
 }
 
@@ -278,10 +276,10 @@ pub fn chat(
                 engine.ctx
             );
         }
-        messages.push(Message {
-            role: "assistant".into(),
-            content: view.answer().unwrap_or(&g.text).trim().to_string(),
-        });
+        messages.push(Message::new(
+            "assistant",
+            view.answer().unwrap_or(&g.text).trim().to_string(),
+        ));
     }
     engine.close();
     Ok(ExitCode::SUCCESS)
@@ -365,10 +363,7 @@ fn add_user_message(
     text: String,
 ) -> bool {
     let before = messages.clone();
-    messages.push(Message {
-        role: "user".into(),
-        content: text,
-    });
+    messages.push(Message::new("user", text));
     // Room for the prompt: the context less the reply's share; the oldest turns go first.
     let budget = engine
         .ctx

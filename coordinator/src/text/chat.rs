@@ -164,10 +164,7 @@ mod tests {
     use crate::text::template::{builtin, ChatTemplate};
 
     fn m(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message::new(role, content)
     }
 
     fn contents(ms: &[Message]) -> Vec<&str> {

@@ -7,6 +7,7 @@ pub mod harmony;
 pub mod sampler;
 pub mod template;
 pub mod tokenizer;
+pub mod tools;
 
 use anyhow::{anyhow, Context, Result};
 use std::path::Path;

@@ -360,10 +360,7 @@ impl MessagesRequest {
         if let Some(system) = field(m, "system") {
             let text = system_text(system)?;
             if !text.is_empty() {
-                messages.push(Message {
-                    role: "system".into(),
-                    content: text,
-                });
+                messages.push(Message::new("system", text));
             }
         }
         let (turns, prefill) = turns(field(m, "messages"))?;
@@ -690,10 +687,10 @@ fn turns(v: Option<&Value>) -> Result<(Vec<Message>, Option<String>), ApiError> 
                     }
                 }
             }
-            Ok(Message {
-                role: if t.assistant { "assistant" } else { "user" }.into(),
-                content: texts.join("\n"),
-            })
+            Ok(Message::new(
+                if t.assistant { "assistant" } else { "user" },
+                texts.join("\n"),
+            ))
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((messages, prefill))

@@ -499,10 +499,7 @@ async fn chat(
                     "tool calls are not supported by this server".into(),
                 ));
             }
-            Ok(Message {
-                role: m.role,
-                content: m.content.unwrap_or_default(),
-            })
+            Ok(Message::new(m.role, m.content.unwrap_or_default()))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let stream = body.stream.unwrap_or(true);
@@ -510,6 +507,7 @@ async fn chat(
     p.grammar = format_grammar(body.format.as_ref())?;
     let vars = TemplateVars {
         reasoning_effort: think.effort.clone(),
+        ..TemplateVars::default()
     };
     let prompt = tokenize(&s, Prompt::Chat(messages, vars)).await?;
     let reply = Reply {
@@ -579,17 +577,12 @@ async fn generate(
     } else if s.backend.template().is_some() {
         let mut messages = Vec::new();
         if let Some(system) = body.system.filter(|x| !x.is_empty()) {
-            messages.push(Message {
-                role: "system".into(),
-                content: system,
-            });
+            messages.push(Message::new("system", system));
         }
-        messages.push(Message {
-            role: "user".into(),
-            content: text,
-        });
+        messages.push(Message::new("user", text));
         let vars = TemplateVars {
             reasoning_effort: think.effort.clone(),
+            ..TemplateVars::default()
         };
         Prompt::Chat(messages, vars)
     } else {

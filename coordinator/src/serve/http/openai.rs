@@ -331,7 +331,10 @@ impl Params {
             stream,
             include_usage: stream
                 && b.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true),
-            vars: TemplateVars { reasoning_effort },
+            vars: TemplateVars {
+                reasoning_effort,
+                ..TemplateVars::default()
+            },
             grammar: response_format(b)?,
         })
     }
@@ -439,7 +442,7 @@ pub(super) fn chat_messages(messages: Option<Vec<InMessage>>) -> Result<Vec<Mess
                     ))
                 }
             };
-            Ok(Message { role, content })
+            Ok(Message::new(role, content))
         })
         .collect()
 }

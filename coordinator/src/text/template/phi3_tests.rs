@@ -14,10 +14,7 @@ const PHI3: &str =
     include_str!("../../../../tests/fixtures/templates/microsoft-Phi-3.5-mini-instruct.jinja");
 
 fn m(role: &str, content: &str) -> Message {
-    Message {
-        role: role.into(),
-        content: content.into(),
-    }
+    Message::new(role, content)
 }
 
 fn conv() -> Vec<Message> {

@@ -65,18 +65,13 @@ fn openai_chat_puts_the_analysis_in_reasoning_content() {
         .template
         .render_with(
             &[
-                Message {
-                    role: "system".into(),
-                    content: "Be brief.".into(),
-                },
-                Message {
-                    role: "user".into(),
-                    content: "Say hello.".into(),
-                },
+                Message::new("system", "Be brief."),
+                Message::new("user", "Say hello."),
             ],
             true,
             &crate::text::template::TemplateVars {
                 reasoning_effort: Some("high".into()),
+                ..Default::default()
             },
         )
         .unwrap();

@@ -592,14 +592,8 @@ fn chat_answers_with_the_text_usage_and_the_templated_prompt() {
         .template
         .render(
             &[
-                Message {
-                    role: "system".into(),
-                    content: "Be brief.".into(),
-                },
-                Message {
-                    role: "user".into(),
-                    content: "Say hello.".into(),
-                },
+                Message::new("system", "Be brief."),
+                Message::new("user", "Say hello."),
             ],
             true,
         )
@@ -648,10 +642,7 @@ fn request_fields_reach_the_backend() {
     });
     let r = post(s.addr, "/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{}", r.body);
-    let msg = [Message {
-        role: "user".into(),
-        content: "one\ntwo".into(),
-    }];
+    let msg = [Message::new("user", "one\ntwo")];
     let want = vocab()
         .tok
         .encode(&vocab().template.render(&msg, true).unwrap(), false)

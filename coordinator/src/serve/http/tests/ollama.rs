@@ -77,14 +77,9 @@ fn chat_streams_ndjson_by_default_and_ends_with_counts() {
         .encode_pieces(
             &vocab()
                 .template
-                .render_pieces(
-                    &[Message {
-                        role: "user".into(),
-                        content: "Hi".into(),
-                    }],
-                    true,
-                    &|c| vocab().tok.control_spans(c),
-                )
+                .render_pieces(&[Message::new("user", "Hi")], true, &|c| {
+                    vocab().tok.control_spans(c)
+                })
                 .unwrap()
                 .pieces(),
             false,
@@ -171,14 +166,8 @@ fn generate_uses_the_template_unless_raw() {
     assert_eq!(post(s.addr, "/api/generate", &body).status, 200);
     let tok = &vocab().tok;
     let msgs = [
-        Message {
-            role: "system".into(),
-            content: "Be brief.".into(),
-        },
-        Message {
-            role: "user".into(),
-            content: "Hi".into(),
-        },
+        Message::new("system", "Be brief."),
+        Message::new("user", "Hi"),
     ];
     let templated = vocab().template.render(&msgs, true).unwrap();
     let raw_ids = tok
