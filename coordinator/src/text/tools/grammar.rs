@@ -16,6 +16,18 @@ fn lit(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_string())
 }
 
+/// `text` matched literally in a Lark regular expression.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(2 * text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// A function name we can put in a grammar and a harmony header: OpenAI's rule (letters,
 /// digits, `_`, `-`, at most 64) plus `.`.
 fn check_name(name: &str) -> Result<(), String> {
@@ -83,8 +95,13 @@ fn chosen<'a>(tools: &'a [Tool], choice: &ToolChoice) -> Result<Vec<&'a Tool>, S
 /// `format`: the name one of the chosen functions (all of `tools`, or the one
 /// [`ToolChoice::Named`] names), the arguments valid under that function's `parameters`
 /// schema (one alternative per function). One call, or with `parallel` one or more (harmony
-/// makes one call per reply, so `parallel` changes nothing there). For
-/// [`ToolChoice::Auto`] too the reply must be calls; [`ToolChoice::None`] is an error.
+/// makes one call per reply, so `parallel` changes nothing there).
+///
+/// With [`ToolChoice::Auto`] the reply may instead be text: any text without the format's
+/// call marker, then optionally the calls (Hermes, Mistral, Gemma); text not starting with
+/// `{` nor holding `<|python_tag|>`, or the calls (Llama 3); a final-channel message or the
+/// call, after optional reasoning (harmony). So a call, if the model makes one, is well
+/// formed. [`ToolChoice::None`] is an error: decode without a grammar.
 ///
 /// The grammar ends where the call does: the end of turn (`<|im_end|>`, harmony's `<|call|>`)
 /// is the stop token the caller allows once the grammar accepts. Markers are plain text except
@@ -103,29 +120,68 @@ pub fn call_grammar(
     parallel: bool,
 ) -> Result<String, String> {
     let chosen = chosen(tools, choice)?;
-    let (open, key, close, sep) = match format {
-        ToolFormat::Hermes => ("<tool_call>\n", "arguments", "\n</tool_call>", "\n"),
-        ToolFormat::Gemma => ("```tool_call\n", "arguments", "\n```", "\n"),
-        ToolFormat::Llama3 => ("", "parameters", "", "\n"),
-        ToolFormat::Mistral => ("", "arguments", "", ", "),
-        ToolFormat::Harmony => ("", "", "", ""),
+    // The marker opening a call, the text after it, the arguments' key, the closing text,
+    // the separator of parallel calls.
+    let (marker, after, key, close, sep) = match format {
+        ToolFormat::Hermes => ("<tool_call>", "\n", "arguments", "\n</tool_call>", "\n"),
+        ToolFormat::Gemma => ("```tool_call", "\n", "arguments", "\n```", "\n"),
+        ToolFormat::Llama3 => ("", "", "parameters", "", "\n"),
+        ToolFormat::Mistral => ("", "", "arguments", "", ", "),
+        ToolFormat::Harmony => ("", "", "", "", ""),
     };
     let mut g = String::new();
-    let call = if parallel && format != ToolFormat::Harmony {
-        format!("call ({} call)*", lit(sep))
+    let more = if parallel && format != ToolFormat::Harmony {
+        format!("({} call)*", lit(sep))
     } else {
-        "call".to_string()
+        String::new()
     };
-    let _ = match format {
-        ToolFormat::Mistral => writeln!(g, "start: \"[TOOL_CALLS][\" {call} \"]\""),
-        ToolFormat::Harmony => writeln!(
+    let calls = match format {
+        ToolFormat::Mistral => format!("\"[TOOL_CALLS][\" call {more} \"]\""),
+        ToolFormat::Harmony => "analysis? call".to_string(),
+        _ => format!("call {more}"),
+    };
+    // Text before a call ends at the call's marker: a lexeme that stops there (a plain
+    // regular expression would run on through the marker and fail).
+    let lead = |marker: &str| format!("lead[stop={}]: /(.|\\n)*/", lit(marker));
+    let _ = match (format, *choice == ToolChoice::Auto) {
+        (_, false) => writeln!(g, "start: {calls}"),
+        (ToolFormat::Harmony, true) => writeln!(
             g,
-            "start: analysis? call\n\
-             analysis: <|channel|> \"analysis\" <|message|> ANALYSIS <|end|> <|start|> \"assistant\"\n\
-             ANALYSIS: /(.|\\n)*/"
+            "start: analysis? (final | call)\n\
+             final: <|channel|> \"final\" <|message|> ANALYSIS"
         ),
-        _ => writeln!(g, "start: {call}"),
+        // Llama 3 writes a call as the whole reply: text is anything else.
+        (ToolFormat::Llama3, true) => writeln!(
+            g,
+            "start: TEXT | {calls}\n\
+             TEXT: /(.|\\n)*/ & ~/\\s*\\{{(.|\\n)*/ & ~/(.|\\n)*<\\|python_tag\\|>(.|\\n)*/"
+        ),
+        (ToolFormat::Mistral, true) => writeln!(
+            g,
+            "start: TEXT | lead \"[\" call {more} \"]\"\n{}\n\
+             TEXT: /(.|\\n)*/ & ~/(.|\\n)*\\[TOOL_CALLS\\](.|\\n)*/",
+            lead("[TOOL_CALLS]")
+        ),
+        (_, true) => writeln!(
+            g,
+            "start: TEXT | lead body {more}\n{}\n\
+             TEXT: /(.|\\n)*/ & ~/(.|\\n)*{}(.|\\n)*/\n\
+             body: {}",
+            lead(marker),
+            regex_escape(marker),
+            (0..chosen.len())
+                .map(|i| format!("body_{i}"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
     };
+    if format == ToolFormat::Harmony {
+        let _ = writeln!(
+            g,
+            "analysis: <|channel|> \"analysis\" <|message|> ANALYSIS <|end|> <|start|> \"assistant\"\n\
+             ANALYSIS: /(.|\\n)*/"
+        );
+    }
     let alternatives: Vec<String> = (0..chosen.len()).map(|i| format!("call_{i}")).collect();
     let _ = writeln!(g, "call: {}", alternatives.join(" | "));
     for (i, tool) in chosen.iter().enumerate() {
@@ -138,10 +194,14 @@ pub fn call_grammar(
                 lit(&format!("commentary to=functions.{} ", tool.name))
             )
         } else {
-            let head = format!("{open}{{\"name\": {}, \"{key}\": ", lit(&tool.name));
+            let head = format!("{after}{{\"name\": {}, \"{key}\": ", lit(&tool.name));
+            let call = match marker {
+                "" => format!("call_{i}: body_{i}"),
+                m => format!("call_{i}: {} body_{i}", lit(m)),
+            };
             writeln!(
                 g,
-                "call_{i}: {} %json {schema} {}",
+                "{call}\nbody_{i}: {} %json {schema} {}",
                 lit(&head),
                 lit(&format!("}}{close}"))
             )

@@ -658,3 +658,41 @@ fn templates_that_read_tools_are_told_apart() {
         assert!(!template_handles_tools(no), "{no}");
     }
 }
+
+/// SmolLM2's own template (plain ChatML, architecture llama): Hermes, tools described by us.
+#[test]
+fn smollm2_gets_hermes_in_its_own_template() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../models/smollm2-135m-instruct-q4_1.gguf");
+    let file = ringllm_model::gguf::GgufFile::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch-models)", path.display()));
+    let src = file
+        .metadata()
+        .opt_str("tokenizer.chat_template")
+        .expect("metadata")
+        .expect("SmolLM2 has a chat template");
+    let format = ToolFormat::detect(Some(src), "llama");
+    assert_eq!(format, ToolFormat::Hermes);
+    assert!(!template_handles_tools(src));
+    let (msgs, var) = prepare(
+        format,
+        src,
+        &conversation()[1..],
+        &[weather(), time()],
+        &ToolChoice::Required,
+    );
+    assert_eq!(var, None);
+    let t = ChatTemplate::new(src, "<|im_start|>", "<|im_end|>").expect("compiles");
+    let prompt = t.render(&msgs, true).expect("renders");
+    assert!(
+        prompt.starts_with("<|im_start|>system\nYou can call functions"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("Call at least one of the functions now.<|im_end|>\n"));
+    assert!(prompt.contains(
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+    ));
+    assert!(prompt.ends_with(
+        "<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    ), "{prompt}");
+}

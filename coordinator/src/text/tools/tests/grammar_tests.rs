@@ -224,3 +224,41 @@ fn grammar_errors_name_the_problem() {
         false
     ));
 }
+
+#[test]
+fn auto_grammars_take_text_or_well_formed_calls() {
+    let call = |f| written(f, &[("get_weather", json!({"city": "Paris"}))]);
+    let bad = |f| written(f, &[("get_weather", json!({"town": "Paris"}))]);
+    for format in [ToolFormat::Hermes, ToolFormat::Mistral, ToolFormat::Gemma] {
+        let g = grammar(format, &ToolChoice::Auto, true);
+        assert!(
+            takes(&g, "It is sunny.\nAsk me more.", false),
+            "{format:?}\n{g}"
+        );
+        assert!(takes(&g, &call(format), false), "{format:?}");
+        assert!(
+            takes(&g, &format!("Let me check.\n{}", call(format)), false),
+            "{format:?}"
+        );
+        assert!(!takes(&g, &bad(format), false), "{format:?}");
+        assert!(
+            !takes(&g, &format!("Well, {}", bad(format)), false),
+            "{format:?}"
+        );
+        // No text after the calls.
+        assert!(
+            !takes(&g, &format!("{} done", call(format)), false),
+            "{format:?}"
+        );
+    }
+    let g = grammar(ToolFormat::Llama3, &ToolChoice::Auto, true);
+    assert!(takes(&g, "It is sunny.", false), "{g}");
+    assert!(takes(&g, &call(ToolFormat::Llama3), false));
+    assert!(!takes(&g, &bad(ToolFormat::Llama3), false));
+    assert!(!takes(&g, " {\"x\": 1}", false));
+    let g = grammar(ToolFormat::Harmony, &ToolChoice::Auto, false);
+    let final_answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.";
+    assert!(takes(&g, final_answer, true), "{g}");
+    assert!(takes(&g, &call(ToolFormat::Harmony), true));
+    assert!(!takes(&g, &bad(ToolFormat::Harmony), true));
+}
