@@ -31,6 +31,7 @@ mod openai;
 mod page;
 #[cfg(test)]
 mod tests;
+mod tools;
 
 use super::Backend;
 use anyhow::{Context, Result};
@@ -441,10 +442,35 @@ async fn chat_completions(
     State(s): State<Shared>,
     JsonBody(body): JsonBody<openai::Body>,
 ) -> Result<Response, ApiError> {
-    let params = check(&s, &body, Kind::Chat)?;
-    let messages = openai::chat_messages(body.messages)?;
+    let mut params = check(&s, &body, Kind::Chat)?;
+    let plan = tools::ToolPlan::new(
+        &s,
+        tools::openai_tools(body.tools.as_ref())?,
+        tools::openai_choice(body.tool_choice.as_ref())?,
+        // One call per reply unless asked: llama.cpp's server default too; a small model
+        // allowed more repeats its call until max_tokens.
+        body.parallel_tool_calls.unwrap_or(false),
+        "tools",
+    )?;
+    let mut messages = openai::chat_messages(body.messages)?;
+    if let Some(plan) = &plan {
+        if let Some(g) = plan.grammar()? {
+            if params.grammar.is_some() {
+                return Err(ApiError::invalid(
+                    "`response_format` cannot be combined with `tools` (unless `tool_choice` \
+                     is \"none\")",
+                )
+                .param("response_format"));
+            }
+            params.grammar = Some(g);
+        }
+        let (m, tools_var) = plan.prepare(&s, &messages);
+        messages = m;
+        params.vars.tools = tools_var;
+    }
+    let reads = plan.filter(tools::ToolPlan::reads_calls).map(|p| p.format);
     let prompt = tokenize(&s, Prompt::Chat(messages, params.vars.clone())).await?;
-    generate(&s, params, prompt).await
+    generate(&s, params, prompt, reads).await
 }
 
 async fn completions(
@@ -457,8 +483,14 @@ async fn completions(
         openai::PromptInput::Text(text) => Prompt::Text { text, special },
         openai::PromptInput::Tokens(t) => Prompt::Tokens(t),
     };
+    if body.tools.as_ref().is_some_and(|t| !t.is_null()) {
+        return Err(
+            ApiError::invalid("`tools` are for /v1/chat/completions, not /v1/completions")
+                .param("tools"),
+        );
+    }
     let prompt = tokenize(&s, prompt).await?;
-    generate(&s, params, prompt).await
+    generate(&s, params, prompt, None).await
 }
 
 /// The checks both endpoints share: not draining, the right model, valid parameters.

@@ -230,11 +230,13 @@ pub(super) async fn generate(
     s: &Shared,
     p: Params,
     prompt: Vec<u32>,
+    tools: Option<crate::text::tools::ToolFormat>,
 ) -> Result<Response, ApiError> {
     let constraint = constraint(s, &p).await?;
     let mut sub = submit(s, &p, prompt, constraint)?;
     let reply = openai::Reply::new(&p, s.backend.model_id())
-        .harmony(crate::text::harmony::is_harmony(s.backend.tokenizer()));
+        .harmony(crate::text::harmony::is_harmony(s.backend.tokenizer()))
+        .tools(tools);
     if p.stream {
         let first = sub.first().await?;
         let body = Body::from_stream(openai::sse(reply, Some(first), sub.rx, sub.guard));

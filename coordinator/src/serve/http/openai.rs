@@ -5,6 +5,7 @@ use crate::serve::{Finish, GenEvent, ResumeStats, Sampling, TokenLogprob};
 use crate::text::grammar::GrammarSpec;
 use crate::text::harmony::{ChannelParser, Split};
 use crate::text::template::{Message, TemplateVars};
+use crate::text::tools::{self, StreamItem, ToolFormat, ToolStream};
 use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -111,6 +112,14 @@ pub(super) struct InMessage {
     /// A string, an array of `{type: "text", text}` parts, or null.
     #[serde(default)]
     pub content: Option<Value>,
+    /// An assistant message's calls: `[{id, type: "function", function: {name, arguments}}]`.
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// A `tool` message: the call it answers, and (older clients) the function's name.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -402,16 +411,23 @@ pub(super) fn chat_messages(messages: Option<Vec<InMessage>>) -> Result<Vec<Mess
         .into_iter()
         .map(|m| {
             let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role,
+                "system" | "user" | "assistant" | "tool" => m.role,
                 // OpenAI's newer name for the system prompt.
                 "developer" => "system".into(),
                 other => {
                     return Err(bad(
                         "messages",
-                        format!("role `{other}` is not supported (system, user, assistant)"),
+                        format!("role `{other}` is not supported (system, user, assistant, tool)"),
                     ))
                 }
             };
+            let tool_calls = super::tools::openai_calls(m.tool_calls.as_ref())?;
+            if !tool_calls.is_empty() && role != "assistant" {
+                return Err(bad(
+                    "messages",
+                    format!("a `{role}` message cannot have `tool_calls`"),
+                ));
+            }
             let content = match m.content {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(s)) => s,
@@ -442,7 +458,13 @@ pub(super) fn chat_messages(messages: Option<Vec<InMessage>>) -> Result<Vec<Mess
                     ))
                 }
             };
-            Ok(Message::new(role, content))
+            let mut msg = Message::new(role, content);
+            msg.tool_calls = tool_calls;
+            if msg.role == "tool" {
+                msg.tool_call_id = m.tool_call_id;
+                msg.name = m.name;
+            }
+            Ok(msg)
         })
         .collect()
 }
@@ -536,6 +558,10 @@ pub(super) struct Reply {
     /// The reply is harmony (gpt-oss): its analysis channel goes to `reasoning_content`, its
     /// final channel to `content` (see [`crate::text::harmony`]).
     harmony: bool,
+    /// The reply is read for tool calls in this format.
+    tools: Option<ToolFormat>,
+    /// A streamed reply made calls: it finishes with `tool_calls`.
+    called: bool,
 }
 
 impl Reply {
@@ -552,7 +578,15 @@ impl Reply {
             logprobs: p.logprobs.is_some(),
             include_usage: p.include_usage,
             harmony: false,
+            tools: None,
+            called: false,
         }
+    }
+
+    /// Reads tool calls out of the reply in `format` (a chat request with tools).
+    pub fn tools(mut self, format: Option<ToolFormat>) -> Reply {
+        self.tools = format.filter(|_| self.kind == Kind::Chat);
+        self
     }
 
     /// Splits a chat reply into reasoning and answer when `yes` (a harmony model's chat).
@@ -618,9 +652,37 @@ impl Reply {
             "logprobs": self.logprobs_json(&c.logprobs),
             "finish_reason": finish_reason(c.finish),
         });
+        let parsed = self.tools.map(|f| tools::parse(f, &c.text));
+        let text = parsed
+            .as_ref()
+            .map_or(c.text.as_str(), |p| p.content.as_str());
         match self.kind {
+            Kind::Chat if parsed.as_ref().is_some_and(|p| !p.calls.is_empty()) => {
+                let calls = parsed.as_ref().map_or(&[][..], |p| &p.calls[..]);
+                let split = if self.harmony {
+                    ChannelParser::split(text)
+                } else {
+                    Split {
+                        content: text.to_string(),
+                        reasoning: String::new(),
+                    }
+                };
+                let content = (!split.content.is_empty()).then_some(split.content);
+                let mut message = json!({
+                    "role": "assistant",
+                    "content": content,
+                    "tool_calls": calls.iter().map(|c| super::tools::openai_call(c, None)).collect::<Vec<_>>(),
+                });
+                if !split.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(split.reasoning);
+                }
+                choice["message"] = message;
+                if c.finish == Finish::Stop {
+                    choice["finish_reason"] = json!("tool_calls");
+                }
+            }
             Kind::Chat if self.harmony => {
-                let split = ChannelParser::split(&c.text);
+                let split = ChannelParser::split(text);
                 let mut message = json!({"role": "assistant", "content": split.content});
                 if !split.reasoning.is_empty() {
                     message["reasoning_content"] = json!(split.reasoning);
@@ -628,7 +690,7 @@ impl Reply {
                 choice["message"] = message;
             }
             Kind::Chat => {
-                choice["message"] = json!({"role": "assistant", "content": c.text});
+                choice["message"] = json!({"role": "assistant", "content": text});
             }
             Kind::Completion => choice["text"] = json!(c.text),
         }
@@ -666,7 +728,10 @@ impl Reply {
         let mut choice = json!({
             "index": 0,
             "logprobs": logprobs,
-            "finish_reason": finish.map(finish_reason),
+            "finish_reason": finish.map(|f| match f {
+                Finish::Stop if self.called => "tool_calls",
+                f => finish_reason(f),
+            }),
         });
         match self.kind {
             Kind::Chat => {
@@ -722,9 +787,65 @@ struct Streamer {
     chars: usize,
     /// A harmony reply's channel parser.
     parser: Option<ChannelParser>,
+    /// A reply read for tool calls: its calls come out as `tool_calls` deltas.
+    tools: Option<ToolStream>,
+    /// Calls sent so far (each delta's `index`).
+    calls: usize,
 }
 
 impl Streamer {
+    /// The events for text of a reply read for tool calls (`last`: the end of the reply).
+    fn tool_events(&mut self, text: &str, logprobs: Value, last: bool) -> String {
+        let Some(ts) = self.tools.as_mut() else {
+            return String::new();
+        };
+        let mut items = ts.push(text);
+        if last {
+            items.extend(ts.finish());
+        }
+        let mut out = String::new();
+        let mut lp = logprobs;
+        for item in items {
+            match item {
+                StreamItem::Content(c) => {
+                    let lpv = std::mem::take(&mut lp);
+                    match self.parser.as_mut() {
+                        Some(parser) => {
+                            let split = if last {
+                                parser.push_last(&c)
+                            } else {
+                                parser.push(&c)
+                            };
+                            if !split.is_empty() || !lpv.is_null() {
+                                out += &event(&self.delta(&split, lpv, None));
+                            }
+                        }
+                        None => out += &event(&self.reply.chunk(Some(&c), false, lpv, None)),
+                    }
+                }
+                StreamItem::Call(call) => {
+                    let index = self.calls;
+                    self.calls += 1;
+                    self.reply.called = true;
+                    let mut choice = json!({
+                        "index": 0,
+                        "logprobs": std::mem::take(&mut lp),
+                        "finish_reason": null,
+                        "delta": {"tool_calls": [super::tools::openai_call(&call, Some(index))]},
+                    });
+                    if index == 0 {
+                        choice["delta"]["content"] = Value::Null;
+                    }
+                    out += &event(&self.reply.envelope(json!([choice]), Value::Null));
+                }
+            }
+        }
+        if !lp.is_null() {
+            out += &event(&self.reply.chunk(Some(""), false, lp, None));
+        }
+        out
+    }
+
     async fn next(&mut self) -> Option<String> {
         if self.ended {
             return None;
@@ -750,6 +871,13 @@ impl Streamer {
                         None => Value::Null,
                     };
                     self.chars += text.chars().count();
+                    if self.tools.is_some() {
+                        let out = self.tool_events(&text, lp, false);
+                        if out.is_empty() {
+                            continue; // text that may begin a call, or a call not yet whole
+                        }
+                        return Some(out);
+                    }
                     let Some(parser) = self.parser.as_mut() else {
                         return Some(event(&self.reply.chunk(Some(&text), false, lp, None)));
                     };
@@ -772,6 +900,9 @@ impl Streamer {
                     self.ended = true;
                     let mut out = String::new();
                     match self.parser.as_mut() {
+                        _ if self.tools.is_some() => {
+                            out += &self.tool_events(&text, Value::Null, true);
+                        }
                         Some(parser) => {
                             let split = parser.push_last(&text);
                             if !split.is_empty() {
@@ -833,6 +964,7 @@ pub(super) fn sse(
     guard: CancelOnDrop,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let parser = reply.harmony.then(ChannelParser::new);
+    let tools = reply.tools.map(ToolStream::new);
     let s = Streamer {
         reply,
         first,
@@ -842,6 +974,8 @@ pub(super) fn sse(
         ended: false,
         chars: 0,
         parser,
+        tools,
+        calls: 0,
     };
     futures_util::stream::unfold(s, |mut s| async move {
         let text = s.next().await?;
