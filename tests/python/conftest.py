@@ -15,10 +15,24 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from support.paths import ringllm_bin  # noqa: E402
+from support.cli import run  # noqa: E402
+from support.paths import FIXTURES, SMOL, model_path, ringllm_bin  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def ringllm():
     """The ringllm binary under test (RINGLLM_BIN, else target/ci/ringllm)."""
     return ringllm_bin()
+
+
+@pytest.fixture(scope="session")
+def smol_calibration(tmp_path_factory):
+    """`ringllm calibrate` of SmolLM2 on tests/fixtures/texts/calibration.txt (context 128, 4
+    chunks), run once for the session: (the predictor's path, the finished process). test_skip
+    checks the run's output and reads the predictor, test_streaming sends it to nodes; each
+    calibrated its own (13 s on 2 cores; the same bytes at 1 and 2 threads). Read-only: a test
+    that damages a predictor damages a copy."""
+    out = tmp_path_factory.mktemp("skip") / "smol.skip"
+    r = run(["calibrate", "-m", model_path(SMOL.name), "-f", FIXTURES / "texts" / "calibration.txt", "-o", out,
+             "--ctx", "128", "--chunks", "4", "-t", "2"])
+    return out, r

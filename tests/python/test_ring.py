@@ -23,8 +23,16 @@ PROMPTS = {
 GEN = ["--temp", "0", "-n", "12", "--threads", "1", "-c", "256"]
 
 
+_single = {}
+
+
 def single(model, prompt, tmp_path):
-    return generation(["run", "-m", model, "-p", prompt, *GEN], tmp_path / "single.f32")
+    """The single process's (json, logits, stderr) for `prompt`: run once per model file and
+    prompt and shared by this file's tests (SmolLM2's is the oracle of four of them)."""
+    key = (str(model), prompt)
+    if key not in _single:
+        _single[key] = generation(["run", "-m", model, "-p", prompt, *GEN], tmp_path / "single.f32")
+    return _single[key]
 
 
 @pytest.mark.parametrize("name,path", [("smollm", SMOL), pytest.param("gemma", GEMMA, marks=pytest.mark.slow)])

@@ -13,15 +13,13 @@ import pytest
 from support.cli import run
 from support.paths import GEMMA, ROOT, SMOL, model_path, ringllm_bin
 
-CALIB_TEXT = ROOT / "tests" / "fixtures" / "texts" / "calibration.txt"
 SCORE_TEXT = ROOT / "tests" / "fixtures" / "texts" / "perplexity.txt"
 
 
 @pytest.fixture(scope="module")
-def smol_predictor(tmp_path_factory):
-    out = tmp_path_factory.mktemp("skip") / "smol.skip"
-    r = run(["calibrate", "-m", model_path(SMOL.name), "-f", CALIB_TEXT, "-o", out,
-             "--ctx", "128", "--chunks", "4", "-t", "2"])
+def smol_predictor(smol_calibration):
+    """SmolLM2's predictor (the session's, made by conftest.py), its calibration run checked here."""
+    out, r = smol_calibration
     assert out.exists() and out.stat().st_size > 0
     assert f"wrote {out}" in r.stdout
     # The summary: one line per layer and the held-out result.

@@ -93,11 +93,9 @@ def test_two_capped_nodes_run_a_model_neither_holds_in_every_layout(tmp_path):
 
 
 @pytest.mark.slow
-def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
+def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path, smol_calibration):
     smol, gemma = model_path(SMOL.name), model_path(GEMMA.name)
-    pred = tmp_path / "smol.skip"
-    ringllm(["calibrate", "-m", smol, "-f", str(pathlib_readme()), "-o", str(pred), "--ctx", "128",
-             "--chunks", "4", "-t", "1"])
+    pred = smol_calibration[0]  # calibrated on tests/fixtures/texts/calibration.txt (conftest.py)
     with Nodes(2, log_dir=tmp_path) as nodes:
         flags = ["--key", KEY, *nodes.node_flags()]
         r = ringllm(["up", "-m", smol, *flags, "-p", PROMPT, *GEN, "--skip", f"auto:{pred}"])
@@ -107,11 +105,6 @@ def test_up_sends_the_skip_predictor_and_refuses_another_models(tmp_path):
         r = ringllm(["up", "-m", gemma, *flags, "-p", PROMPT, *GEN, "--skip", f"auto:{pred}"],
                     check=False)
         assert r.returncode != 0 and str(pred) in r.stderr and "another model" in r.stderr, r.stderr
-
-
-def pathlib_readme():
-    import pathlib
-    return pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "texts" / "calibration.txt"
 
 
 def test_a_streamed_mixture_of_experts_equals_the_resident_one(tmp_path):

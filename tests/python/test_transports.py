@@ -14,8 +14,16 @@ GEN = ["--temp", "0", "-n", "12", "--threads", "1", "-c", "256"]
 PROMPT = "The three primary colors are"
 
 
+_single = {}
+
+
 def single(model, tmp_path, prompt=PROMPT):
-    return generation(["run", "-m", model, "-p", prompt, *GEN], tmp_path / "single.f32")
+    """The single process's (json, logits, stderr) for `prompt`: run once per model and prompt
+    and shared by the transports' tests (it does not depend on the transport)."""
+    key = (str(model), prompt)
+    if key not in _single:
+        _single[key] = generation(["run", "-m", model, "-p", prompt, *GEN], tmp_path / "single.f32")
+    return _single[key]
 
 
 @pytest.mark.parametrize("transport", ["tcp", "udp", "quic", "uring"])
