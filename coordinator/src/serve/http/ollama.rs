@@ -19,6 +19,7 @@ use crate::serve::{Finish, GenEvent, Sampling};
 use crate::text::grammar::GrammarSpec;
 use crate::text::harmony::{is_harmony, ChannelParser, Split};
 use crate::text::template::{Message, TemplateVars};
+use crate::text::tools::ToolChoice;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -31,6 +32,10 @@ use std::convert::Infallible;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+mod answer;
+
+use answer::{answer, Reply, What};
 
 pub(super) fn routes() -> Router<Shared> {
     Router::new()
@@ -319,6 +324,9 @@ struct ChatMessage {
     images: Option<Vec<Value>>,
     #[serde(default)]
     tool_calls: Option<Vec<Value>>,
+    /// A `tool` message: the function it answers.
+    #[serde(default)]
+    tool_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -464,13 +472,14 @@ async fn chat(
     let model = served_model(&s, body.model.as_deref());
     let harmony = is_harmony(s.backend.tokenizer());
     let think = supported(body.format.as_ref(), body.think.as_ref(), harmony)?;
-    if has_items(&body.tools) {
-        return Err(
-            ApiError::invalid(format!("the model `{model}` does not support tools"))
-                .param("tools")
-                .into(),
-        );
-    }
+    let tools = body.tools.map(Value::Array);
+    let plan = super::tools::ToolPlan::new(
+        &s,
+        super::tools::openai_tools(tools.as_ref())?,
+        ToolChoice::Auto,
+        false,
+        "tools",
+    )?;
     let messages = body.messages.unwrap_or_default();
     if messages.is_empty() {
         return Ok(load_reply(&model, What::Chat, body.keep_alive.as_ref()));
@@ -478,11 +487,11 @@ async fn chat(
     let messages = messages
         .into_iter()
         .map(|m| {
-            if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+            if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool") {
                 return Err(bad(
                     "messages",
                     format!(
-                        "role `{}` is not supported (system, user, assistant)",
+                        "role `{}` is not supported (system, user, assistant, tool)",
                         m.role
                     ),
                 ));
@@ -493,27 +502,38 @@ async fn chat(
                     "images are not supported: the model reads text only".into(),
                 ));
             }
-            if has_items(&m.tool_calls) {
-                return Err(bad(
-                    "messages",
-                    "tool calls are not supported by this server".into(),
-                ));
+            let calls = m.tool_calls.map(Value::Array);
+            let mut msg = Message::new(m.role, m.content.unwrap_or_default());
+            msg.tool_calls = super::tools::openai_calls(calls.as_ref())?;
+            if msg.role == "tool" {
+                msg.name = m.tool_name;
             }
-            Ok(Message::new(m.role, m.content.unwrap_or_default()))
+            Ok(msg)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let stream = body.stream.unwrap_or(true);
     let mut p = Options::from_json(body.options)?.params(Kind::Chat, stream)?;
     p.grammar = format_grammar(body.format.as_ref())?;
-    let vars = TemplateVars {
+    let mut vars = TemplateVars {
         reasoning_effort: think.effort.clone(),
         ..TemplateVars::default()
     };
+    let mut messages = messages;
+    if let Some(plan) = &plan {
+        if p.grammar.is_some() {
+            return Err(bad("format", "`format` cannot be combined with `tools`".into()).into());
+        }
+        p.grammar = plan.grammar()?;
+        let (m, tools_var) = plan.prepare(&s, &messages);
+        messages = m;
+        vars.tools = tools_var;
+    }
     let prompt = tokenize(&s, Prompt::Chat(messages, vars)).await?;
     let reply = Reply {
         what: What::Chat,
         model,
         harmony: harmony.then_some(think),
+        tools: plan.map(|p| p.format),
     };
     answer(&s, p, prompt, reply, t0).await
 }
@@ -598,253 +618,9 @@ async fn generate(
         what: What::Generate,
         model,
         harmony: (harmony && templated).then_some(think),
+        tools: None,
     };
     answer(&s, p, prompt, reply, t0).await
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum What {
-    Chat,
-    Generate,
-}
-
-/// When a request arrived, was handed to the backend, and saw its first token.
-#[derive(Clone, Copy)]
-struct Timing {
-    arrived: Instant,
-    submitted: Instant,
-    first_token: Option<Instant>,
-}
-
-fn nanos(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Builds the objects of one answer.
-struct Reply {
-    what: What,
-    model: String,
-    /// A harmony reply (gpt-oss): split into `thinking` and the answer, with what `think`
-    /// asked (see [`crate::text::harmony`]).
-    harmony: Option<Think>,
-}
-
-impl Reply {
-    /// A piece of the answer (streamed), or the whole text (`done` objects).
-    fn object(&self, text: &str, done: bool) -> Value {
-        self.object_with(text, "", done)
-    }
-
-    /// [`Reply::object`] with reasoning, in `thinking` when there is any and it is shown.
-    fn object_with(&self, text: &str, thinking: &str, done: bool) -> Value {
-        let mut v = json!({
-            "model": self.model,
-            "created_at": rfc3339(SystemTime::now()),
-        });
-        let thinking = (!thinking.is_empty() && self.shows_thinking()).then_some(thinking);
-        match self.what {
-            What::Chat => {
-                v["message"] = json!({"role": "assistant", "content": text});
-                if let Some(t) = thinking {
-                    v["message"]["thinking"] = json!(t);
-                }
-            }
-            What::Generate => {
-                v["response"] = json!(text);
-                if let Some(t) = thinking {
-                    v["thinking"] = json!(t);
-                }
-            }
-        }
-        v["done"] = json!(done);
-        v
-    }
-
-    fn shows_thinking(&self) -> bool {
-        self.harmony.as_ref().is_some_and(|t| t.show)
-    }
-
-    /// A piece of a harmony reply as a streamed line; `None` when it shows nothing.
-    fn piece(&self, split: &Split) -> Option<Value> {
-        let shown =
-            !split.content.is_empty() || (!split.reasoning.is_empty() && self.shows_thinking());
-        shown.then(|| self.object_with(&split.content, &split.reasoning, false))
-    }
-
-    /// The last object: the reason and Ollama's counts and durations (nanoseconds).
-    fn done(
-        &self,
-        text: &str,
-        thinking: &str,
-        finish: Finish,
-        timing: &Timing,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-    ) -> Value {
-        let now = Instant::now();
-        let first = timing.first_token.unwrap_or(now);
-        let mut v = self.object_with(text, thinking, true);
-        v["done_reason"] = json!(done_reason(finish));
-        v["total_duration"] = json!(nanos(now - timing.arrived));
-        v["load_duration"] = json!(0);
-        v["prompt_eval_count"] = json!(prompt_tokens);
-        v["prompt_eval_duration"] = json!(nanos(first.saturating_duration_since(timing.submitted)));
-        v["eval_count"] = json!(completion_tokens);
-        v["eval_duration"] = json!(nanos(now.saturating_duration_since(first)));
-        v
-    }
-}
-
-/// Ollama has no "cancelled": an answer cut short by a shutdown reads as truncated.
-fn done_reason(f: Finish) -> &'static str {
-    match f {
-        Finish::Stop => "stop",
-        Finish::Length | Finish::Cancelled => "length",
-    }
-}
-
-/// Submits and answers: NDJSON lines, or one object.
-async fn answer(
-    s: &Shared,
-    p: Params,
-    prompt: Vec<u32>,
-    reply: Reply,
-    arrived: Instant,
-) -> Result<Response, OllamaError> {
-    let constraint = constraint(s, &p).await?;
-    let mut sub = submit(s, &p, prompt, constraint)?;
-    let mut timing = Timing {
-        arrived,
-        submitted: Instant::now(),
-        first_token: None,
-    };
-    if p.stream {
-        let first = sub.first().await?;
-        if matches!(first, GenEvent::Token { .. }) {
-            timing.first_token = Some(Instant::now());
-        }
-        let lines = Lines {
-            parser: reply.harmony.is_some().then(ChannelParser::new),
-            reply,
-            timing,
-            first: Some(first),
-            rx: sub.rx,
-            guard: sub.guard,
-            ended: false,
-        };
-        let body = Body::from_stream(futures_util::stream::unfold(lines, |mut l| async move {
-            let text = l.next().await?;
-            Some((Ok::<_, Infallible>(Bytes::from(text)), l))
-        }));
-        let headers = [
-            (header::CONTENT_TYPE, "application/x-ndjson"),
-            (header::CACHE_CONTROL, "no-cache"),
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ];
-        return Ok((headers, body).into_response());
-    }
-    let done = super::collect(sub.rx, sub.guard).await?;
-    timing.first_token = done.first_token;
-    let split = match reply.harmony {
-        Some(_) => ChannelParser::split(&done.text),
-        None => Split {
-            reasoning: String::new(),
-            content: done.text,
-        },
-    };
-    let v = reply.done(
-        &split.content,
-        &split.reasoning,
-        done.finish,
-        &timing,
-        done.usage.prompt_tokens,
-        done.usage.completion_tokens,
-    );
-    Ok(Json(v).into_response())
-}
-
-/// Turns a request's events into NDJSON lines; owns the cancel guard, so dropping the stream
-/// (the client went away) cancels the request.
-struct Lines {
-    reply: Reply,
-    /// A harmony reply's channel parser.
-    parser: Option<ChannelParser>,
-    timing: Timing,
-    first: Option<GenEvent>,
-    rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
-    guard: CancelOnDrop,
-    ended: bool,
-}
-
-fn line(v: &Value) -> String {
-    format!("{v}\n")
-}
-
-impl Lines {
-    async fn next(&mut self) -> Option<String> {
-        if self.ended {
-            return None;
-        }
-        loop {
-            let next = match self.first.take() {
-                Some(e) => Some(e),
-                None => self.rx.recv().await,
-            };
-            match next {
-                Some(GenEvent::Token { text, .. }) => {
-                    self.timing.first_token.get_or_insert_with(Instant::now);
-                    if text.is_empty() {
-                        continue;
-                    }
-                    let Some(parser) = self.parser.as_mut() else {
-                        return Some(line(&self.reply.object(&text, false)));
-                    };
-                    match self.reply.piece(&parser.push(&text)) {
-                        Some(v) => return Some(line(&v)),
-                        None => continue,
-                    }
-                }
-                Some(GenEvent::Done {
-                    finish,
-                    text,
-                    prompt_tokens,
-                    completion_tokens,
-                    ..
-                }) => {
-                    self.guard.disarm();
-                    self.ended = true;
-                    let mut out = String::new();
-                    match self.parser.as_mut() {
-                        Some(parser) => {
-                            let split = parser.push_last(&text);
-                            if let Some(v) = self.reply.piece(&split) {
-                                out += &line(&v);
-                            }
-                        }
-                        None if !text.is_empty() => out += &line(&self.reply.object(&text, false)),
-                        None => {}
-                    }
-                    out += &line(&self.reply.done(
-                        "",
-                        "",
-                        finish,
-                        &self.timing,
-                        prompt_tokens,
-                        completion_tokens,
-                    ));
-                    return Some(out);
-                }
-                Some(GenEvent::Error { message, .. }) => return Some(self.fail(message)),
-                None => return Some(self.fail(stopped().message)),
-            }
-        }
-    }
-
-    fn fail(&mut self, message: String) -> String {
-        self.guard.disarm();
-        self.ended = true;
-        line(&json!({ "error": message }))
-    }
 }
 
 /// The served model as `/api/tags` and `/api/ps` list it.
@@ -906,7 +682,12 @@ async fn show(
         "template": template,
         "details": card.details(),
         "model_info": Value::Object(info),
-        "capabilities": ["completion"],
+        // Tools need a chat template to render them (Home Assistant and Open WebUI read this).
+        "capabilities": if s.backend.template().is_some() {
+            json!(["completion", "tools"])
+        } else {
+            json!(["completion"])
+        },
         "modified_at": rfc3339(card.modified.unwrap_or(UNIX_EPOCH)),
     }))
     .into_response())

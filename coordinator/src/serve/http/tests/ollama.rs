@@ -223,8 +223,8 @@ fn errors_have_ollamas_shape() {
         (json!({"messages": user("x"), "format": 3}), "format"),
         (json!({"messages": user("x"), "think": true}), "thinking"),
         (
-            json!({"messages": [{"role": "tool", "content": "x"}]}),
-            "role `tool`",
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "role `robot`",
         ),
         (
             json!({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
@@ -366,7 +366,7 @@ fn tags_show_version_and_ps_describe_the_served_model() {
     assert_eq!(show["details"], details);
     assert_eq!(show["model_info"]["general.architecture"], "llama");
     assert_eq!(show["model_info"]["llama.context_length"], 8192);
-    assert_eq!(show["capabilities"], json!(["completion"]));
+    assert_eq!(show["capabilities"], json!(["completion", "tools"]));
     assert!(show["template"].as_str().unwrap().contains("<|im_start|>"));
     let v = get(s.addr, "/api/version").json();
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
