@@ -22,8 +22,10 @@ use tokio::sync::mpsc::UnboundedSender;
 const MODEL_ID: &str = "smollm2-135m-instruct-q4_1";
 
 struct Vocab {
-    tok: Tokenizer,
+    tok: Arc<Tokenizer>,
     template: ChatTemplate,
+    /// The grammar compiler over `tok`, built by the first constrained request.
+    grammars: OnceLock<Result<crate::text::grammar::Grammars, String>>,
 }
 
 /// The tokenizer and chat template of a real model file (read once per test binary).
@@ -47,7 +49,11 @@ fn vocab() -> &'static Vocab {
             .expect("SmolLM2 has a chat template");
         let template =
             ChatTemplate::new(source, &piece(tok.bos()), &piece(spec.eos)).expect("template");
-        Vocab { tok, template }
+        Vocab {
+            tok: Arc::new(tok),
+            template,
+            grammars: OnceLock::new(),
+        }
     })
 }
 
@@ -69,7 +75,11 @@ fn gpt_oss_vocab() -> &'static Vocab {
         let mut template =
             ChatTemplate::new(source, "<|startoftext|>", "<|return|>").expect("template");
         template.pin_time(PINNED_TIME);
-        Vocab { tok, template }
+        Vocab {
+            tok: Arc::new(tok),
+            template,
+            grammars: OnceLock::new(),
+        }
     })
 }
 
@@ -179,6 +189,17 @@ fn cancelled_done() -> GenEvent {
 }
 
 impl Backend for Scripted {
+    fn grammars(&self) -> Result<&crate::text::grammar::Grammars, String> {
+        let v = (self.vocab)();
+        v.grammars
+            .get_or_init(|| {
+                crate::text::grammar::Grammars::new(&v.tok, v.tok.vocab_size())
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     fn submit(&self, req: GenRequest) -> Result<(), SubmitError> {
         if self.shut.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);

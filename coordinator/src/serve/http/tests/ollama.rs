@@ -496,3 +496,49 @@ fn a_client_leaving_an_ndjson_stream_or_a_whole_answer_cancels_it() {
         assert!(s.backend.wait_cancelled(0), "{path}: the drop sets cancel");
     }
 }
+
+/// A reply holding a call in the model's format (Hermes on SmolLM2's template) comes back as
+/// Ollama's `tool_calls`, whole and as a line of its own when streamed; the text around it
+/// stays content.
+#[test]
+fn calls_in_the_reply_are_ollamas_tool_calls() {
+    let call =
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>";
+    let mut events: Vec<GenEvent> = ["Sure. ", &call[..9], &call[9..30], &call[30..]]
+        .iter()
+        .map(|t| token(t))
+        .collect();
+    events.push(done(Finish::Stop, 20));
+    let s = start(Scripted::new(Script::Events(events)), None);
+    let tools = json!([{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]);
+    let body = json!({"model": "x", "messages": user("2+3?"), "tools": tools, "stream": false});
+    let r = post(s.addr, "/api/chat", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["message"]["content"], "Sure.");
+    assert_eq!(
+        v["message"]["tool_calls"],
+        json!([{"function": {"name": "add", "arguments": {"a": 2, "b": 3}}}])
+    );
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let l = lines(&post(s.addr, "/api/chat", &streamed));
+    let with_calls: Vec<&Value> = l
+        .iter()
+        .filter(|o| o["message"].get("tool_calls").is_some())
+        .collect();
+    assert_eq!(with_calls.len(), 1, "{l:?}");
+    assert_eq!(
+        with_calls[0]["message"]["tool_calls"],
+        v["message"]["tool_calls"]
+    );
+    let text: String = l
+        .iter()
+        .filter_map(|o| o["message"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Sure.");
+    // The tools were described to the model: its prompt holds the schema.
+    let prompt = s.backend.seen(|r| r[0].prompt.clone());
+    assert!(vocab().tok.decode(&prompt).contains("\"add\""));
+}
