@@ -464,7 +464,7 @@ async fn chat_completions(
             }
             params.grammar = Some(g);
         }
-        let (m, tools_var) = plan.prepare(&s, &messages);
+        let (m, tools_var) = plan.prepare(&s, &messages)?;
         messages = m;
         params.vars.tools = tools_var;
     }

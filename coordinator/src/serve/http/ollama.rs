@@ -524,7 +524,7 @@ async fn chat(
             return Err(bad("format", "`format` cannot be combined with `tools`".into()).into());
         }
         p.grammar = plan.grammar()?;
-        let (m, tools_var) = plan.prepare(&s, &messages);
+        let (m, tools_var) = plan.prepare(&s, &messages)?;
         messages = m;
         vars.tools = tools_var;
     }

@@ -116,13 +116,45 @@ impl ToolPlan {
     }
 
     /// The messages and the template's `tools` variable.
+    ///
+    /// A template that reads `tools` renders the tools' schemas and the history's call
+    /// arguments as markup, where special-token text would become control tokens (only message
+    /// contents are kept text): such text there is refused, so a client cannot forge a turn
+    /// through a tool's description or a call's arguments.
     pub(crate) fn prepare(
         &self,
         s: &AppState,
         messages: &[Message],
-    ) -> (Vec<Message>, Option<Value>) {
+    ) -> Result<(Vec<Message>, Option<Value>), ApiError> {
+        let tok = s.backend.tokenizer();
+        let forged = |text: &str| !tok.control_spans(text).is_empty();
+        for t in &self.tools {
+            let text = serde_json::to_string(t).unwrap_or_default();
+            if forged(&text) {
+                return Err(bad(
+                    "tools",
+                    format!("tool `{}` holds special-token text", t.name),
+                ));
+            }
+        }
+        for m in messages {
+            for c in &m.tool_calls {
+                if forged(&c.name) || forged(&c.arguments.to_string()) {
+                    return Err(bad(
+                        "messages",
+                        format!("the call of `{}` holds special-token text", c.name),
+                    ));
+                }
+            }
+        }
         let source = s.backend.template().map_or("", |t| t.source());
-        tools::prepare(self.format, source, messages, &self.tools, &self.choice)
+        Ok(tools::prepare(
+            self.format,
+            source,
+            messages,
+            &self.tools,
+            &self.choice,
+        ))
     }
 
     /// Whether the reply is read for calls (not with `none`).
