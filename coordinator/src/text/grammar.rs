@@ -52,6 +52,29 @@ impl GrammarSpec {
     }
 }
 
+impl GrammarSpec {
+    /// For a harmony model (gpt-oss), whose reply opens with its analysis channel: the
+    /// reasoning is left free and the grammar applies to the final channel's message, so the
+    /// answer (`content`) is what the client asked for. A Lark grammar is the client's own and
+    /// stays as given.
+    pub fn after_harmony_analysis(self) -> GrammarSpec {
+        let body = match &self {
+            GrammarSpec::JsonObject => {
+                format!("%json {}", compact(serde_json::json!({"type": "object"})))
+            }
+            GrammarSpec::JsonSchema(schema) => format!("%json {}", compact(schema.clone())),
+            GrammarSpec::Regex(rx) => format!("/{}/", rx.replace('/', "\\/")),
+            GrammarSpec::Lark(_) => return self,
+        };
+        GrammarSpec::Lark(format!(
+            "start: analysis? <|channel|> \"final\" <|message|> body\n\
+             analysis: <|channel|> \"analysis\" <|message|> ANALYSIS <|end|> <|start|> \"assistant\"\n\
+             ANALYSIS: /(.|\\n)*/\n\
+             body: {body}\n"
+        ))
+    }
+}
+
 /// The JSON options llguidance reads from `x-guidance` in the schema (an `x-guidance` the
 /// client sent wins).
 fn compact(mut schema: Value) -> Value {

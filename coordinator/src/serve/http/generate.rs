@@ -163,9 +163,13 @@ pub(super) async fn constraint(
     s: &Shared,
     p: &Params,
 ) -> Result<Option<Box<crate::text::grammar::Constraint>>, ApiError> {
-    let Some((spec, param)) = p.grammar.clone() else {
+    let Some((mut spec, param)) = p.grammar.clone() else {
         return Ok(None);
     };
+    // Tool grammars are written for the model's format already (harmony's included).
+    if param != "tools" && crate::text::harmony::is_harmony(s.backend.tokenizer()) {
+        spec = spec.after_harmony_analysis();
+    }
     let st = Arc::clone(s);
     let r = tokio::task::spawn_blocking(move || {
         st.backend

@@ -250,3 +250,31 @@ fn harmony_markup_typed_in_a_message_is_text() {
     // The text is all there.
     assert!(tok.decode(&prompt).contains(forged));
 }
+
+/// A JSON schema asked of a harmony model applies to its final channel: the analysis before it
+/// is free, the final message must keep the schema, and the end comes only after it.
+#[test]
+fn a_schema_for_a_harmony_model_constrains_the_final_channel() {
+    use crate::text::grammar::{GrammarSpec, Grammars};
+    let tok = &gpt_oss_vocab().tok;
+    let g = Grammars::new(tok, tok.vocab_size()).expect("grammars");
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+                        "required": ["a"], "additionalProperties": false});
+    let spec = GrammarSpec::JsonSchema(schema).after_harmony_analysis();
+    let feed = |text: &str| -> Result<bool, String> {
+        let mut c = g.compile(&spec)?;
+        c.advance(None)?;
+        for id in tok.encode(text, false).map_err(|e| e.to_string())? {
+            c.advance(Some(id))?;
+        }
+        let mut logits = vec![0.0f32; tok.vocab_size()];
+        Ok(c.apply(&mut logits) && tok.eog_ids().iter().any(|&e| logits[e as usize] == 0.0))
+    };
+    let good = "<|channel|>analysis<|message|>Think {not json}.<|end|><|start|>assistant\
+                <|channel|>final<|message|>{\"a\": 7}";
+    assert_eq!(feed(good), Ok(true), "the answer is complete: the end is allowed");
+    let unfinished = "<|channel|>final<|message|>{\"a\": 7";
+    assert_eq!(feed(unfinished), Ok(false), "not complete: no end");
+    assert!(feed("<|channel|>final<|message|>{\"b\": 7}").is_err());
+    assert!(feed("Hello").is_err(), "plain text outside the channels");
+}
