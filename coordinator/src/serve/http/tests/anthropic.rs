@@ -929,4 +929,58 @@ mod tools {
             "the result: {text}"
         );
     }
+
+    /// The scripted model writes `CALLING` in three pieces.
+    fn calling() -> Vec<GenEvent> {
+        let (a, rest) = CALLING.split_at(15);
+        let (b, c) = rest.split_at(20);
+        vec![
+            token(a),
+            token(b),
+            GenEvent::Done {
+                finish: Finish::Stop,
+                text: c.into(),
+                prompt_tokens: 0,
+                completion_tokens: 9,
+                cached_tokens: 0,
+                resume: Default::default(),
+                stop_sequence: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn a_forced_call_is_constrained_and_answers_with_tool_use() {
+        let s = start(Scripted::new(Script::Events(calling())), None);
+        let b = body(json!({"tools": weather(), "tool_choice": {"type": "any"}}));
+        let r = post(s.addr, "/v1/messages", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["stop_reason"], "tool_use", "{v}");
+        assert_eq!(v["content"][1]["input"], json!({"city": "Paris"}), "{v}");
+        assert!(
+            s.backend.seen(|r| r[0].constrained),
+            "the grammar went along"
+        );
+        let mut sb = b.clone();
+        sb["stream"] = json!(true);
+        let ev = sse_events(&post(s.addr, "/v1/messages", &sb).body);
+        let start = ev
+            .iter()
+            .find(|(_, d)| d["content_block"]["type"] == "tool_use")
+            .expect("a tool_use block");
+        assert_eq!(start.1["content_block"]["name"], "weather");
+        let (_, delta) = &ev[ev.len() - 2];
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+        // `none`: no grammar, and the same text is only text.
+        let b = body(json!({"tools": weather(), "tool_choice": {"type": "none"}}));
+        let v = post(s.addr, "/v1/messages", &b).json();
+        assert_eq!(
+            v["content"],
+            json!([{"type": "text", "text": CALLING}]),
+            "{v}"
+        );
+        assert_eq!(v["stop_reason"], "end_turn");
+        assert!(!s.backend.seen(|r| r[2].constrained));
+    }
 }
