@@ -21,11 +21,17 @@
 //! - refused: `thinking` enabled or adaptive, `service_tier` or `speed` of other values,
 //!   `container`, `mcp_servers`, `context_management`, `output_config` (structured output),
 //!   `inference_geo`, `diagnostics`, `citations` on a text block;
-//! - `tools` and `tool_choice`: mapped in `tools` ([`tools::tool_request`]), refused for now.
+//! - `tools` (client tools: `name`, `description`, `input_schema`) and `tool_choice` (`auto`,
+//!   `any`, `tool` with a `name`, `none`; `disable_parallel_tool_use`), mapped in `tools`
+//!   onto the engine's tool types and planned as for the other APIs (`http::tools`): the
+//!   model's own format renders them, `any` and `tool` force a well-formed call by grammar,
+//!   and the reply's calls come back as `tool_use` blocks with `stop_reason` `tool_use`. One
+//!   call per reply unless `disable_parallel_tool_use` is `false` (see `tools`).
 //!
 //! Messages: `user` and `assistant` turns whose content is a string or blocks of `text`,
-//! `tool_use` (assistant) and `tool_result` (user); any other block type (`image`,
-//! `document`, `thinking`, server tools) is a 400 naming it. Consecutive turns of one role are
+//! `tool_use` (assistant) and `tool_result` (user), the last two only in a request with
+//! `tools` (as Anthropic wants); any other block type (`image`, `document`, `thinking`,
+//! server tools) is a 400 naming it. Consecutive turns of one role are
 //! joined into one, as Anthropic does. A conversation ending with an assistant turn is a
 //! prefill: the answer continues from its text (written after the template's generation
 //! prompt), and the reply holds only the continuation. A harmony model (gpt-oss) answers with
@@ -40,6 +46,7 @@ mod reply;
 pub(super) mod tools;
 
 use super::openai::{Kind, Params};
+use super::tools::ToolPlan;
 use super::{
     constraint, served_model, shutting_down, submit, tokenize, ApiError, JsonBody, Prompt, Shared,
 };
@@ -245,6 +252,8 @@ pub(super) struct MessagesRequest {
     pub sampling: Sampling,
     pub stop: Vec<String>,
     pub stream: bool,
+    /// `tools` and `tool_choice`; `None` without tools.
+    pub tools: Option<tools::ToolRequest>,
 }
 
 /// `m[key]` unless absent or null.
@@ -355,7 +364,7 @@ impl MessagesRequest {
         if metadata.is_some_and(|v| !v.is_object()) {
             return Err(invalid("`metadata` must be an object"));
         }
-        refuse_tools(field(m, "tools"), field(m, "tool_choice"))?;
+        let tools = tools::tool_request(field(m, "tools"), field(m, "tool_choice"))?;
         let mut messages = Vec::new();
         if let Some(system) = field(m, "system") {
             let text = system_text(system)?;
@@ -363,7 +372,7 @@ impl MessagesRequest {
                 messages.push(Message::new("system", text));
             }
         }
-        let (turns, prefill) = turns(field(m, "messages"))?;
+        let (turns, prefill) = turns(field(m, "messages"), tools.is_some())?;
         messages.extend(turns);
         Ok(MessagesRequest {
             model,
@@ -373,6 +382,7 @@ impl MessagesRequest {
             sampling,
             stop: stop_sequences(field(m, "stop_sequences"))?,
             stream,
+            tools,
         })
     }
 
@@ -649,9 +659,17 @@ pub(super) fn parse_turns(v: Option<&Value>) -> Result<Vec<Turn>, ApiError> {
     Ok(turns)
 }
 
-/// The turns as template messages, and the prefill (a final assistant turn's text).
-fn turns(v: Option<&Value>) -> Result<(Vec<Message>, Option<String>), ApiError> {
+/// The turns as template messages (with their calls and results: `tools::tool_history`),
+/// and the prefill (a final assistant turn's text). `with_tools`: the request declares tools;
+/// without, `tool_use` and `tool_result` blocks are a 400.
+fn turns(v: Option<&Value>, with_tools: bool) -> Result<(Vec<Message>, Option<String>), ApiError> {
     let mut turns = parse_turns(v)?;
+    if !with_tools && tools::has_tool_blocks(&turns) {
+        return Err(invalid(
+            "`tool_use` and `tool_result` blocks need `tools`: declare the tools the \
+             conversation uses",
+        ));
+    }
     let prefill = match turns.last() {
         Some(t) if t.assistant => {
             let last = turns.pop().map(|t| t.blocks).unwrap_or_default();
@@ -672,39 +690,7 @@ fn turns(v: Option<&Value>) -> Result<(Vec<Message>, Option<String>), ApiError> 
         }
         _ => None,
     };
-    let messages = turns
-        .into_iter()
-        .map(|t| {
-            let mut texts = Vec::new();
-            for b in t.blocks {
-                match b {
-                    Block::Text(s) => texts.push(s),
-                    other => {
-                        return Err(invalid(format!(
-                            "`{}` blocks need tool use, which this server does not support yet",
-                            other.kind()
-                        )))
-                    }
-                }
-            }
-            Ok(Message::new(
-                if t.assistant { "assistant" } else { "user" },
-                texts.join("\n"),
-            ))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((messages, prefill))
-}
-
-/// `tools` and `tool_choice`, checked and mapped by [`tools::tool_request`]; a request with
-/// tools is then refused by name (never ignored) until tool use is wired (branch `tools`).
-fn refuse_tools(tools: Option<&Value>, choice: Option<&Value>) -> Result<(), ApiError> {
-    match tools::tool_request(tools, choice)? {
-        None => Ok(()),
-        Some(_) => Err(invalid(
-            "`tools` are not supported by this server yet: send the request without them",
-        )),
-    }
+    Ok((tools::tool_history(&turns)?, prefill))
 }
 
 /// The checks both endpoints share; the request and the model name to answer with.
@@ -723,10 +709,28 @@ fn check(
     Ok((req, model))
 }
 
-/// The prompt of a checked request.
-async fn prompt(s: &Shared, req: &MessagesRequest) -> Result<Vec<u32>, ApiError> {
-    let messages = req.messages.clone();
-    let vars = TemplateVars::default();
+/// The request's tools planned for this model; `None` without tools.
+fn plan(s: &Shared, req: &MessagesRequest) -> Result<Option<ToolPlan>, ApiError> {
+    match &req.tools {
+        None => Ok(None),
+        Some(t) => ToolPlan::new(s, t.tools.clone(), t.choice.clone(), t.parallel, "tools"),
+    }
+}
+
+/// The prompt of a checked request, with its tools (described as the model's format wants,
+/// and the history's calls and results written in it).
+async fn prompt(
+    s: &Shared,
+    req: &MessagesRequest,
+    plan: Option<&ToolPlan>,
+) -> Result<Vec<u32>, ApiError> {
+    let mut messages = req.messages.clone();
+    let mut vars = TemplateVars::default();
+    if let Some(plan) = plan {
+        let (m, tools_var) = plan.prepare(s, &messages);
+        messages = m;
+        vars.tools = tools_var;
+    }
     let p = match &req.prefill {
         Some(text) if !text.is_empty() => {
             if is_harmony(s.backend.tokenizer()) {
@@ -747,16 +751,23 @@ async fn messages(
     AnthropicJson(body): AnthropicJson,
 ) -> Result<Response, AnthropicError> {
     let (req, model) = check(&s, &headers, &body, Endpoint::Create)?;
-    let ids = prompt(&s, &req).await?;
+    let plan = plan(&s, &req)?;
+    let mut params = req.params();
+    if let Some(plan) = &plan {
+        // With `any` or `tool` the grammar forces the call; `constraint` compiles it.
+        params.grammar = plan.grammar()?;
+    }
+    let ids = prompt(&s, &req, plan.as_ref()).await?;
     let prompt_tokens = ids.len();
-    let params = req.params();
     let constraint = constraint(&s, &params).await?;
     let mut sub = submit(&s, &params, ids, constraint)?;
+    let reads = plan.filter(ToolPlan::reads_calls).map(|p| p.format);
     let reply = Reply::new(
         model,
         params.max_tokens.unwrap_or(u64::MAX),
         is_harmony(s.backend.tokenizer()),
-    );
+    )
+    .tools(reads);
     if req.stream {
         let first = sub.first().await?;
         let events = Events::new(reply, prompt_tokens);
@@ -778,6 +789,8 @@ async fn count_tokens(
     AnthropicJson(body): AnthropicJson,
 ) -> Result<Response, AnthropicError> {
     let (req, _) = check(&s, &headers, &body, Endpoint::CountTokens)?;
-    let ids = prompt(&s, &req).await?;
+    // The tools' part of the prompt counts too.
+    let plan = plan(&s, &req)?;
+    let ids = prompt(&s, &req, plan.as_ref()).await?;
     Ok(Json(json!({ "input_tokens": ids.len() })).into_response())
 }

@@ -3,11 +3,19 @@
 //! `content_block_stop`, then `message_delta` with the stop reason and `message_stop`; an
 //! `error` event when the engine fails mid-stream). [`Events`] is a plain state machine from
 //! text to event text; [`sse`] drives it from a request's events.
+//!
+//! A reply read for tool calls (a request with tools, `tool_choice` not `none`) is split by
+//! the model's format (`text::tools`): its text outside calls is a `text` block, each call a
+//! `tool_use` block after it; a streamed call is sent when complete, as one
+//! `input_json_delta` holding its whole input. It stops for `tool_use` when it made calls
+//! and the model ended it.
 
 use super::error_object;
+use super::tools::{anthropic_call, tool_reply, tool_use_block};
 use crate::serve::http::{stopped, ApiError, CancelOnDrop, Collected};
 use crate::serve::{Finish, GenEvent};
 use crate::text::harmony::ChannelParser;
+use crate::text::tools::{self, StreamItem, ToolCall, ToolFormat, ToolStream};
 use axum::body::Bytes;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -47,6 +55,8 @@ pub(crate) struct Reply {
     max_tokens: u64,
     /// A harmony model's reply: only its final channel is the answer.
     harmony: bool,
+    /// The reply is read for tool calls in this format.
+    tools: Option<ToolFormat>,
 }
 
 impl Reply {
@@ -56,6 +66,36 @@ impl Reply {
             model,
             max_tokens,
             harmony,
+            tools: None,
+        }
+    }
+
+    /// Reads tool calls out of the reply in `format` (a request with tools).
+    pub fn tools(mut self, format: Option<ToolFormat>) -> Reply {
+        self.tools = format;
+        self
+    }
+
+    /// The answer's text as shown (a harmony reply's final channel).
+    fn shown(&self, text: &str) -> String {
+        if self.harmony {
+            ChannelParser::split(text).content
+        } else {
+            text.to_string()
+        }
+    }
+
+    /// The stop reason; `called`: the reply made tool calls.
+    fn stop_reason(
+        &self,
+        finish: Finish,
+        stop_sequence: Option<&str>,
+        output_tokens: usize,
+        called: bool,
+    ) -> &'static str {
+        match finish {
+            Finish::Stop if called => "tool_use",
+            _ => stop_reason(finish, stop_sequence, output_tokens, self.max_tokens),
         }
     }
 
@@ -75,22 +115,21 @@ impl Reply {
 
     /// The non-streamed answer.
     pub fn whole(&self, c: &Collected) -> Value {
-        let text = if self.harmony {
-            ChannelParser::split(&c.text).content
-        } else {
-            c.text.clone()
+        let (text, calls): (String, Vec<ToolCall>) = match self.tools {
+            Some(format) => {
+                let parsed = tools::parse(format, &c.text);
+                let calls = parsed.calls.into_iter().map(anthropic_call).collect();
+                (self.shown(&parsed.content), calls)
+            }
+            None => (self.shown(&c.text), Vec::new()),
         };
-        let content = if text.is_empty() {
-            json!([])
-        } else {
-            json!([{"type": "text", "text": text}])
-        };
+        let (content, called) = tool_reply(&text, &calls);
         let u = &c.usage;
-        let reason = stop_reason(
+        let reason = self.stop_reason(
             c.finish,
             c.stop_sequence.as_deref(),
             u.completion_tokens,
-            self.max_tokens,
+            called,
         );
         self.message(
             content,
@@ -123,12 +162,18 @@ pub(crate) struct Events {
     blocks: usize,
     /// A harmony reply's channel parser.
     parser: Option<ChannelParser>,
+    /// A reply read for tool calls: its calls come out as `tool_use` blocks.
+    tools: Option<ToolStream>,
+    /// Whether a call was sent (the stop reason is then `tool_use`).
+    called: bool,
 }
 
 impl Events {
     pub fn new(reply: Reply, prompt_tokens: usize) -> Events {
         Events {
             parser: reply.harmony.then(ChannelParser::new),
+            tools: reply.tools.map(ToolStream::new),
+            called: false,
             reply,
             prompt_tokens,
             open: None,
@@ -151,13 +196,45 @@ impl Events {
         ) + &event("ping", &json!({"type": "ping"}))
     }
 
-    /// Generated text (before the harmony split).
+    /// Generated text (before the tool-call and harmony splits).
     pub fn text(&mut self, text: &str) -> String {
-        let shown = match self.parser.as_mut() {
-            Some(p) => p.push(text).content,
-            None => text.to_string(),
+        self.generated(text, false)
+    }
+
+    /// Generated text: through the tool-call stream (if any), its text through the harmony
+    /// parser (if any) into text deltas, its calls into `tool_use` blocks. `last`: the end of
+    /// the reply, where held text is released.
+    fn generated(&mut self, text: &str, last: bool) -> String {
+        let items = match self.tools.as_mut() {
+            Some(ts) => {
+                let mut items = ts.push(text);
+                if last {
+                    items.extend(ts.finish());
+                }
+                items
+            }
+            None => vec![StreamItem::Content(text.to_string())],
         };
-        self.answer_text(&shown)
+        let mut out = String::new();
+        for item in items {
+            match item {
+                StreamItem::Content(c) => {
+                    let shown = match self.parser.as_mut() {
+                        Some(p) => p.push(&c).content,
+                        None => c,
+                    };
+                    out += &self.answer_text(&shown);
+                }
+                StreamItem::Call(call) => out += &self.call(&anthropic_call(call)),
+            }
+        }
+        if last {
+            if let Some(p) = self.parser.as_mut() {
+                let rest = p.finish().content;
+                out += &self.answer_text(&rest);
+            }
+        }
+        out
     }
 
     /// Answer text: a delta, opening a text block first if none is open.
@@ -195,12 +272,12 @@ impl Events {
 
     /// A call: a `tool_use` block (its input empty at the start, as Anthropic streams it)
     /// whose one `input_json_delta` is the whole input, closed at once.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub fn call(&mut self, call: &super::tools::ToolCall) -> String {
+    pub fn call(&mut self, call: &ToolCall) -> String {
+        self.called = true;
         let mut out = self.close();
         let i = self.blocks;
         self.blocks += 1;
-        let mut start = super::tools::tool_use_block(call);
+        let mut start = tool_use_block(call);
         start["input"] = json!({});
         out += &event(
             "content_block_start",
@@ -240,13 +317,11 @@ impl Events {
         output_tokens: usize,
         cached_tokens: usize,
     ) -> String {
-        let shown = match self.parser.as_mut() {
-            Some(p) => p.push_last(last_text).content,
-            None => last_text.to_string(),
-        };
-        let mut out = self.answer_text(&shown);
+        let mut out = self.generated(last_text, true);
         out += &self.close();
-        let reason = stop_reason(finish, stop_sequence, output_tokens, self.reply.max_tokens);
+        let reason = self
+            .reply
+            .stop_reason(finish, stop_sequence, output_tokens, self.called);
         out += &event(
             "message_delta",
             &json!({

@@ -1,52 +1,27 @@
-//! Anthropic's tool use ⇄ the engine's tool types: `tools` and `tool_choice` of a request
-//! ([`tool_request`]), `tool_use` and `tool_result` blocks of the history ([`tool_history`]),
-//! and the calls of an answer as `tool_use` blocks ([`tool_reply`], and
-//! [`super::Events::call`] for streams).
+//! Anthropic's tool use ⇄ the engine's tool types (`crate::text::tools`): `tools` and
+//! `tool_choice` of a request ([`tool_request`]), `tool_use` and `tool_result` blocks of the
+//! history ([`tool_history`]), and the calls of an answer as `tool_use` blocks
+//! ([`tool_reply`], and [`super::Events`] for streams). `serve::http::tools::ToolPlan` does the
+//! rest, as for the other APIs: the model's format, the prompt, the grammar.
 //!
-//! Until branch `tools` (`crate::text::tools`: the formats, the prompt, the parser) lands, the
-//! types below stand in for its `Tool`, `ToolCall` and `ToolChoice`, and requests with tools are
-//! still refused (in `anthropic.rs`): this is the mapping, tested, waiting for its other half.
+//! Parallel calls: Anthropic lets the model make several calls at once unless
+//! `disable_parallel_tool_use` is true. Here one call per reply is the default, as on the
+//! OpenAI endpoint (and llama.cpp's server): a small model allowed more repeats its call until
+//! `max_tokens`. Several calls at once are allowed only when the client says so,
+//! `disable_parallel_tool_use: false`; `true` keeps its meaning (one call).
 
-// REPLACE: these three types with `use crate::text::tools::{Tool, ToolCall, ToolChoice};` once
-// branch `tools` is on main (same fields and variants).
-#![cfg_attr(not(test), allow(dead_code))]
-
+use crate::serve::http::tools::tool_from;
 use crate::serve::http::ApiError;
+use crate::text::template::Message;
+use crate::text::tools::{Tool, ToolCall, ToolChoice};
 use serde_json::{json, Map, Value};
-
-/// A function the model may call (stands in for `crate::text::tools::Tool`).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Tool {
-    pub name: String,
-    pub description: Option<String>,
-    /// JSON schema of the arguments object.
-    pub parameters: Value,
-}
-
-/// A call (stands in for `crate::text::tools::ToolCall`).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct ToolCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: Value,
-}
-
-/// Which calls the model may or must make (stands in for `crate::text::tools::ToolChoice`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) enum ToolChoice {
-    #[default]
-    Auto,
-    None,
-    Required,
-    Named(String),
-}
 
 /// A request's tools.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ToolRequest {
     pub tools: Vec<Tool>,
     pub choice: ToolChoice,
-    /// `false`: at most one call (`disable_parallel_tool_use`).
+    /// Several calls in one reply (see the module: only when the client asks).
     pub parallel: bool,
 }
 
@@ -103,24 +78,26 @@ pub(crate) fn tool_request(
             ],
             &at,
         )?;
-        let name = match t.get("name").and_then(Value::as_str) {
-            Some(n) if valid_name(n) => n.to_string(),
+        match t.get("name").and_then(Value::as_str) {
+            Some(n) if valid_name(n) => {
+                if out.iter().any(|o| o.name == n) {
+                    return Err(invalid(format!(
+                        "{at}: the tool name `{n}` is declared twice"
+                    )));
+                }
+            }
             _ => {
                 return Err(invalid(format!(
                     "{at}: `name` must be 1 to {MAX_NAME} letters, digits, `_` or `-`"
                 )))
             }
-        };
-        if out.iter().any(|o| o.name == name) {
-            return Err(invalid(format!(
-                "{at}: the tool name `{name}` is declared twice"
-            )));
         }
-        let description = match t.get("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d.clone()),
-            Some(_) => return Err(invalid(format!("{at}: `description` must be a string"))),
-        };
+        if !matches!(
+            t.get("description"),
+            None | Some(Value::Null | Value::String(_))
+        ) {
+            return Err(invalid(format!("{at}: `description` must be a string")));
+        }
         let schema = t
             .get("input_schema")
             .and_then(Value::as_object)
@@ -130,11 +107,13 @@ pub(crate) fn tool_request(
                 "{at}: `input_schema` must describe an object (`\"type\": \"object\"`)"
             )));
         }
-        out.push(Tool {
-            name,
-            description,
-            parameters: Value::Object(schema.clone()),
-        });
+        // `{name, description, input_schema}`: the engine's tool, as the other APIs read it.
+        out.push(tool_from(
+            &Value::Object(t.clone()),
+            "input_schema",
+            i,
+            "tools",
+        )?);
     }
     let (choice, parallel) = tool_choice(choice, &out)?;
     if out.is_empty() {
@@ -159,7 +138,7 @@ fn tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, bool), 
         )
     };
     let Some(v) = v else {
-        return Ok((ToolChoice::Auto, true));
+        return Ok((ToolChoice::Auto, false));
     };
     let c: &Map<String, Value> = v.as_object().ok_or_else(wrong)?;
     super::only(
@@ -167,8 +146,9 @@ fn tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, bool), 
         &["type", "name", "disable_parallel_tool_use"],
         "tool_choice",
     )?;
+    // Several calls only when asked for (see the module).
     let parallel = match c.get("disable_parallel_tool_use") {
-        None | Some(Value::Null) => true,
+        None | Some(Value::Null) => false,
         Some(Value::Bool(d)) => !d,
         Some(_) => {
             return Err(invalid(
@@ -194,19 +174,6 @@ fn tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, bool), 
     Ok((choice, parallel))
 }
 
-/// One message of a conversation with tools, for the template (stands in for the template
-/// `Message` with `tool_calls`, `tool_call_id` and `name`).
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct ToolMessage {
-    pub role: &'static str,
-    pub content: String,
-    /// An assistant turn's calls.
-    pub tool_calls: Vec<ToolCall>,
-    /// A `tool` message: the call it answers, and that call's function.
-    pub tool_call_id: Option<String>,
-    pub name: Option<String>,
-}
-
 /// What a failed tool said, for the model (Anthropic's `is_error` has no place in a template).
 fn result_text(content: &str, is_error: bool) -> String {
     if is_error {
@@ -216,13 +183,23 @@ fn result_text(content: &str, is_error: bool) -> String {
     }
 }
 
-/// The turns as messages with tools: an assistant turn's `tool_use` blocks become its calls
-/// (its text blocks its content), a user turn's `tool_result` blocks become `tool` messages
-/// (in order, before the turn's text), named after the call they answer. A result for a call
-/// the history does not have is a 400.
-pub(crate) fn tool_history(turns: &[super::Turn]) -> Result<Vec<ToolMessage>, ApiError> {
+/// Whether any turn holds a `tool_use` or `tool_result` block.
+pub(crate) fn has_tool_blocks(turns: &[super::Turn]) -> bool {
     use super::Block;
-    let mut out: Vec<ToolMessage> = Vec::new();
+    turns.iter().any(|t| {
+        t.blocks
+            .iter()
+            .any(|b| matches!(b, Block::ToolUse { .. } | Block::ToolResult { .. }))
+    })
+}
+
+/// The turns as template messages: an assistant turn's `tool_use` blocks become its
+/// `tool_calls` (its text blocks its content), a user turn's `tool_result` blocks become
+/// `tool` messages (in order, before the turn's text) answering `tool_call_id` and named
+/// after the call's function. A result for a call the history does not have is a 400.
+pub(crate) fn tool_history(turns: &[super::Turn]) -> Result<Vec<Message>, ApiError> {
+    use super::Block;
+    let mut out: Vec<Message> = Vec::new();
     let mut calls: Vec<(String, String)> = Vec::new(); // (id, name) seen so far
     for t in turns {
         let mut texts = Vec::new();
@@ -253,12 +230,10 @@ pub(crate) fn tool_history(turns: &[super::Turn]) -> Result<Vec<ToolMessage>, Ap
                                  `tool_use` block has"
                             ))
                         })?;
-                    out.push(ToolMessage {
-                        role: "tool",
-                        content: result_text(content, *is_error),
-                        tool_calls: Vec::new(),
+                    out.push(Message {
                         tool_call_id: Some(tool_use_id.clone()),
                         name: Some(name),
+                        ..Message::new("tool", result_text(content, *is_error))
                     });
                 }
             }
@@ -266,15 +241,43 @@ pub(crate) fn tool_history(turns: &[super::Turn]) -> Result<Vec<ToolMessage>, Ap
         if texts.is_empty() && turn_calls.is_empty() && !t.assistant {
             continue; // a user turn of tool results only
         }
-        out.push(ToolMessage {
-            role: if t.assistant { "assistant" } else { "user" },
-            content: texts.join("\n"),
+        out.push(Message {
             tool_calls: turn_calls,
-            tool_call_id: None,
-            name: None,
+            ..Message::new(
+                if t.assistant { "assistant" } else { "user" },
+                texts.join("\n"),
+            )
         });
     }
     Ok(out)
+}
+
+/// Length of the random part of a `toolu_` id (as Anthropic's look).
+const ID_TAIL: usize = 24;
+
+/// A call id in Anthropic's style: our `call_X…` ids become `toolu_X…` (same random tail);
+/// anything else gets a fresh `toolu_` and 24 letters and digits.
+pub(crate) fn tool_use_id(id: &str) -> String {
+    match id.strip_prefix("call_") {
+        Some(tail) if !tail.is_empty() => format!("toolu_{tail}"),
+        _ => {
+            use rand::Rng as _;
+            let tail: String = rand::rng()
+                .sample_iter(rand::distr::Alphanumeric)
+                .take(ID_TAIL)
+                .map(char::from)
+                .collect();
+            format!("toolu_{tail}")
+        }
+    }
+}
+
+/// A call the model made, with an Anthropic-style id.
+pub(crate) fn anthropic_call(call: ToolCall) -> ToolCall {
+    ToolCall {
+        id: tool_use_id(&call.id),
+        ..call
+    }
 }
 
 /// A `tool_use` block of a call.

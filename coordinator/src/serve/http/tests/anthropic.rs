@@ -113,8 +113,8 @@ fn every_field_we_cannot_honour_is_refused_by_name() {
         (json!({"inference_geo": "us"}), "`inference_geo`"),
         (json!({"diagnostics": {}}), "`diagnostics`"),
         (
-            json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
-            "`tools`",
+            json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+            "`web_search_20250305`",
         ),
         (json!({"tool_choice": {"type": "any"}}), "`tool_choice`"),
         (json!({"temperature": 1.5}), "`temperature`"),
@@ -457,10 +457,10 @@ fn count_tokens_counts_the_rendered_prompt() {
 #[test]
 fn errors_have_anthropics_shape_and_type() {
     let s = start(Scripted::new(Script::Events(hello())), None);
-    let tool = json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}]});
+    let tool = json!({"tools": [{"name": "f", "input_schema": {"type": "string"}}]});
     let e = anthropic_error(&post(s.addr, "/v1/messages", &body(tool)), 400);
     assert_eq!(e["type"], "invalid_request_error");
-    assert!(e["message"].as_str().unwrap().contains("`tools`"));
+    assert!(e["message"].as_str().unwrap().contains("`input_schema`"));
     let e = anthropic_error(
         &send(s.addr, "POST", "/v1/messages", &[], Some(b"{nope")),
         400,
@@ -528,15 +528,30 @@ fn x_api_key_is_a_key() {
 
 mod tools {
     use super::super::super::anthropic::tools::{
-        tool_history, tool_reply, tool_request, Tool, ToolCall, ToolChoice, ToolMessage,
-        ToolRequest,
+        has_tool_blocks, tool_history, tool_reply, tool_request, tool_use_id, ToolRequest,
     };
+    use super::super::super::generate::Collected;
+    use super::super::super::openai::Usage;
     use super::*;
+    use crate::text::tools::{Tool, ToolCall, ToolChoice, ToolFormat};
 
     fn weather() -> Value {
         json!([{"name": "weather", "description": "The weather in a city.",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
                 "cache_control": {"type": "ephemeral"}}])
+    }
+
+    /// A conversation that called `weather` and has its result.
+    fn history() -> Value {
+        json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
+            ]},
+        ])
     }
 
     #[test]
@@ -551,22 +566,29 @@ mod tools {
                     parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
                 }],
                 choice: ToolChoice::Auto,
-                parallel: true,
+                parallel: false,
             }
         );
+        // One call per reply unless `disable_parallel_tool_use` is explicitly false.
         for (choice, want, parallel) in [
-            (json!({"type": "auto"}), ToolChoice::Auto, true),
+            (json!({"type": "auto"}), ToolChoice::Auto, false),
+            (
+                json!({"type": "auto", "disable_parallel_tool_use": false}),
+                ToolChoice::Auto,
+                true,
+            ),
             (
                 json!({"type": "any", "disable_parallel_tool_use": true}),
                 ToolChoice::Required,
                 false,
             ),
+            (json!({"type": "any"}), ToolChoice::Required, false),
             (
                 json!({"type": "tool", "name": "weather"}),
                 ToolChoice::Named("weather".into()),
-                true,
+                false,
             ),
-            (json!({"type": "none"}), ToolChoice::None, true),
+            (json!({"type": "none"}), ToolChoice::None, false),
         ] {
             let r = tool_request(Some(&weather()), Some(&choice))
                 .unwrap()
@@ -578,6 +600,11 @@ mod tools {
             None
         );
         assert_eq!(tool_request(Some(&json!([])), None).unwrap(), None);
+        // A tool with no description has none.
+        let bare = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+        let r = tool_request(Some(&bare), None).unwrap().unwrap();
+        assert_eq!(r.tools[0].description, None);
+        assert_eq!(r.tools[0].parameters, json!({"type": "object"}));
         for (tools, choice, named) in [
             (
                 json!([{"type": "bash_20250124", "name": "bash"}]),
@@ -601,11 +628,21 @@ mod tools {
                 "`strict`",
             ),
             (
+                json!([{"name": "f", "description": 3, "input_schema": {"type": "object"}}]),
+                Value::Null,
+                "`description`",
+            ),
+            (
                 weather(),
                 json!({"type": "tool", "name": "other"}),
                 "`other`",
             ),
             (weather(), json!({"type": "maybe"}), "`tool_choice`"),
+            (
+                weather(),
+                json!({"type": "any", "disable_parallel_tool_use": "yes"}),
+                "`tool_choice.disable_parallel_tool_use`",
+            ),
             (json!([]), json!({"type": "any"}), "`tool_choice`"),
         ] {
             let choice = (!choice.is_null()).then_some(&choice);
@@ -640,8 +677,9 @@ mod tools {
             ]},
         ])))
         .unwrap();
+        assert!(has_tool_blocks(&turns));
         let m = tool_history(&turns).unwrap();
-        let roles: Vec<&str> = m.iter().map(|m| m.role).collect();
+        let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["user", "assistant", "tool", "tool", "user"]);
         assert_eq!(m[1].content, "Looking.");
         assert_eq!(
@@ -654,15 +692,13 @@ mod tools {
         );
         assert_eq!(
             m[3],
-            ToolMessage {
-                role: "tool",
-                content: "Error: no data".into(),
-                tool_calls: vec![],
+            Message {
                 tool_call_id: Some("toolu_2".into()),
                 name: Some("weather".into()),
+                ..Message::new("tool", "Error: no data")
             }
         );
-        assert_eq!(m[4].content, "Thanks.");
+        assert_eq!(m[4], Message::new("user", "Thanks."));
         let orphan = parse_turns(Some(&json!([{"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}])))
         .unwrap();
@@ -670,6 +706,145 @@ mod tools {
             .unwrap_err()
             .message
             .contains("`toolu_9`"));
+    }
+
+    #[test]
+    fn a_request_with_tools_carries_them_and_its_history() {
+        let r = parse(body(json!({
+            "tools": weather(),
+            "tool_choice": {"type": "tool", "name": "weather"},
+            "messages": history(),
+        })))
+        .unwrap();
+        let t = r.tools.expect("tools");
+        assert_eq!(t.choice, ToolChoice::Named("weather".into()));
+        let roles: Vec<&str> = r.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool"]);
+        assert_eq!(
+            r.messages[1].tool_calls[0].arguments,
+            json!({"city": "Paris"})
+        );
+        // As Anthropic wants: a history with tool blocks needs the tools declared.
+        let m = refused(body(json!({"messages": history()})));
+        assert!(m.contains("need `tools`"), "{m}");
+        assert!(parse(body(json!({}))).unwrap().tools.is_none());
+    }
+
+    #[test]
+    fn call_ids_look_like_anthropics() {
+        assert_eq!(tool_use_id("call_AbC123"), "toolu_AbC123");
+        for odd in ["call_", "x", ""] {
+            let id = tool_use_id(odd);
+            let tail = id.strip_prefix("toolu_").expect("toolu_");
+            assert_eq!(tail.len(), 24, "{id}");
+            assert!(tail.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+        }
+        assert_ne!(tool_use_id("x"), tool_use_id("x"), "fresh each time");
+    }
+
+    /// A SmolLM2 (Hermes) reply: a sentence, then a call.
+    const CALLING: &str = "Let me look.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": \
+                           {\"city\": \"Paris\"}}\n</tool_call>";
+
+    fn collected(text: &str, finish: Finish) -> Collected {
+        Collected {
+            text: text.into(),
+            logprobs: Vec::new(),
+            finish,
+            stop_sequence: None,
+            usage: Usage {
+                prompt_tokens: 20,
+                completion_tokens: 9,
+                cached_tokens: 0,
+                resume: Default::default(),
+            },
+            first_token: None,
+        }
+    }
+
+    #[test]
+    fn a_whole_reply_with_a_call_is_text_then_tool_use() {
+        // `max_tokens` 9, the tokens `collected` made.
+        let reply = Reply::new("m".into(), 9, false).tools(Some(ToolFormat::Hermes));
+        let v = reply.whole(&collected(CALLING, Finish::Stop));
+        assert_eq!(v["stop_reason"], "tool_use", "{v}");
+        let content = v["content"].as_array().unwrap();
+        assert_eq!(content.len(), 2, "{v}");
+        assert_eq!(content[0], json!({"type": "text", "text": "Let me look."}));
+        assert_eq!(content[1]["type"], "tool_use");
+        assert_eq!(content[1]["name"], "weather");
+        assert_eq!(content[1]["input"], json!({"city": "Paris"}));
+        let id = content[1]["id"].as_str().unwrap();
+        assert!(id.starts_with("toolu_") && id.len() == 30, "{id}");
+        // Cut short, it is still `max_tokens`; a call alone has no text block.
+        let call_only = &CALLING["Let me look.\n".len()..];
+        let v = reply.whole(&collected(call_only, Finish::Length));
+        assert_eq!(v["stop_reason"], "max_tokens");
+        assert_eq!(v["content"].as_array().unwrap().len(), 1, "{v}");
+        assert_eq!(v["content"][0]["type"], "tool_use");
+        // Not read for calls (no tools, or `tool_choice` none): all of it is text.
+        let plain = Reply::new("m".into(), 100, false).whole(&collected(CALLING, Finish::Stop));
+        assert_eq!(plain["stop_reason"], "end_turn");
+        assert_eq!(plain["content"], json!([{"type": "text", "text": CALLING}]));
+        // Text only, read for calls: the text.
+        let v = reply.whole(&collected("It is sunny.", Finish::Stop));
+        assert_eq!(
+            v["content"],
+            json!([{"type": "text", "text": "It is sunny."}])
+        );
+        assert_eq!(v["stop_reason"], "end_turn");
+    }
+
+    #[test]
+    fn a_streamed_call_is_a_tool_use_block_after_the_text() {
+        let mut e = Events::new(
+            Reply::new("m".into(), 100, false).tools(Some(ToolFormat::Hermes)),
+            5,
+        );
+        let mut text = e.start();
+        // Token by token (3 bytes each: the marker arrives in pieces).
+        let bytes = CALLING.as_bytes();
+        for chunk in bytes.chunks(3) {
+            text += &e.text(std::str::from_utf8(chunk).unwrap());
+        }
+        text += &e.end("", Finish::Stop, None, 9, 0);
+        let ev = sse_events(&text);
+        let n = names(&ev);
+        assert_eq!(n[..3], ["message_start", "ping", "content_block_start"]);
+        assert_eq!(
+            n[n.len() - 6..],
+            [
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        let said: String = ev
+            .iter()
+            .filter(|(_, d)| d["delta"]["type"] == "text_delta")
+            .map(|(_, d)| {
+                assert_eq!(d["index"], 0);
+                d["delta"]["text"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(said, "Let me look.");
+        let start = &ev[n.len() - 5].1;
+        assert_eq!(start["index"], 1);
+        let block = &start["content_block"];
+        assert_eq!(
+            (&block["type"], &block["name"]),
+            (&json!("tool_use"), &json!("weather"))
+        );
+        assert_eq!(block["input"], json!({}));
+        assert!(block["id"].as_str().unwrap().starts_with("toolu_"));
+        let delta = &ev[n.len() - 4].1["delta"];
+        assert_eq!(delta["type"], "input_json_delta");
+        let input: Value = serde_json::from_str(delta["partial_json"].as_str().unwrap()).unwrap();
+        assert_eq!(input, json!({"city": "Paris"}));
+        assert_eq!(ev[n.len() - 2].1["delta"]["stop_reason"], "tool_use");
     }
 
     #[test]
@@ -720,5 +895,92 @@ mod tools {
         assert_eq!(delta["type"], "input_json_delta");
         let input: Value = serde_json::from_str(delta["partial_json"].as_str().unwrap()).unwrap();
         assert_eq!(input, call.arguments);
+    }
+
+    #[test]
+    fn the_tools_and_the_history_reach_the_prompt_and_count_tokens() {
+        let s = start(Scripted::new(Script::Events(hello())), None);
+        let count = |b: &Value| {
+            let r = post(s.addr, "/v1/messages/count_tokens", b);
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()["input_tokens"].as_u64().unwrap()
+        };
+        let without = count(&body(json!({})));
+        let with = count(&body(json!({"tools": weather()})));
+        assert!(with > without + 20, "{with} vs {without}");
+        // `none` renders the tools but reads no calls (and needs no grammar).
+        let b = body(json!({"tools": weather(), "tool_choice": {"type": "none"},
+                            "messages": history()}));
+        let n = count(&b);
+        let r = post(s.addr, "/v1/messages", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let prompt = s.backend.seen(|r| r[0].prompt.clone());
+        assert_eq!(prompt.len() as u64, n, "count_tokens counts what runs");
+        let text = vocab().tok.decode_with(&prompt, true);
+        assert!(text.contains("\"weather\""), "the tools: {text}");
+        assert!(
+            text.contains(
+                "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}"
+            ),
+            "the call: {text}"
+        );
+        assert!(
+            text.contains("<tool_response>\n18 C\n</tool_response>"),
+            "the result: {text}"
+        );
+    }
+
+    /// The scripted model writes `CALLING` in three pieces.
+    fn calling() -> Vec<GenEvent> {
+        let (a, rest) = CALLING.split_at(15);
+        let (b, c) = rest.split_at(20);
+        vec![
+            token(a),
+            token(b),
+            GenEvent::Done {
+                finish: Finish::Stop,
+                text: c.into(),
+                prompt_tokens: 0,
+                completion_tokens: 9,
+                cached_tokens: 0,
+                resume: Default::default(),
+                stop_sequence: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn a_forced_call_is_constrained_and_answers_with_tool_use() {
+        let s = start(Scripted::new(Script::Events(calling())), None);
+        let b = body(json!({"tools": weather(), "tool_choice": {"type": "any"}}));
+        let r = post(s.addr, "/v1/messages", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["stop_reason"], "tool_use", "{v}");
+        assert_eq!(v["content"][1]["input"], json!({"city": "Paris"}), "{v}");
+        assert!(
+            s.backend.seen(|r| r[0].constrained),
+            "the grammar went along"
+        );
+        let mut sb = b.clone();
+        sb["stream"] = json!(true);
+        let ev = sse_events(&post(s.addr, "/v1/messages", &sb).body);
+        let start = ev
+            .iter()
+            .find(|(_, d)| d["content_block"]["type"] == "tool_use")
+            .expect("a tool_use block");
+        assert_eq!(start.1["content_block"]["name"], "weather");
+        let (_, delta) = &ev[ev.len() - 2];
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+        // `none`: no grammar, and the same text is only text.
+        let b = body(json!({"tools": weather(), "tool_choice": {"type": "none"}}));
+        let v = post(s.addr, "/v1/messages", &b).json();
+        assert_eq!(
+            v["content"],
+            json!([{"type": "text", "text": CALLING}]),
+            "{v}"
+        );
+        assert_eq!(v["stop_reason"], "end_turn");
+        assert!(!s.backend.seen(|r| r[2].constrained));
     }
 }

@@ -103,6 +103,8 @@ struct Seen {
     sampling: Sampling,
     stop: Vec<String>,
     logprobs: Option<usize>,
+    /// Whether the request came with a compiled grammar.
+    constrained: bool,
     cancel: Arc<AtomicBool>,
 }
 
@@ -213,6 +215,7 @@ impl Backend for Scripted {
             sampling: req.sampling.clone(),
             stop: req.stop.clone(),
             logprobs: req.logprobs,
+            constrained: req.constraint.is_some(),
             cancel: Arc::clone(&req.cancel),
         });
         match &self.script {
