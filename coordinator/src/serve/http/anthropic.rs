@@ -727,7 +727,7 @@ async fn prompt(
     let mut messages = req.messages.clone();
     let mut vars = TemplateVars::default();
     if let Some(plan) = plan {
-        let (m, tools_var) = plan.prepare(s, &messages);
+        let (m, tools_var) = plan.prepare(s, &messages)?;
         messages = m;
         vars.tools = tools_var;
     }

@@ -272,7 +272,11 @@ fn a_schema_for_a_harmony_model_constrains_the_final_channel() {
     };
     let good = "<|channel|>analysis<|message|>Think {not json}.<|end|><|start|>assistant\
                 <|channel|>final<|message|>{\"a\": 7}";
-    assert_eq!(feed(good), Ok(true), "the answer is complete: the end is allowed");
+    assert_eq!(
+        feed(good),
+        Ok(true),
+        "the answer is complete: the end is allowed"
+    );
     let unfinished = "<|channel|>final<|message|>{\"a\": 7";
     assert_eq!(feed(unfinished), Ok(false), "not complete: no end");
     assert!(feed("<|channel|>final<|message|>{\"b\": 7}").is_err());
