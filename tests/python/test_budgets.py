@@ -144,8 +144,23 @@ def test_eight_full_context_streams_under_caps_lose_nothing_and_match_run(tmp_pa
                   f"under caps {[cap.limit // MIB for cap in c.caps]}")
         finally:
             s.stop()
-    # The same answers from the single process.
+    # The same answers from the single process: one uncapped `run` server with the same slots,
+    # the 8 at once (a batched answer equals the solo one: test_serve's
+    # test_concurrent_requests_each_equal_their_solo_answer), instead of 8 runs one after another.
+    ref = Server(["run", "-m", model_path(SMOL.name), "--threads", "2", "-c", CTX, "--parallel", SLOTS])
+    try:
+        want = [None] * SLOTS
+
+        def solo(i):
+            want[i] = ref.client().completions.create(model=SMOL_ID, prompt=long_prompt(i), temperature=0,
+                                                      max_tokens=CTX).choices[0].text
+
+        ts = [threading.Thread(target=solo, args=(i,)) for i in range(SLOTS)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=300)
+    finally:
+        ref.stop()
     for i in range(SLOTS):
-        r = ringllm(["run", "-m", model_path(SMOL.name), "-p", long_prompt(i), "--temp", "0", "-n", CTX,
-                     "--threads", "2", "-c", CTX, "--json"])
-        assert got[i].choices[0].text == json.loads(r.stdout)["text"], i
+        assert got[i].choices[0].text == want[i], i
