@@ -152,10 +152,17 @@ impl Grammars {
         let eog = tok.eog_ids();
         let eos = eog.first().copied().or(tok.eos()).unwrap_or(0);
         let info = TokRxInfo::new(vocab as u32, eos);
-        let mut trie = TokTrie::from(&info, &words);
-        if !eog.is_empty() {
-            trie = trie.with_eos_tokens(&eog);
-        }
+        // The trie asserts what it takes (a token over its length limit, say): a vocabulary
+        // it refuses is an error for the constrained request, not a panic in the server.
+        let trie = std::panic::catch_unwind(|| {
+            let trie = TokTrie::from(&info, &words);
+            if eog.is_empty() {
+                trie
+            } else {
+                trie.with_eos_tokens(&eog)
+            }
+        })
+        .map_err(|_| anyhow::anyhow!("the grammar library refused this vocabulary"))?;
         let env: TokEnv = Arc::new(Env {
             trie,
             tok: Arc::clone(tok),
