@@ -446,6 +446,22 @@ fn raise_exception(msg: String) -> Result<String, Error> {
 }
 
 /// Python's `json.dumps(value, ensure_ascii=False)` as transformers' `tojson` filter calls it.
+/// `v` as the templates' `tojson` writes it with no arguments (Python's `json.dumps` with
+/// `ensure_ascii=False`): for text the engine writes in a template's own style.
+pub fn tojson_text(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let opts = JsonOpts {
+        indent: None,
+        sort_keys: false,
+        ensure_ascii: false,
+    };
+    match write_json(&mut out, &Value::from_serialize(v), &opts, 0) {
+        Ok(()) => out,
+        // Nested beyond the writer's depth limit: serde_json's compact text.
+        Err(_) => v.to_string(),
+    }
+}
+
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
     let indent = match indent {

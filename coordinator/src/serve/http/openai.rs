@@ -1,11 +1,12 @@
 //! OpenAI's wire format: request bodies and their checks, response objects, SSE chunks.
 
+use super::tools::{openai_call, Piece, ReplyReader};
 use super::{ApiError, CancelOnDrop, Collected};
 use crate::serve::{Finish, GenEvent, ResumeStats, Sampling, TokenLogprob};
 use crate::text::grammar::GrammarSpec;
 use crate::text::harmony::{ChannelParser, Split};
 use crate::text::template::{Message, TemplateVars};
-use crate::text::tools::{self, StreamItem, ToolFormat, ToolStream};
+use crate::text::tools::ToolFormat;
 use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -652,45 +653,26 @@ impl Reply {
             "logprobs": self.logprobs_json(&c.logprobs),
             "finish_reason": finish_reason(c.finish),
         });
-        let parsed = self.tools.map(|f| tools::parse(f, &c.text));
-        let text = parsed
-            .as_ref()
-            .map_or(c.text.as_str(), |p| p.content.as_str());
         match self.kind {
-            Kind::Chat if parsed.as_ref().is_some_and(|p| !p.calls.is_empty()) => {
-                let calls = parsed.as_ref().map_or(&[][..], |p| &p.calls[..]);
-                let split = if self.harmony {
-                    ChannelParser::split(text)
-                } else {
-                    Split {
-                        content: text.to_string(),
-                        reasoning: String::new(),
-                    }
-                };
-                let content = (!split.content.is_empty()).then_some(split.content);
-                let mut message = json!({
-                    "role": "assistant",
-                    "content": content,
-                    "tool_calls": calls.iter().map(|c| super::tools::openai_call(c, None)).collect::<Vec<_>>(),
-                });
-                if !split.reasoning.is_empty() {
-                    message["reasoning_content"] = json!(split.reasoning);
-                }
-                choice["message"] = message;
-                if c.finish == Finish::Stop {
-                    choice["finish_reason"] = json!("tool_calls");
-                }
-            }
-            Kind::Chat if self.harmony => {
-                let split = ChannelParser::split(text);
-                let mut message = json!({"role": "assistant", "content": split.content});
-                if !split.reasoning.is_empty() {
-                    message["reasoning_content"] = json!(split.reasoning);
-                }
-                choice["message"] = message;
-            }
             Kind::Chat => {
-                choice["message"] = json!({"role": "assistant", "content": text});
+                let (split, calls) = ReplyReader::whole(self.tools, self.harmony, &c.text);
+                // With calls and no text, `content` is null (as OpenAI answers).
+                let content = if calls.is_empty() || !split.content.is_empty() {
+                    json!(split.content)
+                } else {
+                    Value::Null
+                };
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    message["tool_calls"] = calls.iter().map(|c| openai_call(c, None)).collect();
+                    if c.finish == Finish::Stop {
+                        choice["finish_reason"] = json!("tool_calls");
+                    }
+                }
+                if !split.reasoning.is_empty() {
+                    message["reasoning_content"] = json!(split.reasoning);
+                }
+                choice["message"] = message;
             }
             Kind::Completion => choice["text"] = json!(c.text),
         }
@@ -787,8 +769,9 @@ struct Streamer {
     chars: usize,
     /// A harmony reply's channel parser.
     parser: Option<ChannelParser>,
-    /// A reply read for tool calls: its calls come out as `tool_calls` deltas.
-    tools: Option<ToolStream>,
+    /// A reply read for tool calls: its calls come out as `tool_calls` deltas (the reader
+    /// also splits a harmony reply's text; `parser` is then unused).
+    reader: Option<ReplyReader>,
     /// Calls sent so far (each delta's `index`).
     calls: usize,
 }
@@ -796,34 +779,18 @@ struct Streamer {
 impl Streamer {
     /// The events for text of a reply read for tool calls (`last`: the end of the reply).
     fn tool_events(&mut self, text: &str, logprobs: Value, last: bool) -> String {
-        let Some(ts) = self.tools.as_mut() else {
+        let Some(reader) = self.reader.as_mut() else {
             return String::new();
         };
-        let mut items = ts.push(text);
-        if last {
-            items.extend(ts.finish());
-        }
+        let pieces = reader.push(text, last);
         let mut out = String::new();
         let mut lp = logprobs;
-        for item in items {
-            match item {
-                StreamItem::Content(c) => {
-                    let lpv = std::mem::take(&mut lp);
-                    match self.parser.as_mut() {
-                        Some(parser) => {
-                            let split = if last {
-                                parser.push_last(&c)
-                            } else {
-                                parser.push(&c)
-                            };
-                            if !split.is_empty() || !lpv.is_null() {
-                                out += &event(&self.delta(&split, lpv, None));
-                            }
-                        }
-                        None => out += &event(&self.reply.chunk(Some(&c), false, lpv, None)),
-                    }
+        for piece in pieces {
+            match piece {
+                Piece::Text(split) => {
+                    out += &event(&self.delta(&split, std::mem::take(&mut lp), None));
                 }
-                StreamItem::Call(call) => {
+                Piece::Call(call) => {
                     let index = self.calls;
                     self.calls += 1;
                     self.reply.called = true;
@@ -831,7 +798,7 @@ impl Streamer {
                         "index": 0,
                         "logprobs": std::mem::take(&mut lp),
                         "finish_reason": null,
-                        "delta": {"tool_calls": [super::tools::openai_call(&call, Some(index))]},
+                        "delta": {"tool_calls": [openai_call(&call, Some(index))]},
                     });
                     if index == 0 {
                         choice["delta"]["content"] = Value::Null;
@@ -871,7 +838,7 @@ impl Streamer {
                         None => Value::Null,
                     };
                     self.chars += text.chars().count();
-                    if self.tools.is_some() {
+                    if self.reader.is_some() {
                         let out = self.tool_events(&text, lp, false);
                         if out.is_empty() {
                             continue; // text that may begin a call, or a call not yet whole
@@ -900,7 +867,7 @@ impl Streamer {
                     self.ended = true;
                     let mut out = String::new();
                     match self.parser.as_mut() {
-                        _ if self.tools.is_some() => {
+                        _ if self.reader.is_some() => {
                             out += &self.tool_events(&text, Value::Null, true);
                         }
                         Some(parser) => {
@@ -963,8 +930,10 @@ pub(super) fn sse(
     rx: tokio::sync::mpsc::UnboundedReceiver<GenEvent>,
     guard: CancelOnDrop,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
-    let parser = reply.harmony.then(ChannelParser::new);
-    let tools = reply.tools.map(ToolStream::new);
+    let reader = reply
+        .tools
+        .map(|f| ReplyReader::new(Some(f), reply.harmony));
+    let parser = (reply.harmony && reader.is_none()).then(ChannelParser::new);
     let s = Streamer {
         reply,
         first,
@@ -974,7 +943,7 @@ pub(super) fn sse(
         ended: false,
         chars: 0,
         parser,
-        tools,
+        reader,
         calls: 0,
     };
     futures_util::stream::unfold(s, |mut s| async move {

@@ -11,8 +11,9 @@
 
 use super::{ApiError, AppState};
 use crate::text::grammar::GrammarSpec;
+use crate::text::harmony::{ChannelParser, Split};
 use crate::text::template::Message;
-use crate::text::tools::{self, Tool, ToolCall, ToolChoice, ToolFormat};
+use crate::text::tools::{self, StreamItem, Tool, ToolCall, ToolChoice, ToolFormat, ToolStream};
 use serde_json::{json, Value};
 
 /// Most tools one request may declare.
@@ -42,7 +43,8 @@ pub(crate) fn model_format(s: &AppState) -> ToolFormat {
 
 impl ToolPlan {
     /// From the shapes of a request: `tools` as a list of `Tool`s already read, the choice,
-    /// and whether several calls may come at once. `None` when there are no tools.
+    /// and whether several calls may come at once ([`check`]ed). `None` when there are no
+    /// tools.
     pub(crate) fn new(
         s: &AppState,
         tools: Vec<Tool>,
@@ -50,49 +52,9 @@ impl ToolPlan {
         parallel: bool,
         param: &'static str,
     ) -> Result<Option<ToolPlan>, ApiError> {
+        check(&tools, &choice, param)?;
         if tools.is_empty() {
-            return match choice {
-                ToolChoice::Auto | ToolChoice::None => Ok(None),
-                _ => Err(bad(
-                    param,
-                    "a tool choice that requires a call needs `tools`".into(),
-                )),
-            };
-        }
-        if tools.len() > MAX_TOOLS {
-            return Err(bad(
-                param,
-                format!("at most {MAX_TOOLS} tools per request, not {}", tools.len()),
-            ));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for t in &tools {
-            if t.name.is_empty() || t.name.len() > 64 {
-                return Err(bad(
-                    param,
-                    format!("tool name {:?} must be 1 to 64 characters", t.name),
-                ));
-            }
-            if !seen.insert(t.name.as_str()) {
-                return Err(bad(param, format!("tool `{}` is declared twice", t.name)));
-            }
-            if !t.parameters.is_object() {
-                return Err(bad(
-                    param,
-                    format!(
-                        "the parameters of tool `{}` must be a JSON schema object",
-                        t.name
-                    ),
-                ));
-            }
-        }
-        if let ToolChoice::Named(n) = &choice {
-            if !tools.iter().any(|t| &t.name == n) {
-                return Err(bad(
-                    "tool_choice",
-                    format!("tool_choice names `{n}`, which is not among the tools"),
-                ));
-            }
+            return Ok(None);
         }
         Ok(Some(ToolPlan {
             format: model_format(s),
@@ -161,6 +123,61 @@ impl ToolPlan {
     pub(crate) fn reads_calls(&self) -> bool {
         self.choice != ToolChoice::None
     }
+}
+
+/// What every API checks of a request's tools, whatever its shape: at most [`MAX_TOOLS`],
+/// names of 1 to 64 characters declared once, parameters that are a JSON schema object, a
+/// named choice among them, and tools for a choice that requires a call.
+pub(crate) fn check(
+    tools: &[Tool],
+    choice: &ToolChoice,
+    param: &'static str,
+) -> Result<(), ApiError> {
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::Auto | ToolChoice::None => Ok(()),
+            _ => Err(bad(
+                param,
+                "`tool_choice` requires a call, which needs `tools`".into(),
+            )),
+        };
+    }
+    if tools.len() > MAX_TOOLS {
+        return Err(bad(
+            param,
+            format!("at most {MAX_TOOLS} tools per request, not {}", tools.len()),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in tools {
+        if t.name.is_empty() || t.name.len() > 64 {
+            return Err(bad(
+                param,
+                format!("tool name {:?} must be 1 to 64 characters", t.name),
+            ));
+        }
+        if !seen.insert(t.name.as_str()) {
+            return Err(bad(param, format!("tool `{}` is declared twice", t.name)));
+        }
+        if !t.parameters.is_object() {
+            return Err(bad(
+                param,
+                format!(
+                    "the parameters of tool `{}` must be a JSON schema object",
+                    t.name
+                ),
+            ));
+        }
+    }
+    if let ToolChoice::Named(n) = choice {
+        if !tools.iter().any(|t| &t.name == n) {
+            return Err(bad(
+                "tool_choice",
+                format!("tool_choice names `{n}`, which is not among the tools"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// OpenAI's `tools`: `[{"type": "function", "function": {name, description, parameters}}]`.
@@ -314,4 +331,94 @@ pub(crate) fn openai_call(c: &ToolCall, index: Option<usize>) -> Value {
         v["index"] = json!(i);
     }
     v
+}
+
+/// What a reply's text holds, in order: answer text (split into reasoning and answer for a
+/// harmony model) and tool calls.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    Text(Split),
+    Call(ToolCall),
+}
+
+/// Reads a reply as it streams, for every API: the tool-call stream first (when the request
+/// has tools: calls come out whole, text around them as it is safe), then a harmony model's
+/// channel split of the text. `last` marks the reply's end, where held text is released.
+pub(crate) struct ReplyReader {
+    tools: Option<ToolStream>,
+    channels: Option<ChannelParser>,
+}
+
+impl ReplyReader {
+    pub(crate) fn new(tools: Option<ToolFormat>, harmony: bool) -> ReplyReader {
+        ReplyReader {
+            tools: tools.map(ToolStream::new),
+            channels: harmony.then(ChannelParser::new),
+        }
+    }
+
+    /// The pieces `text` completes (empty text pieces left out).
+    pub(crate) fn push(&mut self, text: &str, last: bool) -> Vec<Piece> {
+        let items = match self.tools.as_mut() {
+            Some(ts) => {
+                let mut items = ts.push(text);
+                if last {
+                    items.extend(ts.finish());
+                }
+                items
+            }
+            None => vec![StreamItem::Content(text.to_string())],
+        };
+        let mut out = Vec::with_capacity(items.len() + 1);
+        let text_piece = |split: Split, out: &mut Vec<Piece>| {
+            if !split.is_empty() {
+                out.push(Piece::Text(split));
+            }
+        };
+        for item in items {
+            match item {
+                StreamItem::Content(c) => {
+                    let split = match self.channels.as_mut() {
+                        Some(p) => p.push(&c),
+                        None => Split {
+                            reasoning: String::new(),
+                            content: c,
+                        },
+                    };
+                    text_piece(split, &mut out);
+                }
+                StreamItem::Call(call) => out.push(Piece::Call(call)),
+            }
+        }
+        if last {
+            if let Some(p) = self.channels.as_mut() {
+                text_piece(p.finish(), &mut out);
+            }
+        }
+        out
+    }
+
+    /// A whole reply: its text (split as above) and its calls.
+    pub(crate) fn whole(
+        tools: Option<ToolFormat>,
+        harmony: bool,
+        text: &str,
+    ) -> (Split, Vec<ToolCall>) {
+        let (text, calls) = match tools {
+            Some(f) => {
+                let parsed = tools::parse(f, text);
+                (parsed.content, parsed.calls)
+            }
+            None => (text.to_string(), Vec::new()),
+        };
+        let split = if harmony {
+            ChannelParser::split(&text)
+        } else {
+            Split {
+                reasoning: String::new(),
+                content: text,
+            }
+        };
+        (split, calls)
+    }
 }

@@ -1,9 +1,8 @@
 //! The JSON pieces of tool calls: where a JSON value ends in a text, JSON written the way the
-//! templates write it (Python's `json.dumps`: `", "` and `": "`), and a call read from a
-//! parsed value.
+//! templates write it (their `tojson`: Python's `json.dumps`, `", "` and `": "`), and a call
+//! read from a parsed value.
 
 use serde_json::{Map, Value};
-use std::io;
 
 /// Where the JSON object or array opening `s` ends (the byte after its closing bracket);
 /// `None` when `s` does not start with `{` or `[` or ends first. Only brackets and strings
@@ -41,49 +40,10 @@ pub fn json_end(s: &str) -> Option<usize> {
     None
 }
 
-/// serde_json's compact output with Python's separators.
-struct PyFormatter;
-
-impl serde_json::ser::Formatter for PyFormatter {
-    fn begin_array_value<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
-    }
-
-    fn begin_object_key<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        w.write_all(b": ")
-    }
-}
-
-/// `v` as Python's `json.dumps(v, ensure_ascii=False)` writes it (what chat templates'
-/// `tojson` gives, so what models saw in training).
+/// `v` as Python's `json.dumps(v, ensure_ascii=False)` writes it: what chat templates'
+/// `tojson` gives (the template's own writer), so what models saw in training.
 pub fn py_json(v: &Value) -> String {
-    let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter);
-    // Serializing a Value into a Vec cannot fail, and serde_json writes UTF-8.
-    if serde::Serialize::serialize(v, &mut ser).is_err() {
-        return v.to_string();
-    }
-    String::from_utf8(out).unwrap_or_else(|_| v.to_string())
+    crate::text::template::tojson_text(v)
 }
 
 /// A call's name and arguments from a parsed value: an object with a non-empty string

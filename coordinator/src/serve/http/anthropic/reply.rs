@@ -12,10 +12,10 @@
 
 use super::error_object;
 use super::tools::{anthropic_call, tool_reply, tool_use_block};
+use crate::serve::http::tools::{Piece, ReplyReader};
 use crate::serve::http::{stopped, ApiError, CancelOnDrop, Collected};
 use crate::serve::{Finish, GenEvent};
-use crate::text::harmony::ChannelParser;
-use crate::text::tools::{self, StreamItem, ToolCall, ToolFormat, ToolStream};
+use crate::text::tools::{ToolCall, ToolFormat};
 use axum::body::Bytes;
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -76,15 +76,6 @@ impl Reply {
         self
     }
 
-    /// The answer's text as shown (a harmony reply's final channel).
-    fn shown(&self, text: &str) -> String {
-        if self.harmony {
-            ChannelParser::split(text).content
-        } else {
-            text.to_string()
-        }
-    }
-
     /// The stop reason; `called`: the reply made tool calls.
     fn stop_reason(
         &self,
@@ -115,15 +106,10 @@ impl Reply {
 
     /// The non-streamed answer.
     pub fn whole(&self, c: &Collected) -> Value {
-        let (text, calls): (String, Vec<ToolCall>) = match self.tools {
-            Some(format) => {
-                let parsed = tools::parse(format, &c.text);
-                let calls = parsed.calls.into_iter().map(anthropic_call).collect();
-                (self.shown(&parsed.content), calls)
-            }
-            None => (self.shown(&c.text), Vec::new()),
-        };
-        let (content, called) = tool_reply(&text, &calls);
+        // A harmony reply's answer is its final channel (the reasoning is not shown).
+        let (split, calls) = ReplyReader::whole(self.tools, self.harmony, &c.text);
+        let calls: Vec<ToolCall> = calls.into_iter().map(anthropic_call).collect();
+        let (content, called) = tool_reply(&split.content, &calls);
         let u = &c.usage;
         let reason = self.stop_reason(
             c.finish,
@@ -160,10 +146,8 @@ pub(crate) struct Events {
     open: Option<(usize, Open)>,
     /// Blocks started so far.
     blocks: usize,
-    /// A harmony reply's channel parser.
-    parser: Option<ChannelParser>,
-    /// A reply read for tool calls: its calls come out as `tool_use` blocks.
-    tools: Option<ToolStream>,
+    /// The reply's text and calls (a harmony reply's final channel is the answer).
+    reader: ReplyReader,
     /// Whether a call was sent (the stop reason is then `tool_use`).
     called: bool,
 }
@@ -171,8 +155,7 @@ pub(crate) struct Events {
 impl Events {
     pub fn new(reply: Reply, prompt_tokens: usize) -> Events {
         Events {
-            parser: reply.harmony.then(ChannelParser::new),
-            tools: reply.tools.map(ToolStream::new),
+            reader: ReplyReader::new(reply.tools, reply.harmony),
             called: false,
             reply,
             prompt_tokens,
@@ -205,33 +188,11 @@ impl Events {
     /// parser (if any) into text deltas, its calls into `tool_use` blocks. `last`: the end of
     /// the reply, where held text is released.
     fn generated(&mut self, text: &str, last: bool) -> String {
-        let items = match self.tools.as_mut() {
-            Some(ts) => {
-                let mut items = ts.push(text);
-                if last {
-                    items.extend(ts.finish());
-                }
-                items
-            }
-            None => vec![StreamItem::Content(text.to_string())],
-        };
         let mut out = String::new();
-        for item in items {
-            match item {
-                StreamItem::Content(c) => {
-                    let shown = match self.parser.as_mut() {
-                        Some(p) => p.push(&c).content,
-                        None => c,
-                    };
-                    out += &self.answer_text(&shown);
-                }
-                StreamItem::Call(call) => out += &self.call(&anthropic_call(call)),
-            }
-        }
-        if last {
-            if let Some(p) = self.parser.as_mut() {
-                let rest = p.finish().content;
-                out += &self.answer_text(&rest);
+        for piece in self.reader.push(text, last) {
+            match piece {
+                Piece::Text(split) => out += &self.answer_text(&split.content),
+                Piece::Call(call) => out += &self.call(&anthropic_call(call)),
             }
         }
         out

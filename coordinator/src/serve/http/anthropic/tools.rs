@@ -10,7 +10,7 @@
 //! `max_tokens`. Several calls at once are allowed only when the client says so,
 //! `disable_parallel_tool_use: false`; `true` keeps its meaning (one call).
 
-use crate::serve::http::tools::tool_from;
+use crate::serve::http::tools::{check, tool_from};
 use crate::serve::http::ApiError;
 use crate::text::template::Message;
 use crate::text::tools::{Tool, ToolCall, ToolChoice};
@@ -78,19 +78,14 @@ pub(crate) fn tool_request(
             ],
             &at,
         )?;
-        match t.get("name").and_then(Value::as_str) {
-            Some(n) if valid_name(n) => {
-                if out.iter().any(|o| o.name == n) {
-                    return Err(invalid(format!(
-                        "{at}: the tool name `{n}` is declared twice"
-                    )));
-                }
-            }
-            _ => {
-                return Err(invalid(format!(
-                    "{at}: `name` must be 1 to {MAX_NAME} letters, digits, `_` or `-`"
-                )))
-            }
+        if !t
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(valid_name)
+        {
+            return Err(invalid(format!(
+                "{at}: `name` must be 1 to {MAX_NAME} letters, digits, `_` or `-`"
+            )));
         }
         if !matches!(
             t.get("description"),
@@ -115,12 +110,11 @@ pub(crate) fn tool_request(
             "tools",
         )?);
     }
-    let (choice, parallel) = tool_choice(choice, &out)?;
+    let (choice, parallel) = tool_choice(choice)?;
+    // What every API checks (names declared once, a named tool among them, ...).
+    check(&out, &choice, "tools")?;
     if out.is_empty() {
-        return match choice {
-            ToolChoice::Auto | ToolChoice::None => Ok(None),
-            _ => Err(invalid("`tool_choice` `any` or `tool` needs `tools`")),
-        };
+        return Ok(None);
     }
     Ok(Some(ToolRequest {
         tools: out,
@@ -130,7 +124,7 @@ pub(crate) fn tool_request(
 }
 
 /// `tool_choice`: `{type: auto|any|tool|none, name (tool), disable_parallel_tool_use}`.
-fn tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiError> {
+fn tool_choice(v: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
     let wrong = || {
         invalid(
             "`tool_choice` must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \
@@ -162,11 +156,6 @@ fn tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<(ToolChoice, bool), 
         Some("none") => ToolChoice::None,
         Some("tool") => {
             let name = c.get("name").and_then(Value::as_str).ok_or_else(wrong)?;
-            if !tools.is_empty() && !tools.iter().any(|t| t.name == name) {
-                return Err(invalid(format!(
-                    "`tool_choice` names `{name}`, which is not in `tools`"
-                )));
-            }
             ToolChoice::Named(name.to_string())
         }
         _ => return Err(wrong()),
@@ -252,23 +241,12 @@ pub(crate) fn tool_history(turns: &[super::Turn]) -> Result<Vec<Message>, ApiErr
     Ok(out)
 }
 
-/// Length of the random part of a `toolu_` id (as Anthropic's look).
-const ID_TAIL: usize = 24;
-
-/// A call id in Anthropic's style: our `call_X…` ids become `toolu_X…` (same random tail);
-/// anything else gets a fresh `toolu_` and 24 letters and digits.
+/// A call id in Anthropic's style: our `call_X…` ids become `toolu_X…` (the same random
+/// tail); anything else gets a fresh one.
 pub(crate) fn tool_use_id(id: &str) -> String {
     match id.strip_prefix("call_") {
         Some(tail) if !tail.is_empty() => format!("toolu_{tail}"),
-        _ => {
-            use rand::Rng as _;
-            let tail: String = rand::rng()
-                .sample_iter(rand::distr::Alphanumeric)
-                .take(ID_TAIL)
-                .map(char::from)
-                .collect();
-            format!("toolu_{tail}")
-        }
+        _ => tool_use_id(&crate::text::tools::new_call_id()),
     }
 }
 

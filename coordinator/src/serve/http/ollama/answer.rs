@@ -2,7 +2,8 @@
 //! or one object, with Ollama's counts and durations.
 
 use super::*;
-use crate::text::tools::{self, StreamItem, ToolCall, ToolFormat, ToolStream};
+use crate::serve::http::tools::{Piece, ReplyReader};
+use crate::text::tools::{ToolCall, ToolFormat};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum What {
@@ -132,16 +133,18 @@ pub(super) async fn answer(
         if matches!(first, GenEvent::Token { .. }) {
             timing.first_token = Some(Instant::now());
         }
-        let reply_tools = reply.tools.map(ToolStream::new);
+        let reader = reply
+            .tools
+            .map(|f| ReplyReader::new(Some(f), reply.harmony.is_some()));
         let lines = Lines {
-            parser: reply.harmony.is_some().then(ChannelParser::new),
+            parser: (reply.harmony.is_some() && reader.is_none()).then(ChannelParser::new),
             reply,
             timing,
             first: Some(first),
             rx: sub.rx,
             guard: sub.guard,
             ended: false,
-            tools: reply_tools,
+            reader,
         };
         let body = Body::from_stream(futures_util::stream::unfold(lines, |mut l| async move {
             let text = l.next().await?;
@@ -156,21 +159,8 @@ pub(super) async fn answer(
     }
     let done = super::super::collect(sub.rx, sub.guard).await?;
     timing.first_token = done.first_token;
-    let (text, calls) = match reply.tools {
-        Some(f) => {
-            let parsed = tools::parse(f, &done.text);
-            (parsed.content, parsed.calls)
-        }
-        None => (done.text, Vec::new()),
-    };
-    let split = match reply.harmony {
-        Some(_) => ChannelParser::split(&text),
-        None => Split {
-            reasoning: String::new(),
-            content: text,
-        },
-    };
-    let v = reply.done(
+    let (split, calls) = ReplyReader::whole(reply.tools, reply.harmony.is_some(), &done.text);
+    let mut v = reply.done(
         &split.content,
         &split.reasoning,
         done.finish,
@@ -178,7 +168,6 @@ pub(super) async fn answer(
         done.usage.prompt_tokens,
         done.usage.completion_tokens,
     );
-    let mut v = v;
     if !calls.is_empty() {
         v["message"]["tool_calls"] = calls.iter().map(ollama_call).collect();
     }
@@ -197,7 +186,7 @@ pub(super) struct Lines {
     guard: CancelOnDrop,
     ended: bool,
     /// An answer read for tool calls: each call comes out as a line of its own.
-    tools: Option<ToolStream>,
+    reader: Option<ReplyReader>,
 }
 
 pub(super) fn line(v: &Value) -> String {
@@ -207,30 +196,18 @@ pub(super) fn line(v: &Value) -> String {
 impl Lines {
     /// The lines for text of an answer read for tool calls (`last`: its end).
     fn tool_lines(&mut self, text: &str, last: bool) -> String {
-        let Some(ts) = self.tools.as_mut() else {
+        let Some(reader) = self.reader.as_mut() else {
             return String::new();
         };
-        let mut items = ts.push(text);
-        if last {
-            items.extend(ts.finish());
-        }
         let mut out = String::new();
-        for item in items {
-            match item {
-                StreamItem::Content(c) => match self.parser.as_mut() {
-                    Some(parser) => {
-                        let split = if last {
-                            parser.push_last(&c)
-                        } else {
-                            parser.push(&c)
-                        };
-                        if let Some(v) = self.reply.piece(&split) {
-                            out += &line(&v);
-                        }
+        for piece in reader.push(text, last) {
+            match piece {
+                Piece::Text(split) => {
+                    if let Some(v) = self.reply.piece(&split) {
+                        out += &line(&v);
                     }
-                    None => out += &line(&self.reply.object(&c, false)),
-                },
-                StreamItem::Call(call) => {
+                }
+                Piece::Call(call) => {
                     let mut v = self.reply.object("", false);
                     v["message"]["tool_calls"] = json!([ollama_call(&call)]);
                     out += &line(&v);
@@ -255,7 +232,7 @@ impl Lines {
                     if text.is_empty() {
                         continue;
                     }
-                    if self.tools.is_some() {
+                    if self.reader.is_some() {
                         let out = self.tool_lines(&text, false);
                         if out.is_empty() {
                             continue;
@@ -281,7 +258,7 @@ impl Lines {
                     self.ended = true;
                     let mut out = String::new();
                     match self.parser.as_mut() {
-                        _ if self.tools.is_some() => out += &self.tool_lines(&text, true),
+                        _ if self.reader.is_some() => out += &self.tool_lines(&text, true),
                         Some(parser) => {
                             let split = parser.push_last(&text);
                             if let Some(v) = self.reply.piece(&split) {
